@@ -1,0 +1,58 @@
+#pragma once
+// The op interface that model families are written against. Each op checks its arguments
+// and dispatches on the arrays' device to a CPU (src/backend/cpu) or CUDA kernel; no family
+// file knows the device. Activations are float32 on the CPU; weights may be f32, f16 or bf16.
+// Ops return new arrays (new identities); ops ending in `_` write into an argument.
+#include <cstdint>
+
+#include "core/array.h"
+
+namespace osprey::ops {
+
+// table [vocab, d] (f32|f16|bf16), ids [n] i32 -> [n, d] f32, each row times `scale`.
+// Throws InvalidInput for an id outside [0, vocab).
+Array embedding(const Array& table, const Array& ids, float scale = 1.0f);
+
+// x [n, d] f32, weight [d] -> [n, d] f32: x / rms(x) * (unit_offset ? 1 + w : w).
+Array rms_norm(const Array& x, const Array& weight, float eps, bool unit_offset = false);
+
+// x [n, d] f32, weight [d], bias [d] or undefined -> [n, d] f32 (mean-centred LayerNorm).
+Array layer_norm(const Array& x, const Array& weight, const Array& bias, float eps);
+
+// x [n, in] f32, w [out, in] (f32|f16|bf16), bias [out] or undefined -> [n, out] f32.
+// n == 1 runs a multi-threaded SIMD matvec; larger n a blocked GEMM. Accumulates in f32.
+Array linear(const Array& x, const Array& w, const Array& bias = {});
+
+// x += y, both f32 of equal shape.
+void add_(Array& x, const Array& y);
+// x *= s
+void scale_(Array& x, float s);
+
+// gate, up [n, f] f32 -> silu(gate) * up
+Array silu_mul(const Array& gate, const Array& up);
+// gate, up [n, f] f32 -> gelu_tanh(gate) * up
+Array gelu_tanh_mul(const Array& gate, const Array& up);
+
+// x [n, n_heads, head_dim] f32, rotated in place. positions [n] i32, inv_freq [head_dim/2]
+// f32 (already scaled, e.g. llama3). `interleaved`: rotate pairs (2i, 2i+1) instead of
+// (i, i + head_dim/2). cos and sin are multiplied by `mscale`.
+void rope_(Array& x, const Array& positions, const Array& inv_freq, bool interleaved, float mscale = 1.0f);
+
+// Causal grouped-query attention of n query rows against L cached rows.
+//   q [n, n_heads, head_dim] f32; k, v [n_kv_heads, L, head_dim] f16 (strided views allowed);
+//   query row i sits at absolute position q_pos0 + i and sees key j iff j <= q_pos0 + i and,
+//   when window > 0, j > q_pos0 + i - window. Returns [n, n_heads * head_dim] f32.
+struct AttentionParams {
+  int64_t q_pos0 = 0;
+  float scale = 1.0f;
+  int window = 0;
+  float softcap = 0.0f;  // 0: none; else logits = softcap * tanh(logits / softcap)
+};
+Array attention(const Array& q, const Array& k, const Array& v, const AttentionParams& p);
+
+// Element-wise cast-copy between arrays of equal shape (any strides, f32/f16/bf16/i32).
+void copy_into(const Array& dst, const Array& src);
+// A contiguous copy in `dtype`.
+Array cast(const Array& src, DType dtype);
+
+}  // namespace osprey::ops

@@ -1,0 +1,21 @@
+#pragma once
+// Subcommands of the `osprey` CLI. Each registers its options on the app and returns the
+// function that runs it; errors propagate as osprey exceptions to main().
+#include <functional>
+
+namespace CLI {
+class App;
+}
+
+namespace osprey::cli {
+
+using Command = std::function<int()>;
+
+Command add_generate(CLI::App& app);
+Command add_tokenize(CLI::App& app);
+
+// The model folder to use when -m is not given: the embedded default. Throws IoError with
+// a hint when it has not been made.
+std::string default_model_dir();
+
+}  // namespace osprey::cli

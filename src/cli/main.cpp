@@ -1,0 +1,37 @@
+// osprey: the command-line front end. Maps errors to exit codes: 0 success, 1 a runtime
+// error (bad checkpoint, config, input or I/O), 2 a usage error (unknown flag, bad value).
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <map>
+
+#include "cli/commands.h"
+#include "core/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"Osprey: LLM inference for NVIDIA GPUs and x86-64 CPUs"};
+  app.set_version_flag("--version", std::string("osprey ") + OSPREY_VERSION + " (" + OSPREY_GIT_COMMIT + ")");
+  app.require_subcommand(1);
+  std::map<CLI::App*, osprey::cli::Command> commands;
+  auto add = [&](const char* name, const char* help, auto adder) {
+    CLI::App* sub = app.add_subcommand(name, help);
+    commands[sub] = adder(*sub);
+  };
+  add("generate", "Generate text from a prompt", osprey::cli::add_generate);
+  add("tokenize", "Print the token ids of a text as a JSON array", osprey::cli::add_tokenize);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  try {
+    for (auto& [sub, run] : commands)
+      if (sub->parsed()) return run();
+  } catch (const osprey::Error& e) {
+    std::fprintf(stderr, "osprey: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "osprey: internal error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

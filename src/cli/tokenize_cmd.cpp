@@ -1,0 +1,40 @@
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <iostream>
+#include <iterator>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "tokenizer/tokenizer.h"
+
+namespace osprey::cli {
+namespace {
+
+struct TokenizeOptions {
+  std::string model;
+  std::string text;
+  bool special = false;
+};
+
+int run_tokenize(const TokenizeOptions& o) {
+  const std::string dir = o.model.empty() ? default_model_dir() : o.model;
+  Tokenizer tok = Tokenizer::load(dir);
+  std::string text = o.text;
+  if (text == "-") text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+  nlohmann::json ids = tok.encode(text, o.special);
+  std::printf("%s\n", ids.dump().c_str());
+  return 0;
+}
+
+}  // namespace
+
+Command add_tokenize(CLI::App& app) {
+  auto o = std::make_shared<TokenizeOptions>();
+  app.add_option("-m,--model", o->model, "Folder with tokenizer.json (default: the embedded default model)");
+  app.add_flag("--special", o->special, "Add what the post-processor adds (BOS)");
+  app.add_option("text", o->text, "Text to tokenize ('-' reads stdin)")->required();
+  return [o] { return run_tokenize(*o); };
+}
+
+}  // namespace osprey::cli

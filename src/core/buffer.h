@@ -1,0 +1,61 @@
+#pragma once
+// Device buffers: owning, move-only RAII objects. Arrays share them through shared_ptr;
+// when the last array goes, the memory returns to the allocator it came from.
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "core/device.h"
+
+namespace osprey {
+
+class Buffer {
+ public:
+  using Release = std::function<void(void* data, size_t size)>;
+
+  Buffer(void* data, size_t size, Device device, Release release)
+      : data_(data), size_(size), device_(device), release_(std::move(release)) {}
+  ~Buffer() {
+    if (release_) release_(data_, size_);
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  void* data() const { return data_; }
+  size_t size() const { return size_; }
+  Device device() const { return device_; }
+
+ private:
+  void* data_;
+  size_t size_;
+  Device device_;
+  Release release_;
+};
+
+// Memory statistics of one allocator. `peak_bytes` is the high-water mark of bytes handed
+// out (not counting the cache of freed blocks); `reserved_bytes` includes that cache.
+struct AllocatorStats {
+  size_t live_bytes = 0;
+  size_t peak_bytes = 0;
+  size_t reserved_bytes = 0;
+  size_t peak_reserved_bytes = 0;
+  uint64_t n_system_allocs = 0;
+};
+
+// A caching allocator: freed blocks are kept by size and handed out again, so a steady
+// decode loop allocates nothing from the system. Thread-safe.
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  virtual std::shared_ptr<Buffer> allocate(size_t bytes) = 0;
+  virtual AllocatorStats stats() const = 0;
+  virtual void reset_peak() = 0;
+  // Returns cached, unused blocks to the system.
+  virtual void trim() = 0;
+};
+
+Allocator& cpu_allocator();
+Allocator& allocator_for(Device device);
+
+}  // namespace osprey

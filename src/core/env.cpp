@@ -1,0 +1,46 @@
+#include "core/env.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+
+#include "core/error.h"
+
+namespace osprey {
+
+bool parse_switch(const char* value, bool fallback) {
+  if (!value || !*value) return fallback;
+  std::string v(value);
+  std::transform(v.begin(), v.end(), v.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+  return !(v == "0" || v == "false" || v == "off" || v == "no");
+}
+
+namespace {
+
+int parse_int(const char* name, int fallback, int min_value) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  long x = std::strtol(v, &end, 10);
+  if (*end != '\0' || x < min_value || x > 1 << 30)
+    throw InvalidInput(std::string(name) + "=" + v + ": expected an integer >= " + std::to_string(min_value));
+  return int(x);
+}
+
+EnvOptions read_env() {
+  EnvOptions o;
+  o.kv_inplace_write = parse_switch(std::getenv("OSPREY_KV_INPLACE_WRITE"), true);
+  o.kv_step = parse_int("OSPREY_KV_STEP", 256, 1);
+  o.n_threads = parse_int("OSPREY_THREADS", 0, 0);
+  if (const char* v = std::getenv("OSPREY_LOG_LEVEL"); v && *v) o.log_level = v;
+  return o;
+}
+
+}  // namespace
+
+const EnvOptions& env_options() {
+  static const EnvOptions options = read_env();
+  return options;
+}
+
+}  // namespace osprey

@@ -1,0 +1,23 @@
+#pragma once
+// Every OSPREY_ environment variable is read here, once, into EnvOptions; components take
+// the values they need through their own parameter structs. docs/environment-variables.md
+// lists them all.
+#include <string>
+
+namespace osprey {
+
+struct EnvOptions {
+  bool kv_inplace_write = true;  // OSPREY_KV_INPLACE_WRITE: 0/false/off/no disable
+  int kv_step = 256;             // OSPREY_KV_STEP: cache capacity grows in steps of this many rows
+  int n_threads = 0;             // OSPREY_THREADS: CPU worker threads (0: one per core)
+  std::string log_level = "info";  // OSPREY_LOG_LEVEL: error, warn, info, debug
+};
+
+// Read once, on first use; later changes to the environment are not seen.
+const EnvOptions& env_options();
+
+// Parses a boolean switch the way all OSPREY_ switches are parsed: 0/false/off/no (any case)
+// are false, anything else is true; `fallback` when unset or empty.
+bool parse_switch(const char* value, bool fallback);
+
+}  // namespace osprey

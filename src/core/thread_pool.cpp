@@ -1,0 +1,82 @@
+#include "core/thread_pool.h"
+
+#include <memory>
+
+#include "core/env.h"
+
+namespace osprey {
+
+ThreadPool::ThreadPool(int n_threads) {
+  if (n_threads <= 0) n_threads = int(std::max(1u, std::thread::hardware_concurrency()));
+  for (int i = 1; i < n_threads; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+    generation_.fetch_add(1);
+  }
+  cv_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+void ThreadPool::parallel_for(int64_t n, int64_t min_chunk, const std::function<void(int64_t, int64_t, int)>& fn) {
+  if (n <= 0) return;
+  int64_t max_chunks = std::max<int64_t>(1, n / std::max<int64_t>(1, min_chunk));
+  int chunks = int(std::min<int64_t>(n_threads(), max_chunks));
+  if (chunks <= 1) {
+    fn(0, n, 0);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    fn_ = &fn;
+    n_ = n;
+    n_chunks_ = chunks;
+    pending_.store(chunks - 1);
+    generation_.fetch_add(1);
+  }
+  cv_.notify_all();
+  fn(0, n / chunks, 0);
+  // Spin briefly, then yield: decode-step loops are short.
+  while (pending_.load(std::memory_order_acquire) > 0) std::this_thread::yield();
+}
+
+void ThreadPool::worker_loop(int index) {
+  uint64_t seen = 0;
+  for (;;) {
+    const std::function<void(int64_t, int64_t, int)>* fn;
+    int64_t n;
+    int chunks;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      // NOTE: spinning first would cut wake-up latency; a condition variable keeps idle
+      // pools from burning cores in servers and tests.
+      cv_.wait(lock, [&] { return generation_.load() != seen; });
+      seen = generation_.load();
+      if (stop_) return;
+      fn = fn_;
+      n = n_;
+      chunks = n_chunks_;
+    }
+    if (index < chunks) {
+      (*fn)(n * index / chunks, n * (index + 1) / chunks, index);
+      pending_.fetch_sub(1, std::memory_order_release);
+    }
+  }
+}
+
+namespace {
+int g_requested_threads = -1;
+}
+
+void set_cpu_threads(int n_threads) { g_requested_threads = n_threads; }
+
+ThreadPool& cpu_pool() {
+  static std::unique_ptr<ThreadPool> pool =
+      std::make_unique<ThreadPool>(g_requested_threads >= 0 ? g_requested_threads : env_options().n_threads);
+  return *pool;
+}
+
+}  // namespace osprey

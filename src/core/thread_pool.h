@@ -1,0 +1,45 @@
+#pragma once
+// A fixed pool of worker threads for data-parallel loops. parallel_for blocks until every
+// chunk is done; it is not re-entrant (a task must not call parallel_for on the same pool).
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace osprey {
+
+class ThreadPool {
+ public:
+  explicit ThreadPool(int n_threads);  // total threads including the caller; <= 0: hardware count
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int n_threads() const { return int(workers_.size()) + 1; }
+
+  // Calls fn(begin, end, thread_index) over [0, n) split into contiguous chunks of at least
+  // `min_chunk` items, one chunk per thread.
+  void parallel_for(int64_t n, int64_t min_chunk, const std::function<void(int64_t, int64_t, int)>& fn);
+
+ private:
+  void worker_loop(int index);
+
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> pending_{0};
+  bool stop_ = false;
+  const std::function<void(int64_t, int64_t, int)>* fn_ = nullptr;
+  int64_t n_ = 0;
+  int n_chunks_ = 0;
+};
+
+// The process-wide CPU pool, sized by OSPREY_THREADS (or set_cpu_threads before first use).
+ThreadPool& cpu_pool();
+void set_cpu_threads(int n_threads);
+
+}  // namespace osprey

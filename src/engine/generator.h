@@ -1,0 +1,51 @@
+#pragma once
+// The generation loop every front end uses: prefill (in chunks), then decode steps, the
+// sampler chain, stop conditions, and a callback per token.
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/sampler.h"
+#include "kv/kv_cache.h"
+
+namespace osprey {
+
+class Model;
+
+struct GenerateParams {
+  int max_tokens = 128;
+  SamplerParams sampler;
+  std::vector<int32_t> stop_ids;  // generation ends after any of these (it is not emitted)
+  int64_t prefill_chunk = 512;    // prompt tokens per forward pass
+};
+
+struct GenerateStats {
+  int64_t n_prompt = 0;
+  int64_t n_generated = 0;
+  double prompt_seconds = 0;  // prefill, up to and including the first sampled token
+  double decode_seconds = 0;  // the remaining decode steps
+  std::string stop_reason;    // "stop" (a stop id), "length", "callback"
+  KVCounters kv;
+  double prompt_tps() const { return prompt_seconds > 0 ? double(n_prompt) / prompt_seconds : 0; }
+  double decode_tps() const {
+    return decode_seconds > 0 && n_generated > 1 ? double(n_generated - 1) / decode_seconds : 0;
+  }
+};
+
+struct GenerateResult {
+  std::vector<int32_t> tokens;  // generated, without the prompt or the stop token
+  GenerateStats stats;
+};
+
+// Called once per generated token; return false to stop.
+using TokenCallback = std::function<bool(int32_t token)>;
+
+// Runs `prompt` through `model` into `cache` (which may already hold a prefix: the prompt
+// continues at cache.offset()) and generates. Throws InvalidInput for an empty prompt or a
+// prompt past the model's context.
+GenerateResult generate(Model& model, SequenceCache& cache, std::span<const int32_t> prompt,
+                        const GenerateParams& params, const TokenCallback& on_token = {});
+
+}  // namespace osprey

@@ -1,0 +1,110 @@
+#include "engine/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "core/error.h"
+
+namespace osprey {
+
+void validate(const SamplerParams& p) {
+  auto bad = [](const std::string& what) { throw InvalidInput(what); };
+  if (!(p.temperature >= 0.0f) || !std::isfinite(p.temperature)) bad("temperature must be >= 0");
+  if (p.top_k < 0) bad("top-k must be >= 0");
+  if (!(p.top_p > 0.0f && p.top_p <= 1.0f)) bad("top-p must be in (0, 1]");
+  if (!(p.min_p >= 0.0f && p.min_p < 1.0f)) bad("min-p must be in [0, 1)");
+  if (!(p.repetition_penalty > 0.0f) || !std::isfinite(p.repetition_penalty)) bad("repetition penalty must be > 0");
+  if (p.repeat_last_n < 0) bad("repeat-last-n must be >= 0");
+}
+
+int32_t argmax(std::span<const float> logits) {
+  int32_t best = 0;
+  for (size_t i = 1; i < logits.size(); ++i)
+    if (logits[i] > logits[size_t(best)]) best = int32_t(i);
+  return best;
+}
+
+Sampler::Sampler(const SamplerParams& params) : params_(params), rng_(params.seed) { validate(params); }
+
+std::vector<std::pair<int32_t, float>> Sampler::filtered(std::span<const float> logits,
+                                                         std::span<const int32_t> history) {
+  work_.assign(logits.begin(), logits.end());
+  if (params_.repetition_penalty != 1.0f && params_.repeat_last_n > 0) {
+    size_t start = history.size() > size_t(params_.repeat_last_n) ? history.size() - size_t(params_.repeat_last_n) : 0;
+    std::vector<int32_t> seen(history.begin() + long(start), history.end());
+    std::sort(seen.begin(), seen.end());
+    seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
+    for (int32_t id : seen) {
+      if (id < 0 || size_t(id) >= work_.size()) continue;
+      float& l = work_[size_t(id)];
+      l = l > 0 ? l / params_.repetition_penalty : l * params_.repetition_penalty;
+    }
+  }
+  std::vector<std::pair<int32_t, float>> cand;
+  if (params_.temperature <= 0.0f) {
+    cand.emplace_back(argmax(work_), 1.0f);
+    return cand;
+  }
+  cand.reserve(work_.size());
+  for (size_t i = 0; i < work_.size(); ++i) cand.emplace_back(int32_t(i), work_[i] / params_.temperature);
+  auto by_logit = [](const auto& a, const auto& b) { return a.second > b.second || (a.second == b.second && a.first < b.first); };
+  if (params_.top_k > 0 && size_t(params_.top_k) < cand.size()) {
+    std::partial_sort(cand.begin(), cand.begin() + params_.top_k, cand.end(), by_logit);
+    cand.resize(size_t(params_.top_k));
+  } else {
+    std::sort(cand.begin(), cand.end(), by_logit);
+  }
+  // Softmax over the survivors (sorted, so the first is the max).
+  const float mx = cand[0].second;
+  double sum = 0;
+  for (auto& c : cand) {
+    c.second = std::exp(c.second - mx);
+    sum += c.second;
+  }
+  for (auto& c : cand) c.second = float(c.second / sum);
+  if (params_.top_p < 1.0f) {
+    double acc = 0;
+    size_t keep = cand.size();
+    for (size_t i = 0; i < cand.size(); ++i) {
+      acc += cand[i].second;
+      if (acc >= params_.top_p) {
+        keep = i + 1;
+        break;
+      }
+    }
+    cand.resize(keep);
+  }
+  if (params_.min_p > 0.0f) {
+    const float threshold = params_.min_p * cand[0].second;
+    size_t keep = 1;
+    while (keep < cand.size() && cand[keep].second >= threshold) ++keep;
+    cand.resize(keep);
+  }
+  sum = 0;
+  for (const auto& c : cand) sum += c.second;
+  for (auto& c : cand) c.second = float(c.second / sum);
+  return cand;
+}
+
+std::vector<std::pair<int32_t, float>> Sampler::distribution(std::span<const float> logits,
+                                                             std::span<const int32_t> history) {
+  auto cand = filtered(logits, history);
+  std::sort(cand.begin(), cand.end());
+  return cand;
+}
+
+int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
+  auto cand = filtered(logits, history);
+  if (cand.size() == 1) return cand[0].first;
+  // 53 random bits -> [0, 1)
+  const double u = double(rng_() >> 11) * (1.0 / 9007199254740992.0);
+  double acc = 0;
+  for (const auto& c : cand) {
+    acc += c.second;
+    if (u < acc) return c.first;
+  }
+  return cand.back().first;
+}
+
+}  // namespace osprey

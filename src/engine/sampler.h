@@ -1,0 +1,43 @@
+#pragma once
+// The sampler chain: repetition penalty -> temperature -> top-k -> top-p -> min-p -> draw.
+// Temperature <= 0 is greedy (argmax; the lowest id wins a tie). Deterministic for a seed.
+#include <cstdint>
+#include <random>
+#include <span>
+#include <vector>
+
+namespace osprey {
+
+struct SamplerParams {
+  float temperature = 0.0f;
+  int top_k = 0;             // 0: off
+  float top_p = 1.0f;        // 1: off
+  float min_p = 0.0f;        // 0: off
+  float repetition_penalty = 1.0f;  // 1: off; applied to the last `repeat_last_n` tokens
+  int repeat_last_n = 64;
+  uint64_t seed = 0x5eed;
+};
+
+// Throws InvalidInput naming the parameter when one is out of range.
+void validate(const SamplerParams& p);
+
+class Sampler {
+ public:
+  explicit Sampler(const SamplerParams& params);
+  // logits [vocab] f32 (not modified); `history` is the sequence so far (prompt + output).
+  int32_t sample(std::span<const float> logits, std::span<const int32_t> history);
+
+  // The candidate distribution the chain would draw from, sorted by id; for tests.
+  std::vector<std::pair<int32_t, float>> distribution(std::span<const float> logits, std::span<const int32_t> history);
+
+ private:
+  std::vector<std::pair<int32_t, float>> filtered(std::span<const float> logits, std::span<const int32_t> history);
+
+  SamplerParams params_;
+  std::mt19937_64 rng_;
+  std::vector<float> work_;
+};
+
+int32_t argmax(std::span<const float> logits);
+
+}  // namespace osprey

@@ -1,0 +1,137 @@
+#include "backend/ops.h"
+#include "core/error.h"
+#include "kv/kv_cache.h"
+
+namespace osprey {
+namespace {
+
+// The rows [row0, row0 + n) of a [heads, capacity, head_dim] cache array, as a view.
+Array rows_view(const Array& cache, int64_t row0, int64_t n) {
+  const Shape& s = cache.strides();
+  return Array::strided(cache.buffer(), cache.byte_offset() + size_t(row0 * s[1]) * cache.itemsize(),
+                        {cache.dim(0), n, cache.dim(2)}, s, cache.dtype());
+}
+
+// x [n, heads, head_dim] seen as [heads, n, head_dim].
+Array heads_first(const Array& x) {
+  const int64_t n = x.dim(0), h = x.dim(1), d = x.dim(2);
+  return Array::strided(x.buffer(), x.byte_offset(), {h, n, d}, {d, h * d, 1}, x.dtype());
+}
+
+}  // namespace
+
+DenseKVCache::DenseKVCache(const KVCacheParams& params) : params_(params) {
+  if (params.n_kv_heads <= 0 || params.head_dim <= 0 || params.step <= 0)
+    throw InvalidInput("KV cache needs positive n_kv_heads, head_dim and step");
+}
+
+bool DenseKVCache::next_write_in_place(int64_t n) const {
+  if (!params_.inplace || n != 1 || !keys_.defined()) return false;
+  if (!params_.unsafe_skip_ownership_check) {
+    if (keys_.id() != own_keys_.id() || values_.id() != own_values_.id()) return false;
+    if (offset_ != own_length_) return false;
+  }
+  return offset_ + n <= capacity();
+}
+
+std::pair<Array, Array> DenseKVCache::update_and_fetch(const Array& k, const Array& v) {
+  if (k.ndim() != 3 || k.dim(1) != params_.n_kv_heads || k.dim(2) != params_.head_dim || !(k.shape() == v.shape()) ||
+      !k.is_contiguous() || !v.is_contiguous())
+    throw InvalidInput("KV cache write: k " + describe(k) + " and v " + describe(v) + " must be [n, " +
+                       std::to_string(params_.n_kv_heads) + ", " + std::to_string(params_.head_dim) + "]");
+  const int64_t n = k.dim(0);
+  if (next_write_in_place(n))
+    inplace_write(k, v, n);
+  else
+    copying_write(k, v, n);
+  // Every write, copying or in place, re-arms the guard.
+  own_keys_ = keys_;
+  own_values_ = values_;
+  own_length_ = offset_;
+  return live();
+}
+
+void DenseKVCache::inplace_write(const Array& k, const Array& v, int64_t n) {
+  ops::copy_into(rows_view(keys_, offset_, n), heads_first(k));
+  ops::copy_into(rows_view(values_, offset_, n), heads_first(v));
+  // The outputs adopt the same buffers as new arrays.
+  keys_ = Array::strided(keys_.buffer(), keys_.byte_offset(), keys_.shape(), keys_.strides(), keys_.dtype());
+  values_ = Array::strided(values_.buffer(), values_.byte_offset(), values_.shape(), values_.strides(), values_.dtype());
+  offset_ += n;
+  ++counters_.n_inplace_writes;
+}
+
+void DenseKVCache::copying_write(const Array& k, const Array& v, int64_t n) {
+  const int64_t needed = offset_ + n;
+  int64_t cap = capacity();
+  if (needed > cap) cap = (needed + params_.step - 1) / params_.step * params_.step;
+  const Shape shape{params_.n_kv_heads, cap, params_.head_dim};
+  Array nk = Array::empty(shape, DType::f16, params_.device);
+  Array nv = Array::empty(shape, DType::f16, params_.device);
+  if (offset_ > 0) {
+    ops::copy_into(rows_view(nk, 0, offset_), rows_view(keys_, 0, offset_));
+    ops::copy_into(rows_view(nv, 0, offset_), rows_view(values_, 0, offset_));
+    counters_.bytes_copied += 2 * uint64_t(offset_ * params_.n_kv_heads * params_.head_dim) * 2;
+  }
+  ops::copy_into(rows_view(nk, offset_, n), heads_first(k));
+  ops::copy_into(rows_view(nv, offset_, n), heads_first(v));
+  keys_ = std::move(nk);
+  values_ = std::move(nv);
+  offset_ = needed;
+  ++counters_.n_copying_writes;
+}
+
+std::pair<Array, Array> DenseKVCache::live() const { return {rows_view(keys_, 0, offset_), rows_view(values_, 0, offset_)}; }
+
+void DenseKVCache::trim(int64_t n) { offset_ = std::max<int64_t>(0, offset_ - std::max<int64_t>(0, n)); }
+
+KVState DenseKVCache::snapshot() const { return {keys_, values_, offset_}; }
+
+void DenseKVCache::restore(const KVState& state) {
+  if (state.keys.defined() &&
+      (state.keys.ndim() != 3 || state.keys.dim(0) != params_.n_kv_heads || state.keys.dim(2) != params_.head_dim ||
+       state.keys.dtype() != DType::f16 || !(state.keys.shape() == state.values.shape()) ||
+       state.offset > state.keys.dim(1)))
+    throw InvalidInput("KV cache restore: state " + describe(state.keys) + " at offset " +
+                       std::to_string(state.offset) + " does not fit this cache");
+  keys_ = state.keys;
+  values_ = state.values;
+  offset_ = state.keys.defined() ? state.offset : 0;
+}
+
+KVState DenseKVCache::detach() {
+  KVState s{std::move(keys_), std::move(values_), offset_};
+  keys_ = Array();
+  values_ = Array();
+  own_keys_ = Array();
+  own_values_ = Array();
+  own_length_ = -1;
+  offset_ = 0;
+  return s;
+}
+
+void SequenceCache::trim(int64_t n) {
+  for (auto& l : layers_) l->trim(n);
+}
+
+std::vector<KVState> SequenceCache::snapshot() const {
+  std::vector<KVState> s;
+  s.reserve(layers_.size());
+  for (const auto& l : layers_) s.push_back(l->snapshot());
+  return s;
+}
+
+void SequenceCache::restore(const std::vector<KVState>& states) {
+  if (states.size() != layers_.size())
+    throw InvalidInput("KV cache restore: " + std::to_string(states.size()) + " layer states for " +
+                       std::to_string(layers_.size()) + " layers");
+  for (size_t i = 0; i < layers_.size(); ++i) layers_[i]->restore(states[i]);
+}
+
+KVCounters SequenceCache::counters() const {
+  KVCounters c;
+  for (const auto& l : layers_) c += l->counters();
+  return c;
+}
+
+}  // namespace osprey

@@ -1,0 +1,36 @@
+#pragma once
+// The Llama decoder (Llama 3.x) and its close relatives that differ only in typed config
+// fields (Qwen2: q/k/v biases, tied embeddings).
+#include <memory>
+#include <string>
+
+#include "model/model.h"
+#include "model/rope.h"
+
+namespace osprey {
+
+struct LlamaConfig {
+  std::string model_type;
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t n_layers = 0;
+  int64_t n_heads = 0;
+  int64_t n_kv_heads = 0;
+  int64_t head_dim = 0;  // hidden_size / n_heads unless the config says otherwise
+  int64_t max_position_embeddings = 0;
+  double rms_norm_eps = 1e-5;
+  RopeConfig rope;
+  bool tie_word_embeddings = false;
+  bool attention_bias = false;  // q/k/v (and o, for Llama's attention_bias) biases
+  bool o_proj_bias = false;
+  bool mlp_bias = false;
+};
+
+// The fields every Llama-like config.json has; errors name the field.
+LlamaConfig parse_llama_config(const ConfigReader& config, double default_rope_theta);
+
+std::unique_ptr<Model> build_llama_model(const LlamaConfig& config, const SafeTensors& weights,
+                                         const LoadOptions& options);
+
+}  // namespace osprey

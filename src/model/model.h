@@ -1,0 +1,70 @@
+#pragma once
+// A loaded model: weights in device arrays made once at load, a forward pass over one
+// sequence's tokens and cache, and the per-layer cache choice. Families register by
+// config.json's `model_type` (see registry.cpp).
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/array.h"
+#include "kv/kv_cache.h"
+
+namespace osprey {
+
+class SafeTensors;
+class ConfigReader;
+
+struct ModelInfo {
+  std::string model_type;
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t n_layers = 0;
+  int64_t max_position_embeddings = 0;
+  std::vector<int32_t> eos_ids;   // config.json and generation_config.json, merged
+  std::optional<int32_t> bos_id;
+  DType weight_dtype = DType::f32;
+  size_t weight_bytes = 0;
+};
+
+struct LoadOptions {
+  Device device = Device::cpu();
+  // Called with (bytes done, bytes total) while weights load.
+  std::function<void(size_t, size_t)> progress;
+};
+
+struct CacheOptions {
+  int64_t step = 256;
+  bool inplace = true;
+  bool unsafe_skip_ownership_check = false;  // test hook, see KVCacheParams
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  const ModelInfo& info() const { return info_; }
+  // load_model merges generation_config.json's eos ids in here.
+  ModelInfo& mutable_info() { return info_; }
+
+  // tokens [n] i32 at positions cache.offset() .. + n - 1; appends their K/V to `cache`.
+  // Returns logits f32: [n, vocab] when all_logits, else [1, vocab] for the last token only.
+  virtual Array forward(const Array& tokens, SequenceCache& cache, bool all_logits) = 0;
+  virtual SequenceCache make_cache(const CacheOptions& options) const = 0;
+
+ protected:
+  ModelInfo info_;
+};
+
+// Loads `dir` (config.json, safetensors, generation_config.json). Throws IoError,
+// InvalidInput or Unsupported (an unknown model_type is named).
+std::unique_ptr<Model> load_model(const std::filesystem::path& dir, const LoadOptions& options = {});
+
+// Family registration: one loader per model_type.
+using FamilyLoader = std::function<std::unique_ptr<Model>(const ConfigReader& config, const SafeTensors& weights,
+                                                          const LoadOptions& options)>;
+void register_family(const std::string& model_type, FamilyLoader loader);
+std::vector<std::string> registered_families();
+
+}  // namespace osprey

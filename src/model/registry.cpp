@@ -1,0 +1,72 @@
+#include <map>
+#include <mutex>
+
+#include "core/error.h"
+#include "model/config_reader.h"
+#include "model/model.h"
+#include "model/safetensors.h"
+
+namespace osprey {
+
+// Built-in families: one registration function per family file.
+void register_llama_family();
+void register_qwen2_family();
+
+namespace {
+
+std::map<std::string, FamilyLoader>& table() {
+  static std::map<std::string, FamilyLoader> m;
+  return m;
+}
+
+const std::map<std::string, FamilyLoader>& families() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    register_llama_family();
+    register_qwen2_family();
+  });
+  return table();
+}
+
+}  // namespace
+
+void register_family(const std::string& model_type, FamilyLoader loader) { table()[model_type] = std::move(loader); }
+
+std::vector<std::string> registered_families() {
+  std::vector<std::string> out;
+  for (const auto& [name, loader] : families()) out.push_back(name);
+  return out;
+}
+
+std::unique_ptr<Model> load_model(const std::filesystem::path& dir, const LoadOptions& options) {
+  std::error_code ec;
+  if (!std::filesystem::exists(dir, ec)) throw IoError("model folder " + dir.string() + " does not exist");
+  if (!std::filesystem::is_directory(dir, ec)) throw IoError(dir.string() + " is not a model folder");
+  ConfigReader config = ConfigReader::load(dir / "config.json");
+  const std::string model_type = config.get_string("model_type");
+  auto it = families().find(model_type);
+  if (it == families().end()) {
+    std::string supported;
+    for (const auto& name : registered_families()) supported += (supported.empty() ? "" : ", ") + name;
+    throw Unsupported(config.where() + ": model_type \"" + model_type + "\" is not supported (supported: " +
+                      supported + ")");
+  }
+  SafeTensors weights = SafeTensors::open(dir);
+  std::unique_ptr<Model> model = it->second(config, weights, options);
+
+  ModelInfo& info = model->mutable_info();
+  auto add_eos = [&](const std::vector<int32_t>& ids) {
+    for (int32_t id : ids)
+      if (std::find(info.eos_ids.begin(), info.eos_ids.end(), id) == info.eos_ids.end()) info.eos_ids.push_back(id);
+  };
+  add_eos(config.get_int_list("eos_token_id"));
+  if (config.has("bos_token_id")) info.bos_id = int32_t(config.get_int("bos_token_id"));
+  if (std::filesystem::exists(dir / "generation_config.json")) {
+    ConfigReader gen = ConfigReader::load(dir / "generation_config.json");
+    add_eos(gen.get_int_list("eos_token_id"));
+    if (!info.bos_id && gen.has("bos_token_id")) info.bos_id = int32_t(gen.get_int("bos_token_id"));
+  }
+  return model;
+}
+
+}  // namespace osprey

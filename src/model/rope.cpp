@@ -1,0 +1,72 @@
+#include "model/rope.h"
+
+#include <cmath>
+
+#include "core/error.h"
+
+namespace osprey {
+namespace {
+
+void read_scaling(const ConfigReader& s, RopeConfig& r) {
+  r.type = s.get_string("rope_type", s.get_string("type", "default"));
+  if (r.type == "default") return;
+  if (r.type == "linear") {
+    r.factor = s.get_float("factor");
+    return;
+  }
+  if (r.type == "llama3") {
+    r.factor = s.get_float("factor");
+    r.low_freq_factor = s.get_float("low_freq_factor");
+    r.high_freq_factor = s.get_float("high_freq_factor");
+    r.original_max_position_embeddings = s.get_int("original_max_position_embeddings");
+    if (r.high_freq_factor <= r.low_freq_factor) s.fail("high_freq_factor", "must exceed low_freq_factor");
+    return;
+  }
+  throw Unsupported(s.where() + ": rope type \"" + r.type + "\" is not supported (default, linear, llama3 are)");
+}
+
+}  // namespace
+
+RopeConfig parse_rope(const ConfigReader& config, double default_theta, const std::string& layer_type) {
+  RopeConfig r;
+  r.theta = default_theta;
+  if (auto params = config.get_object("rope_parameters")) {
+    if (!layer_type.empty() && params->has(layer_type)) params = params->get_object(layer_type);
+    r.theta = params->get_float("rope_theta", default_theta);
+    read_scaling(*params, r);
+  } else {
+    r.theta = config.get_float("rope_theta", default_theta);
+    if (auto s = config.get_object("rope_scaling")) read_scaling(*s, r);
+  }
+  if (!(r.theta > 0)) config.fail("rope_theta", "must be positive");
+  return r;
+}
+
+std::vector<float> rope_inv_freq(const RopeConfig& rope, int64_t head_dim) {
+  std::vector<float> inv(size_t(head_dim / 2));
+  for (int64_t i = 0; i < head_dim / 2; ++i) {
+    // As the reference computes it: float32 exponent, then the power.
+    float expo = float(2 * i) / float(head_dim);
+    inv[size_t(i)] = float(1.0 / std::pow(rope.theta, double(expo)));
+  }
+  if (rope.type == "linear") {
+    for (float& f : inv) f = float(f / rope.factor);
+  } else if (rope.type == "llama3") {
+    const double old_len = double(rope.original_max_position_embeddings);
+    const double low_wavelen = old_len / rope.low_freq_factor;
+    const double high_wavelen = old_len / rope.high_freq_factor;
+    for (float& f : inv) {
+      const double wavelen = 2.0 * M_PI / f;
+      if (wavelen < high_wavelen) continue;  // high frequency: unchanged
+      if (wavelen > low_wavelen) {
+        f = float(f / rope.factor);
+        continue;
+      }
+      const double smooth = (old_len / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor);
+      f = float((1.0 - smooth) * f / rope.factor + smooth * f);
+    }
+  }
+  return inv;
+}
+
+}  // namespace osprey

@@ -1,0 +1,222 @@
+#include "model/safetensors.h"
+
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "backend/ops.h"
+#include "core/error.h"
+#include "core/mapped_file.h"
+
+namespace osprey {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+std::string safetensors_dtype_name(DType dt) {
+  switch (dt) {
+    case DType::f32: return "F32";
+    case DType::f16: return "F16";
+    case DType::bf16: return "BF16";
+    case DType::i32: return "I32";
+    case DType::u32: return "U32";
+    case DType::i64: return "I64";
+    case DType::i16: return "I16";
+    case DType::u16: return "U16";
+    case DType::i8: return "I8";
+    case DType::u8: return "U8";
+    case DType::boolean: return "BOOL";
+  }
+  return "?";
+}
+
+}  // namespace
+
+SafeTensors SafeTensors::open(const fs::path& dir) {
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) throw IoError("model folder " + dir.string() + " does not exist");
+  if (!fs::is_directory(dir, ec)) throw IoError(dir.string() + " is not a folder");
+  SafeTensors st;
+  st.source_ = dir;
+  fs::path index = dir / "model.safetensors.index.json";
+  if (fs::exists(index)) {
+    std::ifstream in(index);
+    json j;
+    try {
+      j = json::parse(in);
+    } catch (const json::exception& e) {
+      throw InvalidInput(index.string() + ": malformed JSON: " + e.what());
+    }
+    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+      throw InvalidInput(index.string() + ": missing object field \"weight_map\"");
+    std::set<std::string> shards;
+    for (auto& [name, file] : j["weight_map"].items()) {
+      if (!file.is_string()) throw InvalidInput(index.string() + ": weight_map[\"" + name + "\"] is not a string");
+      shards.insert(file.get<std::string>());
+    }
+    for (const auto& shard : shards) {
+      if (shard.find('/') != std::string::npos || shard.find("..") != std::string::npos)
+        throw InvalidInput(index.string() + ": shard name \"" + shard + "\" is not a plain file name");
+      if (!fs::exists(dir / shard)) throw IoError(index.string() + " names shard " + shard + ", which does not exist");
+      st.add_file(dir / shard);
+    }
+    for (auto& [name, file] : j["weight_map"].items()) {
+      auto it = st.tensors_.find(name);
+      if (it == st.tensors_.end() ||
+          st.files_[it->second.file_index]->path().filename() != file.get<std::string>())
+        throw InvalidInput(index.string() + " maps tensor " + name + " to " + file.get<std::string>() +
+                           ", which does not hold it");
+    }
+    return st;
+  }
+  if (fs::exists(dir / "model.safetensors")) {
+    st.add_file(dir / "model.safetensors");
+    return st;
+  }
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().extension() == ".safetensors") files.push_back(e.path());
+  if (files.empty()) throw IoError("no .safetensors files in " + dir.string());
+  std::sort(files.begin(), files.end());
+  for (const auto& f : files) st.add_file(f);
+  return st;
+}
+
+SafeTensors SafeTensors::open_file(const fs::path& file) {
+  SafeTensors st;
+  st.source_ = file;
+  st.add_file(file);
+  return st;
+}
+
+void SafeTensors::add_file(const fs::path& path) {
+  auto file = MappedFile::open(path);
+  const std::string where = path.string();
+  if (file->size() < 8)
+    throw InvalidInput(where + ": truncated safetensors file (" + std::to_string(file->size()) +
+                       " bytes, less than the 8-byte header length)");
+  uint64_t header_len = 0;
+  std::memcpy(&header_len, file->data(), 8);  // little endian on every supported host
+  if (header_len > file->size() - 8)
+    throw InvalidInput(where + ": header length " + std::to_string(header_len) + " runs past the end of the file (" +
+                       std::to_string(file->size()) + " bytes)");
+  json header;
+  try {
+    header = json::parse(reinterpret_cast<const char*>(file->data()) + 8,
+                         reinterpret_cast<const char*>(file->data()) + 8 + header_len);
+  } catch (const json::exception& e) {
+    throw InvalidInput(where + ": malformed JSON header: " + e.what());
+  }
+  if (!header.is_object()) throw InvalidInput(where + ": the JSON header is not an object");
+  const size_t data_start = 8 + header_len;
+  const size_t data_size = file->size() - data_start;
+  const size_t file_index = files_.size();
+  // The buffer spans the mapping and owns nothing: the captured handle keeps it mapped.
+  auto buffer = std::make_shared<Buffer>(const_cast<uint8_t*>(file->data()), file->size(), Device::cpu(),
+                                         [keep = file](void*, size_t) {});
+  for (auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") {
+      if (entry.is_object())
+        for (auto& [k, v] : entry.items())
+          if (v.is_string()) metadata_[k] = v.get<std::string>();
+      continue;
+    }
+    const std::string what = where + ": tensor " + name;
+    if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") || !entry.contains("data_offsets"))
+      throw InvalidInput(what + ": header entry needs dtype, shape and data_offsets");
+    if (!entry["dtype"].is_string()) throw InvalidInput(what + ": dtype is not a string");
+    auto dtype = dtype_from_safetensors(entry["dtype"].get<std::string>());
+    if (!dtype) throw Unsupported(what + ": unsupported dtype " + entry["dtype"].get<std::string>());
+    const json& shape_j = entry["shape"];
+    const json& off_j = entry["data_offsets"];
+    if (!shape_j.is_array() || shape_j.size() > size_t(Shape::kMaxDims))
+      throw InvalidInput(what + ": shape must be an array of at most 4 dimensions");
+    if (!off_j.is_array() || off_j.size() != 2 || !off_j[0].is_number_unsigned() || !off_j[1].is_number_unsigned())
+      throw InvalidInput(what + ": data_offsets must be two non-negative integers");
+    TensorInfo info;
+    info.name = name;
+    info.dtype = *dtype;
+    uint64_t numel = 1;
+    for (const auto& d : shape_j) {
+      if (!d.is_number_unsigned()) throw InvalidInput(what + ": shape holds a value that is not a non-negative integer");
+      info.shape.d[info.shape.n++] = int64_t(d.get<uint64_t>());
+      numel *= d.get<uint64_t>();
+    }
+    uint64_t begin = off_j[0].get<uint64_t>(), end = off_j[1].get<uint64_t>();
+    if (begin > end || end > data_size)
+      throw InvalidInput(what + ": data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
+                         ") out of bounds of the " + std::to_string(data_size) + "-byte data section");
+    if (end - begin != numel * dtype_size(*dtype))
+      throw InvalidInput(what + ": data_offsets span " + std::to_string(end - begin) + " bytes but " +
+                         dtype_name(*dtype) + info.shape.str() + " needs " + std::to_string(numel * dtype_size(*dtype)));
+    info.file_index = file_index;
+    info.byte_offset = data_start + begin;
+    info.nbytes = end - begin;
+    if (tensors_.count(name)) throw InvalidInput(what + ": appears in more than one file");
+    tensors_.emplace(name, std::move(info));
+  }
+  files_.push_back(std::move(file));
+  buffers_.push_back(std::move(buffer));
+}
+
+const TensorInfo& SafeTensors::info(const std::string& name) const {
+  auto it = tensors_.find(name);
+  if (it == tensors_.end()) throw InvalidInput("missing tensor " + name + " in " + source_.string());
+  return it->second;
+}
+
+Array SafeTensors::get(const std::string& name) const {
+  const TensorInfo& ti = info(name);
+  return Array::from_buffer(buffers_[ti.file_index], ti.byte_offset, ti.shape, ti.dtype);
+}
+
+Array SafeTensors::get(const std::string& name, DType dtype, const Shape& shape) const {
+  const TensorInfo& ti = info(name);
+  if (ti.dtype != dtype || !(ti.shape == shape))
+    throw InvalidInput("tensor " + name + " in " + files_[ti.file_index]->path().string() + " is " +
+                       dtype_name(ti.dtype) + ti.shape.str() + ", but the config implies " + dtype_name(dtype) +
+                       shape.str());
+  return get(name);
+}
+
+std::vector<std::string> SafeTensors::names() const {
+  std::vector<std::string> out;
+  out.reserve(tensors_.size());
+  for (const auto& [k, v] : tensors_) out.push_back(k);
+  return out;
+}
+
+size_t SafeTensors::total_bytes() const {
+  size_t n = 0;
+  for (const auto& [k, v] : tensors_) n += v.nbytes;
+  return n;
+}
+
+void write_safetensors(const fs::path& path, const std::vector<std::pair<std::string, Array>>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  json header = json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  size_t offset = 0;
+  std::vector<Array> contiguous;
+  for (const auto& [name, a] : tensors) {
+    Array c = a.is_contiguous() ? a : ops::cast(a, a.dtype());
+    std::vector<int64_t> shape(c.shape().d, c.shape().d + c.ndim());
+    header[name] = {{"dtype", safetensors_dtype_name(c.dtype())}, {"shape", shape},
+                    {"data_offsets", {offset, offset + c.nbytes()}}};
+    offset += c.nbytes();
+    contiguous.push_back(std::move(c));
+  }
+  std::string h = header.dump();
+  while ((8 + h.size()) % 8 != 0) h.push_back(' ');
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) throw IoError(path.string() + ": cannot open for writing");
+  uint64_t n = h.size();
+  out.write(reinterpret_cast<const char*>(&n), 8);
+  out.write(h.data(), std::streamsize(h.size()));
+  for (const auto& c : contiguous) out.write(static_cast<const char*>(c.raw()), std::streamsize(c.nbytes()));
+  if (!out) throw IoError(path.string() + ": write failed");
+}
+
+}  // namespace osprey

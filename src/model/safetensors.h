@@ -1,0 +1,62 @@
+#pragma once
+// Memory-mapped safetensors checkpoints: one file, or shards listed by
+// model.safetensors.index.json. Tensors are never read twice: get() returns a CPU array
+// that points into the mapping (zero copy) and keeps it alive.
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/array.h"
+
+namespace osprey {
+
+class MappedFile;
+
+struct TensorInfo {
+  std::string name;
+  DType dtype = DType::f32;
+  Shape shape;
+  size_t file_index = 0;   // into SafeTensors' file list
+  size_t byte_offset = 0;  // absolute, within the file
+  size_t nbytes = 0;
+};
+
+class SafeTensors {
+ public:
+  // A model folder: model.safetensors.index.json if present, else model.safetensors, else
+  // every *.safetensors in the folder. Throws IoError (missing folder, no files, unreadable
+  // file) or InvalidInput (malformed header, out-of-bounds data, unknown dtype, a shard or
+  // tensor the index names but the files lack) naming the file and tensor.
+  static SafeTensors open(const std::filesystem::path& model_dir);
+  static SafeTensors open_file(const std::filesystem::path& file);
+
+  bool contains(const std::string& name) const { return tensors_.count(name) != 0; }
+  // Throws InvalidInput "missing tensor NAME in DIR".
+  const TensorInfo& info(const std::string& name) const;
+  Array get(const std::string& name) const;
+  // get() that also checks dtype and shape, naming the tensor, both values and the source.
+  Array get(const std::string& name, DType dtype, const Shape& shape) const;
+  std::vector<std::string> names() const;
+  const std::filesystem::path& source() const { return source_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  size_t total_bytes() const;
+
+ private:
+  void add_file(const std::filesystem::path& path);
+
+  std::filesystem::path source_;
+  std::vector<std::shared_ptr<MappedFile>> files_;
+  std::vector<std::shared_ptr<Buffer>> buffers_;  // one per file, over the whole mapping
+  std::map<std::string, TensorInfo> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// Writes `tensors` (CPU arrays, any strides) as one safetensors file, in the given order,
+// with optional string metadata. Throws IoError when the file cannot be written.
+void write_safetensors(const std::filesystem::path& path, const std::vector<std::pair<std::string, Array>>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
+}  // namespace osprey
