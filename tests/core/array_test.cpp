@@ -5,6 +5,7 @@
 
 #include "backend/ops.h"
 #include "core/array.h"
+#include "core/error.h"
 #include "core/half.h"
 
 namespace osprey {
