@@ -1,0 +1,142 @@
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <numeric>
+
+#include "core/error.h"
+#include "engine/sampler.h"
+
+namespace osprey {
+namespace {
+
+// Softmax in double, as an independent reference.
+std::vector<double> softmax(const std::vector<float>& l, double temp) {
+  double mx = *std::max_element(l.begin(), l.end());
+  std::vector<double> p(l.size());
+  double s = 0;
+  for (size_t i = 0; i < l.size(); ++i) s += p[i] = std::exp((l[i] - mx) / temp);
+  for (double& v : p) v /= s;
+  return p;
+}
+
+std::vector<int32_t> ids_of(const std::vector<std::pair<int32_t, float>>& d) {
+  std::vector<int32_t> ids;
+  for (auto& [id, p] : d) ids.push_back(id);
+  return ids;
+}
+
+const std::vector<float> kLogits = {1.0f, 3.0f, -2.0f, 2.5f, 0.5f, 3.0f, -1.0f, 2.0f};
+
+}  // namespace
+
+TEST(Sampler, GreedyPicksTheArgmaxAndTheLowestIdOnATie) {
+  Sampler s({});
+  EXPECT_EQ(s.sample(kLogits, {}), 1);  // ids 1 and 5 tie at 3.0
+}
+
+TEST(Sampler, TemperatureGivesTheSoftmaxOfScaledLogits) {
+  SamplerParams p;
+  p.temperature = 0.7f;
+  Sampler s(p);
+  auto d = s.distribution(kLogits, {});
+  auto ref = softmax(kLogits, 0.7);
+  ASSERT_EQ(d.size(), kLogits.size());
+  for (auto& [id, prob] : d) EXPECT_NEAR(prob, ref[size_t(id)], 1e-6);
+}
+
+TEST(Sampler, TopKKeepsTheKLargest) {
+  SamplerParams p;
+  p.temperature = 1.0f;
+  p.top_k = 3;
+  Sampler s(p);
+  EXPECT_EQ(ids_of(s.distribution(kLogits, {})), (std::vector<int32_t>{1, 3, 5}));
+}
+
+TEST(Sampler, TopPKeepsTheSmallestSetReachingP) {
+  SamplerParams p;
+  p.temperature = 1.0f;
+  p.top_p = 0.8f;
+  Sampler s(p);
+  auto ref = softmax(kLogits, 1.0);
+  std::vector<int32_t> order(kLogits.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return ref[size_t(a)] > ref[size_t(b)]; });
+  std::vector<int32_t> expect;
+  double acc = 0;
+  for (int32_t id : order) {
+    expect.push_back(id);
+    acc += ref[size_t(id)];
+    if (acc >= 0.8) break;
+  }
+  std::sort(expect.begin(), expect.end());
+  auto d = s.distribution(kLogits, {});
+  EXPECT_EQ(ids_of(d), expect);
+  double kept = 0;
+  for (int32_t id : expect) kept += ref[size_t(id)];
+  for (auto& [id, prob] : d) EXPECT_NEAR(prob, ref[size_t(id)] / kept, 1e-6);
+}
+
+TEST(Sampler, MinPDropsTokensBelowAFractionOfTheBest) {
+  SamplerParams p;
+  p.temperature = 1.0f;
+  p.min_p = 0.3f;
+  Sampler s(p);
+  auto ref = softmax(kLogits, 1.0);
+  double best = *std::max_element(ref.begin(), ref.end());
+  std::vector<int32_t> expect;
+  for (size_t i = 0; i < ref.size(); ++i)
+    if (ref[i] >= 0.3 * best) expect.push_back(int32_t(i));
+  EXPECT_EQ(ids_of(s.distribution(kLogits, {})), expect);
+}
+
+TEST(Sampler, RepetitionPenaltyDividesPositiveAndMultipliesNegativeLogits) {
+  SamplerParams p;
+  p.temperature = 1.0f;
+  p.repetition_penalty = 2.0f;
+  Sampler s(p);
+  std::vector<int32_t> history = {1, 2, 1};
+  std::vector<float> penalised = kLogits;
+  penalised[1] = 3.0f / 2.0f;
+  penalised[2] = -2.0f * 2.0f;
+  auto ref = softmax(penalised, 1.0);
+  for (auto& [id, prob] : s.distribution(kLogits, history)) EXPECT_NEAR(prob, ref[size_t(id)], 1e-6);
+}
+
+TEST(Sampler, DrawsFollowTheDistributionAndTheSeed) {
+  SamplerParams p;
+  p.temperature = 1.0f;
+  p.seed = 42;
+  Sampler a(p), b(p);
+  auto ref = softmax(kLogits, 1.0);
+  std::map<int32_t, int> counts;
+  std::vector<int32_t> seq_a, seq_b;
+  constexpr int kDraws = 40000;
+  for (int i = 0; i < kDraws; ++i) {
+    seq_a.push_back(a.sample(kLogits, {}));
+    seq_b.push_back(b.sample(kLogits, {}));
+    ++counts[seq_a.back()];
+  }
+  EXPECT_EQ(seq_a, seq_b);
+  for (size_t i = 0; i < ref.size(); ++i) EXPECT_NEAR(double(counts[int32_t(i)]) / kDraws, ref[i], 0.01) << i;
+  p.seed = 43;
+  Sampler c(p);
+  std::vector<int32_t> seq_c;
+  for (int i = 0; i < 100; ++i) seq_c.push_back(c.sample(kLogits, {}));
+  EXPECT_NE(std::vector<int32_t>(seq_a.begin(), seq_a.begin() + 100), seq_c);
+}
+
+TEST(Sampler, OutOfRangeParametersAreRejected) {
+  SamplerParams p;
+  p.top_p = 0.0f;
+  EXPECT_THROW(Sampler{p}, InvalidInput);
+  p = {};
+  p.temperature = -1.0f;
+  EXPECT_THROW(Sampler{p}, InvalidInput);
+  p = {};
+  p.min_p = 1.5f;
+  EXPECT_THROW(Sampler{p}, InvalidInput);
+}
+
+}  // namespace osprey
