@@ -7,6 +7,7 @@
 
 #include "cli/commands.h"
 #include "cli/progress.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "engine/generator.h"
