@@ -1,0 +1,122 @@
+// The engine against HF transformers: logits at every position and 64-token greedy
+// continuations of tiny random-weight checkpoints, computed on the GPU machine by
+// tools/make_fixtures.py from the saved files (tests/fixtures/README.md).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "engine/generator.h"
+#include "model/model.h"
+#include "model/safetensors.h"
+#include "support/test_util.h"
+
+namespace osprey {
+namespace {
+
+std::filesystem::path fixture(const std::string& family) {
+  return testing::source_dir() / "tests/fixtures/models" / family;
+}
+
+std::vector<int32_t> ints(const Array& a) { return {a.data<int32_t>(), a.data<int32_t>() + a.numel()}; }
+
+Array tokens_of(const std::vector<int32_t>& ids) {
+  Array a = Array::empty({int64_t(ids.size())}, DType::i32);
+  std::copy(ids.begin(), ids.end(), a.data<int32_t>());
+  return a;
+}
+
+// max |ours - ref| over the row, relative to the reference row's range.
+double relative_row_error(const float* ours, const float* ref, int64_t vocab) {
+  double lo = ref[0], hi = ref[0], err = 0;
+  for (int64_t j = 0; j < vocab; ++j) {
+    lo = std::min<double>(lo, ref[j]);
+    hi = std::max<double>(hi, ref[j]);
+    err = std::max(err, std::fabs(double(ours[j]) - double(ref[j])));
+  }
+  return err / (hi - lo);
+}
+
+class Reference : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    model_ = load_model(fixture(GetParam()));
+    ref_ = std::make_unique<SafeTensors>(SafeTensors::open_file(fixture(GetParam()) / "reference.safetensors"));
+  }
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<SafeTensors> ref_;
+};
+
+}  // namespace
+
+TEST_P(Reference, LogitsAtEveryPositionMatchTransformers) {
+  for (int i = 0; i < 3; ++i) {
+    const std::vector<int32_t> ids = ints(ref_->get("tokens_" + std::to_string(i)));
+    Array ref = ref_->get("logits_" + std::to_string(i));
+    const int64_t vocab = ref.dim(1);
+    SequenceCache cache = model_->make_cache({});
+    Array ours = model_->forward(tokens_of(ids), cache, true);
+    ASSERT_EQ(ours.shape(), ref.shape());
+    double worst = 0;
+    for (int64_t t = 0; t < ref.dim(0); ++t)
+      worst = std::max(worst, relative_row_error(ours.data<float>() + t * vocab, ref.data<float>() + t * vocab, vocab));
+    EXPECT_LT(worst, 1e-3) << "sequence " << i << " of " << ids.size() << " tokens";
+    if (std::getenv("OSPREY_TEST_VERBOSE")) std::printf("%s seq %d: %.3g\n", GetParam().c_str(), i, worst);
+  }
+}
+
+TEST_P(Reference, TokenByTokenDecodeMatchesTransformers) {
+  // The decode path (single-token steps over the cache) against the same reference rows.
+  const std::vector<int32_t> ids = ints(ref_->get("tokens_1"));
+  Array ref = ref_->get("logits_1");
+  const int64_t vocab = ref.dim(1);
+  SequenceCache cache = model_->make_cache({});
+  double worst = 0;
+  for (size_t t = 0; t < ids.size(); ++t) {
+    Array l = model_->forward(tokens_of({ids[t]}), cache, false);
+    worst = std::max(worst, relative_row_error(l.data<float>(), ref.data<float>() + int64_t(t) * vocab, vocab));
+  }
+  EXPECT_LT(worst, 1e-3);
+}
+
+TEST_P(Reference, GreedyContinuationsMatchWhereMarginsAreClear) {
+  for (int i = 0; i < 3; ++i) {
+    const std::string n = std::to_string(i);
+    const std::vector<int32_t> prompt = ints(ref_->get("greedy_prompt_" + n));
+    const std::vector<int32_t> expected = ints(ref_->get("greedy_tokens_" + n));
+    Array margins = ref_->get("greedy_margins_" + n);
+    SequenceCache cache = model_->make_cache({});
+    GenerateParams gp;
+    gp.max_tokens = int(expected.size());
+    GenerateResult r = generate(*model_, cache, prompt, gp);
+    ASSERT_EQ(r.tokens.size(), expected.size());
+    // Compare up to the first step whose reference margin is too small to call.
+    size_t checked = 0;
+    for (; checked < expected.size() && margins.data<float>()[checked] > 0.05f; ++checked)
+      ASSERT_EQ(r.tokens[checked], expected[checked]) << "prompt " << i << ", step " << checked;
+    EXPECT_GE(checked, expected.size() / 2) << "too few clear-margin steps to check";
+  }
+}
+
+TEST_P(Reference, KVWriteSwitchGivesByteIdenticalGreedyOutputFor300Tokens) {
+  // Through the CLI, so the environment switch and the JSON counters are covered too.
+  const std::string args = "generate -m " + fixture(GetParam()).string() +
+                           " --token-ids 5,99,23,311,8,140,77,3 -n 300 --ignore-eos --json";
+  auto on = testing::run_osprey(args, "OSPREY_KV_INPLACE_WRITE=1");
+  auto off = testing::run_osprey(args, "OSPREY_KV_INPLACE_WRITE=0");
+  ASSERT_EQ(on.exit_code, 0) << on.err;
+  ASSERT_EQ(off.exit_code, 0) << off.err;
+  auto jon = nlohmann::json::parse(on.out), joff = nlohmann::json::parse(off.out);
+  ASSERT_EQ(jon["tokens"].size(), 300u);
+  EXPECT_EQ(jon["tokens"], joff["tokens"]);
+  const uint64_t layers = uint64_t(model_->info().n_layers);
+  // 299 decode writes at rows 8..306 per layer; the one at row 256 grows the buffer.
+  EXPECT_EQ(jon["timings"]["kv_inplace_writes"].get<uint64_t>(), layers * 298);
+  EXPECT_EQ(jon["timings"]["kv_copying_writes"].get<uint64_t>(), layers * 2);
+  EXPECT_EQ(joff["timings"]["kv_inplace_writes"].get<uint64_t>(), 0u);
+  EXPECT_EQ(joff["timings"]["kv_copying_writes"].get<uint64_t>(), layers * 300);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, Reference, ::testing::Values("llama", "qwen2"));
+
+}  // namespace osprey
