@@ -2,6 +2,7 @@
 #include <mutex>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "model/config_reader.h"
 #include "model/model.h"
 #include "model/safetensors.h"
@@ -66,6 +67,8 @@ std::unique_ptr<Model> load_model(const std::filesystem::path& dir, const LoadOp
     add_eos(gen.get_int_list("eos_token_id"));
     if (!info.bos_id && gen.has("bos_token_id")) info.bos_id = int32_t(gen.get_int("bos_token_id"));
   }
+  log_debug("loaded " + dir.string() + ": " + model_type + ", " + std::to_string(info.n_layers) + " layers, " +
+            std::to_string(info.weight_bytes) + " weight bytes (" + dtype_name(info.weight_dtype) + ")");
   return model;
 }
 

@@ -1,0 +1,19 @@
+#pragma once
+// The one leveled logger. Lines go to stderr as "osprey: <level>: <message>"; the level
+// comes from OSPREY_LOG_LEVEL (error, warn, info, debug). Thread-safe.
+#include <string>
+
+namespace osprey {
+
+enum class LogLevel { error = 0, warn = 1, info = 2, debug = 3 };
+
+bool log_enabled(LogLevel level);
+void log_message(LogLevel level, const std::string& message);
+
+inline void log_warn(const std::string& m) { log_message(LogLevel::warn, m); }
+inline void log_info(const std::string& m) { log_message(LogLevel::info, m); }
+inline void log_debug(const std::string& m) {
+  if (log_enabled(LogLevel::debug)) log_message(LogLevel::debug, m);
+}
+
+}  // namespace osprey
