@@ -68,9 +68,10 @@ void embedding(const Array& table, const Array& ids, float scale, Array& out) {
 
 void rms_norm(const Array& x, const Array& weight, float eps, bool unit_offset, Array& out) {
   const int64_t d = x.dim(-1), rows = x.numel() / d;
-  std::vector<float> w = vector_f32(weight);
-  if (unit_offset)
-    for (float& v : w) v += 1.0f;
+  // NOTE: models keep norm weights in f32, so the common path reads them in place.
+  std::vector<float> converted;
+  const float* w = weight.dtype() == DType::f32 ? weight.data<float>() : (converted = vector_f32(weight)).data();
+  const float offset = unit_offset ? 1.0f : 0.0f;
   const float* xp = x.data<float>();
   float* op = out.data<float>();
   for_rows(rows, d, [&](int64_t r) {
@@ -79,7 +80,7 @@ void rms_norm(const Array& x, const Array& weight, float eps, bool unit_offset, 
     double ss = 0;
     for (int64_t j = 0; j < d; ++j) ss += double(xr[j]) * xr[j];
     float inv = 1.0f / std::sqrt(float(ss / double(d)) + eps);
-    for (int64_t j = 0; j < d; ++j) o[j] = xr[j] * inv * w[size_t(j)];
+    for (int64_t j = 0; j < d; ++j) o[j] = xr[j] * inv * (w[j] + offset);
   });
 }
 
