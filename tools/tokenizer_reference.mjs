@@ -12,6 +12,16 @@
 //                     `split_special_tokens=True` behaviour: non-special added tokens still match)
 //   decoded           decode(ids), special tokens kept, no clean-up of tokenization spaces
 //   normalized        (Qwen2.5 only) text after the tokenizer's NFC normalizer
+//
+// Where @lenml/tokenizers is known to differ from HF tokenizers (Rust, Oniguruma regexes),
+// the strings below stay clear of the difference:
+//   - JavaScript's \s takes U+FEFF and not U+0085; Oniguruma's takes U+0085 and not U+FEFF.
+//   - Its ByteLevel decoder emits added tokens verbatim; HF maps them through the byte
+//     alphabet like any token (equal unless an added token has characters such as "Ġ").
+//   - It has no split_special_tokens option; ids_plain_special is made by loading the same
+//     files without the special added tokens, which is what that option does.
+//   - Unicode tables come from the Node.js ICU build, which may be newer than the Rust
+//     crates' (only code points assigned recently are affected).
 import fs from "node:fs";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
@@ -81,7 +91,7 @@ const STRINGS = [
   "שלום עולם",
   "नमस्ते दुनिया, क्या हाल है?",
   "ไทย ภาษา",
-  // words that are whole vocabulary entries (ignore_merges matters for Llama 3)
+  // edge cases (for Llama 3, words that only ignore_merges keeps whole are appended below)
   "",
   " ",
   "   ",

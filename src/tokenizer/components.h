@@ -1,0 +1,64 @@
+#pragma once
+// The pipeline stages of a tokenizer.json, each built from its JSON object by a factory that
+// dispatches on "type". All stages are immutable after construction and thread-safe.
+// Internal header (includes nlohmann).
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tokenizer/json_fields.h"
+
+namespace osprey::tok {
+
+// Text -> text before pre-tokenization. Input and output are valid UTF-8.
+class Normalizer {
+ public:
+  virtual ~Normalizer() = default;
+  virtual std::string normalize(std::string text) const = 0;
+};
+
+// Supported: NFC, NFD, Sequence, Replace, Prepend. Returns nullptr for JSON null.
+// Throws Unsupported naming the normalizer type otherwise.
+std::unique_ptr<Normalizer> make_normalizer(const Json& j, const std::string& where);
+
+// Splits pieces into smaller pieces (and may rewrite them, as ByteLevel does). Pieces are
+// never empty.
+class PreTokenizer {
+ public:
+  virtual ~PreTokenizer() = default;
+  virtual void pre_tokenize(std::vector<std::string>& pieces) const = 0;
+};
+
+// Supported: Sequence, Split, ByteLevel, Digits. Returns nullptr for JSON null.
+std::unique_ptr<PreTokenizer> make_pre_tokenizer(const Json& j, const std::string& where);
+
+// Adds the special tokens of a single sequence (encode with add_special = true).
+class PostProcessor {
+ public:
+  virtual ~PostProcessor() = default;
+  virtual void process(std::vector<int32_t>& ids) const = 0;
+  // The id the processor puts first, if it always puts a fixed one there (a BOS).
+  virtual std::optional<int32_t> leading_id() const { return std::nullopt; }
+};
+
+// Supported: TemplateProcessing, ByteLevel, RobertaProcessing, BertProcessing, Sequence.
+// Returns nullptr for JSON null.
+std::unique_ptr<PostProcessor> make_post_processor(const Json& j, const std::string& where);
+
+// Maps one vocabulary token to the bytes it stands for. Decoding a sequence is the
+// concatenation of its tokens' bytes (then UTF-8 with lossy replacement), so stream
+// decoding can work token by token.
+class Decoder {
+ public:
+  virtual ~Decoder() = default;
+  virtual std::string token_bytes(std::string_view token) const = 0;
+};
+
+// Supported: ByteLevel, and Sequence of supported decoders. For JSON null the decoder
+// returns tokens unchanged (HF would join them with spaces).
+std::unique_ptr<Decoder> make_decoder(const Json& j, const std::string& where);
+
+}  // namespace osprey::tok

