@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   };
   add("generate", "Generate text from a prompt", osprey::cli::add_generate);
   add("tokenize", "Print the token ids of a text as a JSON array", osprey::cli::add_tokenize);
+  add("bench", "Measure prompt and generation throughput (after llama-bench)", osprey::cli::add_bench);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
