@@ -55,4 +55,10 @@ void copy_into(const Array& dst, const Array& src);
 // A contiguous copy in `dtype`.
 Array cast(const Array& src, DType dtype);
 
+// `src` on `device` (itself when already there); a copy to or from a CUDA device waits for
+// the device's stream to finish.
+Array to_device(const Array& src, Device device);
+// Waits for the device's queued work (no-op on the CPU).
+void synchronize(Device device);
+
 }  // namespace osprey::ops

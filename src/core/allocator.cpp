@@ -3,9 +3,11 @@
 
 namespace osprey {
 
+Allocator& cuda_allocator(int device);  // backend/cuda/runtime.cu or backend/cuda_stub.cpp
+
 Allocator& allocator_for(Device device) {
   if (device.is_cpu()) return cpu_allocator();
-  throw Unsupported("device " + device.str() + " is not available in this build");
+  return cuda_allocator(device.index);
 }
 
 }  // namespace osprey

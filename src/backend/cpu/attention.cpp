@@ -1,0 +1,522 @@
+// attention(): causal grouped-query attention over an f16 cache, flash-attention style.
+//
+// A work item is (kv head, block of up to kRowsPerItem query rows, range of keys). Its query
+// vectors are every (row, query head of the group) pair, pre-scaled by `scale`, each with a
+// running max, sum and f32 accumulator (online softmax). The item walks its keys in blocks of
+// kBlockKeys, and its query vectors kQBlock at a time, so that each K or V value loaded feeds
+// kQBlock FMAs. Two ways to read a block:
+//  - direct (at most kDirectMaxQueries query vectors: decode): scores are dot products over
+//    the f16 rows (F16C conversion in registers), kWidth keys' partial sums reduced together;
+//    PV reads the f16 rows of V. Memory-bound: every cached byte is read once, and the next
+//    block is prefetched while this one computes.
+//  - blocked (prefill): the block of K is converted once to f32 and transposed to
+//    [head_dim][kBlockKeys], V to [kBlockKeys][head_dim], shared by all query vectors of the
+//    item; scores are then kBlockKeys-wide vector FMAs with no horizontal sums.
+// When kv heads x row blocks alone leave threads idle (decode), the keys are split into ranges
+// whose partial results are merged at the end.
+#include <algorithm>
+#include <atomic>
+#include <functional>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/gemm_simd.h"
+
+namespace osprey::cpu {
+namespace {
+
+using namespace simd;
+
+constexpr int kScoreVecs = 4;
+constexpr int64_t kBlockKeys = kScoreVecs * kWidth;
+constexpr int kQBlock = kRegisters >= 32 ? 4 : 2;  // query vectors per pass
+constexpr int64_t kRowsPerItem = 8;
+constexpr int64_t kDirectMaxQueries = 8;  // items with at most this many query vectors skip the scratch
+constexpr int64_t kMinKeysPerSplit = 256;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// Per-thread buffers of one work item; grown once, reused across calls.
+struct Scratch {
+  std::vector<float> kt;      // [head_dim][kBlockKeys]
+  std::vector<float> vf;      // [kBlockKeys][dv], dv = head_dim rounded up to kWidth, zero padded
+  std::vector<float> qs;      // [nq][head_dim], query vectors times scale
+  std::vector<float> acc;     // [nq][dv]
+  std::vector<float> m, l;    // [nq] running max and sum
+  std::vector<int64_t> lo, hi;  // [nq] visible keys [lo, hi) within the item's range
+
+  void reserve(int64_t head_dim, int64_t dv, int64_t nq) {
+    auto grow = [](auto& v, int64_t n) {
+      if (int64_t(v.size()) < n) v.resize(size_t(n));
+    };
+    grow(kt, head_dim * kBlockKeys);
+    grow(vf, kBlockKeys * dv);
+    grow(qs, nq * head_dim);
+    grow(acc, nq * dv);
+    grow(m, nq);
+    grow(l, nq);
+    grow(lo, nq);
+    grow(hi, nq);
+  }
+};
+
+// kt[d][j0 + t] = k[t][d] for t < kWidth, d < d_vec (rows t >= valid read as zero).
+template <bool kFull>
+inline void convert_k_columns(const uint16_t* k, int64_t row_stride, int valid, int64_t d_vec, float* kt) {
+  for (int64_t d0 = 0; d0 < d_vec; d0 += kWidth) {
+    Vec r[kWidth];
+#pragma GCC unroll 16
+    for (int t = 0; t < kWidth; ++t) r[t] = kFull || t < valid ? load_f16(k + t * row_stride + d0) : zero();
+    transpose(r);
+#pragma GCC unroll 16
+    for (int t = 0; t < kWidth; ++t) store(kt + (d0 + t) * kBlockKeys, r[t]);
+  }
+}
+
+// kt[d][j] = k[j][d] for j < nb (rows of k at stride row_stride); lanes j >= nb are left as
+// they are and must be masked by the caller.
+void convert_k_block(const uint16_t* k, int64_t row_stride, int64_t nb, int64_t head_dim, float* kt) {
+  const int64_t d_vec = head_dim - head_dim % kWidth;
+  for (int64_t j0 = 0; j0 < nb; j0 += kWidth) {
+    const int valid = int(std::min<int64_t>(kWidth, nb - j0));
+    if (valid == kWidth)
+      convert_k_columns<true>(k + j0 * row_stride, row_stride, valid, d_vec, kt + j0);
+    else
+      convert_k_columns<false>(k + j0 * row_stride, row_stride, valid, d_vec, kt + j0);
+    for (int64_t d = d_vec; d < head_dim; ++d)
+      for (int t = 0; t < valid; ++t) kt[d * kBlockKeys + j0 + t] = f16_to_f32(k[(j0 + t) * row_stride + d]);
+  }
+}
+
+// vf[j][d] = v[j][d] for j < nb, d < head_dim; vf[j][head_dim..dv) = 0.
+void convert_v_block(const uint16_t* v, int64_t row_stride, int64_t nb, int64_t head_dim, int64_t dv, float* vf) {
+  const int64_t d_vec = head_dim - head_dim % kWidth;
+  for (int64_t j = 0; j < nb; ++j) {
+    const uint16_t* src = v + j * row_stride;
+    float* dst = vf + j * dv;
+    for (int64_t d = 0; d < d_vec; d += kWidth) store(dst + d, load_f16(src + d));
+    for (int64_t d = d_vec; d < dv; ++d) dst[d] = d < head_dim ? f16_to_f32(src[d]) : 0.0f;
+  }
+}
+
+// s[t][j] = sum_d q[t][d] * kt[d][j] for t < NQ, j < kBlockKeys. q: [NQ][head_dim];
+// s: [NQ][kBlockKeys].
+template <int NQ>
+inline void block_scores(const float* q, const float* kt, int64_t head_dim, float* s) {
+  Vec acc[NQ][kScoreVecs];
+#pragma GCC unroll 4
+  for (int t = 0; t < NQ; ++t)
+#pragma GCC unroll 4
+    for (int c = 0; c < kScoreVecs; ++c) acc[t][c] = zero();
+  for (int64_t d = 0; d < head_dim; ++d) {
+    const float* row = kt + d * kBlockKeys;
+    Vec kv[kScoreVecs];
+#pragma GCC unroll 4
+    for (int c = 0; c < kScoreVecs; ++c) {
+      Vec x = load(row + c * kWidth);
+      pin(x);
+      kv[c] = x;
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < NQ; ++t) {
+      const Vec qd = set1(q[t * head_dim + d]);
+#pragma GCC unroll 4
+      for (int c = 0; c < kScoreVecs; ++c) acc[t][c] = fma(qd, kv[c], acc[t][c]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int t = 0; t < NQ; ++t)
+#pragma GCC unroll 4
+    for (int c = 0; c < kScoreVecs; ++c) store(s + t * kBlockKeys + c * kWidth, acc[t][c]);
+}
+
+// acc[t][0:NV*kWidth] += sum_{j in [j0, j1)} p[t][j] * vf[j][0:NV*kWidth] for t < NQ.
+// p: [NQ][kBlockKeys]; vf row stride dv; acc row stride ld_acc.
+template <int NQ, int NV>
+inline void accumulate_pv(const float* p, const float* vf, int64_t dv, int64_t j0, int64_t j1, float* acc,
+                          int64_t ld_acc) {
+  Vec a[NQ][NV];
+#pragma GCC unroll 4
+  for (int t = 0; t < NQ; ++t)
+#pragma GCC unroll 4
+    for (int c = 0; c < NV; ++c) a[t][c] = load(acc + t * ld_acc + c * kWidth);
+  for (int64_t j = j0; j < j1; ++j) {
+    const float* row = vf + j * dv;
+    Vec v[NV];
+#pragma GCC unroll 4
+    for (int c = 0; c < NV; ++c) {
+      Vec x = load(row + c * kWidth);
+      pin(x);
+      v[c] = x;
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < NQ; ++t) {
+      const Vec pj = set1(p[t * kBlockKeys + j]);
+#pragma GCC unroll 4
+      for (int c = 0; c < NV; ++c) a[t][c] = fma(pj, v[c], a[t][c]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int t = 0; t < NQ; ++t)
+#pragma GCC unroll 4
+    for (int c = 0; c < NV; ++c) store(acc + t * ld_acc + c * kWidth, a[t][c]);
+}
+
+template <int NQ>
+void accumulate_pv_all(const float* p, const float* vf, int64_t dv, int64_t j0, int64_t j1, float* acc) {
+  int64_t c0 = 0;
+  const int64_t n_vecs = dv / kWidth;
+  for (; c0 + 4 <= n_vecs; c0 += 4) accumulate_pv<NQ, 4>(p, vf + c0 * kWidth, dv, j0, j1, acc + c0 * kWidth, dv);
+  const float* vr = vf + c0 * kWidth;
+  float* ar = acc + c0 * kWidth;
+  switch (n_vecs - c0) {
+    case 1: accumulate_pv<NQ, 1>(p, vr, dv, j0, j1, ar, dv); break;
+    case 2: accumulate_pv<NQ, 2>(p, vr, dv, j0, j1, ar, dv); break;
+    case 3: accumulate_pv<NQ, 3>(p, vr, dv, j0, j1, ar, dv); break;
+    default: break;
+  }
+}
+
+// s = softcap * tanh(s / softcap), through tanh(y) = 1 - 2 / (exp(2y) + 1).
+inline Vec soft_cap(Vec s, float softcap) {
+  const Vec e = exp(mul(s, set1(2.0f / softcap)));
+  const Vec one = set1(1.0f);
+  const Vec t = sub(one, div(set1(2.0f), add(e, one)));
+  return mul(t, set1(softcap));
+}
+
+struct Plan {
+  int64_t group;          // query heads per kv head
+  int64_t dv;             // head_dim rounded up to kWidth
+  int64_t rows_per_item;  // query rows per item
+  int64_t n_row_blocks;
+  int64_t n_splits;       // key ranges per (kv head, row block)
+  int64_t split_keys;     // keys per range (a multiple of kBlockKeys)
+  int64_t n_items;
+};
+
+// The keys row i can see: [lo, hi).
+inline void visible_keys(const AttentionArgs& a, int64_t i, int64_t* lo, int64_t* hi) {
+  const int64_t p = a.q_pos0 + i;
+  *hi = std::min(p + 1, a.n_keys);
+  *lo = a.window > 0 ? std::max<int64_t>(0, p - a.window + 1) : 0;
+}
+
+Plan make_plan(const AttentionArgs& a, int n_threads) {
+  Plan pl;
+  pl.group = a.n_heads / a.n_kv_heads;
+  pl.dv = round_up(a.head_dim, kWidth);
+  pl.rows_per_item = std::min<int64_t>(kRowsPerItem, a.n);
+  const int64_t want = n_threads > 1 ? 3 * int64_t(n_threads) : 1;
+  while (pl.rows_per_item > 1 && a.n_kv_heads * ((a.n + pl.rows_per_item - 1) / pl.rows_per_item) < want)
+    pl.rows_per_item = (pl.rows_per_item + 1) / 2;
+  pl.n_row_blocks = (a.n + pl.rows_per_item - 1) / pl.rows_per_item;
+  pl.n_splits = 1;
+  pl.split_keys = round_up(std::max<int64_t>(a.n_keys, 1), kBlockKeys);
+  const int64_t base = a.n_kv_heads * pl.n_row_blocks;
+  if (base < want && a.n_keys >= 2 * kMinKeysPerSplit) {
+    const int64_t splits = std::min((want + base - 1) / base, a.n_keys / kMinKeysPerSplit);
+    pl.split_keys = round_up((a.n_keys + splits - 1) / splits, kBlockKeys);
+    pl.n_splits = (a.n_keys + pl.split_keys - 1) / pl.split_keys;
+  }
+  pl.n_items = base * pl.n_splits;
+  return pl;
+}
+
+// Scores of NQ query vectors against keys [0, nb) of a block, straight from the f16 rows:
+// s[t][j] = sum_d q[t][d] * k[j][d]. Lanes j >= nb of s are left undefined.
+// q: [NQ][head_dim]; s: [NQ][kBlockKeys].
+template <int NQ>
+void direct_scores(const float* q, const uint16_t* k, int64_t row_stride, int64_t nb, int64_t head_dim, float* s) {
+  const int64_t d_vec = head_dim - head_dim % kWidth;
+  for (int64_t j0 = 0; j0 < nb; j0 += kWidth) {
+    const int nk = int(std::min<int64_t>(kWidth, nb - j0));
+    Vec dots[NQ][kWidth];  // per query vector, one partial-sum vector per key
+    for (int e = 0; e < nk; e += 2) {
+      const uint16_t* k0 = k + (j0 + e) * row_stride;
+      const uint16_t* k1 = e + 1 < nk ? k0 + row_stride : k0;
+      Vec acc[NQ][2];
+#pragma GCC unroll 4
+      for (int t = 0; t < NQ; ++t) acc[t][0] = acc[t][1] = zero();
+      for (int64_t d = 0; d < d_vec; d += kWidth) {
+        const Vec kf0 = load_f16(k0 + d), kf1 = load_f16(k1 + d);
+#pragma GCC unroll 4
+        for (int t = 0; t < NQ; ++t) {
+          const Vec qv = load(q + t * head_dim + d);
+          acc[t][0] = fma(qv, kf0, acc[t][0]);
+          acc[t][1] = fma(qv, kf1, acc[t][1]);
+        }
+      }
+#pragma GCC unroll 4
+      for (int t = 0; t < NQ; ++t) {
+        dots[t][e] = acc[t][0];
+        if (e + 1 < kWidth) dots[t][e + 1] = acc[t][1];
+      }
+    }
+    for (int t = 0; t < NQ; ++t) {
+      for (int e = nk; e < kWidth; ++e) dots[t][e] = zero();
+      store(s + t * kBlockKeys + j0, sum_rows(dots[t]));
+      for (int64_t d = d_vec; d < head_dim; ++d)
+        for (int e = 0; e < nk; ++e) s[t * kBlockKeys + j0 + e] += q[t * head_dim + d] * f16_to_f32(k[(j0 + e) * row_stride + d]);
+    }
+  }
+}
+
+// acc[t][0:NV*kWidth] += sum_{j in [j0, j1)} p[t][j] * v[j][0:NV*kWidth] for t < NQ, straight
+// from the f16 rows of v (row stride row_stride). p: [NQ][kBlockKeys]; acc row stride ld_acc.
+template <int NQ, int NV>
+inline void direct_pv(const float* p, const uint16_t* v, int64_t row_stride, int64_t j0, int64_t j1, float* acc,
+                      int64_t ld_acc) {
+  Vec a[NQ][NV];
+#pragma GCC unroll 4
+  for (int t = 0; t < NQ; ++t)
+#pragma GCC unroll 4
+    for (int c = 0; c < NV; ++c) a[t][c] = load(acc + t * ld_acc + c * kWidth);
+  for (int64_t j = j0; j < j1; ++j) {
+    const uint16_t* row = v + j * row_stride;
+    Vec vv[NV];
+#pragma GCC unroll 4
+    for (int c = 0; c < NV; ++c) {
+      Vec x = load_f16(row + c * kWidth);
+      pin(x);
+      vv[c] = x;
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < NQ; ++t) {
+      const Vec pj = set1(p[t * kBlockKeys + j]);
+#pragma GCC unroll 4
+      for (int c = 0; c < NV; ++c) a[t][c] = fma(pj, vv[c], a[t][c]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int t = 0; t < NQ; ++t)
+#pragma GCC unroll 4
+    for (int c = 0; c < NV; ++c) store(acc + t * ld_acc + c * kWidth, a[t][c]);
+}
+
+template <int NQ>
+void direct_pv_all(const float* p, const uint16_t* v, int64_t row_stride, int64_t j0, int64_t j1, int64_t head_dim,
+                   float* acc, int64_t dv) {
+  const int64_t n_vecs = head_dim / kWidth;
+  int64_t c0 = 0;
+  for (; c0 + 4 <= n_vecs; c0 += 4) direct_pv<NQ, 4>(p, v + c0 * kWidth, row_stride, j0, j1, acc + c0 * kWidth, dv);
+  const uint16_t* vr = v + c0 * kWidth;
+  float* ar = acc + c0 * kWidth;
+  switch (n_vecs - c0) {
+    case 1: direct_pv<NQ, 1>(p, vr, row_stride, j0, j1, ar, dv); break;
+    case 2: direct_pv<NQ, 2>(p, vr, row_stride, j0, j1, ar, dv); break;
+    case 3: direct_pv<NQ, 3>(p, vr, row_stride, j0, j1, ar, dv); break;
+    default: break;
+  }
+  for (int64_t d = n_vecs * kWidth; d < head_dim; ++d)
+    for (int t = 0; t < NQ; ++t)
+      for (int64_t j = j0; j < j1; ++j) acc[t * dv + d] += p[t * kBlockKeys + j] * f16_to_f32(v[j * row_stride + d]);
+}
+
+// Dispatches fn.template operator()<NQ>() for NQ = nqb in [1, kQBlock].
+template <class Fn>
+inline void with_nq(int nqb, Fn&& fn) {
+  switch (nqb) {
+    case 1: fn.template operator()<1>(); break;
+    case 2: fn.template operator()<2>(); break;
+    case 3: if constexpr (kQBlock >= 3) fn.template operator()<3>(); break;
+    default: if constexpr (kQBlock >= 4) fn.template operator()<4>(); break;
+  }
+}
+
+// Online-softmax step for query vector t over one block: turns its scores st[0:kBlockKeys]
+// (lanes outside [jlo, jhi) are garbage) into probabilities relative to the new running max,
+// rescaling the running sum and accumulator when the max grows.
+inline void softmax_step(const AttentionArgs& a, Scratch& sc, int64_t t, int64_t dv, int64_t jlo, int64_t jhi,
+                         float* st) {
+  if (a.softcap > 0.0f)
+    for (int c = 0; c < kScoreVecs; ++c) store(st + c * kWidth, soft_cap(load(st + c * kWidth), a.softcap));
+  // Lanes outside [jlo, jhi) may hold garbage (even NaN): overwrite, never compute with them;
+  // their p is then exactly 0.
+  for (int64_t j = 0; j < std::min<int64_t>(jlo, kBlockKeys); ++j) st[j] = kNegInf;
+  for (int64_t j = std::max<int64_t>(jhi, 0); j < kBlockKeys; ++j) st[j] = kNegInf;
+  Vec vmax = set1(kNegInf);
+  for (int c = 0; c < kScoreVecs; ++c) vmax = max(vmax, load(st + c * kWidth));
+  const float m_old = sc.m[t];
+  const float m_new = std::max(m_old, reduce_max(vmax));
+  if (m_new == kNegInf) {  // nothing visible yet
+    for (int c = 0; c < kScoreVecs; ++c) store(st + c * kWidth, zero());
+    return;
+  }
+  const Vec mv = set1(m_new);
+  Vec vsum = zero();
+  for (int c = 0; c < kScoreVecs; ++c) {
+    const Vec p = exp(sub(load(st + c * kWidth), mv));
+    store(st + c * kWidth, p);
+    vsum = add(vsum, p);
+  }
+  if (m_new > m_old) {
+    const float corr = std::exp(m_old - m_new);  // 0 when m_old is -inf
+    sc.l[t] *= corr;
+    float* acc = sc.acc.data() + t * dv;
+    const Vec cv = set1(corr);
+    for (int64_t d = 0; d < dv; d += kWidth) store(acc + d, mul(load(acc + d), cv));
+    sc.m[t] = m_new;
+  }
+  sc.l[t] += reduce_add(vsum);
+}
+
+// Runs one item; writes normalised rows to a.out when the keys are not split, else the
+// unnormalised partial (acc[dv], m, l per query vector) to `partial`.
+void run_item(const AttentionArgs& a, const Plan& pl, int64_t hk, int64_t rb, int64_t split, Scratch& sc,
+              float* partial) {
+  const int64_t D = a.head_dim, dv = pl.dv, G = pl.group;
+  const int64_t i0 = rb * pl.rows_per_item, i1 = std::min(a.n, i0 + pl.rows_per_item);
+  const int64_t nq = (i1 - i0) * G;
+  const int64_t s0 = split * pl.split_keys, s1 = std::min(a.n_keys, s0 + pl.split_keys);
+  sc.reserve(D, dv, nq);
+
+  int64_t k_begin = s1, k_end = s0;
+  for (int64_t i = i0; i < i1; ++i) {
+    int64_t lo, hi;
+    visible_keys(a, i, &lo, &hi);
+    lo = std::max(lo, s0);
+    hi = std::min(hi, s1);
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t t = (i - i0) * G + g;
+      sc.lo[t] = lo;
+      sc.hi[t] = hi;
+      const float* q = a.q + (i * a.n_heads + hk * G + g) * D;
+      for (int64_t d = 0; d < D; ++d) sc.qs[t * D + d] = q[d] * a.scale;
+      sc.m[t] = kNegInf;
+      sc.l[t] = 0.0f;
+      std::fill_n(sc.acc.data() + t * dv, dv, 0.0f);
+    }
+    if (lo < hi) {
+      k_begin = std::min(k_begin, lo);
+      k_end = std::max(k_end, hi);
+    }
+  }
+
+  // Few query vectors (decode): read K and V straight from the cache. Many: convert each block
+  // once into f32 scratch (K transposed) shared by all of them.
+  const bool direct = nq <= kDirectMaxQueries;
+  const uint16_t* kh = a.k + hk * a.k_head_stride;
+  const uint16_t* vh = a.v + hk * a.v_head_stride;
+  alignas(64) float s[kQBlock * kBlockKeys];  // scores, then probabilities
+  for (int64_t b0 = k_begin; b0 < k_end; b0 += kBlockKeys) {
+    const int64_t nb = std::min(kBlockKeys, k_end - b0);
+    // NOTE: the next block's rows are requested now, so that memory streams while this block
+    // computes (decode reads each cached row exactly once).
+    const int64_t nb_next = std::min(kBlockKeys, k_end - b0 - nb);
+    for (int64_t j = 0; j < nb_next; ++j) {
+      const char* kr = reinterpret_cast<const char*>(kh + (b0 + nb + j) * a.k_row_stride);
+      const char* vr = reinterpret_cast<const char*>(vh + (b0 + nb + j) * a.v_row_stride);
+      for (int64_t byte = 0; byte < D * 2; byte += 64) {
+        __builtin_prefetch(kr + byte, 0, 2);
+        __builtin_prefetch(vr + byte, 0, 2);
+      }
+    }
+    const uint16_t* kb = kh + b0 * a.k_row_stride;
+    const uint16_t* vb = vh + b0 * a.v_row_stride;
+    if (!direct) {
+      convert_k_block(kb, a.k_row_stride, nb, D, sc.kt.data());
+      convert_v_block(vb, a.v_row_stride, nb, D, dv, sc.vf.data());
+    }
+    for (int64_t t0 = 0; t0 < nq; t0 += kQBlock) {
+      const int nqb = int(std::min<int64_t>(kQBlock, nq - t0));
+      int64_t ulo = nb, uhi = 0;  // union of the visible ranges in this block
+      for (int u = 0; u < nqb; ++u) {
+        ulo = std::min(ulo, std::max<int64_t>(sc.lo[t0 + u] - b0, 0));
+        uhi = std::max(uhi, std::min<int64_t>(sc.hi[t0 + u] - b0, nb));
+      }
+      if (ulo >= uhi) continue;
+      const float* q = sc.qs.data() + t0 * D;
+      float* acc = sc.acc.data() + t0 * dv;
+      with_nq(nqb, [&]<int NQ>() {
+        if (direct)
+          direct_scores<NQ>(q, kb, a.k_row_stride, nb, D, s);
+        else
+          block_scores<NQ>(q, sc.kt.data(), D, s);
+      });
+      for (int u = 0; u < nqb; ++u)
+        softmax_step(a, sc, t0 + u, dv, sc.lo[t0 + u] - b0, sc.hi[t0 + u] - b0, s + u * kBlockKeys);
+      with_nq(nqb, [&]<int NQ>() {
+        if (direct)
+          direct_pv_all<NQ>(s, vb, a.v_row_stride, ulo, uhi, D, acc, dv);
+        else
+          accumulate_pv_all<NQ>(s, sc.vf.data(), dv, ulo, uhi, acc);
+      });
+    }
+  }
+
+  for (int64_t t = 0; t < nq; ++t) {
+    const int64_t i = i0 + t / G, h = hk * G + t % G;
+    const float* acc = sc.acc.data() + t * dv;
+    if (partial) {
+      float* dst = partial + t * (dv + 2);
+      std::copy_n(acc, dv, dst);
+      dst[dv] = sc.m[t];
+      dst[dv + 1] = sc.l[t];
+    } else {
+      float* dst = a.out + (i * a.n_heads + h) * D;
+      const float inv = sc.l[t] > 0.0f ? 1.0f / sc.l[t] : 0.0f;
+      for (int64_t d = 0; d < D; ++d) dst[d] = acc[d] * inv;
+    }
+  }
+}
+
+}  // namespace
+
+void attention(const AttentionArgs& a, ThreadPool& pool) {
+  if (a.n <= 0 || a.n_heads <= 0) return;
+  const Plan pl = make_plan(a, pool.n_threads());
+  const int64_t per_item = pl.rows_per_item * pl.group * (pl.dv + 2);
+  // NOTE: thread_local of the calling thread; workers reach it through `part_base` only.
+  thread_local std::vector<float> partials;
+  if (pl.n_splits > 1 && int64_t(partials.size()) < pl.n_items * per_item)
+    partials.resize(size_t(pl.n_items * per_item));
+  float* part_base = partials.data();
+
+  // Heaviest items (last row blocks under the causal mask) first.
+  std::atomic<int64_t> next{0};
+  auto work = [&](int64_t, int64_t, int) {
+    thread_local Scratch sc;
+    for (int64_t item = next.fetch_add(1); item < pl.n_items; item = next.fetch_add(1)) {
+      const int64_t split = item % pl.n_splits;
+      const int64_t hk = (item / pl.n_splits) % a.n_kv_heads;
+      const int64_t rb = pl.n_row_blocks - 1 - item / (pl.n_splits * a.n_kv_heads);
+      run_item(a, pl, hk, rb, split, sc, pl.n_splits > 1 ? part_base + item * per_item : nullptr);
+    }
+  };
+  // NOTE: passed through std::ref so that std::function does not allocate (decode path).
+  pool.parallel_for(std::min<int64_t>(pool.n_threads(), pl.n_items), 1, std::ref(work));
+  if (pl.n_splits == 1) return;
+
+  // Merge the key ranges: out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M).
+  const int64_t D = a.head_dim, dv = pl.dv, G = pl.group;
+  for (int64_t rb = 0; rb < pl.n_row_blocks; ++rb) {
+    const int64_t i0 = rb * pl.rows_per_item, i1 = std::min(a.n, i0 + pl.rows_per_item);
+    for (int64_t hk = 0; hk < a.n_kv_heads; ++hk) {
+      const int64_t first = ((pl.n_row_blocks - 1 - rb) * a.n_kv_heads + hk) * pl.n_splits;
+      for (int64_t t = 0; t < (i1 - i0) * G; ++t) {
+        float m = kNegInf;
+        for (int64_t sp = 0; sp < pl.n_splits; ++sp)
+          m = std::max(m, part_base[(first + sp) * per_item + t * (dv + 2) + dv]);
+        float* dst = a.out + ((i0 + t / G) * a.n_heads + hk * G + t % G) * D;
+        std::fill_n(dst, D, 0.0f);
+        if (m == kNegInf) continue;
+        float l = 0.0f;
+        for (int64_t sp = 0; sp < pl.n_splits; ++sp) {
+          const float* part = part_base + (first + sp) * per_item + t * (dv + 2);
+          if (part[dv] == kNegInf) continue;
+          const float w = std::exp(part[dv] - m);
+          l += part[dv + 1] * w;
+          for (int64_t d = 0; d < D; ++d) dst[d] += part[d] * w;
+        }
+        const float inv = 1.0f / l;
+        for (int64_t d = 0; d < D; ++d) dst[d] *= inv;
+      }
+    }
+  }
+}
+
+}  // namespace osprey::cpu

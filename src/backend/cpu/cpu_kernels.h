@@ -1,0 +1,48 @@
+#pragma once
+// CPU compute kernels for linear layers and attention. Callers (src/backend/ops.cpp) check
+// shapes and dtypes; these functions trust their arguments. All kernels run on `pool` and
+// block until done; none may be called from inside a task of the same pool.
+#include <cstdint>
+
+#include "core/dtype.h"
+#include "core/thread_pool.h"
+
+namespace osprey::cpu {
+
+// y[n, out] = x[n, in] * w[out, in]^T + bias[out] (bias may be nullptr). x, y, bias f32,
+// row-major, contiguous; w is f32, f16 or bf16, row-major contiguous. Accumulates in f32.
+// Small n runs linear_rows (w streamed once at memory bandwidth); larger n runs linear_gemm.
+// Throws Unsupported for another w dtype.
+void linear(const float* x, int64_t n, int64_t in, const void* w, DType w_dtype, int64_t out,
+            const float* bias, float* y, ThreadPool& pool);
+
+// The two paths behind linear(), with its contract; exposed so that tests and benchmarks can
+// pin one.
+// Dot-product kernel: rows of w split across threads, each row read once for all n rows of x.
+void linear_rows(const float* x, int64_t n, int64_t in, const void* w, DType w_dtype, int64_t out,
+                 const float* bias, float* y, ThreadPool& pool);
+// Blocked GEMM: tiles of w converted to f32 and packed once, register-blocked micro-kernel.
+void linear_gemm(const float* x, int64_t n, int64_t in, const void* w, DType w_dtype, int64_t out,
+                 const float* bias, float* y, ThreadPool& pool);
+
+struct AttentionArgs {
+  const float* q;  // [n, n_heads, head_dim] contiguous
+  int64_t n, n_heads, head_dim;
+  const uint16_t* k;  // f16 bits; element (h, j, d) at k[h * k_head_stride + j * k_row_stride + d]
+  const uint16_t* v;  // f16 bits; likewise with v strides
+  int64_t n_kv_heads, n_keys;  // n_keys = L cached rows (positions 0..L-1); rows >= L are never read
+  int64_t k_head_stride, k_row_stride, v_head_stride, v_row_stride;  // in elements
+  int64_t q_pos0;  // absolute position of query row 0; row i is at q_pos0 + i
+  float scale;     // multiplies q.k
+  int window;      // > 0: key j visible to query at position p iff p - window < j <= p; 0: j <= p
+  float softcap;   // > 0: logit = softcap * tanh(logit / softcap) (applied after scale)
+  float* out;      // [n, n_heads * head_dim] contiguous
+};
+
+// Causal grouped-query attention: query head h reads kv head h / (n_heads / n_kv_heads).
+// Softmax in f32 with a running max (online softmax over blocks of keys). A query row that
+// sees no key gets zeros. Parallel over (kv head x block of query rows), and over ranges of
+// keys when that alone leaves threads idle (decode).
+void attention(const AttentionArgs& a, ThreadPool& pool);
+
+}  // namespace osprey::cpu

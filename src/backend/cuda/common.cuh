@@ -1,0 +1,109 @@
+#pragma once
+// Device helpers shared by the kernels of src/backend/cuda: 16-bit float loads, warp and
+// block reductions, launch checks.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "backend/cuda/runtime.h"
+#include "core/dtype.h"
+#include "core/error.h"
+
+namespace osprey::cuda {
+
+// Throws osprey::Error for a failed launch (bad configuration, too much shared memory).
+#define OSPREY_CUDA_CHECK_LAUNCH() OSPREY_CUDA_CHECK(cudaGetLastError())
+
+constexpr float kNegInf = -__builtin_huge_valf();
+
+__device__ __forceinline__ float f16_bits_to_f32(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+__device__ __forceinline__ float bf16_bits_to_f32(uint16_t h) {
+  return __uint_as_float(uint32_t(h) << 16);
+}
+__device__ __forceinline__ uint16_t f32_to_f16_bits(float f) { return __half_as_ushort(__float2half_rn(f)); }
+__device__ __forceinline__ uint16_t f32_to_bf16_bits(float f) {
+  return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+}
+
+// Element type tags: T is the stored type, load() converts one element to f32.
+struct TagF32 {
+  using T = float;
+  static constexpr int kVec = 4;  // elements per 16 bytes
+  static __device__ __forceinline__ float load(const T* p) { return *p; }
+};
+struct TagF16 {
+  using T = uint16_t;
+  static constexpr int kVec = 8;
+  static __device__ __forceinline__ float load(const T* p) { return f16_bits_to_f32(*p); }
+};
+struct TagBF16 {
+  using T = uint16_t;
+  static constexpr int kVec = 8;
+  static __device__ __forceinline__ float load(const T* p) { return bf16_bits_to_f32(*p); }
+};
+
+// Eight f16 / bf16 values packed in a uint4 (16 bytes) to f32.
+__device__ __forceinline__ void unpack8_f16(const uint4& u, float* f) {
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = __half2float(__ushort_as_half(uint16_t(w[i] & 0xffffu)));
+    f[2 * i + 1] = __half2float(__ushort_as_half(uint16_t(w[i] >> 16)));
+  }
+}
+__device__ __forceinline__ void unpack8_bf16(const uint4& u, float* f) {
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = __uint_as_float(w[i] << 16);
+    f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the
+// result. `red` is __shared__ float[32]. Contains barriers: call from all threads.
+__device__ __forceinline__ float block_sum(float v, float* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();  // `red` may still be read by a previous call
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float t = lane < n_warps ? red[lane] : 0.0f;
+  return warp_sum(t);
+}
+
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// Blocks for a grid-stride loop over `n` items with `threads` per block.
+inline unsigned grid_for(int64_t n, int threads, int64_t max_blocks = 65535LL * 16) {
+  const int64_t b = (n + threads - 1) / threads;
+  return unsigned(std::max<int64_t>(1, std::min(b, max_blocks)));
+}
+
+inline int multiprocessor_count() {
+  int dev = 0, n = 0;
+  OSPREY_CUDA_CHECK(cudaGetDevice(&dev));
+  OSPREY_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+  return n;
+}
+
+inline std::string unsupported_dtype(const char* op, DType dt) {
+  return std::string(op) + ": dtype " + dtype_name(dt) + " is not supported on CUDA";
+}
+
+}  // namespace osprey::cuda

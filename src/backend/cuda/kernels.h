@@ -1,0 +1,91 @@
+#pragma once
+// CUDA kernels behind the ops of backend/ops.h. Internal header: only src/backend/cuda and the
+// ops dispatch include it. Every pointer is a device pointer; every function enqueues its work
+// on `s` and returns at once (no host synchronisation). Activations are f32; weights f32, f16
+// or bf16 as named by a DType. Callers (ops.cpp) check shapes and dtypes; these functions
+// check only what the kernels themselves need (alignment, supported sizes) and throw
+// Unsupported otherwise. Launch failures throw osprey::Error (see runtime.h).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace osprey::cuda {
+
+// table [vocab, d] (f32|f16|bf16), ids [n] i32 (each in [0, vocab), checked by the caller)
+// -> out [n, d] f32, each row times `scale`.
+void embedding(const void* table, DType dt, const int32_t* ids, int64_t n, int64_t d, float scale, float* out,
+               cudaStream_t s);
+
+// x [rows, d] f32, w [d] f32 -> out [rows, d]: x / rms(x) * (w + w_offset). out may equal x.
+void rms_norm(const float* x, const float* w, int64_t rows, int64_t d, float eps, float w_offset, float* out,
+              cudaStream_t s);
+
+// x [rows, d] f32, w [d], b [d] or nullptr -> out [rows, d] (mean-centred LayerNorm). out may equal x.
+void layer_norm(const float* x, const float* w, const float* b, int64_t rows, int64_t d, float eps, float* out,
+                cudaStream_t s);
+
+// x[i] += y[i], i < n
+void add_inplace(float* x, const float* y, int64_t n, cudaStream_t s);
+// x[i] *= f, i < n
+void scale_inplace(float* x, float f, int64_t n, cudaStream_t s);
+// out[i] = silu(g[i]) * u[i], i < n (out may alias g or u)
+void silu_mul(const float* g, const float* u, float* out, int64_t n, cudaStream_t s);
+// out[i] = gelu_tanh(g[i]) * u[i], i < n (out may alias g or u)
+void gelu_tanh_mul(const float* g, const float* u, float* out, int64_t n, cudaStream_t s);
+
+// x [n, heads, head_dim] f32 rotated in place; positions [n] i32; inv_freq [head_dim / 2] f32.
+// `interleaved`: pairs (2i, 2i+1), else (i, i + head_dim/2). cos and sin times `mscale`.
+void rope_inplace(float* x, int64_t n, int64_t heads, int64_t head_dim, const int32_t* positions,
+                  const float* inv_freq, bool interleaved, float mscale, cudaStream_t s);
+
+// y[n, out] = x[n, in] w[out, in]^T + bias[out] (bias may be nullptr); x, y f32 contiguous,
+// w f32|f16|bf16 row-major contiguous. n <= kGemvMaxRows: a GEMV that streams w once with
+// 16-byte loads, f32 accumulation (exact products of the f32 x and the stored weights).
+// Larger n: x is rounded to w's 16-bit type and multiplied by cuBLAS (f32 accumulate, f32 out;
+// f32 w uses SGEMM). Uses scratch() for the rounded x.
+// NOTE: with f16 weights, |x| beyond 65504 overflows in the cuBLAS path.
+constexpr int64_t kGemvMaxRows = 8;
+void linear(const float* x, int64_t n, int64_t in, const void* w, DType wdt, int64_t out, const float* bias,
+            float* y, cudaStream_t s);
+// The two paths of linear(), with its contract, exposed for tests and benchmarks. linear_gemv
+// takes any n >= 1 (it runs in chunks of kGemvMaxRows rows).
+void linear_gemv(const float* x, int64_t n, int64_t in, const void* w, DType wdt, int64_t out, const float* bias,
+                 float* y, cudaStream_t s);
+void linear_gemm(const float* x, int64_t n, int64_t in, const void* w, DType wdt, int64_t out, const float* bias,
+                 float* y, cudaStream_t s);
+
+// The contract of cpu::AttentionArgs, with device pointers.
+struct AttentionArgs {
+  const float* q;  // [n, n_heads, head_dim] contiguous
+  int64_t n, n_heads, head_dim;
+  const uint16_t* k;  // f16 bits; element (h, j, d) at k[h * k_head_stride + j * k_row_stride + d]
+  const uint16_t* v;  // f16 bits; likewise with v strides
+  int64_t n_kv_heads, n_keys;  // n_keys = L cached rows (positions 0..L-1); rows >= L are never read
+  int64_t k_head_stride, k_row_stride, v_head_stride, v_row_stride;  // in elements
+  int64_t q_pos0;  // absolute position of query row 0; row i is at q_pos0 + i
+  float scale;     // multiplies q.k
+  int window;      // > 0: key j visible to query at position p iff p - window < j <= p; 0: j <= p
+  float softcap;   // > 0: logit = softcap * tanh(logit / softcap) (applied after scale)
+  float* out;      // [n, n_heads * head_dim] contiguous
+};
+
+// Causal grouped-query attention (query head h reads kv head h / (n_heads / n_kv_heads)),
+// online softmax in f32; a query row that sees no key gets zeros. Keys are split across
+// blocks (flash-decoding) when (row blocks x kv heads) alone would leave the GPU idle; the
+// partial results are merged by a second kernel. Uses scratch() for the partials.
+// head_dim must be a multiple of 8 and at most 256 (64, 80, 96, 128, 256, ...): Unsupported otherwise.
+void attention(const AttentionArgs& a, cudaStream_t s);
+
+// dst[i0, i1, i2, i3] = cast(src[i0, i1, i2, i3]) over `shape`; strides in elements (may be 0
+// or any sign-free layout); dtypes f32, f16, bf16, i32 (same dtypes copy bits exactly;
+// float -> i32 truncates toward zero).
+void copy_strided(void* dst, DType ddt, const int64_t dst_strides[4], const void* src, DType sdt,
+                  const int64_t src_strides[4], const int64_t shape[4], cudaStream_t s);
+
+// out[0] = index of the maximum of x[0, n) (the lowest index on ties; NaN ranks as -inf).
+// n >= 1.
+void argmax(const float* x, int64_t n, int32_t* out, cudaStream_t s);
+
+}  // namespace osprey::cuda

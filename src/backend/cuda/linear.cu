@@ -1,0 +1,252 @@
+// linear(): a bandwidth-bound GEMV for few rows of x, cuBLAS for many.
+//
+// GEMV: each warp owns R consecutive rows of w and walks them with 16-byte loads (8 f16/bf16
+// or 4 f32 per lane, 512 bytes per warp per row), two chunks per iteration so that 2R loads
+// per lane are in flight; every chunk of w is multiplied by all NX (<= 8) rows of x, which are
+// read through L1 (they are small and shared by all warps). Partial sums are reduced with
+// warp shuffles. R is chosen so that the grid still has about two blocks per SM.
+#include <climits>
+#include <type_traits>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/kernels.h"
+
+namespace osprey::cuda {
+namespace {
+
+constexpr int kWarps = 4;  // warps per GEMV block
+constexpr int kUnroll = 2;  // 16-byte chunks of each row per lane per iteration
+
+template <class Tag>
+__device__ __forceinline__ void unpack(const uint4& u, float* f) {
+  if constexpr (Tag::kVec == 8) {
+    if constexpr (std::is_same_v<Tag, TagF16>)
+      unpack8_f16(u, f);
+    else
+      unpack8_bf16(u, f);
+  } else {
+    f[0] = __uint_as_float(u.x), f[1] = __uint_as_float(u.y), f[2] = __uint_as_float(u.z), f[3] = __uint_as_float(u.w);
+  }
+}
+
+// acc[i][j] += w chunk i . x[j, k .. k + VEC) for i < R, j < NX.
+template <class Tag, int NX, int R>
+__device__ __forceinline__ void gemv_chunk(const uint4 (&wv)[R], const float* __restrict__ x, int64_t in, int64_t k,
+                                           float (&acc)[R][NX]) {
+  constexpr int VEC = Tag::kVec;
+  float wf[R][VEC];
+#pragma unroll
+  for (int i = 0; i < R; ++i) unpack<Tag>(wv[i], wf[i]);
+#pragma unroll
+  for (int j = 0; j < NX; ++j) {
+    float xv[VEC];
+    const float4* xp = reinterpret_cast<const float4*>(x + j * in + k);
+#pragma unroll
+    for (int q = 0; q < VEC / 4; ++q) {
+      const float4 t = __ldg(xp + q);
+      xv[4 * q] = t.x, xv[4 * q + 1] = t.y, xv[4 * q + 2] = t.z, xv[4 * q + 3] = t.w;
+    }
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) acc[i][j] = fmaf(wf[i][e], xv[e], acc[i][j]);
+  }
+}
+
+// y[j, r] = x[j, :] . w[r, :] + bias[r] for j < NX, r < out. Requires in % VEC == 0 and x, w
+// 16-byte aligned. y row stride ldy.
+template <class Tag, int NX, int R>
+__global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const float* __restrict__ x, int64_t in,
+                                                           const typename Tag::T* __restrict__ w, int64_t out,
+                                                           const float* __restrict__ bias, float* __restrict__ y,
+                                                           int64_t ldy) {
+  constexpr int VEC = Tag::kVec;
+  const int lane = threadIdx.x & 31;
+  const int64_t row0 = (int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5)) * R;
+  if (row0 >= out) return;
+  const uint4* wr[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    const int64_t r = min(row0 + i, out - 1);  // rows past the end repeat the last; never written
+    wr[i] = reinterpret_cast<const uint4*>(w + r * in);
+  }
+  float acc[R][NX];
+#pragma unroll
+  for (int i = 0; i < R; ++i)
+#pragma unroll
+    for (int j = 0; j < NX; ++j) acc[i][j] = 0.0f;
+
+  const int64_t n_chunks = in / VEC;  // 16-byte chunks per row
+  int64_t c = lane;
+  for (; c + 32 * (kUnroll - 1) < n_chunks; c += 32 * kUnroll) {
+    uint4 wv[kUnroll][R];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+      for (int i = 0; i < R; ++i) wv[u][i] = __ldcs(wr[i] + c + 32 * u);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) gemv_chunk<Tag, NX, R>(wv[u], x, in, (c + 32 * u) * VEC, acc);
+  }
+  for (; c < n_chunks; c += 32) {
+    uint4 wv[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) wv[i] = __ldcs(wr[i] + c);
+    gemv_chunk<Tag, NX, R>(wv, x, in, c * VEC, acc);
+  }
+
+#pragma unroll
+  for (int i = 0; i < R; ++i)
+#pragma unroll
+    for (int j = 0; j < NX; ++j) {
+      const float v = warp_sum(acc[i][j]);
+      const int64_t r = row0 + i;
+      if (lane == (i * NX + j) % 32 && r < out) y[j * ldy + r] = bias ? v + bias[r] : v;
+    }
+}
+
+// Fallback for unaligned w or x, or in % VEC != 0: one warp per row, scalar loads.
+template <class Tag, int NX>
+__global__ void __launch_bounds__(kWarps * 32) gemv_scalar_kernel(const float* __restrict__ x, int64_t in,
+                                                                  const typename Tag::T* __restrict__ w, int64_t out,
+                                                                  const float* __restrict__ bias,
+                                                                  float* __restrict__ y, int64_t ldy) {
+  const int lane = threadIdx.x & 31;
+  const int64_t r = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  if (r >= out) return;
+  const typename Tag::T* wr = w + r * in;
+  float acc[NX];
+#pragma unroll
+  for (int j = 0; j < NX; ++j) acc[j] = 0.0f;
+  for (int64_t k = lane; k < in; k += 32) {
+    const float wk = Tag::load(wr + k);
+#pragma unroll
+    for (int j = 0; j < NX; ++j) acc[j] = fmaf(wk, x[j * in + k], acc[j]);
+  }
+#pragma unroll
+  for (int j = 0; j < NX; ++j) {
+    const float v = warp_sum(acc[j]);
+    if (lane == j) y[j * ldy + r] = bias ? v + bias[r] : v;
+  }
+}
+
+template <class Tag, int NX>
+void launch_gemv_nx(const float* x, int64_t in, const typename Tag::T* w, int64_t out, const float* bias, float* y,
+                    int64_t ldy, cudaStream_t s) {
+  const bool vec = in % Tag::kVec == 0 && aligned16(x) && aligned16(w);
+  if (!vec) {
+    const int64_t blocks = (out + kWarps - 1) / kWarps;
+    gemv_scalar_kernel<Tag, NX><<<unsigned(blocks), kWarps * 32, 0, s>>>(x, in, w, out, bias, y, ldy);
+    OSPREY_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  const int64_t want = 2 * int64_t(multiprocessor_count());
+  auto blocks_for = [&](int64_t r) { return (out + kWarps * r - 1) / (kWarps * r); };
+  if (blocks_for(4) >= want)
+    gemv_kernel<Tag, NX, 4><<<unsigned(blocks_for(4)), kWarps * 32, 0, s>>>(x, in, w, out, bias, y, ldy);
+  else if (blocks_for(2) >= want)
+    gemv_kernel<Tag, NX, 2><<<unsigned(blocks_for(2)), kWarps * 32, 0, s>>>(x, in, w, out, bias, y, ldy);
+  else
+    gemv_kernel<Tag, NX, 1><<<unsigned(blocks_for(1)), kWarps * 32, 0, s>>>(x, in, w, out, bias, y, ldy);
+  OSPREY_CUDA_CHECK_LAUNCH();
+}
+
+template <class Tag>
+void launch_gemv(const float* x, int64_t n, int64_t in, const typename Tag::T* w, int64_t out, const float* bias,
+                 float* y, cudaStream_t s) {
+  for (int64_t j0 = 0; j0 < n; j0 += kGemvMaxRows) {
+    const int nx = int(std::min<int64_t>(kGemvMaxRows, n - j0));
+    const float* xj = x + j0 * in;
+    float* yj = y + j0 * out;
+    switch (nx) {
+      case 1: launch_gemv_nx<Tag, 1>(xj, in, w, out, bias, yj, out, s); break;
+      case 2: launch_gemv_nx<Tag, 2>(xj, in, w, out, bias, yj, out, s); break;
+      case 3: launch_gemv_nx<Tag, 3>(xj, in, w, out, bias, yj, out, s); break;
+      case 4: launch_gemv_nx<Tag, 4>(xj, in, w, out, bias, yj, out, s); break;
+      case 5: launch_gemv_nx<Tag, 5>(xj, in, w, out, bias, yj, out, s); break;
+      case 6: launch_gemv_nx<Tag, 6>(xj, in, w, out, bias, yj, out, s); break;
+      case 7: launch_gemv_nx<Tag, 7>(xj, in, w, out, bias, yj, out, s); break;
+      default: launch_gemv_nx<Tag, 8>(xj, in, w, out, bias, yj, out, s); break;
+    }
+  }
+}
+
+// dst[i] = x[i] rounded to f16 (BF16 = false) or bf16.
+template <bool BF16>
+__global__ void round_kernel(const float* __restrict__ x, uint16_t* __restrict__ dst, int64_t n) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    dst[i] = BF16 ? f32_to_bf16_bits(x[i]) : f32_to_f16_bits(x[i]);
+}
+
+// y[r, c] += bias[c] for r < n, c < out.
+__global__ void add_bias_kernel(float* __restrict__ y, const float* __restrict__ bias, int64_t n, int64_t out) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n * out; i += stride) y[i] += bias[i % out];
+}
+
+void check_dims(const char* op, int64_t n, int64_t in, int64_t out) {
+  if (n > INT_MAX || in > INT_MAX || out > INT_MAX)
+    throw Unsupported(std::string(op) + ": a dimension is 2^31 or more (n=" + std::to_string(n) +
+                      ", in=" + std::to_string(in) + ", out=" + std::to_string(out) + ")");
+}
+
+}  // namespace
+
+void linear_gemv(const float* x, int64_t n, int64_t in, const void* w, DType wdt, int64_t out, const float* bias,
+                 float* y, cudaStream_t s) {
+  if (n <= 0 || out <= 0) return;
+  check_dims("linear", n, in, out);
+  if ((out + kWarps - 1) / kWarps > INT_MAX) throw Unsupported("linear: too many output rows");
+  switch (wdt) {
+    case DType::f32: launch_gemv<TagF32>(x, n, in, static_cast<const float*>(w), out, bias, y, s); break;
+    case DType::f16: launch_gemv<TagF16>(x, n, in, static_cast<const uint16_t*>(w), out, bias, y, s); break;
+    case DType::bf16: launch_gemv<TagBF16>(x, n, in, static_cast<const uint16_t*>(w), out, bias, y, s); break;
+    default: throw Unsupported(unsupported_dtype("linear (weight)", wdt));
+  }
+}
+
+void linear_gemm(const float* x, int64_t n, int64_t in, const void* w, DType wdt, int64_t out, const float* bias,
+                 float* y, cudaStream_t s) {
+  if (n <= 0 || out <= 0) return;
+  check_dims("linear", n, in, out);
+  if (wdt != DType::f32 && wdt != DType::f16 && wdt != DType::bf16)
+    throw Unsupported(unsupported_dtype("linear (weight)", wdt));
+  cublasHandle_t h = cublas();
+  cudaStream_t cur = nullptr;
+  OSPREY_CUBLAS_CHECK(cublasGetStream(h, &cur));
+  if (cur != s) OSPREY_CUBLAS_CHECK(cublasSetStream(h, s));
+  // Row-major y[n, out] = x[n, in] w[out, in]^T is column-major y^T[out, n] = w^T' x^T, where
+  // w (row-major [out, in]) is the column-major [in, out] matrix taken transposed.
+  const float alpha = 1.0f, beta = 0.0f;
+  const int m_ = int(out), n_ = int(n), k_ = int(in);
+  if (wdt == DType::f32) {
+    OSPREY_CUBLAS_CHECK(cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, m_, n_, k_, &alpha, static_cast<const float*>(w), k_,
+                                    x, k_, &beta, y, m_));
+  } else {
+    const bool bf16 = wdt == DType::bf16;
+    auto* xr = static_cast<uint16_t*>(scratch(size_t(n) * size_t(in) * sizeof(uint16_t)));
+    const unsigned grid = grid_for(n * in, 256);
+    if (bf16)
+      round_kernel<true><<<grid, 256, 0, s>>>(x, xr, n * in);
+    else
+      round_kernel<false><<<grid, 256, 0, s>>>(x, xr, n * in);
+    OSPREY_CUDA_CHECK_LAUNCH();
+    const cudaDataType_t t = bf16 ? CUDA_R_16BF : CUDA_R_16F;
+    OSPREY_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m_, n_, k_, &alpha, w, t, k_, xr, t, k_, &beta, y,
+                                     CUDA_R_32F, m_, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+  if (bias) {
+    add_bias_kernel<<<grid_for(n * out, 256), 256, 0, s>>>(y, bias, n, out);
+    OSPREY_CUDA_CHECK_LAUNCH();
+  }
+}
+
+void linear(const float* x, int64_t n, int64_t in, const void* w, DType wdt, int64_t out, const float* bias,
+            float* y, cudaStream_t s) {
+  if (n <= kGemvMaxRows)
+    linear_gemv(x, n, in, w, wdt, out, bias, y, s);
+  else
+    linear_gemm(x, n, in, w, wdt, out, bias, y, s);
+}
+
+}  // namespace osprey::cuda

@@ -1,0 +1,65 @@
+// RMSNorm and LayerNorm: one block per row, warp-shuffle reductions in f32.
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/kernels.h"
+
+namespace osprey::cuda {
+namespace {
+
+int threads_for(int64_t d) {
+  // NOTE: one pass of the block covers the row when d <= 1024; rows are re-read from L1/L2.
+  return int(std::min<int64_t>(1024, std::max<int64_t>(32, (d + 31) / 32 * 32)));
+}
+
+__global__ void rms_norm_kernel(const float* x, const float* __restrict__ w, int64_t d, float eps, float w_offset,
+                                float* out) {
+  __shared__ float red[32];
+  const float* xr = x + int64_t(blockIdx.x) * d;
+  float* o = out + int64_t(blockIdx.x) * d;
+  float ss = 0.0f;
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) ss = fmaf(xr[j], xr[j], ss);
+  ss = block_sum(ss, red);
+  const float inv = 1.0f / sqrtf(ss / float(d) + eps);
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) o[j] = xr[j] * inv * (w[j] + w_offset);
+}
+
+__global__ void layer_norm_kernel(const float* x, const float* __restrict__ w, const float* __restrict__ b, int64_t d,
+                                  float eps, float* out) {
+  __shared__ float red[32];
+  const float* xr = x + int64_t(blockIdx.x) * d;
+  float* o = out + int64_t(blockIdx.x) * d;
+  float sum = 0.0f;
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) sum += xr[j];
+  const float mean = block_sum(sum, red) / float(d);
+  float var = 0.0f;
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+    const float c = xr[j] - mean;
+    var = fmaf(c, c, var);
+  }
+  var = block_sum(var, red) / float(d);
+  const float inv = 1.0f / sqrtf(var + eps);
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) o[j] = (xr[j] - mean) * inv * w[j] + (b ? b[j] : 0.0f);
+}
+
+void check_rows(const char* op, int64_t rows) {
+  if (rows > 0x7fffffffLL) throw Unsupported(std::string(op) + ": more than 2^31 - 1 rows");
+}
+
+}  // namespace
+
+void rms_norm(const float* x, const float* w, int64_t rows, int64_t d, float eps, float w_offset, float* out,
+              cudaStream_t s) {
+  if (rows <= 0 || d <= 0) return;
+  check_rows("rms_norm", rows);
+  rms_norm_kernel<<<unsigned(rows), threads_for(d), 0, s>>>(x, w, d, eps, w_offset, out);
+  OSPREY_CUDA_CHECK_LAUNCH();
+}
+
+void layer_norm(const float* x, const float* w, const float* b, int64_t rows, int64_t d, float eps, float* out,
+                cudaStream_t s) {
+  if (rows <= 0 || d <= 0) return;
+  check_rows("layer_norm", rows);
+  layer_norm_kernel<<<unsigned(rows), threads_for(d), 0, s>>>(x, w, b, d, eps, out);
+  OSPREY_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace osprey::cuda

@@ -1,0 +1,14 @@
+#pragma once
+// Whether this build has the CUDA backend and the machine has a device for it. No CUDA
+// headers here: callers anywhere may include it.
+#include <string>
+
+namespace osprey {
+
+bool cuda_built();
+bool cuda_available();  // built with CUDA and at least one device is present
+int cuda_device_count();
+// "NVIDIA H200, driver 580.x, CUDA 13.0" or a reason it is unavailable.
+std::string cuda_description(int device = 0);
+
+}  // namespace osprey

@@ -1,0 +1,258 @@
+// osprey bench: prompt-processing and generation throughput after llama-bench, with peak
+// memory and the KV write counters per test. The measurement is engine/bench.h; this file
+// parses flags and prints md, json or csv.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "core/env.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "engine/bench.h"
+#include "model/model.h"
+#include "model/safetensors.h"
+
+namespace osprey::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct BenchOptions {
+  std::string model;
+  std::vector<int64_t> n_prompt{512};
+  std::vector<int64_t> n_gen{128};
+  std::vector<int64_t> depths{0};
+  int repetitions = 5;
+  int warmup = 1;
+  std::string output = "md";
+  int threads = -1;
+  uint64_t seed = 1234;
+};
+
+struct Header {
+  std::string commit = OSPREY_GIT_COMMIT;
+  std::string version = OSPREY_VERSION;
+  std::string cpu;
+  int n_threads = 0;
+  std::string backend = "CPU";
+  std::string model_path, model_name, model_type, weight_dtype;
+  size_t weight_bytes = 0;
+  uint64_t n_params = 0;
+  bool kv_inplace = true;
+  int kv_step = 256;
+};
+
+std::string cpu_model_name() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) != 0) continue;
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) break;
+    const size_t b = line.find_first_not_of(" \t", colon + 1);
+    return b == std::string::npos ? "unknown" : line.substr(b);
+  }
+  return "unknown";
+}
+
+// Elements over every tensor of the checkpoint. NOTE: packed quantized tensors count their
+// storage words, not the weights they encode.
+uint64_t count_params(const fs::path& dir) {
+  SafeTensors st = SafeTensors::open(dir);
+  uint64_t n = 0;
+  for (const std::string& name : st.names()) n += uint64_t(st.info(name).shape.numel());
+  return n;
+}
+
+std::string fmt(const char* format, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, format, v);
+  return buf;
+}
+
+std::string human_bytes(double b) {
+  if (b >= double(1ull << 30)) return fmt("%.2f GiB", b / double(1ull << 30));
+  if (b >= double(1ull << 20)) return fmt("%.2f MiB", b / double(1ull << 20));
+  return fmt("%.2f KiB", b / 1024.0);
+}
+
+std::string human_count(double n) {
+  if (n >= 1e9) return fmt("%.2f B", n / 1e9);
+  if (n >= 1e6) return fmt("%.2f M", n / 1e6);
+  return fmt("%.2f K", n / 1e3);
+}
+
+nlohmann::json test_json(const BenchResult& r) {
+  std::vector<int64_t> ns;
+  for (double s : r.seconds) ns.push_back(int64_t(s * 1e9 + 0.5));
+  const bool pp = r.test.kind == BenchTest::Kind::prompt;
+  return {{"name", r.test.name()},
+          {"n_prompt", pp ? r.test.n_tokens : 0},
+          {"n_gen", pp ? 0 : r.test.n_tokens},
+          {"n_depth", r.test.depth},
+          {"avg_ts", r.stats.mean},
+          {"stddev_ts", r.stats.stddev},
+          {"median_ts", r.stats.median},
+          {"min_ts", r.stats.min},
+          {"max_ts", r.stats.max},
+          {"samples_ts", r.tps},
+          {"samples_ns", ns},
+          {"memory",
+           {{"peak_alloc_bytes", r.memory.test.alloc_bytes},
+            {"peak_reserved_bytes", r.memory.test.reserved_bytes},
+            {"peak_rss_bytes", r.memory.test.rss_bytes},
+            {"timed",
+             {{"peak_alloc_bytes", r.memory.timed.alloc_bytes},
+              {"peak_reserved_bytes", r.memory.timed.reserved_bytes},
+              {"peak_rss_bytes", r.memory.timed.rss_bytes}}},
+            {"rss_scope", r.memory.rss_per_test ? "test" : "process"}}},
+          {"kv",
+           {{"inplace_writes", r.kv.n_inplace_writes},
+            {"copying_writes", r.kv.n_copying_writes},
+            {"bytes_copied", r.kv.bytes_copied}}}};
+}
+
+void print_json(const Header& h, const BenchOptions& o, const std::vector<BenchResult>& results) {
+  nlohmann::json j;
+  j["osprey"] = {{"version", h.version}, {"commit", h.commit}};
+  j["machine"] = {{"cpu", h.cpu}, {"n_threads", h.n_threads}, {"backend", h.backend}, {"gpu", nullptr}};
+  j["model"] = {{"path", h.model_path},       {"name", h.model_name},       {"model_type", h.model_type},
+                {"weight_dtype", h.weight_dtype}, {"weight_bytes", h.weight_bytes}, {"n_params", h.n_params}};
+  j["kv"] = {{"inplace_write", h.kv_inplace}, {"step", h.kv_step}};
+  j["params"] = {{"repetitions", o.repetitions}, {"warmup", o.warmup}, {"seed", o.seed}};
+  j["tests"] = nlohmann::json::array();
+  for (const BenchResult& r : results) j["tests"].push_back(test_json(r));
+  std::printf("%s\n", j.dump(2).c_str());
+}
+
+void print_csv(const Header& h, const std::vector<BenchResult>& results) {
+  std::printf(
+      "build_commit,cpu_info,n_threads,backend,model,model_type,weight_dtype,model_size,model_n_params,"
+      "kv_inplace_write,test,n_prompt,n_gen,n_depth,repetitions,avg_ts,stddev_ts,median_ts,min_ts,max_ts,"
+      "peak_alloc_bytes,peak_reserved_bytes,peak_rss_bytes,timed_peak_alloc_bytes,timed_peak_reserved_bytes,"
+      "timed_peak_rss_bytes,kv_inplace_writes,kv_copying_writes,kv_bytes_copied\n");
+  auto quoted = [](const std::string& s) {
+    std::string q = "\"";
+    for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+    return q + "\"";
+  };
+  for (const BenchResult& r : results) {
+    const bool pp = r.test.kind == BenchTest::Kind::prompt;
+    std::printf("%s,%s,%d,%s,%s,%s,%s,%zu,%llu,%d,%s,%lld,%lld,%lld,%zu,%.4f,%.4f,%.4f,%.4f,%.4f,%zu,%zu,%zu,%zu,%zu,%zu,%llu,%llu,%llu\n",
+                h.commit.c_str(), quoted(h.cpu).c_str(), h.n_threads, h.backend.c_str(), quoted(h.model_name).c_str(),
+                h.model_type.c_str(), h.weight_dtype.c_str(), h.weight_bytes, (unsigned long long)h.n_params,
+                int(h.kv_inplace), quoted(r.test.name()).c_str(), (long long)(pp ? r.test.n_tokens : 0),
+                (long long)(pp ? 0 : r.test.n_tokens), (long long)r.test.depth, r.tps.size(), r.stats.mean,
+                r.stats.stddev, r.stats.median, r.stats.min, r.stats.max, r.memory.test.alloc_bytes,
+                r.memory.test.reserved_bytes, r.memory.test.rss_bytes, r.memory.timed.alloc_bytes,
+                r.memory.timed.reserved_bytes, r.memory.timed.rss_bytes, (unsigned long long)r.kv.n_inplace_writes,
+                (unsigned long long)r.kv.n_copying_writes, (unsigned long long)r.kv.bytes_copied);
+  }
+}
+
+void print_md(const Header& h, const BenchOptions& o, const std::vector<BenchResult>& results) {
+  std::printf("osprey %s (%s) | %s: %s, %d threads | KV in-place writes: %s (OSPREY_KV_INPLACE_WRITE), step %d\n",
+              h.version.c_str(), h.commit.c_str(), h.backend.c_str(), h.cpu.c_str(), h.n_threads,
+              h.kv_inplace ? "on" : "off", h.kv_step);
+  std::printf("model: %s (%s, %s, %zu weight bytes, %llu params) | %d runs + %d warmup per test\n\n",
+              h.model_path.c_str(), h.model_type.c_str(), h.weight_dtype.c_str(), h.weight_bytes,
+              (unsigned long long)h.n_params, o.repetitions, o.warmup);
+  std::printf(
+      "| model | size | params | backend | threads | test | t/s | median t/s | peak alloc (test / timed) | "
+      "peak reserved (test / timed) | peak RSS (test / timed) | kv writes in place / copying |\n");
+  std::printf("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  auto pair = [](size_t test, size_t timed) { return human_bytes(double(test)) + " / " + human_bytes(double(timed)); };
+  for (const BenchResult& r : results) {
+    const MemoryPeaks &a = r.memory.test, &b = r.memory.timed;
+    std::printf("| %s %s %s | %s | %s | %s | %d | %s | %.2f ± %.2f | %.2f | %s | %s | %s%s | %llu / %llu |\n",
+                h.model_name.c_str(), h.model_type.c_str(), h.weight_dtype.c_str(),
+                human_bytes(double(h.weight_bytes)).c_str(), human_count(double(h.n_params)).c_str(),
+                h.backend.c_str(), h.n_threads, r.test.name().c_str(), r.stats.mean, r.stats.stddev, r.stats.median,
+                pair(a.alloc_bytes, b.alloc_bytes).c_str(), pair(a.reserved_bytes, b.reserved_bytes).c_str(),
+                pair(a.rss_bytes, b.rss_bytes).c_str(), r.memory.rss_per_test ? "" : " (process)",
+                (unsigned long long)r.kv.n_inplace_writes, (unsigned long long)r.kv.n_copying_writes);
+  }
+}
+
+int run_bench_cmd(const BenchOptions& o) {
+  const std::vector<BenchTest> tests = make_bench_tests(o.n_prompt, o.n_gen, o.depths);
+  if (tests.empty()) throw InvalidInput("bench: no tests (every -p and -n value is 0)");
+  if (o.threads >= 0) set_cpu_threads(o.threads);
+  const std::string dir = o.model.empty() ? default_model_dir() : o.model;
+  if (!fs::exists(dir)) throw IoError("model folder " + dir + " does not exist");
+
+  std::unique_ptr<Model> model = load_model(dir);
+  const ModelInfo& info = model->info();
+  const EnvOptions& env = env_options();
+
+  Header h;
+  h.cpu = cpu_model_name();
+  h.n_threads = cpu_pool().n_threads();
+  h.model_path = dir;
+  h.model_name = fs::path(dir).lexically_normal().filename().string();
+  if (h.model_name.empty()) h.model_name = fs::path(dir).lexically_normal().parent_path().filename().string();
+  h.model_type = info.model_type;
+  h.weight_dtype = dtype_name(info.weight_dtype);
+  h.weight_bytes = info.weight_bytes;
+  h.n_params = count_params(dir);
+  h.kv_inplace = env.kv_inplace_write;
+  h.kv_step = env.kv_step;
+
+  BenchParams bp;
+  bp.repetitions = o.repetitions;
+  bp.warmup = o.warmup;
+  bp.seed = o.seed;
+  bp.cache.step = env.kv_step;
+  bp.cache.inplace = env.kv_inplace_write;
+
+  std::vector<BenchResult> results;
+  for (const BenchTest& t : tests) results.push_back(run_bench(*model, t, bp));
+
+  if (o.output == "json")
+    print_json(h, o, results);
+  else if (o.output == "csv")
+    print_csv(h, results);
+  else
+    print_md(h, o, results);
+  return 0;
+}
+
+}  // namespace
+
+Command add_bench(CLI::App& app) {
+  auto o = std::make_shared<BenchOptions>();
+  const auto size = CLI::Range(int64_t(0), int64_t(1) << 24);
+  app.add_option("-m,--model", o->model, "Model folder (default: the embedded default model)");
+  app.add_option("-p,--n-prompt", o->n_prompt, "Prompt sizes to time, comma-separated (0: no pp test)")
+      ->delimiter(',')
+      ->check(size)
+      ->capture_default_str();
+  app.add_option("-n,--n-gen", o->n_gen, "Generation lengths to time, comma-separated (0: no tg test)")
+      ->delimiter(',')
+      ->check(size)
+      ->capture_default_str();
+  app.add_option("-d,--n-depth", o->depths, "Cache depths the tests start from, comma-separated")
+      ->delimiter(',')
+      ->check(size)
+      ->capture_default_str();
+  app.add_option("-r,--repetitions", o->repetitions, "Measured runs per test")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
+  app.add_option("--warmup", o->warmup, "Unmeasured runs per test, before the measured ones")
+      ->check(CLI::Range(0, 1000000))
+      ->capture_default_str();
+  app.add_option("-o,--output", o->output, "Output format")
+      ->check(CLI::IsMember({"md", "json", "csv"}))
+      ->capture_default_str();
+  app.add_option("-t,--threads", o->threads, "CPU threads (default: OSPREY_THREADS or one per core)");
+  app.add_option("--seed", o->seed, "Seed of the random prompt tokens")->capture_default_str();
+  return [o] { return run_bench_cmd(*o); };
+}
+
+}  // namespace osprey::cli

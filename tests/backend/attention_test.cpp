@@ -1,0 +1,257 @@
+// cpu::attention against a naive double-precision softmax(q k^T) v.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/cpu_kernels.h"
+#include "core/half.h"
+
+namespace osprey {
+namespace {
+
+constexpr uint16_t kF16NaN = 0x7e00;
+
+struct AttnCase {
+  int64_t n = 1, n_heads = 8, n_kv_heads = 2, head_dim = 64;
+  int64_t n_keys = 1;
+  int64_t q_pos0 = 0;
+  float scale = 0.0f;  // 0: 1 / sqrt(head_dim)
+  int window = 0;
+  float softcap = 0.0f;
+  bool row_major_heads = false;  // cache laid out [L, n_kv_heads, head_dim] instead of [n_kv_heads, cap, head_dim]
+};
+
+struct Data {
+  std::vector<float> q;    // [n, n_heads, head_dim]
+  std::vector<uint16_t> k, v;
+  int64_t head_stride = 0, row_stride = 0;
+};
+
+// Keys and values for rows [0, n_keys); every element of the buffers past them is NaN.
+Data make_data(const AttnCase& s, std::mt19937& rng) {
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  Data d;
+  d.q.resize(size_t(s.n * s.n_heads * s.head_dim));
+  for (auto& x : d.q) x = dist(rng);
+  const int64_t capacity = s.n_keys + 29;
+  if (s.row_major_heads) {
+    d.row_stride = s.n_kv_heads * s.head_dim;
+    d.head_stride = s.head_dim;
+  } else {
+    d.head_stride = capacity * s.head_dim;
+    d.row_stride = s.head_dim;
+  }
+  const size_t size = size_t(capacity * s.n_kv_heads * s.head_dim);
+  d.k.assign(size, kF16NaN);
+  d.v.assign(size, kF16NaN);
+  for (int64_t h = 0; h < s.n_kv_heads; ++h)
+    for (int64_t j = 0; j < s.n_keys; ++j)
+      for (int64_t e = 0; e < s.head_dim; ++e) {
+        const size_t at = size_t(h * d.head_stride + j * d.row_stride + e);
+        d.k[at] = f32_to_f16(dist(rng));
+        d.v[at] = f32_to_f16(dist(rng));
+      }
+  return d;
+}
+
+std::vector<double> reference(const AttnCase& s, const Data& d) {
+  const int64_t D = s.head_dim, group = s.n_heads / s.n_kv_heads;
+  const double scale = s.scale > 0.0f ? s.scale : 1.0 / std::sqrt(double(D));
+  std::vector<double> out(size_t(s.n * s.n_heads * D), 0.0);
+  for (int64_t i = 0; i < s.n; ++i) {
+    const int64_t p = s.q_pos0 + i;
+    const int64_t hi = std::min(p + 1, s.n_keys);
+    const int64_t lo = s.window > 0 ? std::max<int64_t>(0, p - s.window + 1) : 0;
+    for (int64_t h = 0; h < s.n_heads; ++h) {
+      const int64_t hk = h / group;
+      std::vector<double> logits;
+      for (int64_t j = lo; j < hi; ++j) {
+        double dot = 0.0;
+        for (int64_t e = 0; e < D; ++e)
+          dot += double(d.q[size_t((i * s.n_heads + h) * D + e)]) *
+                 double(f16_to_f32(d.k[size_t(hk * d.head_stride + j * d.row_stride + e)]));
+        double logit = dot * scale;
+        if (s.softcap > 0.0f) logit = s.softcap * std::tanh(logit / s.softcap);
+        logits.push_back(logit);
+      }
+      if (logits.empty()) continue;
+      const double m = *std::max_element(logits.begin(), logits.end());
+      double sum = 0.0;
+      for (auto& x : logits) sum += (x = std::exp(x - m));
+      for (int64_t j = lo; j < hi; ++j)
+        for (int64_t e = 0; e < D; ++e)
+          out[size_t((i * s.n_heads + h) * D + e)] +=
+              logits[size_t(j - lo)] / sum * double(f16_to_f32(d.v[size_t(hk * d.head_stride + j * d.row_stride + e)]));
+    }
+  }
+  return out;
+}
+
+// Max |out - ref| over max |ref|.
+double run_and_compare(const AttnCase& s, ThreadPool& pool, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const Data d = make_data(s, rng);
+  std::vector<float> out(size_t(s.n * s.n_heads * s.head_dim), std::nanf(""));
+  cpu::AttentionArgs a;
+  a.q = d.q.data();
+  a.n = s.n;
+  a.n_heads = s.n_heads;
+  a.head_dim = s.head_dim;
+  a.k = d.k.data();
+  a.v = d.v.data();
+  a.n_kv_heads = s.n_kv_heads;
+  a.n_keys = s.n_keys;
+  a.k_head_stride = a.v_head_stride = d.head_stride;
+  a.k_row_stride = a.v_row_stride = d.row_stride;
+  a.q_pos0 = s.q_pos0;
+  a.scale = s.scale > 0.0f ? s.scale : 1.0f / std::sqrt(float(s.head_dim));
+  a.window = s.window;
+  a.softcap = s.softcap;
+  a.out = out.data();
+  cpu::attention(a, pool);
+  const std::vector<double> ref = reference(s, d);
+  double max_err = 0.0, max_ref = 0.0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double e = std::fabs(double(out[i]) - ref[i]);
+    max_err = std::isnan(e) ? INFINITY : std::max(max_err, e);
+    max_ref = std::max(max_ref, std::fabs(ref[i]));
+  }
+  return max_ref > 0.0 ? max_err / max_ref : max_err;
+}
+
+void expect_close(AttnCase s, const char* what, std::initializer_list<int64_t> head_dims = {64, 128, 80}) {
+  ThreadPool pool1(1), pool3(3);
+  uint32_t seed = 17;
+  for (int64_t head_dim : head_dims) {
+    s.head_dim = head_dim;
+    for (ThreadPool* pool : {&pool1, &pool3}) {
+      const double err = run_and_compare(s, *pool, seed++);
+      EXPECT_LT(err, 1e-4) << what << " head_dim=" << head_dim << " threads=" << pool->n_threads();
+    }
+  }
+}
+
+TEST(Attention, DecodeOverThousandsOfKeys) {
+  AttnCase s;
+  s.n = 1;
+  s.n_keys = 3000;
+  s.q_pos0 = 2999;
+  s.scale = 0.5f;  // peaked enough that the running max matters
+  expect_close(s, "decode L=3000");
+}
+
+TEST(Attention, DecodeShortCache) {
+  for (int64_t L : {1, 2, 17, 64, 65, 600}) {
+    AttnCase s;
+    s.n_keys = L;
+    s.q_pos0 = L - 1;
+    expect_close(s, ("decode L=" + std::to_string(L)).c_str());
+  }
+}
+
+TEST(Attention, Prefill) {
+  AttnCase s;
+  s.n = s.n_keys = 37;
+  expect_close(s, "prefill n=L=37");
+  s.n = s.n_keys = 150;
+  expect_close(s, "prefill n=L=150");
+}
+
+TEST(Attention, ChunkAfterCachedRows) {
+  AttnCase s;
+  s.n = 5;
+  s.q_pos0 = 20;
+  s.n_keys = 25;
+  expect_close(s, "chunk n=5 pos0=20 L=25");
+  s.n = 70;
+  s.q_pos0 = 130;
+  s.n_keys = 200;
+  expect_close(s, "chunk n=70 pos0=130 L=200");
+}
+
+TEST(Attention, SlidingWindow) {
+  AttnCase s;
+  s.window = 16;
+  s.n = s.n_keys = 37;
+  expect_close(s, "prefill window=16");
+  s.n = 1;
+  s.n_keys = 3000;
+  s.q_pos0 = 2999;
+  expect_close(s, "decode window=16");
+  s.window = 700;
+  expect_close(s, "decode window=700");
+  s.n = 5;
+  s.q_pos0 = 20;
+  s.n_keys = 25;
+  s.window = 4;
+  expect_close(s, "chunk window=4");
+}
+
+TEST(Attention, Softcap) {
+  AttnCase s;
+  s.softcap = 5.0f;
+  s.scale = 1.0f;  // logits well past the cap
+  s.n = s.n_keys = 37;
+  expect_close(s, "prefill softcap");
+  s.n = 1;
+  s.n_keys = 1500;
+  s.q_pos0 = 1499;
+  s.window = 100;
+  expect_close(s, "decode softcap + window");
+}
+
+TEST(Attention, HeadGroupings) {
+  for (int64_t kv : {1, 8}) {
+    AttnCase s;
+    s.n_kv_heads = kv;
+    s.n = s.n_keys = 33;
+    expect_close(s, "prefill grouping");
+    s.n = 1;
+    s.n_keys = 1000;
+    s.q_pos0 = 999;
+    expect_close(s, "decode grouping");
+  }
+}
+
+TEST(Attention, InterleavedCacheLayout) {
+  AttnCase s;
+  s.row_major_heads = true;
+  s.n = 6;
+  s.q_pos0 = 40;
+  s.n_keys = 46;
+  expect_close(s, "chunk [L, kv, D] layout");
+  s.n = 1;
+  s.n_keys = 900;
+  s.q_pos0 = 899;
+  expect_close(s, "decode [L, kv, D] layout");
+}
+
+TEST(Attention, HeadDimsOffTheVectorWidth) {
+  AttnCase s;
+  s.n = s.n_keys = 40;
+  expect_close(s, "prefill", {72, 40, 256});
+  s.n = 1;
+  s.n_keys = 700;
+  s.q_pos0 = 699;
+  expect_close(s, "decode", {72, 40, 256});
+}
+
+TEST(Attention, RowWithoutVisibleKeysIsZero) {
+  // Query rows past the cache end see keys only up to L - 1; with a window of 2, rows at
+  // positions >= L + 1 see none.
+  AttnCase s;
+  s.n = 4;
+  s.q_pos0 = 10;
+  s.n_keys = 11;
+  s.window = 2;
+  expect_close(s, "rows beyond the cache");
+}
+
+}  // namespace
+}  // namespace osprey

@@ -1,0 +1,146 @@
+// osprey bench through the CLI on a tiny random Llama: test names, samples and statistics,
+// the KV write counters of each KV arm, and bad flags.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "support/test_util.h"
+
+namespace osprey {
+namespace {
+
+using nlohmann::json;
+using testing::run_osprey;
+using testing::TempDir;
+using testing::tiny_llama_config;
+using testing::write_tiny_llama;
+
+constexpr int kLayers = 2;  // tiny_llama_config's num_hidden_layers
+
+json bench_json(const TempDir& d, const std::string& flags, const std::string& env = "") {
+  auto r = run_osprey("bench -m " + d.path().string() + " " + flags + " -o json", env);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  return json::parse(r.out);
+}
+
+const json& find_test(const json& j, const std::string& name) {
+  for (const json& t : j["tests"])
+    if (t["name"] == name) return t;
+  ADD_FAILURE() << "no test named " << name << " in " << j.dump();
+  static const json none = json::object();
+  return none;
+}
+
+// Checks samples, their statistics (recomputed here) and that t/s = tokens / seconds.
+void expect_samples(const json& t, int64_t n_tokens, size_t n_runs) {
+  ASSERT_TRUE(t.contains("samples_ts")) << t.dump();
+  const std::vector<double> ts = t["samples_ts"], ns = t["samples_ns"];
+  ASSERT_EQ(ts.size(), n_runs);
+  ASSERT_EQ(ns.size(), n_runs);
+  double sum = 0;
+  for (size_t i = 0; i < n_runs; ++i) {
+    EXPECT_GT(ts[i], 0.0);
+    EXPECT_NEAR(ts[i], double(n_tokens) / (ns[i] * 1e-9), ts[i] * 1e-3);
+    sum += ts[i];
+  }
+  const double mean = sum / double(n_runs);
+  EXPECT_NEAR(t["avg_ts"].get<double>(), mean, mean * 1e-9);
+  std::vector<double> sorted = ts;
+  std::sort(sorted.begin(), sorted.end());
+  const double median = n_runs % 2 ? sorted[n_runs / 2] : 0.5 * (sorted[n_runs / 2 - 1] + sorted[n_runs / 2]);
+  EXPECT_NEAR(t["median_ts"].get<double>(), median, median * 1e-9);
+  if (n_runs == 2) {
+    EXPECT_NEAR(t["stddev_ts"].get<double>(), std::abs(ts[0] - ts[1]) / std::sqrt(2.0), mean * 1e-9);
+  }
+  EXPECT_GT(t["memory"]["peak_alloc_bytes"].get<size_t>(), 0u);
+  EXPECT_GT(t["memory"]["peak_rss_bytes"].get<size_t>(), 0u);
+}
+
+void expect_kv(const json& t, uint64_t inplace, uint64_t copying) {
+  EXPECT_EQ(t["kv"]["inplace_writes"].get<uint64_t>(), inplace) << t["name"];
+  EXPECT_EQ(t["kv"]["copying_writes"].get<uint64_t>(), copying) << t["name"];
+}
+
+}  // namespace
+
+TEST(CliBench, JsonHasTestsSamplesAndInPlaceCounters) {
+  TempDir d;
+  write_tiny_llama(d.path(), tiny_llama_config());
+  const json j = bench_json(d, "-p 8 -n 4 -d 0,16 -r 2");
+  ASSERT_EQ(j["tests"].size(), 4u) << j.dump();
+  EXPECT_EQ(j["kv"]["inplace_write"], true);
+  EXPECT_EQ(j["model"]["model_type"], "llama");
+  EXPECT_FALSE(j["osprey"]["commit"].get<std::string>().empty());
+  EXPECT_GT(j["machine"]["n_threads"].get<int>(), 0);
+  // Elements of the tensors write_tiny_llama writes: embedding and untied head, final norm,
+  // and per layer q/k/v/o, gate/up/down and two norms.
+  const int64_t h = 32, v = 64, f = 48, hd = 8, nh = 4, nkv = 2;
+  const int64_t per_layer = h * nh * hd + 2 * h * nkv * hd + nh * hd * h + 3 * h * f + 2 * h;
+  EXPECT_EQ(j["model"]["n_params"].get<int64_t>(), 2 * v * h + h + kLayers * per_layer);
+
+  const json& pp = find_test(j, "pp8");
+  const json& tg = find_test(j, "tg4");
+  const json& pp_d = find_test(j, "pp8 @ d16");
+  const json& tg_d = find_test(j, "tg4 @ d16");
+  expect_samples(pp, 8, 2);
+  expect_samples(tg, 4, 2);
+  expect_samples(pp_d, 8, 2);
+  expect_samples(tg_d, 4, 2);
+  EXPECT_EQ(tg_d["n_depth"], 16);
+  EXPECT_EQ(tg_d["n_gen"], 4);
+  // DESIGN §1: a multi-token write copies; the first write into an empty cache grows it
+  // (copies); later single-token writes of the cache's own state go in place. The depth
+  // fill is not counted.
+  expect_kv(pp, 0, kLayers);
+  expect_kv(tg, 3 * kLayers, kLayers);
+  expect_kv(pp_d, 0, kLayers);
+  expect_kv(tg_d, 4 * kLayers, 0);
+}
+
+TEST(CliBench, CopyingArmWritesNothingInPlace) {
+  TempDir d;
+  write_tiny_llama(d.path(), tiny_llama_config());
+  const json j = bench_json(d, "-p 8 -n 4 -d 0,16 -r 2", "OSPREY_KV_INPLACE_WRITE=0");
+  EXPECT_EQ(j["kv"]["inplace_write"], false);
+  expect_kv(find_test(j, "tg4"), 0, 4 * kLayers);
+  expect_kv(find_test(j, "tg4 @ d16"), 0, 4 * kLayers);
+  expect_samples(find_test(j, "tg4 @ d16"), 4, 2);
+}
+
+TEST(CliBench, MarkdownAndCsv) {
+  TempDir d;
+  write_tiny_llama(d.path(), tiny_llama_config());
+  auto md = run_osprey("bench -m " + d.path().string() + " -p 8 -n 4 -r 1 --warmup 0");
+  ASSERT_EQ(md.exit_code, 0) << md.err;
+  EXPECT_NE(md.out.find("| model | size | params | backend | threads | test | t/s |"), std::string::npos) << md.out;
+  EXPECT_NE(md.out.find("| pp8 |"), std::string::npos) << md.out;
+  EXPECT_NE(md.out.find("| tg4 |"), std::string::npos) << md.out;
+  auto csv = run_osprey("bench -m " + d.path().string() + " -p 8 -n 4 -r 1 --warmup 0 -o csv");
+  ASSERT_EQ(csv.exit_code, 0) << csv.err;
+  EXPECT_EQ(std::count(csv.out.begin(), csv.out.end(), '\n'), 3) << csv.out;
+  EXPECT_NE(csv.out.find("\"tg4\""), std::string::npos) << csv.out;
+}
+
+TEST(CliBench, BadFlagsExitNonZero) {
+  TempDir d;
+  write_tiny_llama(d.path(), tiny_llama_config());
+  const std::string m = "bench -m " + d.path().string();
+  auto bad_list = run_osprey(m + " -p 8,x");
+  EXPECT_EQ(bad_list.exit_code, 2);
+  EXPECT_NE(bad_list.err.find("--n-prompt"), std::string::npos) << bad_list.err;
+  EXPECT_EQ(run_osprey(m + " -n 4 -r 0").exit_code, 2);
+  auto none = run_osprey(m + " -p 0 -n 0");
+  EXPECT_EQ(none.exit_code, 1);
+  EXPECT_NE(none.err.find("no tests"), std::string::npos) << none.err;
+  auto missing = run_osprey("bench -m /nonexistent/model -p 8 -n 4");
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_NE(missing.err.find("/nonexistent/model"), std::string::npos) << missing.err;
+  // tiny_llama_config's context is 512 positions.
+  auto deep = run_osprey(m + " -p 8 -n 4 -d 510");
+  EXPECT_EQ(deep.exit_code, 1);
+  EXPECT_NE(deep.err.find("context of 512"), std::string::npos) << deep.err;
+}
+
+}  // namespace osprey
