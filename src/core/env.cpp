@@ -33,6 +33,7 @@ EnvOptions read_env() {
   o.kv_step = parse_int("OSPREY_KV_STEP", 256, 1);
   o.n_threads = parse_int("OSPREY_THREADS", 0, 0);
   if (const char* v = std::getenv("OSPREY_LOG_LEVEL"); v && *v) o.log_level = v;
+  if (const char* v = std::getenv("OSPREY_DEVICE"); v && *v) o.device = v;
   return o;
 }
 

@@ -11,6 +11,7 @@ struct EnvOptions {
   int kv_step = 256;             // OSPREY_KV_STEP: cache capacity grows in steps of this many rows
   int n_threads = 0;             // OSPREY_THREADS: CPU worker threads (0: one per core)
   std::string log_level = "info";  // OSPREY_LOG_LEVEL: error, warn, info, debug
+  std::string device;              // OSPREY_DEVICE: cpu, cuda or cuda:N (empty: choose)
 };
 
 // Read once, on first use; later changes to the environment are not seen.

@@ -7,6 +7,7 @@
 #include <random>
 #include <sstream>
 
+#include "backend/ops.h"
 #include "core/buffer.h"
 #include "core/error.h"
 
@@ -31,7 +32,8 @@ Array token_array(std::span<const int32_t> ids) {
 }
 
 // logits [1, vocab] f32 (or [n, vocab]: the last row).
-int32_t argmax_last_row(const Array& logits) {
+int32_t argmax_last_row(const Array& device_logits) {
+  const Array logits = ops::to_device(device_logits, Device::cpu());
   const int64_t vocab = logits.dim(-1);
   const float* row = logits.data<float>() + (logits.numel() - vocab);
   return int32_t(std::max_element(row, row + vocab) - row);
@@ -99,6 +101,7 @@ RunResult run_once(Model& model, const BenchTest& test, const BenchParams& param
     Array tokens = token_array(input);
     const auto t0 = Clock::now();
     model.forward(tokens, cache, false);
+    ops::synchronize(model.info().device);
     r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   } else {
     int32_t token = input[0];

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "backend/ops.h"
 #include "core/error.h"
 #include "model/model.h"
 
@@ -54,6 +55,7 @@ GenerateResult generate(Model& model, SequenceCache& cache, std::span<const int3
   }
   Clock::time_point t_decode;
   for (int i = 0; i < params.max_tokens; ++i) {
+    logits = ops::to_device(logits, Device::cpu());
     const int64_t vocab = logits.dim(-1);
     std::span<const float> row(logits.data<float>() + (logits.numel() - vocab), size_t(vocab));
     const int32_t token = sampler.sample(row, history);

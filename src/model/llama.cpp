@@ -94,8 +94,10 @@ class LlamaModel final : public Model {
     else
       lm_head_ = w.matrix("lm_head.weight", cfg.vocab_size, h, dt);
     std::vector<float> inv = rope_inv_freq(cfg.rope, hd);
-    inv_freq_ = Array::empty({int64_t(inv.size())}, DType::f32);
-    std::copy(inv.begin(), inv.end(), inv_freq_.data<float>());
+    Array inv_host = Array::empty({int64_t(inv.size())}, DType::f32);
+    std::copy(inv.begin(), inv.end(), inv_host.data<float>());
+    inv_freq_ = ops::to_device(inv_host, opt.device);
+    device_ = opt.device;
 
     info_.model_type = cfg.model_type;
     info_.vocab_size = cfg.vocab_size;
@@ -103,6 +105,7 @@ class LlamaModel final : public Model {
     info_.n_layers = cfg.n_layers;
     info_.max_position_embeddings = cfg.max_position_embeddings;
     info_.weight_dtype = dt;
+    info_.device = opt.device;
     info_.weight_bytes = w.bytes_loaded();
     w.finish();
   }
@@ -114,6 +117,7 @@ class LlamaModel final : public Model {
       p.n_kv_heads = cfg_.n_kv_heads;
       p.head_dim = cfg_.head_dim;
       p.step = o.step;
+      p.device = device_;
       p.inplace = o.inplace;
       p.unsafe_skip_ownership_check = o.unsafe_skip_ownership_check;
       layers.push_back(std::make_unique<DenseKVCache>(p));
@@ -127,8 +131,10 @@ class LlamaModel final : public Model {
     if (n <= 0) throw InvalidInput("forward: no tokens");
     Array positions = Array::empty({n}, DType::i32);
     for (int64_t i = 0; i < n; ++i) positions.data<int32_t>()[i] = int32_t(pos0 + i);
+    // NOTE: two small uploads per step on CUDA; pipelined decode keeps them on the device.
+    positions = ops::to_device(positions, device_);
 
-    Array x = ops::embedding(embed_, tokens);  // [n, hidden]
+    Array x = ops::embedding(embed_, ops::to_device(tokens, device_));  // [n, hidden]
     ops::AttentionParams ap;
     ap.q_pos0 = pos0;
     ap.scale = float(1.0 / std::sqrt(double(hd)));
@@ -155,6 +161,7 @@ class LlamaModel final : public Model {
  private:
   LlamaConfig cfg_;
   Array embed_, lm_head_, final_norm_, inv_freq_;
+  Device device_;
   std::vector<LlamaLayer> layers_;
 };
 

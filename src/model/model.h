@@ -26,6 +26,7 @@ struct ModelInfo {
   std::vector<int32_t> eos_ids;   // config.json and generation_config.json, merged
   std::optional<int32_t> bos_id;
   DType weight_dtype = DType::f32;
+  Device device = Device::cpu();  // where the weights, caches and logits live
   size_t weight_bytes = 0;
 };
 

@@ -7,9 +7,7 @@
 namespace osprey {
 
 WeightLoader::WeightLoader(const SafeTensors& weights, const LoadOptions& options)
-    : weights_(weights), options_(options), total_(weights.total_bytes()) {
-  if (!options.device.is_cpu()) throw Unsupported("device " + options.device.str() + " is not available in this build");
-}
+    : weights_(weights), options_(options), total_(weights.total_bytes()) {}
 
 void WeightLoader::touch(const Array& a) {
   // Fault the mapped pages in now, so the first forward pass is not the one that reads the
@@ -29,7 +27,7 @@ Array WeightLoader::matrix(const std::string& name, int64_t rows, int64_t cols, 
                        ", but a float matrix (float32, float16 or bfloat16) is expected");
   Array a = weights_.get(name, dtype.value_or(ti.dtype), {rows, cols});
   touch(a);
-  return a;
+  return ops::to_device(a, options_.device);  // on the CPU: the mapped array itself
 }
 
 Array WeightLoader::vector_f32(const std::string& name, int64_t n) {
@@ -38,7 +36,7 @@ Array WeightLoader::vector_f32(const std::string& name, int64_t n) {
     throw InvalidInput("tensor " + name + " is " + dtype_name(ti.dtype) + ti.shape.str() + ", but a float vector is expected");
   Array a = weights_.get(name, ti.dtype, {n});
   touch(a);
-  return ops::cast(a, DType::f32);
+  return ops::to_device(ops::cast(a, DType::f32), options_.device);
 }
 
 void WeightLoader::finish() {

@@ -17,7 +17,7 @@ class WeightLoader {
   WeightLoader(const SafeTensors& weights, const LoadOptions& options);
 
   // A [rows, cols] float matrix (f32, f16 or bf16); `dtype`, when given, must match too.
-  // On the CPU the array points into the memory map (zero copy).
+  // On the CPU the array points into the memory map (zero copy); on CUDA it is uploaded once.
   Array matrix(const std::string& name, int64_t rows, int64_t cols, std::optional<DType> dtype = std::nullopt);
   // A [n] float vector, converted to a float32 copy (norm weights, biases).
   Array vector_f32(const std::string& name, int64_t n);
