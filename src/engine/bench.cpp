@@ -51,13 +51,14 @@ struct RunResult {
   KVCounters kv;
 };
 
-MemoryPeaks read_peaks() {
-  const AllocatorStats st = cpu_allocator().stats();
+// Peaks of the allocator of the model's device (on CUDA: the device high-water mark).
+MemoryPeaks read_peaks(Device device) {
+  const AllocatorStats st = allocator_for(device).stats();
   return {st.peak_bytes, st.peak_reserved_bytes, peak_rss_bytes()};
 }
 
-void reset_peaks() {
-  cpu_allocator().reset_peak();
+void reset_peaks(Device device) {
+  allocator_for(device).reset_peak();
   reset_peak_rss();
 }
 
@@ -90,8 +91,8 @@ RunResult run_once(Model& model, const BenchTest& test, const BenchParams& param
     model.forward(token_array(std::span<const int32_t>(fill).subspan(size_t(b), size_t(e - b))), cache, false);
   }
 
-  raise_to(memory.test, read_peaks());
-  reset_peaks();
+  raise_to(memory.test, read_peaks(model.info().device));
+  reset_peaks(model.info().device);
 
   RunResult r;
   const std::vector<int32_t> input =
@@ -113,7 +114,7 @@ RunResult run_once(Model& model, const BenchTest& test, const BenchParams& param
     r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   }
   r.kv = difference(cache.counters(), before);
-  const MemoryPeaks timed = read_peaks();
+  const MemoryPeaks timed = read_peaks(model.info().device);
   raise_to(memory.test, timed);
   raise_to(memory.timed, timed);
   return r;
@@ -180,7 +181,7 @@ BenchResult run_bench(Model& model, const BenchTest& test, const BenchParams& pa
 
   BenchResult result;
   result.test = test;
-  Allocator& alloc = cpu_allocator();
+  Allocator& alloc = allocator_for(model.info().device);
   alloc.trim();
   alloc.reset_peak();
   result.memory.rss_per_test = reset_peak_rss();

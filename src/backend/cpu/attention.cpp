@@ -16,8 +16,8 @@
 // whose partial results are merged at the end.
 #include <algorithm>
 #include <atomic>
-#include <functional>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <vector>
 

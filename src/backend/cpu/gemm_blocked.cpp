@@ -1,6 +1,7 @@
 // linear_gemm: y[n, out] = x[n, in] * w[out, in]^T + bias, as a blocked GEMM.
 //
-// Rows of x are taken in chunks of up to kMC rows. For each chunk, two parallel steps:
+// Rows of x are taken in balanced chunks of up to kMC rows (w is converted once per chunk).
+// For each chunk, two parallel steps:
 //  1. pack the chunk of x, all of k, into tiles of kMR rows: [tile][in][kMR] (so that the
 //     micro-kernel broadcasts from one stream, with no 4 KiB aliasing between rows);
 //  2. work items (a group of panels of kNR outputs, optionally a range of tiles) go to the
@@ -10,10 +11,12 @@
 //     accumulators, per k one vector load of the panel per kWidth outputs and one broadcast per
 //     row. A tile's k block (kMR * kKC floats) stays in L1 while it meets the item's panels;
 //     the packed panels (at most kMaxPanelsPerItem * kKC * kNR floats) stay in L2.
+// Scratch: the packed chunk of x (thread_local of the caller, at most kMaxPackedX floats) and
+// each thread's packed panels; both grow once and are reused.
 #include <algorithm>
-#include <functional>
 #include <array>
 #include <atomic>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>

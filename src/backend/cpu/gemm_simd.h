@@ -226,7 +226,9 @@ inline Vec sum_rows(const Vec* r) { return r[0]; }
 // loaded vector that feeds several FMAs back into each FMA as a memory operand, turning one load
 // into many.
 inline void pin(Vec& v) {
-#if defined(__x86_64__) || defined(__i386__)
+#if defined(__AVX512F__)
+  __asm__("" : "+v"(v));  // any of the 32 vector registers
+#elif defined(__x86_64__) || defined(__i386__)
   __asm__("" : "+x"(v));
 #else
   (void)v;
