@@ -2,7 +2,8 @@
 # One visit to the GPU machine: build with CUDA, run the test suite (CUDA tests included),
 # a compute-sanitizer memcheck of a short generation, and a first benchmark on
 # Llama-3.1-8B-shaped fp16 random weights. Logs and results go to $OUT.
-# Usage there: source .device/enter.sh && bash scripts/device_check.sh
+# Here: ../shared/device/stage.sh scripts/debian-packages.txt .device (carry .device)
+# There: source .device/enter.sh && bash scripts/device_check.sh
 set -uo pipefail
 OUT=${OUT:-./device-out}
 mkdir -p "$OUT"

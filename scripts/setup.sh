@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-pkgs=$(sed -e 's/#.*//' scripts/debian-packages.txt | tr -s ' \n\t' ' ')
+pkgs=$(cat scripts/debian-tools.txt scripts/debian-packages.txt | sed -e 's/#.*//' | tr -s ' \n\t' ' ')
 missing=()
 for p in $pkgs; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
