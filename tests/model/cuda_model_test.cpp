@@ -14,25 +14,14 @@
 namespace osprey {
 namespace {
 
+using testing::ints;
+using testing::relative_row_error;
+using testing::tokens_of;
+
 std::filesystem::path fixture(const std::string& family) { return testing::source_dir() / "tests/fixtures/models" / family; }
 
-std::vector<int32_t> ints(const Array& a) { return {a.data<int32_t>(), a.data<int32_t>() + a.numel()}; }
 
-Array tokens_of(const std::vector<int32_t>& ids) {
-  Array a = Array::empty({int64_t(ids.size())}, DType::i32);
-  std::copy(ids.begin(), ids.end(), a.data<int32_t>());
-  return a;
-}
 
-double relative_row_error(const float* ours, const float* ref, int64_t vocab) {
-  double lo = ref[0], hi = ref[0], err = 0;
-  for (int64_t j = 0; j < vocab; ++j) {
-    lo = std::min<double>(lo, ref[j]);
-    hi = std::max<double>(hi, ref[j]);
-    err = std::max(err, std::fabs(double(ours[j]) - double(ref[j])));
-  }
-  return err / (hi - lo);
-}
 
 class CudaReference : public ::testing::TestWithParam<std::string> {
  protected:

@@ -1,6 +1,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <random>
@@ -80,6 +81,24 @@ void write_tiny_llama(const fs::path& dir, const nlohmann::json& config, uint32_
 }
 
 fs::path source_dir() { return OSPREY_SOURCE_DIR; }
+
+Array tokens_of(const std::vector<int32_t>& ids) {
+  Array a = Array::empty({int64_t(ids.size())}, DType::i32);
+  std::copy(ids.begin(), ids.end(), a.data<int32_t>());
+  return a;
+}
+
+std::vector<int32_t> ints(const Array& a) { return {a.data<int32_t>(), a.data<int32_t>() + a.numel()}; }
+
+double relative_row_error(const float* ours, const float* ref, int64_t vocab) {
+  double lo = ref[0], hi = ref[0], err = 0;
+  for (int64_t j = 0; j < vocab; ++j) {
+    lo = std::min<double>(lo, ref[j]);
+    hi = std::max<double>(hi, ref[j]);
+    err = std::max(err, std::fabs(double(ours[j]) - double(ref[j])));
+  }
+  return err / (hi - lo);
+}
 
 CommandResult run_osprey(const std::string& args, const std::string& env) {
   static int counter = 0;

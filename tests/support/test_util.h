@@ -4,6 +4,9 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <vector>
+
+#include "core/array.h"
 
 #include <nlohmann/json.hpp>
 
@@ -38,5 +41,11 @@ struct CommandResult {
 CommandResult run_osprey(const std::string& args, const std::string& env = "");
 
 std::filesystem::path source_dir();
+
+// A CPU int32 array of `ids`, and back.
+Array tokens_of(const std::vector<int32_t>& ids);
+std::vector<int32_t> ints(const Array& a);
+// max |ours - ref| over a row of `vocab` logits, relative to the reference row's range.
+double relative_row_error(const float* ours, const float* ref, int64_t vocab);
 
 }  // namespace osprey::testing

@@ -18,6 +18,7 @@
 #include <atomic>
 #include <functional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -107,6 +108,21 @@ void pack_tile(const float* x, int64_t ld, int mr, int64_t in, float* ap) {
 template <class WF, bool kFull>
 inline void pack_columns(const typename WF::T* src, int64_t in, int valid, int64_t kc, float* dst) {
   int64_t k = 0;
+  if constexpr (std::is_same_v<WF, BF16>) {
+    // bf16 -> f32 is a shift: transpose pairs of k as 32-bit lanes (half the shuffles of
+    // transposing converted values), then split each pair.
+    for (; k + 2 * kWidth <= kc; k += 2 * kWidth) {
+      Vec r[kWidth];
+#pragma GCC unroll 16
+      for (int t = 0; t < kWidth; ++t) r[t] = kFull || t < valid ? load_pairs(src + t * in + k) : zero();
+      transpose(r);
+#pragma GCC unroll 16
+      for (int p = 0; p < kWidth; ++p) {
+        store(dst + (k + 2 * p) * kNR, bf16_even(r[p]));
+        store(dst + (k + 2 * p + 1) * kNR, bf16_odd(r[p]));
+      }
+    }
+  }
   for (; k + kWidth <= kc; k += kWidth) {
     Vec r[kWidth];
 #pragma GCC unroll 16

@@ -37,6 +37,13 @@ inline Vec load_bf16(const uint16_t* p) {
   __m512i u = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   return _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
 }
+// 2 * kWidth 16-bit values as kWidth 32-bit lanes (lane l holds p[2l] low, p[2l + 1] high).
+inline Vec load_pairs(const uint16_t* p) { return _mm512_castsi512_ps(_mm512_loadu_si512(p)); }
+// From lanes of bf16 pairs: the low (even) or high (odd) halves as f32.
+inline Vec bf16_even(Vec pairs) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_castps_si512(pairs), 16)); }
+inline Vec bf16_odd(Vec pairs) {
+  return _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(pairs), _mm512_set1_epi32(int(0xffff0000u))));
+}
 inline Vec fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
 inline Vec add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
 inline Vec sub(Vec a, Vec b) { return _mm512_sub_ps(a, b); }
@@ -121,6 +128,15 @@ inline Vec load_f16(const uint16_t* p) {
 inline Vec load_bf16(const uint16_t* p) {
   __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
+}
+// 2 * kWidth 16-bit values as kWidth 32-bit lanes (lane l holds p[2l] low, p[2l + 1] high).
+inline Vec load_pairs(const uint16_t* p) {
+  return _mm256_castsi256_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+// From lanes of bf16 pairs: the low (even) or high (odd) halves as f32.
+inline Vec bf16_even(Vec pairs) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(pairs), 16)); }
+inline Vec bf16_odd(Vec pairs) {
+  return _mm256_castsi256_ps(_mm256_and_si256(_mm256_castps_si256(pairs), _mm256_set1_epi32(int(0xffff0000u))));
 }
 inline Vec fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
 inline Vec add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
@@ -208,6 +224,24 @@ inline Vec load(const float* p) { return *p; }
 inline void store(float* p, Vec v) { *p = v; }
 inline Vec load_f16(const uint16_t* p) { return f16_to_f32(*p); }
 inline Vec load_bf16(const uint16_t* p) { return bf16_to_f32(*p); }
+// 2 * kWidth 16-bit values as kWidth 32-bit lanes (lane l holds p[2l] low, p[2l + 1] high).
+inline Vec load_pairs(const uint16_t* p) {
+  uint32_t u = uint32_t(p[0]) | uint32_t(p[1]) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+// From lanes of bf16 pairs: the low (even) or high (odd) halves as f32.
+inline Vec bf16_even(Vec pairs) {
+  uint32_t u;
+  std::memcpy(&u, &pairs, 4);
+  return bf16_to_f32(uint16_t(u));
+}
+inline Vec bf16_odd(Vec pairs) {
+  uint32_t u;
+  std::memcpy(&u, &pairs, 4);
+  return bf16_to_f32(uint16_t(u >> 16));
+}
 inline Vec fma(Vec a, Vec b, Vec c) { return a * b + c; }
 inline Vec add(Vec a, Vec b) { return a + b; }
 inline Vec sub(Vec a, Vec b) { return a - b; }

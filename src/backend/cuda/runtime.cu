@@ -5,7 +5,7 @@
 
 #include "backend/cuda/runtime.h"
 #include "backend/cuda_available.h"
-#include "core/buffer.h"
+#include "core/caching_allocator.h"
 
 namespace osprey {
 namespace cuda {
@@ -85,83 +85,24 @@ void synchronize() { OSPREY_CUDA_CHECK(cudaStreamSynchronize(ready().stream)); }
 
 namespace {
 
-size_t round_size(size_t bytes) {
-  constexpr size_t kAlign = 256;
-  if (bytes == 0) bytes = kAlign;
-  if (bytes < (size_t(1) << 20)) return (bytes + kAlign - 1) & ~(kAlign - 1);
-  size_t p = size_t(1) << (63 - __builtin_clzll(bytes));
-  size_t step = p / 8;
-  return (bytes + step - 1) / step * step;
-}
-
-// Caching device allocator. All device work runs on the one stream, so a freed block can be
-// handed to later work at once: that work is ordered after every kernel that used it.
-class CudaAllocator final : public Allocator {
+class CudaAllocator final : public CachingAllocator {
  public:
-  std::shared_ptr<Buffer> allocate(size_t bytes) override {
-    ready();
-    size_t size = round_size(bytes);
+  CudaAllocator() : CachingAllocator(Device::cuda(0), 256) {}
+
+ protected:
+  void* system_alloc(size_t bytes) override {
     void* p = nullptr;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = free_.find(size);
-      if (it != free_.end()) {
-        p = it->second;
-        free_.erase(it);
-      }
+    cudaError_t e = cudaMalloc(&p, bytes);
+    if (e == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      return nullptr;
     }
-    if (!p) {
-      cudaError_t e = cudaMalloc(&p, size);
-      if (e == cudaErrorMemoryAllocation) {
-        (void)cudaGetLastError();
-        trim();
-        e = cudaMalloc(&p, size);
-      }
-      if (e != cudaSuccess) throw_cuda_error(e, "cudaMalloc", __FILE__, __LINE__);
-      std::lock_guard<std::mutex> lock(mu_);
-      ++stats_.n_system_allocs;
-      stats_.reserved_bytes += size;
-      stats_.peak_reserved_bytes = std::max(stats_.peak_reserved_bytes, stats_.reserved_bytes);
-    }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stats_.live_bytes += size;
-      stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.live_bytes);
-    }
-    return std::make_shared<Buffer>(p, size, Device::cuda(rt().device), [this](void* d, size_t n) { release(d, n); });
+    if (e != cudaSuccess) throw_cuda_error(e, "cudaMalloc", __FILE__, __LINE__);
+    return p;
   }
-
-  AllocatorStats stats() const override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return stats_;
-  }
-
-  void reset_peak() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    stats_.peak_bytes = stats_.live_bytes;
-    stats_.peak_reserved_bytes = stats_.reserved_bytes;
-  }
-
-  void trim() override {
-    synchronize();
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto& [size, p] : free_) {
-      cudaFree(p);
-      stats_.reserved_bytes -= size;
-    }
-    free_.clear();
-  }
-
- private:
-  void release(void* p, size_t size) {
-    std::lock_guard<std::mutex> lock(mu_);
-    stats_.live_bytes -= size;
-    free_.emplace(size, p);
-  }
-
-  mutable std::mutex mu_;
-  std::multimap<size_t, void*> free_;
-  AllocatorStats stats_;
+  void system_free(void* p) override { OSPREY_CUDA_CHECK(cudaFree(p)); }
+  void before_trim() override { synchronize(); }
+  Device device() override { return Device::cuda(ready().device); }
 };
 
 }  // namespace

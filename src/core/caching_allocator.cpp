@@ -1,0 +1,78 @@
+#include "core/caching_allocator.h"
+
+#include <algorithm>
+#include <string>
+
+#include "core/error.h"
+
+namespace osprey {
+
+size_t CachingAllocator::round_size(size_t bytes) const {
+  // Size classes: alignment granularity below 1 MiB, then 1/8 steps of the power of two.
+  if (bytes == 0) bytes = alignment_;
+  if (bytes < (size_t(1) << 20)) return (bytes + alignment_ - 1) / alignment_ * alignment_;
+  const size_t p = size_t(1) << (63 - __builtin_clzll(bytes));
+  const size_t step = p / 8;
+  return (bytes + step - 1) / step * step;
+}
+
+std::shared_ptr<Buffer> CachingAllocator::allocate(size_t bytes) {
+  const Device dev = device();
+  const size_t size = round_size(bytes);
+  void* p = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = free_.find(size);
+    if (it != free_.end()) {
+      p = it->second;
+      free_.erase(it);
+    }
+  }
+  if (!p) {
+    p = system_alloc(size);
+    if (!p) {  // give the cache back and try once more
+      trim();
+      p = system_alloc(size);
+    }
+    if (!p) throw OutOfMemory(dev.str() + ": cannot allocate " + std::to_string(size) + " bytes");
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.n_system_allocs;
+    stats_.reserved_bytes += size;
+    stats_.peak_reserved_bytes = std::max(stats_.peak_reserved_bytes, stats_.reserved_bytes);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.live_bytes += size;
+    stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.live_bytes);
+  }
+  return std::make_shared<Buffer>(p, size, dev, [this](void* data, size_t n) { release(data, n); });
+}
+
+AllocatorStats CachingAllocator::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void CachingAllocator::reset_peak() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.peak_bytes = stats_.live_bytes;
+  stats_.peak_reserved_bytes = stats_.reserved_bytes;
+}
+
+void CachingAllocator::trim() {
+  before_trim();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [size, p] : free_) {
+    system_free(p);
+    stats_.reserved_bytes -= size;
+  }
+  free_.clear();
+}
+
+void CachingAllocator::release(void* p, size_t size) {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.live_bytes -= size;
+  free_.emplace(size, p);
+}
+
+}  // namespace osprey
