@@ -21,6 +21,6 @@ fi
 if [ "${BENCH:-1}" = 1 ]; then
   python3 tools/make_random_checkpoint.py --preset llama-3.1-8b --dtype float16 --out /tmp/llama8b >"$OUT/mkckpt.log" 2>&1 || tail "$OUT/mkckpt.log"
   for arm in 1 0; do
-    OSPREY_KV_INPLACE_WRITE=$arm timeout 150 build/osprey bench -m /tmp/llama8b --device cuda -p 512 -n 128 -d 0,2048 -r 2 --warmup 1 -o md 2>&1 | tee "$OUT/bench-8b-arm$arm.md"
+    OSPREY_KV_INPLACE_WRITE=$arm timeout 150 build/osprey bench -m /tmp/llama8b --device cuda ${BENCH_ARGS:--p 512 -n 128 -d 0,2048 -r 2 --warmup 1} -o md 2>&1 | tee "$OUT/bench-8b-arm$arm.md"
   done
 fi
