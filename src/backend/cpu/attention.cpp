@@ -231,30 +231,37 @@ Plan make_plan(const AttentionArgs& a, int n_threads) {
 // q: [NQ][head_dim]; s: [NQ][kBlockKeys].
 template <int NQ>
 void direct_scores(const float* q, const uint16_t* k, int64_t row_stride, int64_t nb, int64_t head_dim, float* s) {
+  // Keys per step: enough independent accumulator chains (NQ * KS) to cover FMA latency.
+  constexpr int KS = std::min(kWidth, NQ >= 4 ? 2 : 4);
   const int64_t d_vec = head_dim - head_dim % kWidth;
   for (int64_t j0 = 0; j0 < nb; j0 += kWidth) {
     const int nk = int(std::min<int64_t>(kWidth, nb - j0));
     Vec dots[NQ][kWidth];  // per query vector, one partial-sum vector per key
-    for (int e = 0; e < nk; e += 2) {
-      const uint16_t* k0 = k + (j0 + e) * row_stride;
-      const uint16_t* k1 = e + 1 < nk ? k0 + row_stride : k0;
-      Vec acc[NQ][2];
+    for (int e0 = 0; e0 < nk; e0 += KS) {
+      const uint16_t* kr[KS];  // keys past nk repeat the last one; their sums are dropped
 #pragma GCC unroll 4
-      for (int t = 0; t < NQ; ++t) acc[t][0] = acc[t][1] = zero();
+      for (int u = 0; u < KS; ++u) kr[u] = k + (j0 + std::min(e0 + u, nk - 1)) * row_stride;
+      Vec acc[NQ][KS];
+#pragma GCC unroll 4
+      for (int t = 0; t < NQ; ++t)
+#pragma GCC unroll 4
+        for (int u = 0; u < KS; ++u) acc[t][u] = zero();
       for (int64_t d = 0; d < d_vec; d += kWidth) {
-        const Vec kf0 = load_f16(k0 + d), kf1 = load_f16(k1 + d);
+        Vec kf[KS];
+#pragma GCC unroll 4
+        for (int u = 0; u < KS; ++u) kf[u] = load_f16(kr[u] + d);
 #pragma GCC unroll 4
         for (int t = 0; t < NQ; ++t) {
           const Vec qv = load(q + t * head_dim + d);
-          acc[t][0] = fma(qv, kf0, acc[t][0]);
-          acc[t][1] = fma(qv, kf1, acc[t][1]);
+#pragma GCC unroll 4
+          for (int u = 0; u < KS; ++u) acc[t][u] = fma(qv, kf[u], acc[t][u]);
         }
       }
 #pragma GCC unroll 4
-      for (int t = 0; t < NQ; ++t) {
-        dots[t][e] = acc[t][0];
-        if (e + 1 < kWidth) dots[t][e + 1] = acc[t][1];
-      }
+      for (int t = 0; t < NQ; ++t)
+#pragma GCC unroll 4
+        for (int u = 0; u < KS; ++u)
+          if (e0 + u < kWidth) dots[t][e0 + u] = acc[t][u];
     }
     for (int t = 0; t < NQ; ++t) {
       for (int e = nk; e < kWidth; ++e) dots[t][e] = zero();
