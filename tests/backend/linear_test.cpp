@@ -3,9 +3,9 @@
 
 #include <algorithm>
 #include <chrono>
-#include <functional>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <iostream>
 #include <random>
 #include <string>

@@ -1,7 +1,9 @@
 #pragma once
 // CPU compute kernels for linear layers and attention. Callers (src/backend/ops.cpp) check
 // shapes and dtypes; these functions trust their arguments. All kernels run on `pool` and
-// block until done; none may be called from inside a task of the same pool.
+// block until done; none may be called from inside a task of the same pool. Scratch memory is
+// thread_local and grows once (the GEMM's packed copy of x is at most 16 MiB); the decode
+// paths (n == 1) allocate nothing.
 #include <cstdint>
 
 #include "core/dtype.h"
@@ -11,7 +13,7 @@ namespace osprey::cpu {
 
 // y[n, out] = x[n, in] * w[out, in]^T + bias[out] (bias may be nullptr). x, y, bias f32,
 // row-major, contiguous; w is f32, f16 or bf16, row-major contiguous. Accumulates in f32.
-// Small n runs linear_rows (w streamed once at memory bandwidth); larger n runs linear_gemm.
+// n <= 16 runs linear_rows (w streamed once, at memory bandwidth); larger n runs linear_gemm.
 // Throws Unsupported for another w dtype.
 void linear(const float* x, int64_t n, int64_t in, const void* w, DType w_dtype, int64_t out,
             const float* bias, float* y, ThreadPool& pool);
