@@ -20,6 +20,7 @@
 #include "backend/cuda_available.h"
 #include "core/error.h"
 #include "core/half.h"
+#include "support/attention_reference.h"
 
 namespace osprey {
 namespace {
@@ -28,7 +29,6 @@ namespace {
   if (!osprey::cuda_available()) GTEST_SKIP() << "no CUDA device"
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-constexpr uint16_t kF16NaN = 0x7e00;
 
 cudaStream_t st() { return cuda::stream(); }
 void sync() { OSPREY_CUDA_CHECK(cudaStreamSynchronize(st())); }
@@ -394,81 +394,9 @@ TEST(CudaOps, ArgmaxTakesLowestIndexOfMaximum) {
   EXPECT_EQ(out.download()[0], 0);
 }
 
-struct AttnCase {
-  int64_t n = 1, n_heads = 8, n_kv_heads = 2, head_dim = 64;
-  int64_t n_keys = 1;
-  int64_t q_pos0 = 0;
-  float scale = 0.0f;  // 0: 1 / sqrt(head_dim)
-  int window = 0;
-  float softcap = 0.0f;
-  bool row_major_heads = false;  // cache [cap, n_kv_heads, head_dim] instead of [n_kv_heads, cap, head_dim]
-  int64_t head_pad = 0;          // extra elements between heads (4: rows not 16-byte aligned)
-};
-
-struct AttnData {
-  std::vector<float> q;  // [n, n_heads, head_dim]
-  std::vector<uint16_t> k, v;
-  int64_t head_stride = 0, row_stride = 0;
-};
-
-// Keys and values for rows [0, n_keys); every other element of the buffers is NaN.
-AttnData make_attn_data(const AttnCase& s, std::mt19937& rng) {
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  AttnData d;
-  d.q.resize(size_t(s.n * s.n_heads * s.head_dim));
-  for (auto& x : d.q) x = dist(rng);
-  const int64_t capacity = s.n_keys + 29;
-  if (s.row_major_heads) {
-    d.row_stride = s.n_kv_heads * s.head_dim;
-    d.head_stride = s.head_dim;
-  } else {
-    d.head_stride = capacity * s.head_dim + s.head_pad;
-    d.row_stride = s.head_dim;
-  }
-  const size_t size = size_t(capacity * s.n_kv_heads * s.head_dim + s.n_kv_heads * s.head_pad);
-  d.k.assign(size, kF16NaN);
-  d.v.assign(size, kF16NaN);
-  for (int64_t h = 0; h < s.n_kv_heads; ++h)
-    for (int64_t j = 0; j < s.n_keys; ++j)
-      for (int64_t e = 0; e < s.head_dim; ++e) {
-        const size_t at = size_t(h * d.head_stride + j * d.row_stride + e);
-        d.k[at] = f32_to_f16(dist(rng));
-        d.v[at] = f32_to_f16(dist(rng));
-      }
-  return d;
-}
-
-std::vector<double> attention_ref(const AttnCase& s, const AttnData& d, double scale) {
-  const int64_t D = s.head_dim, group = s.n_heads / s.n_kv_heads;
-  std::vector<double> out(size_t(s.n * s.n_heads * D), 0.0);
-  for (int64_t i = 0; i < s.n; ++i) {
-    const int64_t p = s.q_pos0 + i;
-    const int64_t hi = std::min(p + 1, s.n_keys);
-    const int64_t lo = s.window > 0 ? std::max<int64_t>(0, p - s.window + 1) : 0;
-    for (int64_t h = 0; h < s.n_heads; ++h) {
-      const int64_t hk = h / group;
-      std::vector<double> logits;
-      for (int64_t j = lo; j < hi; ++j) {
-        double dot = 0.0;
-        for (int64_t e = 0; e < D; ++e)
-          dot += double(d.q[size_t((i * s.n_heads + h) * D + e)]) *
-                 double(f16_to_f32(d.k[size_t(hk * d.head_stride + j * d.row_stride + e)]));
-        double logit = dot * scale;
-        if (s.softcap > 0.0f) logit = s.softcap * std::tanh(logit / s.softcap);
-        logits.push_back(logit);
-      }
-      if (logits.empty()) continue;
-      const double m = *std::max_element(logits.begin(), logits.end());
-      double sum = 0.0;
-      for (auto& x : logits) sum += (x = std::exp(x - m));
-      for (int64_t j = lo; j < hi; ++j)
-        for (int64_t e = 0; e < D; ++e)
-          out[size_t((i * s.n_heads + h) * D + e)] +=
-              logits[size_t(j - lo)] / sum * double(f16_to_f32(d.v[size_t(hk * d.head_stride + j * d.row_stride + e)]));
-    }
-  }
-  return out;
-}
+using testing::AttnCase;
+using testing::AttnData;
+using testing::make_attn_data;
 
 double attention_error(const AttnCase& s, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -493,7 +421,7 @@ double attention_error(const AttnCase& s, uint32_t seed) {
   a.softcap = s.softcap;
   a.out = dout.get();
   cuda::attention(a, st());
-  return rel_error(dout.download(), attention_ref(s, d, scale));
+  return rel_error(dout.download(), testing::attention_reference(s, d, scale));
 }
 
 void expect_attention_close(AttnCase s, const char* what, std::initializer_list<int64_t> head_dims = {64, 128, 80}) {

@@ -1,0 +1,34 @@
+#pragma once
+// A naive double-precision causal GQA attention over an fp16 cache, shared by the CPU and
+// CUDA attention tests as their independent reference.
+#include <cstdint>
+#include <random>
+#include <vector>
+
+namespace osprey::testing {
+
+struct AttnCase {
+  int64_t n = 1, n_heads = 8, n_kv_heads = 2, head_dim = 64;
+  int64_t n_keys = 1;
+  int64_t q_pos0 = 0;
+  float scale = 0.0f;  // 0: 1 / sqrt(head_dim)
+  int window = 0;
+  float softcap = 0.0f;
+  bool row_major_heads = false;  // cache [cap, n_kv_heads, head_dim] instead of [n_kv_heads, cap, head_dim]
+  int64_t head_pad = 0;          // extra elements between heads (4: rows not 16-byte aligned)
+};
+
+struct AttnData {
+  std::vector<float> q;        // [n, n_heads, head_dim]
+  std::vector<uint16_t> k, v;  // fp16 bits, strided as below
+  int64_t head_stride = 0, row_stride = 0;
+};
+
+// Random q, and keys and values for rows [0, n_keys); every other element of the cache
+// buffers is NaN, so a kernel that reads past the live rows fails.
+AttnData make_attn_data(const AttnCase& s, std::mt19937& rng);
+
+// [n, n_heads * head_dim] in double.
+std::vector<double> attention_reference(const AttnCase& s, const AttnData& d, double scale);
+
+}  // namespace osprey::testing
