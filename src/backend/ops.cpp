@@ -252,7 +252,9 @@ void copy_into(const Array& dst, const Array& src) {
 #ifdef OSPREY_WITH_CUDA
     OSPREY_CUDA_CHECK(cudaMemcpyAsync(dst.raw(), src.raw(), src.nbytes(),
                                       dst_gpu ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, cuda::stream()));
-    cuda::synchronize();
+    // NOTE: an upload from pageable memory returns once the source is staged, so only a
+    // download has to wait for the stream (the host reads the result next).
+    if (!dst_gpu) cuda::synchronize();
 #endif
     return;
   }

@@ -55,8 +55,8 @@ void copy_into(const Array& dst, const Array& src);
 // A contiguous copy in `dtype`.
 Array cast(const Array& src, DType dtype);
 
-// `src` on `device` (itself when already there); a copy to or from a CUDA device waits for
-// the device's stream to finish.
+// `src` on `device` (itself when already there). A copy to the CPU waits for the device's
+// stream; a copy to a CUDA device is queued on it (the source may be reused at once).
 Array to_device(const Array& src, Device device);
 // Waits for the device's queued work (no-op on the CPU).
 void synchronize(Device device);
