@@ -11,12 +11,8 @@ namespace osprey {
 namespace {
 
 using testing::TempDir;
+using testing::tokens_of;
 
-Array tokens_of(const std::vector<int32_t>& ids) {
-  Array a = Array::empty({int64_t(ids.size())}, DType::i32);
-  std::copy(ids.begin(), ids.end(), a.data<int32_t>());
-  return a;
-}
 
 double max_abs_diff(const float* a, const float* b, int64_t n) {
   double m = 0;
