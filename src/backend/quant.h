@@ -1,0 +1,60 @@
+#pragma once
+// MLX affine quantization (DESIGN §3): the matrix type that quantized linear layers and
+// embeddings are stored in, and the ops that take it. A weight is w = scale * q + bias per
+// group of `group_size` consecutive input elements of a row.
+//
+// Packing: the codes of one row form a little-endian bit stream: code i occupies bits
+// [i * bits, (i + 1) * bits) of the row's uint32 words (word j holds stream bits
+// [32 j, 32 j + 32), low bits first). For bits 2, 4 and 8 that is 32 / bits codes per word,
+// low bits first; for 3 and 6 a code may straddle two words. packed_in * 32 == bits * in.
+#include <cstdint>
+
+#include "core/array.h"
+
+namespace osprey {
+
+struct QuantizedMatrix {
+  Array packed;  // [out, in * bits / 32] u32
+  Array scales;  // [out, in / group_size] f16 | bf16
+  Array biases;  // [out, in / group_size], the dtype of scales
+  int bits = 0;
+  int group_size = 0;
+
+  bool defined() const { return packed.defined(); }
+  int64_t out_features() const { return packed.dim(0); }
+  int64_t in_features() const { return packed.dim(1) * 32 / bits; }
+  Device device() const { return packed.device(); }
+  size_t nbytes() const { return packed.nbytes() + scales.nbytes() + biases.nbytes(); }
+};
+
+// A linear layer's weight: dense [out, in] (f32 | f16 | bf16) or quantized.
+struct LinearWeight {
+  Array dense;
+  QuantizedMatrix quant;
+
+  bool quantized() const { return quant.defined(); }
+  int64_t out_features() const { return quantized() ? quant.out_features() : dense.dim(0); }
+  int64_t in_features() const { return quantized() ? quant.in_features() : dense.dim(1); }
+  size_t nbytes() const { return quantized() ? quant.nbytes() : dense.nbytes(); }
+};
+
+// Bits supported by the quantizer, the loader and the kernels.
+inline bool supported_quant_bits(int bits) { return bits == 2 || bits == 3 || bits == 4 || bits == 6 || bits == 8; }
+inline bool supported_group_size(int g) { return g == 32 || g == 64 || g == 128; }
+
+namespace ops {
+
+// x [n, in] f32, w quantized [out, in], bias [out] f32 or undefined -> [n, out] f32.
+// Accumulates in f32 over the dequantized weights (scale * q + bias computed in f32).
+Array linear(const Array& x, const QuantizedMatrix& w, const Array& bias = {});
+// Dispatches to the dense or the quantized linear.
+Array linear(const Array& x, const LinearWeight& w, const Array& bias = {});
+
+// table quantized [vocab, d], ids [n] i32 -> [n, d] f32 (dequantized rows, times `scale`).
+Array embedding(const QuantizedMatrix& table, const Array& ids, float scale = 1.0f);
+
+// The whole matrix dequantized to `dtype` (f32 | f16 | bf16), on w's device.
+Array dequantize(const QuantizedMatrix& w, DType dtype = DType::f32);
+
+}  // namespace ops
+}  // namespace osprey

@@ -1,0 +1,22 @@
+#pragma once
+// One MLX affine-quantized [out, in] matrix as raw pointers, for the CPU and CUDA kernels
+// (host pointers for src/backend/cpu, device pointers for src/backend/cuda). The layout is
+// QuantizedMatrix's (src/backend/quant.h): row r's codes are the little-endian bit stream of
+// packed[r * (in * bits / 32) ...]; w[r, c] = scales[r, c / group_size] * q[r, c] + biases[r, c / group_size].
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace osprey {
+
+struct QuantArgs {
+  const uint32_t* packed = nullptr;  // [out, in * bits / 32]
+  const void* scales = nullptr;      // [out, in / group_size] f16 | bf16
+  const void* biases = nullptr;      // [out, in / group_size], scale_dtype
+  DType scale_dtype = DType::f16;
+  int bits = 4;                      // 2, 3, 4, 6 or 8
+  int group_size = 64;               // 32, 64 or 128; divides in
+  int64_t out = 0, in = 0;
+};
+
+}  // namespace osprey
