@@ -1,6 +1,7 @@
 // The CUDA entry points of a build without the CUDA backend.
 #ifndef OSPREY_WITH_CUDA
 #include "backend/cuda_available.h"
+#include "backend/graph.h"
 #include "core/buffer.h"
 #include "core/error.h"
 
@@ -15,6 +16,15 @@ Allocator& cuda_allocator(int device) {
   throw Unsupported("device cuda:" + std::to_string(device) +
                     " requested, but this build has no CUDA backend (configure with -DOSPREY_CUDA=ON)");
 }
+
+struct CapturedGraph::Impl {};
+CapturedGraph::CapturedGraph(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CapturedGraph::~CapturedGraph() = default;
+std::unique_ptr<CapturedGraph> CapturedGraph::capture(Device device, const std::function<void()>&) {
+  throw Unsupported("graph capture on " + device.str() + " needs the CUDA backend");
+}
+void CapturedGraph::replay() {}
+uint64_t CapturedGraph::memory_generation(Device) { return 0; }
 
 }  // namespace osprey
 #endif

@@ -1,5 +1,6 @@
 #include "backend/ops.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "backend/cpu/basic_ops.h"
@@ -9,6 +10,7 @@
 
 #ifdef OSPREY_WITH_CUDA
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/sample.h"
 #include "backend/cuda/runtime.h"
 #define OSPREY_CUDA_BRANCH(cond) if (cond)
 #else
@@ -152,6 +154,90 @@ void scale_(Array& x, float s) {
   cpu::scale_(x, s);
 }
 
+Array add_rms_norm(Array& x, const Array& y, const Array& weight, float eps, bool unit_offset) {
+  const bool gpu = on_cuda("add_rms_norm", {&x, &y, &weight});
+  require_f32_contiguous("add_rms_norm", "x", x);
+  require_f32_contiguous("add_rms_norm", "y", y);
+  require(x.shape() == y.shape(), "add_rms_norm", "shapes differ: " + describe(x) + " and " + describe(y));
+  require_float_vector("add_rms_norm", "weight", weight, x.dim(-1));
+  OSPREY_CUDA_BRANCH(gpu) {
+    require_f32("add_rms_norm", "weight", weight);
+    Array out = Array::empty(x.shape(), DType::f32, x.device());
+    cuda::add_rms_norm(x.data<float>(), y.data<float>(), weight.data<float>(), x.numel() / x.dim(-1), x.dim(-1), eps,
+                       unit_offset ? 1.0f : 0.0f, out.data<float>(), cuda::stream());
+    return out;
+  }
+  cpu::add_(x, y);
+  return rms_norm(x, weight, eps, unit_offset);
+}
+
+Array silu_mul_split(const Array& gu) {
+  const bool gpu = on_cuda("silu_mul_split", {&gu});
+  require_f32_contiguous("silu_mul_split", "gu", gu);
+  require(gu.ndim() == 2 && gu.dim(1) % 2 == 0, "silu_mul_split", "gu must be [n, 2f], got " + describe(gu));
+  const int64_t n = gu.dim(0), f = gu.dim(1) / 2;
+  Array out = Array::empty({n, f}, DType::f32, gu.device());
+  OSPREY_CUDA_BRANCH(gpu) {
+    cuda::silu_mul_split(gu.data<float>(), n, f, out.data<float>(), cuda::stream());
+    return out;
+  }
+  const Shape half{n, f}, strides{2 * f, 1};
+  Array g = Array::strided(gu.buffer(), gu.byte_offset(), half, strides, DType::f32);
+  Array u = Array::strided(gu.buffer(), gu.byte_offset() + size_t(f) * 4, half, strides, DType::f32);
+  cpu::silu_mul(cast(g, DType::f32), cast(u, DType::f32), out);
+  return out;
+}
+
+void write_kv_rows(const Array& keys, const Array& values, const Array& k, const Array& v, int64_t row0,
+                   const Array& positions) {
+  const bool gpu = on_cuda("write_kv_rows", {&keys, &values, &k, &v, &positions});
+  require(keys.ndim() == 3 && keys.dtype() == DType::f16 && keys.is_contiguous() && values.shape() == keys.shape() &&
+              values.dtype() == DType::f16 && values.is_contiguous(),
+          "write_kv_rows", "keys and values must be contiguous float16 [n_kv_heads, capacity, head_dim], got " +
+                               describe(keys) + " and " + describe(values));
+  const int64_t n_kv = keys.dim(0), cap = keys.dim(1), hd = keys.dim(2);
+  auto check_rows = [&](const char* name, const Array& a) {
+    require(a.ndim() == 3 && a.dtype() == DType::f32 && a.dim(1) == n_kv && a.dim(2) == hd && a.strides()[2] == 1 &&
+                (n_kv == 1 || a.strides()[1] == hd),
+            "write_kv_rows", std::string(name) + " must be float32 [n, " + std::to_string(n_kv) + ", " +
+                                 std::to_string(hd) + "] with contiguous heads, got " + describe(a));
+  };
+  check_rows("k", k);
+  check_rows("v", v);
+  const int64_t n = k.dim(0);
+  require(v.dim(0) == n, "write_kv_rows", "k and v row counts differ");
+  require(row0 >= 0 && row0 + n <= cap, "write_kv_rows",
+          "rows [" + std::to_string(row0) + ", " + std::to_string(row0 + n) + ") run past the capacity " +
+              std::to_string(cap));
+  if (positions.defined())
+    require(positions.dtype() == DType::i32 && positions.numel() >= 1, "write_kv_rows",
+            "positions must be int32 [n], got " + describe(positions));
+  OSPREY_CUDA_BRANCH(gpu) {
+#ifdef OSPREY_WITH_CUDA
+    cuda::KVWriteArgs a;
+    a.kbuf = keys.data<uint16_t>();
+    a.vbuf = values.data<uint16_t>();
+    a.head_stride = cap * hd;
+    a.k = k.data<float>();
+    a.v = v.data<float>();
+    a.k_row_stride = n == 1 ? n_kv * hd : k.strides()[0];
+    a.v_row_stride = n == 1 ? n_kv * hd : v.strides()[0];
+    a.n = n;
+    a.n_kv_heads = n_kv;
+    a.head_dim = hd;
+    a.pos_dev = positions.defined() ? positions.data<int32_t>() : nullptr;
+    a.pos0 = row0;
+    cuda::kv_write(a, cuda::stream());
+#endif
+    return;
+  }
+  // [n, n_kv, hd] rows -> the buffers' [n_kv, row0 .. row0 + n, hd] (a transposing copy).
+  const Shape dst_shape{n, n_kv, hd}, dst_strides{hd, cap * hd, 1};
+  const size_t off = size_t(row0 * hd) * 2;
+  cpu::copy_into(Array::strided(keys.buffer(), keys.byte_offset() + off, dst_shape, dst_strides, DType::f16), k);
+  cpu::copy_into(Array::strided(values.buffer(), values.byte_offset() + off, dst_shape, dst_strides, DType::f16), v);
+}
+
 Array silu_mul(const Array& gate, const Array& up) {
   const bool gpu = on_cuda("silu_mul", {&gate, &up});
   require_f32_contiguous("silu_mul", "gate", gate);
@@ -182,14 +268,18 @@ Array gelu_tanh_mul(const Array& gate, const Array& up) {
 
 void rope_(Array& x, const Array& positions, const Array& inv_freq, bool interleaved, float mscale) {
   const bool gpu = on_cuda("rope_", {&x, &positions, &inv_freq});
-  require_f32_contiguous("rope_", "x", x);
-  require(x.ndim() == 3 && x.dim(2) % 2 == 0, "rope_", "x must be [n, heads, even head_dim], got " + describe(x));
+  require(x.ndim() == 3 && x.dim(2) % 2 == 0 && x.dtype() == DType::f32, "rope_",
+          "x must be float32 [n, heads, even head_dim], got " + describe(x));
+  require(x.strides()[2] == 1 && (x.dim(1) == 1 || x.strides()[1] == x.dim(2)) &&
+              (x.dim(0) == 1 || x.strides()[0] >= x.dim(1) * x.dim(2)),
+          "rope_", "x must have contiguous heads (rows may be strided), got " + describe(x));
   require(positions.dtype() == DType::i32 && positions.numel() == x.dim(0), "rope_",
           "positions must be int32 [" + std::to_string(x.dim(0)) + "], got " + describe(positions));
   require(inv_freq.dtype() == DType::f32 && inv_freq.numel() == x.dim(2) / 2, "rope_",
           "inv_freq must be float32 [head_dim / 2], got " + describe(inv_freq));
   OSPREY_CUDA_BRANCH(gpu) {
-    cuda::rope_inplace(x.data<float>(), x.dim(0), x.dim(1), x.dim(2), positions.data<int32_t>(),
+    cuda::rope_inplace(x.data<float>(), x.dim(0), x.dim(1), x.dim(2), x.dim(0) == 1 ? x.dim(1) * x.dim(2) : x.strides()[0],
+                       positions.data<int32_t>(),
                        inv_freq.data<float>(), interleaved, mscale, cuda::stream());
     return;
   }
@@ -228,10 +318,17 @@ Array attention(const Array& q, const Array& k, const Array& v, const AttentionP
     a.softcap = p.softcap;
     a.out = out.data<float>();
   };
+  if (p.positions.defined())
+    require(gpu && p.positions.dtype() == DType::i32 && p.positions.numel() == q.dim(0) && p.max_keys >= k.dim(1),
+            "attention", "positions need a CUDA int32 [n] array and max_keys >= the cached keys");
   OSPREY_CUDA_BRANCH(gpu) {
 #ifdef OSPREY_WITH_CUDA
     cuda::AttentionArgs a;
     fill(a);
+    if (p.positions.defined()) {
+      a.q_pos_dev = p.positions.data<int32_t>();
+      a.max_keys = p.max_keys;
+    }
     cuda::attention(a, cuda::stream());
 #endif
     return out;
@@ -274,6 +371,41 @@ void copy_into(const Array& dst, const Array& src) {
     return;
   }
   cpu::copy_into(dst, src);
+}
+
+void fill_i32_(Array& a, int32_t value) {
+  const bool gpu = on_cuda("fill_i32_", {&a});
+  require(a.dtype() == DType::i32 && a.is_contiguous(), "fill_i32_", "a must be contiguous int32, got " + describe(a));
+  OSPREY_CUDA_BRANCH(gpu) {
+    cuda::fill_i32(a.data<int32_t>(), value, a.numel(), cuda::stream());
+    return;
+  }
+  std::fill(a.data<int32_t>(), a.data<int32_t>() + a.numel(), value);
+}
+
+void sample_into(const Array& logits, const DeviceSampling& p, uint64_t counter, Array& out) {
+  const bool gpu = on_cuda("sample_into", {&logits, &out});
+  require(gpu, "sample_into", "needs arrays on a CUDA device (the CPU samples on the host)");
+  require_f32_contiguous("sample_into", "logits", logits);
+  require(out.dtype() == DType::i32 && out.numel() >= 1, "sample_into", "out must be int32 [1], got " + describe(out));
+  const int64_t vocab = logits.dim(-1);
+  const float* row = logits.data<float>() + (logits.numel() - vocab);
+  OSPREY_CUDA_BRANCH(gpu) {
+#ifdef OSPREY_WITH_CUDA
+    if (p.temperature <= 0.0f) {
+      cuda::argmax(row, vocab, out.data<int32_t>(), cuda::stream());
+    } else {
+      cuda::SampleArgs a;
+      a.temperature = p.temperature;
+      a.top_k = p.top_k;
+      a.top_p = p.top_p;
+      a.min_p = p.min_p;
+      a.seed = p.seed;
+      a.counter = counter;
+      cuda::sample(row, vocab, a, out.data<int32_t>(), cuda::stream());
+    }
+#endif
+  }
 }
 
 Array cast(const Array& src, DType dtype) {

@@ -28,12 +28,28 @@ void add_(Array& x, const Array& y);
 // x *= s
 void scale_(Array& x, float s);
 
+// x += y, then returns rms_norm(x, weight, eps, unit_offset): the residual add fused with
+// the norm that follows it. x, y f32 contiguous of equal shape.
+Array add_rms_norm(Array& x, const Array& y, const Array& weight, float eps, bool unit_offset = false);
+
+// gu [n, 2f] f32 (a fused gate/up projection) -> silu(gu[:, :f]) * gu[:, f:], [n, f].
+Array silu_mul_split(const Array& gu);
+
+// Writes k, v [n, n_kv_heads, head_dim] f32 (rows may be strided, heads contiguous) as f16
+// into rows row0 .. row0 + n - 1 of keys, values [n_kv_heads, capacity, head_dim] f16
+// (contiguous buffers). When `positions` (i32 [n], on the arrays' CUDA device) is defined, the
+// kernel takes row0 from positions[0] on the device instead, so a captured CUDA graph writes at
+// the current position; the caller guarantees positions[0] == row0.
+void write_kv_rows(const Array& keys, const Array& values, const Array& k, const Array& v, int64_t row0,
+                   const Array& positions = {});
+
 // gate, up [n, f] f32 -> silu(gate) * up
 Array silu_mul(const Array& gate, const Array& up);
 // gate, up [n, f] f32 -> gelu_tanh(gate) * up
 Array gelu_tanh_mul(const Array& gate, const Array& up);
 
-// x [n, n_heads, head_dim] f32, rotated in place. positions [n] i32, inv_freq [head_dim/2]
+// x [n, n_heads, head_dim] f32 (rows may be strided: e.g. the q and k heads of a fused q/k/v
+// row), rotated in place. positions [n] i32, inv_freq [head_dim/2]
 // f32 (already scaled, e.g. llama3). `interleaved`: rotate pairs (2i, 2i+1) instead of
 // (i, i + head_dim/2). cos and sin are multiplied by `mscale`.
 void rope_(Array& x, const Array& positions, const Array& inv_freq, bool interleaved, float mscale = 1.0f);
@@ -47,8 +63,30 @@ struct AttentionParams {
   float scale = 1.0f;
   int window = 0;
   float softcap = 0.0f;  // 0: none; else logits = softcap * tanh(logits / softcap)
+  // CUDA, graph-stable form: when `positions` (i32 [n], positions[0] == q_pos0) is defined, the
+  // kernel reads the first query position from it on the device, and its launch shape depends
+  // only on `max_keys` (>= k.dim(1); the cache capacity), not on the current length.
+  Array positions;
+  int64_t max_keys = 0;
 };
 Array attention(const Array& q, const Array& k, const Array& v, const AttentionParams& p);
+
+// Every element of a (i32, contiguous) set to `value`. On CUDA the value travels with the
+// launch, so the host may change it for the next call at once.
+void fill_i32_(Array& a, int32_t value);
+
+// Token choice on the device (pipelined decode): from the last row of logits [.., vocab] f32
+// on a CUDA device into out [1] i32 on the same device. temperature <= 0: argmax (the lowest
+// id on ties); else a draw from softmax(logits / temperature) cut by top_k, top_p and min_p,
+// its noise fixed by (seed, counter).
+struct DeviceSampling {
+  float temperature = 0.0f;
+  int top_k = 0;
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  uint64_t seed = 0;
+};
+void sample_into(const Array& logits, const DeviceSampling& p, uint64_t counter, Array& out);
 
 // Element-wise cast-copy between arrays of equal shape (any strides, f32/f16/bf16/i32).
 void copy_into(const Array& dst, const Array& src);

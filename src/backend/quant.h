@@ -33,6 +33,7 @@ struct LinearWeight {
   QuantizedMatrix quant;
 
   bool quantized() const { return quant.defined(); }
+  bool defined() const { return dense.defined() || quant.defined(); }
   int64_t out_features() const { return quantized() ? quant.out_features() : dense.dim(0); }
   int64_t in_features() const { return quantized() ? quant.in_features() : dense.dim(1); }
   size_t nbytes() const { return quantized() ? quant.nbytes() : dense.nbytes(); }
@@ -52,6 +53,8 @@ Array linear(const Array& x, const LinearWeight& w, const Array& bias = {});
 
 // table quantized [vocab, d], ids [n] i32 -> [n, d] f32 (dequantized rows, times `scale`).
 Array embedding(const QuantizedMatrix& table, const Array& ids, float scale = 1.0f);
+// Dispatches to the dense or the quantized embedding.
+Array embedding(const LinearWeight& table, const Array& ids, float scale = 1.0f);
 
 // The whole matrix dequantized to `dtype` (f32 | f16 | bf16), on w's device.
 Array dequantize(const QuantizedMatrix& w, DType dtype = DType::f32);

@@ -77,7 +77,7 @@ int run_generate(const GenerateOptions& o) {
     model = load_model(dir, lo);
   }
 
-  GenerateParams gp;
+  GenerateParams gp = generate_params_from_env();
   gp.max_tokens = o.n_predict;
   gp.sampler = o.sampler;
   if (!o.ignore_eos) {
@@ -128,7 +128,11 @@ int run_generate(const GenerateOptions& o) {
                     {"predicted_per_second", s.decode_tps()},
                     {"kv_inplace_writes", s.kv.n_inplace_writes},
                     {"kv_copying_writes", s.kv.n_copying_writes},
-                    {"kv_bytes_copied", s.kv.bytes_copied}};
+                    {"kv_bytes_copied", s.kv.bytes_copied},
+                    {"device_sampling", s.device_sampling},
+                    {"pipelined", s.pipelined},
+                    {"graph_replays", s.n_graph_replays},
+                    {"graph_captures", s.n_graph_captures}};
     std::string out = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     std::printf("%s\n", out.c_str());
   }

@@ -103,7 +103,14 @@ const std::shared_ptr<Buffer>& Array::buffer() const { return impl_->buffer; }
 size_t Array::byte_offset() const { return impl_->byte_offset; }
 void* Array::raw() const { return static_cast<char*>(impl_->buffer->data()) + impl_->byte_offset; }
 
-bool Array::is_contiguous() const { return impl_->strides == contiguous_strides(impl_->shape); }
+bool Array::is_contiguous() const {
+  // A dimension of size 1 is contiguous whatever its stride.
+  const Shape& sh = impl_->shape;
+  const Shape want = contiguous_strides(sh);
+  for (int i = 0; i < sh.n; ++i)
+    if (sh.d[i] != 1 && impl_->strides.d[i] != want.d[i]) return false;
+  return true;
+}
 
 Array Array::reshape(const Shape& shape) const {
   if (!is_contiguous()) throw InvalidInput("reshape of a non-contiguous array " + describe(*this));

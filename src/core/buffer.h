@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "core/device.h"
 
@@ -53,6 +54,10 @@ class Allocator {
   virtual void reset_peak() = 0;
   // Returns cached, unused blocks to the system.
   virtual void trim() = 0;
+  // While `sink` is set, every buffer handed out is also appended to it, so it stays
+  // allocated as long as the sink holds it (memory a captured CUDA graph keeps using).
+  // nullptr stops it. One sink at a time.
+  virtual void set_hold_sink(std::vector<std::shared_ptr<Buffer>>* sink) = 0;
 };
 
 Allocator& cpu_allocator();

@@ -29,6 +29,11 @@ std::shared_ptr<Buffer> CachingAllocator::allocate(size_t bytes) {
     }
   }
   if (!p) {
+    // NOTE: a miss for a large block (a KV cache that grew) first returns the cached large
+    // blocks of smaller classes, which a growing cache never asks for again; otherwise the
+    // reserved memory would grow with every step of a cache's capacity. Not while a graph
+    // capture holds allocations (freeing memory is not allowed then).
+    if (size >= kReleaseMin) release_smaller(size);
     p = system_alloc(size);
     if (!p) {  // give the cache back and try once more
       trim();
@@ -45,7 +50,34 @@ std::shared_ptr<Buffer> CachingAllocator::allocate(size_t bytes) {
     stats_.live_bytes += size;
     stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.live_bytes);
   }
-  return std::make_shared<Buffer>(p, size, dev, [this](void* data, size_t n) { release(data, n); });
+  auto buffer = std::make_shared<Buffer>(p, size, dev, [this](void* data, size_t n) { release(data, n); });
+  std::lock_guard<std::mutex> lock(mu_);
+  if (hold_) hold_->push_back(buffer);
+  return buffer;
+}
+
+void CachingAllocator::release_smaller(size_t size) {
+  std::vector<std::pair<size_t, void*>> victims;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (hold_) return;
+    for (auto it = free_.lower_bound(kReleaseMin); it != free_.end() && it->first < size;) {
+      victims.emplace_back(it->first, it->second);
+      it = free_.erase(it);
+    }
+  }
+  if (victims.empty()) return;
+  before_trim();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [n, p] : victims) {
+    system_free(p);
+    stats_.reserved_bytes -= n;
+  }
+}
+
+void CachingAllocator::set_hold_sink(std::vector<std::shared_ptr<Buffer>>* sink) {
+  std::lock_guard<std::mutex> lock(mu_);
+  hold_ = sink;
 }
 
 AllocatorStats CachingAllocator::stats() const {

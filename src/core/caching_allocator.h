@@ -8,6 +8,7 @@
 // use of the block.
 #include <map>
 #include <mutex>
+#include <vector>
 
 #include "core/buffer.h"
 
@@ -21,6 +22,7 @@ class CachingAllocator : public Allocator {
   AllocatorStats stats() const override;
   void reset_peak() override;
   void trim() override;
+  void set_hold_sink(std::vector<std::shared_ptr<Buffer>>* sink) override;
 
  protected:
   // nullptr when the system is out of memory.
@@ -34,11 +36,15 @@ class CachingAllocator : public Allocator {
  private:
   size_t round_size(size_t bytes) const;
   void release(void* p, size_t size);
+  void release_smaller(size_t size);
+
+  static constexpr size_t kReleaseMin = size_t(1) << 20;
 
   Device device_;
   size_t alignment_;
   mutable std::mutex mu_;
   std::multimap<size_t, void*> free_;
+  std::vector<std::shared_ptr<Buffer>>* hold_ = nullptr;
   AllocatorStats stats_;
 };
 

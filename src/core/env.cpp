@@ -34,6 +34,8 @@ EnvOptions read_env() {
   o.n_threads = parse_int("OSPREY_THREADS", 0, 0);
   if (const char* v = std::getenv("OSPREY_LOG_LEVEL"); v && *v) o.log_level = v;
   if (const char* v = std::getenv("OSPREY_DEVICE"); v && *v) o.device = v;
+  o.force_sync = parse_switch(std::getenv("OSPREY_FORCE_SYNC"), false);
+  o.cuda_graphs = parse_switch(std::getenv("OSPREY_CUDA_GRAPHS"), true);
   return o;
 }
 

@@ -12,6 +12,8 @@ struct EnvOptions {
   int n_threads = 0;             // OSPREY_THREADS: CPU worker threads (0: one per core)
   std::string log_level = "info";  // OSPREY_LOG_LEVEL: error, warn, info, debug
   std::string device;              // OSPREY_DEVICE: cpu, cuda or cuda:N (empty: choose)
+  bool force_sync = false;         // OSPREY_FORCE_SYNC: 1 turns pipelined decode off (CUDA)
+  bool cuda_graphs = true;         // OSPREY_CUDA_GRAPHS: 0 turns decode-step graph replay off
 };
 
 // Read once, on first use; later changes to the environment are not seen.

@@ -10,6 +10,7 @@
 #include "backend/ops.h"
 #include "core/buffer.h"
 #include "core/error.h"
+#include "engine/generator.h"
 
 namespace osprey {
 namespace {
@@ -29,14 +30,6 @@ Array token_array(std::span<const int32_t> ids) {
   Array a = Array::empty({int64_t(ids.size())}, DType::i32);
   std::copy(ids.begin(), ids.end(), a.data<int32_t>());
   return a;
-}
-
-// logits [1, vocab] f32 (or [n, vocab]: the last row).
-int32_t argmax_last_row(const Array& device_logits) {
-  const Array logits = ops::to_device(device_logits, Device::cpu());
-  const int64_t vocab = logits.dim(-1);
-  const float* row = logits.data<float>() + (logits.numel() - vocab);
-  return int32_t(std::max_element(row, row + vocab) - row);
 }
 
 uint64_t mix(uint64_t a, uint64_t b) {
@@ -105,13 +98,16 @@ RunResult run_once(Model& model, const BenchTest& test, const BenchParams& param
     ops::synchronize(model.info().device);
     r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   } else {
-    int32_t token = input[0];
+    // The generator's own loop (greedy, stops ignored): n_tokens forward passes of one token,
+    // pipelined and graph-replayed on CUDA as generation is.
+    GenerateParams gp = generate_params_from_env();
+    gp.max_tokens = int(test.n_tokens);
     const auto t0 = Clock::now();
-    for (int64_t i = 0; i < test.n_tokens; ++i) {
-      Array logits = model.forward(token_array(std::span<const int32_t>(&token, 1)), cache, false);
-      token = argmax_last_row(logits);
-    }
+    GenerateResult g = generate(model, cache, input, gp);
     r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (g.stats.n_generated != test.n_tokens)
+      throw Error("bench: generated " + std::to_string(g.stats.n_generated) + " of " + std::to_string(test.n_tokens) +
+                  " tokens");
   }
   r.kv = difference(cache.counters(), before);
   const MemoryPeaks timed = read_peaks(model.info().device);

@@ -4,7 +4,10 @@
 #include <chrono>
 
 #include "backend/ops.h"
+#include "backend/readback.h"
+#include "core/env.h"
 #include "core/error.h"
+#include "engine/decoder.h"
 #include "model/model.h"
 
 namespace osprey {
@@ -20,12 +23,30 @@ Array token_array(std::span<const int32_t> ids) {
   return a;
 }
 
+ops::DeviceSampling device_sampling(const SamplerParams& p) {
+  ops::DeviceSampling d;
+  d.temperature = p.temperature;
+  d.top_k = p.top_k;
+  d.top_p = p.top_p;
+  d.min_p = p.min_p;
+  d.seed = p.seed;
+  return d;
+}
+
 }  // namespace
+
+GenerateParams generate_params_from_env() {
+  GenerateParams p;
+  p.pipelined = !env_options().force_sync;
+  p.graphs = env_options().cuda_graphs;
+  return p;
+}
 
 GenerateResult generate(Model& model, SequenceCache& cache, std::span<const int32_t> prompt,
                         const GenerateParams& params, const TokenCallback& on_token) {
   if (prompt.empty()) throw InvalidInput("the prompt is empty");
   if (params.max_tokens < 0) throw InvalidInput("the number of tokens to generate must be >= 0");
+  validate(params.sampler);
   for (int32_t id : prompt)
     if (id < 0 || id >= model.info().vocab_size)
       throw InvalidInput("prompt token id " + std::to_string(id) + " is outside the vocabulary [0, " +
@@ -39,12 +60,21 @@ GenerateResult generate(Model& model, SequenceCache& cache, std::span<const int3
   GenerateStats& st = result.stats;
   st.n_prompt = int64_t(prompt.size());
   const KVCounters kv_before = cache.counters();
-  Sampler sampler(params.sampler);
-  std::vector<int32_t> history(prompt.begin(), prompt.end());
   if (params.max_tokens == 0) {
     st.stop_reason = "length";
     return result;
   }
+  const Device dev = model.info().device;
+  // NOTE: the repetition penalty needs the history on the host, so it samples there.
+  st.device_sampling = !dev.is_cpu() && params.sampler.repetition_penalty == 1.0f;
+  st.pipelined = st.device_sampling && params.pipelined;
+  Sampler sampler(params.sampler);
+  const ops::DeviceSampling ds = device_sampling(params.sampler);
+  std::vector<int32_t> history(prompt.begin(), prompt.end());
+  DecoderOptions dopt;
+  dopt.graphs = params.graphs;
+  Decoder decoder(model, cache, dopt);
+  TokenReadback readback(dev, 2);
 
   auto t0 = Clock::now();
   Array logits;
@@ -53,42 +83,72 @@ GenerateResult generate(Model& model, SequenceCache& cache, std::span<const int3
     size_t e = std::min(prompt.size(), b + size_t(chunk));
     logits = model.forward(token_array(prompt.subspan(b, e - b)), cache, false);
   }
+
+  // Chooses token `i` from `logits`: on the device into decoder.token() (read back through
+  // slot i % 2), or on the host (returned at once).
+  auto choose = [&](const Array& lg, int64_t i) -> int32_t {
+    if (st.device_sampling) {
+      ops::sample_into(lg, ds, uint64_t(i), decoder.token());
+      readback.enqueue(decoder.token(), int(i % 2));
+      return -1;
+    }
+    Array host = ops::to_device(lg, Device::cpu());
+    const int64_t vocab = host.dim(-1);
+    std::span<const float> row(host.data<float>() + (host.numel() - vocab), size_t(vocab));
+    return sampler.sample(row, history);
+  };
+  // Enqueues the step whose input is token i - 1 and chooses token i.
+  auto run_step = [&](int64_t i, int32_t host_token) -> int32_t {
+    if (!st.device_sampling) ops::fill_i32_(decoder.token(), host_token);
+    return choose(decoder.step(), i);
+  };
+
+  int32_t next_host = choose(logits, 0);
   Clock::time_point t_decode;
-  for (int i = 0; i < params.max_tokens; ++i) {
-    logits = ops::to_device(logits, Device::cpu());
-    const int64_t vocab = logits.dim(-1);
-    std::span<const float> row(logits.data<float>() + (logits.numel() - vocab), size_t(vocab));
-    const int32_t token = sampler.sample(row, history);
+  for (int64_t i = 0;; ++i) {
+    // Step i + 1 (input: token i) may run when more tokens are wanted and the context allows.
+    const bool more = i + 1 < params.max_tokens && !(ctx > 0 && cache.offset() + 1 > ctx);
+    bool ahead = false;
+    if (st.pipelined && more) {
+      run_step(i + 1, 0);
+      ahead = true;
+    }
+    const int32_t token = st.device_sampling ? readback.wait(int(i % 2)) : next_host;
     if (i == 0) {
       st.prompt_seconds = seconds_since(t0);
       t_decode = Clock::now();
     }
+    auto stop = [&](const char* reason) {
+      st.stop_reason = reason;
+      // The step enqueued ahead wrote a row for a token that is not kept.
+      if (ahead) cache.rewind_own_write(1);
+    };
     if (std::find(params.stop_ids.begin(), params.stop_ids.end(), token) != params.stop_ids.end()) {
-      st.stop_reason = "stop";
+      stop("stop");
       break;
     }
     result.tokens.push_back(token);
     history.push_back(token);
     ++st.n_generated;
     if (on_token && !on_token(token)) {
-      st.stop_reason = "callback";
+      stop("callback");
       break;
     }
-    if (i + 1 == params.max_tokens) {
+    if (!more) {
       st.stop_reason = "length";
       break;
     }
-    if (ctx > 0 && cache.offset() + 1 > ctx) {
-      st.stop_reason = "length";
-      break;
-    }
-    logits = model.forward(token_array(std::span<const int32_t>(&token, 1)), cache, false);
+    if (!st.pipelined) next_host = run_step(i + 1, token);
   }
+  // A rewound step may still run on the device; results must not be read before it ends.
+  ops::synchronize(dev);
   if (st.n_generated > 0 || st.stop_reason == "stop") st.decode_seconds = seconds_since(t_decode);
   KVCounters kv = cache.counters();
   st.kv.n_inplace_writes = kv.n_inplace_writes - kv_before.n_inplace_writes;
   st.kv.n_copying_writes = kv.n_copying_writes - kv_before.n_copying_writes;
   st.kv.bytes_copied = kv.bytes_copied - kv_before.bytes_copied;
+  st.n_graph_replays = decoder.n_graph_replays();
+  st.n_graph_captures = decoder.n_graph_captures();
   return result;
 }
 

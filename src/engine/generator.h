@@ -19,7 +19,14 @@ struct GenerateParams {
   SamplerParams sampler;
   std::vector<int32_t> stop_ids;  // generation ends after any of these (it is not emitted)
   int64_t prefill_chunk = 512;    // prompt tokens per forward pass
+  // CUDA: the sampled token stays on the device and step N+1 is enqueued before the host
+  // reads token N (DESIGN §2). Off: OSPREY_FORCE_SYNC=1. Either way the tokens are the same.
+  bool pipelined = true;
+  bool graphs = true;  // CUDA graph replay of the decode step (OSPREY_CUDA_GRAPHS)
 };
+
+// GenerateParams with the environment's switches (OSPREY_FORCE_SYNC, OSPREY_CUDA_GRAPHS).
+GenerateParams generate_params_from_env();
 
 struct GenerateStats {
   int64_t n_prompt = 0;
@@ -28,6 +35,9 @@ struct GenerateStats {
   double decode_seconds = 0;  // the remaining decode steps
   std::string stop_reason;    // "stop" (a stop id), "length", "callback"
   KVCounters kv;
+  bool device_sampling = false;  // tokens chosen on the device (CUDA, no repetition penalty)
+  bool pipelined = false;        // steps enqueued one ahead of the host
+  uint64_t n_graph_replays = 0, n_graph_captures = 0;
   double prompt_tps() const { return prompt_seconds > 0 ? double(n_prompt) / prompt_seconds : 0; }
   double decode_tps() const {
     return decode_seconds > 0 && n_generated > 1 ? double(n_generated - 1) / decode_seconds : 0;

@@ -12,12 +12,6 @@ Array rows_view(const Array& cache, int64_t row0, int64_t n) {
                         {cache.dim(0), n, cache.dim(2)}, s, cache.dtype());
 }
 
-// x [n, heads, head_dim] seen as [heads, n, head_dim].
-Array heads_first(const Array& x) {
-  const int64_t n = x.dim(0), h = x.dim(1), d = x.dim(2);
-  return Array::strided(x.buffer(), x.byte_offset(), {h, n, d}, {d, h * d, 1}, x.dtype());
-}
-
 }  // namespace
 
 DenseKVCache::DenseKVCache(const KVCacheParams& params) : params_(params) {
@@ -34,14 +28,14 @@ bool DenseKVCache::next_write_in_place(int64_t n) const {
   return offset_ + n <= capacity();
 }
 
-std::pair<Array, Array> DenseKVCache::update_and_fetch(const Array& k, const Array& v) {
+std::pair<Array, Array> DenseKVCache::update_and_fetch(const Array& k, const Array& v, const Array& positions) {
   if (k.ndim() != 3 || k.dim(1) != params_.n_kv_heads || k.dim(2) != params_.head_dim || !(k.shape() == v.shape()) ||
-      !k.is_contiguous() || !v.is_contiguous())
-    throw InvalidInput("KV cache write: k " + describe(k) + " and v " + describe(v) + " must be [n, " +
+      k.dtype() != DType::f32 || v.dtype() != DType::f32)
+    throw InvalidInput("KV cache write: k " + describe(k) + " and v " + describe(v) + " must be float32 [n, " +
                        std::to_string(params_.n_kv_heads) + ", " + std::to_string(params_.head_dim) + "]");
   const int64_t n = k.dim(0);
   if (next_write_in_place(n))
-    inplace_write(k, v, n);
+    inplace_write(k, v, n, positions);
   else
     copying_write(k, v, n);
   // Every write, copying or in place, re-arms the guard.
@@ -51,14 +45,36 @@ std::pair<Array, Array> DenseKVCache::update_and_fetch(const Array& k, const Arr
   return live();
 }
 
-void DenseKVCache::inplace_write(const Array& k, const Array& v, int64_t n) {
-  ops::copy_into(rows_view(keys_, offset_, n), heads_first(k));
-  ops::copy_into(rows_view(values_, offset_, n), heads_first(v));
+void DenseKVCache::inplace_write(const Array& k, const Array& v, int64_t n, const Array& positions) {
+  ops::write_kv_rows(keys_, values_, k, v, offset_, positions);
+  adopt_inplace(n);
+}
+
+void DenseKVCache::adopt_inplace(int64_t n) {
   // The outputs adopt the same buffers as new arrays.
   keys_ = Array::strided(keys_.buffer(), keys_.byte_offset(), keys_.shape(), keys_.strides(), keys_.dtype());
   values_ = Array::strided(values_.buffer(), values_.byte_offset(), values_.shape(), values_.strides(), values_.dtype());
   offset_ += n;
   ++counters_.n_inplace_writes;
+}
+
+void DenseKVCache::commit_replayed_write() {
+  if (!next_write_in_place(1)) throw InvalidInput("KV cache: a replayed write needs the in-place path");
+  adopt_inplace(1);
+  own_keys_ = keys_;
+  own_values_ = values_;
+  own_length_ = offset_;
+}
+
+std::pair<const void*, const void*> DenseKVCache::buffers() const {
+  return {keys_.defined() ? keys_.buffer().get() : nullptr, values_.defined() ? values_.buffer().get() : nullptr};
+}
+
+void DenseKVCache::rewind_own_write(int64_t n) {
+  const bool own = keys_.defined() && keys_.id() == own_keys_.id() && values_.id() == own_values_.id() &&
+                   offset_ == own_length_;
+  trim(n);
+  if (own) own_length_ = offset_;
 }
 
 void DenseKVCache::copying_write(const Array& k, const Array& v, int64_t n) {
@@ -73,8 +89,7 @@ void DenseKVCache::copying_write(const Array& k, const Array& v, int64_t n) {
     ops::copy_into(rows_view(nv, 0, offset_), rows_view(values_, 0, offset_));
     counters_.bytes_copied += 2 * uint64_t(offset_ * params_.n_kv_heads * params_.head_dim) * 2;
   }
-  ops::copy_into(rows_view(nk, offset_, n), heads_first(k));
-  ops::copy_into(rows_view(nv, offset_, n), heads_first(v));
+  ops::write_kv_rows(nk, nv, k, v, offset_);
   keys_ = std::move(nk);
   values_ = std::move(nv);
   offset_ = needed;
@@ -112,6 +127,30 @@ KVState DenseKVCache::detach() {
 
 void SequenceCache::trim(int64_t n) {
   for (auto& l : layers_) l->trim(n);
+}
+
+void SequenceCache::rewind_own_write(int64_t n) {
+  for (auto& l : layers_) l->rewind_own_write(n);
+}
+
+bool SequenceCache::next_write_in_place() const {
+  for (const auto& l : layers_)
+    if (!l->next_write_in_place(1)) return false;
+  return !layers_.empty();
+}
+
+void SequenceCache::commit_replayed_write() {
+  for (auto& l : layers_) l->commit_replayed_write();
+}
+
+std::vector<const void*> SequenceCache::buffers() const {
+  std::vector<const void*> b;
+  for (const auto& l : layers_) {
+    auto [k, v] = l->buffers();
+    b.push_back(k);
+    b.push_back(v);
+  }
+  return b;
 }
 
 std::vector<KVState> SequenceCache::snapshot() const {

@@ -6,6 +6,7 @@
 
 #include "model/model.h"
 #include "model/rope.h"
+#include "model/weight_loader.h"
 
 namespace osprey {
 
@@ -25,6 +26,7 @@ struct LlamaConfig {
   bool attention_bias = false;  // q/k/v (and o, for Llama's attention_bias) biases
   bool o_proj_bias = false;
   bool mlp_bias = false;
+  QuantConfig quant;  // MLX affine quantization; not present for a dense checkpoint
 };
 
 // The fields every Llama-like config.json has; errors name the field.

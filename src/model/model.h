@@ -25,7 +25,11 @@ struct ModelInfo {
   int64_t max_position_embeddings = 0;
   std::vector<int32_t> eos_ids;   // config.json and generation_config.json, merged
   std::optional<int32_t> bos_id;
-  DType weight_dtype = DType::f32;
+  DType weight_dtype = DType::f32;  // of the dense weights and of the quantized weights' scales
+  // MLX affine quantization: the setting covering most quantized weights ("Q4 g64"); 0 when
+  // the checkpoint is not quantized.
+  int quant_bits = 0;
+  int quant_group_size = 0;
   Device device = Device::cpu();  // where the weights, caches and logits live
   size_t weight_bytes = 0;
 };
@@ -49,9 +53,15 @@ class Model {
   // load_model merges generation_config.json's eos ids in here.
   ModelInfo& mutable_info() { return info_; }
 
-  // tokens [n] i32 at positions cache.offset() .. + n - 1; appends their K/V to `cache`.
-  // Returns logits f32: [n, vocab] when all_logits, else [1, vocab] for the last token only.
-  virtual Array forward(const Array& tokens, SequenceCache& cache, bool all_logits) = 0;
+  // tokens [n] i32 (on the CPU or the model's device) at positions cache.offset() .. + n - 1;
+  // appends their K/V to `cache`. `positions`, when defined, is an i32 [n] array on the model's
+  // device holding exactly those positions: the step then reads them from device memory (a
+  // captured graph replays it at later positions). Returns logits f32 on the model's device:
+  // [n, vocab] when all_logits, else [1, vocab] for the last token only.
+  virtual Array forward(const Array& tokens, const Array& positions, SequenceCache& cache, bool all_logits) = 0;
+  Array forward(const Array& tokens, SequenceCache& cache, bool all_logits) {
+    return forward(tokens, Array(), cache, all_logits);
+  }
   virtual SequenceCache make_cache(const CacheOptions& options) const = 0;
 
  protected:

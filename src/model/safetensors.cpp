@@ -196,27 +196,61 @@ size_t SafeTensors::total_bytes() const {
 
 void write_safetensors(const fs::path& path, const std::vector<std::pair<std::string, Array>>& tensors,
                        const std::map<std::string, std::string>& metadata) {
+  std::vector<TensorSpec> specs;
+  for (const auto& [name, a] : tensors) specs.push_back({name, a.dtype(), a.shape()});
+  SafeTensorsWriter writer(path, std::move(specs), metadata);
+  for (const auto& [name, a] : tensors) writer.write(name, a);
+  writer.close();
+}
+
+SafeTensorsWriter::SafeTensorsWriter(const fs::path& path, std::vector<TensorSpec> specs,
+                                     const std::map<std::string, std::string>& metadata)
+    : path_(path), specs_(std::move(specs)) {
   json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   size_t offset = 0;
-  std::vector<Array> contiguous;
-  for (const auto& [name, a] : tensors) {
-    Array c = a.is_contiguous() ? a : ops::cast(a, a.dtype());
-    std::vector<int64_t> shape(c.shape().d, c.shape().d + c.ndim());
-    header[name] = {{"dtype", safetensors_dtype_name(c.dtype())}, {"shape", shape},
-                    {"data_offsets", {offset, offset + c.nbytes()}}};
-    offset += c.nbytes();
-    contiguous.push_back(std::move(c));
+  for (const auto& spec : specs_) {
+    if (header.contains(spec.name)) throw InvalidInput(path_.string() + ": tensor " + spec.name + " declared twice");
+    std::vector<int64_t> shape(spec.shape.d, spec.shape.d + spec.shape.n);
+    header[spec.name] = {{"dtype", safetensors_dtype_name(spec.dtype)}, {"shape", shape},
+                         {"data_offsets", {offset, offset + spec.nbytes()}}};
+    offset += spec.nbytes();
   }
   std::string h = header.dump();
   while ((8 + h.size()) % 8 != 0) h.push_back(' ');
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) throw IoError(path.string() + ": cannot open for writing");
-  uint64_t n = h.size();
-  out.write(reinterpret_cast<const char*>(&n), 8);
-  out.write(h.data(), std::streamsize(h.size()));
-  for (const auto& c : contiguous) out.write(static_cast<const char*>(c.raw()), std::streamsize(c.nbytes()));
-  if (!out) throw IoError(path.string() + ": write failed");
+  file_ = std::fopen(path_.string().c_str(), "wb");
+  if (!file_) throw IoError(path_.string() + ": cannot open for writing");
+  const uint64_t n = h.size();
+  if (std::fwrite(&n, 8, 1, file_) != 1 || std::fwrite(h.data(), 1, h.size(), file_) != h.size())
+    throw IoError(path_.string() + ": write failed");
+}
+
+SafeTensorsWriter::~SafeTensorsWriter() {
+  if (file_) std::fclose(file_);
+}
+
+void SafeTensorsWriter::write(const std::string& name, const Array& a) {
+  if (!file_) throw InvalidInput(path_.string() + ": write of " + name + " after close");
+  if (next_ >= specs_.size() || specs_[next_].name != name)
+    throw InvalidInput(path_.string() + ": tensor " + name + " written out of order (expected " +
+                       (next_ < specs_.size() ? specs_[next_].name : std::string("no more tensors")) + ")");
+  const TensorSpec& spec = specs_[next_];
+  if (!a.defined()) throw InvalidInput(path_.string() + ": tensor " + name + " is undefined");
+  if (a.dtype() != spec.dtype || !(a.shape() == spec.shape) || !a.device().is_cpu())
+    throw InvalidInput(path_.string() + ": tensor " + name + " is " + describe(a) + " on " + a.device().str() +
+                       ", but was declared " + dtype_name(spec.dtype) + spec.shape.str() + " on the CPU");
+  const Array c = a.is_contiguous() ? a : ops::cast(a, a.dtype());
+  if (std::fwrite(c.raw(), 1, c.nbytes(), file_) != c.nbytes()) throw IoError(path_.string() + ": write failed");
+  ++next_;
+}
+
+void SafeTensorsWriter::close() {
+  if (!file_) return;
+  if (next_ != specs_.size())
+    throw InvalidInput(path_.string() + ": tensor " + specs_[next_].name + " was declared but not written");
+  const bool ok = std::fclose(file_) == 0;
+  file_ = nullptr;
+  if (!ok) throw IoError(path_.string() + ": write failed");
 }
 
 }  // namespace osprey

@@ -2,6 +2,7 @@
 // Memory-mapped safetensors checkpoints: one file, or shards listed by
 // model.safetensors.index.json. Tensors are never read twice: get() returns a CPU array
 // that points into the mapping (zero copy) and keeps it alive.
+#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -58,5 +59,36 @@ class SafeTensors {
 // with optional string metadata. Throws IoError when the file cannot be written.
 void write_safetensors(const std::filesystem::path& path, const std::vector<std::pair<std::string, Array>>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
+
+struct TensorSpec {
+  std::string name;
+  DType dtype = DType::f32;
+  Shape shape;
+  size_t nbytes() const { return size_t(shape.numel()) * dtype_size(dtype); }
+};
+
+// Writes one safetensors file tensor by tensor, so that only one tensor need be in memory:
+// the header (every name, dtype and shape) goes out first, then each tensor's data, in the
+// declared order. write() throws InvalidInput for a tensor out of order or of another dtype
+// or shape; close() throws InvalidInput when a declared tensor was not written. IoError when
+// the file cannot be written. A writer destroyed before close() leaves a truncated file.
+class SafeTensorsWriter {
+ public:
+  SafeTensorsWriter(const std::filesystem::path& path, std::vector<TensorSpec> specs,
+                    const std::map<std::string, std::string>& metadata = {});
+  ~SafeTensorsWriter();
+  SafeTensorsWriter(const SafeTensorsWriter&) = delete;
+  SafeTensorsWriter& operator=(const SafeTensorsWriter&) = delete;
+
+  // `a`: a CPU array (any strides) matching the next declared tensor.
+  void write(const std::string& name, const Array& a);
+  void close();
+
+ private:
+  std::filesystem::path path_;
+  std::vector<TensorSpec> specs_;
+  size_t next_ = 0;
+  std::FILE* file_ = nullptr;
+};
 
 }  // namespace osprey

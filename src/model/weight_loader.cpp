@@ -2,12 +2,63 @@
 
 #include "backend/ops.h"
 #include "core/error.h"
+#include "model/config_reader.h"
 #include "model/safetensors.h"
 
 namespace osprey {
+namespace {
 
-WeightLoader::WeightLoader(const SafeTensors& weights, const LoadOptions& options)
-    : weights_(weights), options_(options), total_(weights.total_bytes()) {}
+std::string setting_str(const QuantSetting& s) {
+  return std::to_string(s.bits) + "-bit with group size " + std::to_string(s.group_size);
+}
+
+std::string tensor_str(const TensorInfo& ti) { return std::string(dtype_name(ti.dtype)) + ti.shape.str(); }
+
+QuantSetting parse_setting(const ConfigReader& c) {
+  QuantSetting s;
+  s.bits = int(c.get_int("bits"));
+  s.group_size = int(c.get_int("group_size"));
+  if (!supported_quant_bits(s.bits)) c.fail("bits", "must be 2, 3, 4, 6 or 8, got " + std::to_string(s.bits));
+  if (!supported_group_size(s.group_size))
+    c.fail("group_size", "must be 32, 64 or 128, got " + std::to_string(s.group_size));
+  return s;
+}
+
+}  // namespace
+
+std::optional<QuantSetting> QuantConfig::for_module(const std::string& module) const {
+  auto it = overrides.find(module);
+  return it != overrides.end() ? it->second : global;
+}
+
+QuantConfig parse_quant_config(const ConfigReader& config) {
+  QuantConfig q;
+  const char* key = config.has("quantization")          ? "quantization"
+                    : config.has("quantization_config") ? "quantization_config"
+                                                        : nullptr;
+  if (!key) return q;
+  const ConfigReader c = *config.get_object(key);
+  q.where = c.where();
+  if (c.has("quant_method"))
+    throw Unsupported(q.where + ": quant_method " + c.json()["quant_method"].dump() +
+                      " is not supported (Osprey reads MLX affine quantization)");
+  if (c.has("mode") && c.get_string("mode") != "affine")
+    throw Unsupported(q.where + ": mode \"" + c.get_string("mode") + "\" is not supported (only \"affine\")");
+  q.global = parse_setting(c);
+  for (const auto& [module, value] : c.json().items()) {
+    if (module == "bits" || module == "group_size" || module == "mode") continue;
+    if (value.is_boolean())
+      q.overrides[module] = value.get<bool>() ? q.global : std::nullopt;
+    else if (value.is_object())
+      q.overrides[module] = parse_setting(ConfigReader(value, q.where + ": " + module));
+    else
+      c.fail(module, "a per-module override must be {\"group_size\": G, \"bits\": B} or false, got " + value.dump());
+  }
+  return q;
+}
+
+WeightLoader::WeightLoader(const SafeTensors& weights, const LoadOptions& options, QuantConfig quant)
+    : weights_(weights), options_(options), quant_(std::move(quant)), total_(weights.total_bytes()) {}
 
 void WeightLoader::touch(const Array& a) {
   // Fault the mapped pages in now, so the first forward pass is not the one that reads the
@@ -20,23 +71,112 @@ void WeightLoader::touch(const Array& a) {
   if (options_.progress) options_.progress(done_, total_);
 }
 
+Array WeightLoader::place(const Array& a) {
+  touch(a);
+  return ops::to_device(a, options_.device);  // on the CPU: the mapped array itself
+}
+
 Array WeightLoader::matrix(const std::string& name, int64_t rows, int64_t cols, std::optional<DType> dtype) {
   const TensorInfo& ti = weights_.info(name);
   if (!is_float(ti.dtype))
-    throw InvalidInput("tensor " + name + " is " + dtype_name(ti.dtype) + ti.shape.str() +
-                       ", but a float matrix (float32, float16 or bfloat16) is expected");
-  Array a = weights_.get(name, dtype.value_or(ti.dtype), {rows, cols});
-  touch(a);
-  return ops::to_device(a, options_.device);  // on the CPU: the mapped array itself
+    throw InvalidInput("tensor " + name + " is " + tensor_str(ti) +
+                       ", but a float matrix (float32, float16 or bfloat16) is expected" +
+                       (ti.dtype == DType::u32 ? " (a quantized weight needs .scales and .biases)" : ""));
+  return place(weights_.get(name, dtype.value_or(ti.dtype), {rows, cols}));
 }
 
 Array WeightLoader::vector_f32(const std::string& name, int64_t n) {
   const TensorInfo& ti = weights_.info(name);
   if (!is_float(ti.dtype))
-    throw InvalidInput("tensor " + name + " is " + dtype_name(ti.dtype) + ti.shape.str() + ", but a float vector is expected");
+    throw InvalidInput("tensor " + name + " is " + tensor_str(ti) + ", but a float vector is expected");
   Array a = weights_.get(name, ti.dtype, {n});
   touch(a);
   return ops::to_device(ops::cast(a, DType::f32), options_.device);
+}
+
+LinearWeight WeightLoader::linear(const std::string& prefix, int64_t out, int64_t in, std::optional<DType> dtype) {
+  const std::string weight = prefix + ".weight";
+  const TensorInfo& ti = weights_.info(weight);
+  LinearWeight lw;
+  if (ti.dtype == DType::u32 || weights_.contains(prefix + ".scales") || weights_.contains(prefix + ".biases")) {
+    lw.quant = quantized(prefix, out, in, dtype);
+    return lw;
+  }
+  if (auto it = quant_.overrides.find(prefix); it != quant_.overrides.end() && it->second)
+    throw InvalidInput(quant_.where + " says " + prefix + " is " + setting_str(*it->second) + ", but tensor " +
+                       weight + " is " + tensor_str(ti) + " without .scales and .biases");
+  lw.dense = matrix(weight, out, in, dtype);
+  return lw;
+}
+
+QuantizedMatrix WeightLoader::quantized(const std::string& prefix, int64_t out, int64_t in,
+                                        std::optional<DType> dtype) {
+  const std::string wname = prefix + ".weight", sname = prefix + ".scales", bname = prefix + ".biases";
+  const TensorInfo& wi = weights_.info(wname);
+  if (!quant_.present())
+    throw InvalidInput("tensor " + wname + " is quantized (" + tensor_str(wi) +
+                       (weights_.contains(sname) ? ", with " + sname : std::string()) +
+                       "), but config.json has no \"quantization\" object");
+  if (wi.dtype != DType::u32 || wi.shape.n != 2 || wi.shape[0] != out)
+    throw InvalidInput("tensor " + wname + " is " + tensor_str(wi) + ", but a quantized weight must be uint32[" +
+                       std::to_string(out) + ", " + std::to_string(in) + " * bits / 32]");
+  const int64_t packed_in = wi.shape[1];
+  const int bits = (packed_in * 32) % in == 0 ? int(packed_in * 32 / in) : 0;
+  if (!supported_quant_bits(bits))
+    throw InvalidInput("tensor " + wname + " is " + tensor_str(wi) + ": a packed width of " +
+                       std::to_string(packed_in) + " words fits no supported bit count for " + std::to_string(in) +
+                       " inputs (width * 32 / inputs must be 2, 3, 4, 6 or 8)");
+  for (const std::string& name : {sname, bname})
+    if (!weights_.contains(name))
+      throw InvalidInput("missing tensor " + name + ": the quantized weight " + wname +
+                         " needs both .scales and .biases (in " + weights_.source().string() + ")");
+  const TensorInfo& si = weights_.info(sname);
+  const TensorInfo& bi = weights_.info(bname);
+  if ((si.dtype != DType::f16 && si.dtype != DType::bf16) || si.shape.n != 2 || si.shape[0] != out ||
+      si.shape[1] <= 0)
+    throw InvalidInput("tensor " + sname + " is " + tensor_str(si) + ", but float16 or bfloat16 [" +
+                       std::to_string(out) + ", " + std::to_string(in) + " / group_size] is expected");
+  if (dtype && si.dtype != *dtype)
+    throw InvalidInput("tensor " + sname + " is " + tensor_str(si) + ", but the model's other weights are " +
+                       dtype_name(*dtype));
+  if (bi.dtype != si.dtype || !(bi.shape == si.shape))
+    throw InvalidInput("tensor " + bname + " is " + tensor_str(bi) + ", but it must match " + sname + " (" +
+                       tensor_str(si) + ")");
+  const int64_t n_groups = si.shape[1];
+  const int group = in % n_groups == 0 ? int(in / n_groups) : 0;
+  if (!supported_group_size(group))
+    throw InvalidInput("tensor " + sname + " is " + tensor_str(si) + ": " + std::to_string(n_groups) +
+                       " groups per row " +
+                       (group == 0 ? "do not divide the " + std::to_string(in) + " inputs"
+                                   : "make a group size of " + std::to_string(group)) +
+                       " (the group size must be 32, 64 or 128 and divide the inputs)");
+  const QuantSetting found{bits, group};
+  const std::optional<QuantSetting> expected = quant_.for_module(prefix);
+  if (!expected)
+    throw InvalidInput("tensor " + wname + " is quantized, but " + quant_.where + " marks " + prefix +
+                       " as not quantized (false)");
+  if (!(*expected == found))
+    throw InvalidInput("tensor " + wname + " is " + setting_str(found) + " by its shapes, but " + quant_.where +
+                       " says " + setting_str(*expected) + " for " + prefix);
+  QuantizedMatrix q;
+  q.bits = bits;
+  q.group_size = group;
+  q.packed = place(weights_.get(wname));
+  q.scales = place(weights_.get(sname));
+  q.biases = place(weights_.get(bname));
+  quant_weights_[{bits, group}] += out * in;
+  return q;
+}
+
+std::optional<QuantSetting> WeightLoader::dominant_quant() const {
+  std::optional<QuantSetting> best;
+  int64_t most = 0;
+  for (const auto& [setting, n] : quant_weights_)
+    if (n > most) {
+      most = n;
+      best = QuantSetting{setting.first, setting.second};
+    }
+  return best;
 }
 
 void WeightLoader::finish() {

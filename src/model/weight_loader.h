@@ -2,35 +2,75 @@
 // Makes a family's weight arrays from a checkpoint, once, at load: checks each tensor's
 // dtype and shape against what the config implies (errors name the tensor), places it on
 // the target device, and reports progress.
+#include <map>
 #include <optional>
 #include <string>
 
+#include "backend/quant.h"
 #include "core/array.h"
 #include "model/model.h"
 
 namespace osprey {
 
 class SafeTensors;
+class ConfigReader;
+
+struct QuantSetting {
+  int bits = 0;
+  int group_size = 0;
+  bool operator==(const QuantSetting&) const = default;
+};
+
+// config.json's "quantization" object (or "quantization_config") of an MLX affine checkpoint:
+// the global setting plus per-module overrides keyed by module path
+// ("model.layers.0.mlp.down_proj": {"group_size": 32, "bits": 8}, or false = not quantized).
+struct QuantConfig {
+  std::optional<QuantSetting> global;  // nullopt: the checkpoint is not quantized
+  std::map<std::string, std::optional<QuantSetting>> overrides;
+  std::string where;  // "config.json: quantization", for errors
+
+  bool present() const { return global.has_value(); }
+  // The setting that applies to `module`: its override, else the global one.
+  std::optional<QuantSetting> for_module(const std::string& module) const;
+};
+
+// Throws InvalidInput naming the field for unsupported bits or group sizes or a malformed
+// override, and Unsupported for another quantization method (e.g. GPTQ's quantization_config).
+QuantConfig parse_quant_config(const ConfigReader& config);
 
 class WeightLoader {
  public:
-  WeightLoader(const SafeTensors& weights, const LoadOptions& options);
+  WeightLoader(const SafeTensors& weights, const LoadOptions& options, QuantConfig quant = {});
 
   // A [rows, cols] float matrix (f32, f16 or bf16); `dtype`, when given, must match too.
   // On the CPU the array points into the memory map (zero copy); on CUDA it is uploaded once.
   Array matrix(const std::string& name, int64_t rows, int64_t cols, std::optional<DType> dtype = std::nullopt);
   // A [n] float vector, converted to a float32 copy (norm weights, biases).
   Array vector_f32(const std::string& name, int64_t n);
+  // The [out, in] weight of the module `prefix` ("model.layers.0.self_attn.q_proj"; an
+  // embedding table loads the same way): dense `<prefix>.weight` (checked as matrix(), with
+  // `dtype`), or MLX-quantized when `<prefix>.scales` exists or the weight is uint32 —
+  // `<prefix>.weight` u32 [out, in * bits / 32], `.scales` and `.biases` [out, in / group]
+  // (f16 | bf16; `dtype`, when given, must match the scales). Bits follow from the packed
+  // width, the group size from the scales' width; both must agree with the config's setting
+  // for the module. Errors (InvalidInput) name the tensor.
+  LinearWeight linear(const std::string& prefix, int64_t out, int64_t in, std::optional<DType> dtype = std::nullopt);
 
+  // The setting that covers the most quantized weights loaded so far; nullopt when none.
+  std::optional<QuantSetting> dominant_quant() const;
   size_t bytes_loaded() const { return done_; }
   // Reports completion to the progress callback.
   void finish();
 
  private:
   void touch(const Array& a);
+  Array place(const Array& a);
+  QuantizedMatrix quantized(const std::string& prefix, int64_t out, int64_t in, std::optional<DType> dtype);
 
   const SafeTensors& weights_;
   const LoadOptions& options_;
+  QuantConfig quant_;
+  std::map<std::pair<int, int>, int64_t> quant_weights_;  // (bits, group size) -> weights loaded
   size_t total_ = 0;
   size_t done_ = 0;
 };

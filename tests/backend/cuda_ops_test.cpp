@@ -240,7 +240,7 @@ TEST(CudaOps, RopeBothLayouts) {
       DeviceVec<float> dx(x), dinv(inv);
       DeviceVec<int32_t> dpos(pos);
       const float mscale = 1.3f;
-      cuda::rope_inplace(dx.get(), n, heads, hd, dpos.get(), dinv.get(), interleaved, mscale, st());
+      cuda::rope_inplace(dx.get(), n, heads, hd, heads * hd, dpos.get(), dinv.get(), interleaved, mscale, st());
       std::vector<double> ref(x.begin(), x.end());
       for (int64_t i = 0; i < n; ++i)
         for (int64_t h = 0; h < heads; ++h)

@@ -143,6 +143,7 @@ void gelu_tanh_mul(const Array& gate, const Array& up, Array& out) {
 
 void rope_(Array& x, const Array& positions, const Array& inv_freq, bool interleaved, float mscale) {
   const int64_t n = x.dim(0), heads = x.dim(1), hd = x.dim(2), half = hd / 2;
+  const int64_t row_stride = n == 1 ? heads * hd : x.strides()[0];
   const auto* pos = positions.data<int32_t>();
   const float* inv = inv_freq.data<float>();
   float* xp = x.data<float>();
@@ -157,7 +158,7 @@ void rope_(Array& x, const Array& positions, const Array& inv_freq, bool interle
       sn[size_t(k)] = std::sin(angle) * mscale;
     }
     for (int64_t h = 0; h < heads; ++h) {
-      float* v = xp + (i * heads + h) * hd;
+      float* v = xp + i * row_stride + h * hd;
       for (int64_t k = 0; k < half; ++k) {
         int64_t a = interleaved ? 2 * k : k;
         int64_t b = interleaved ? 2 * k + 1 : k + half;

@@ -13,6 +13,8 @@
 //     the packed panels (at most kMaxPanelsPerItem * kKC * kNR floats) stay in L2.
 // Scratch: the packed chunk of x (thread_local of the caller, at most kMaxPackedX floats) and
 // each thread's packed panels; both grow once and are reused.
+// gemm_with_packer (gemm_panel.h) runs the same loop with the caller's panel packer in place
+// of the conversion from f32 / f16 / bf16 rows.
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -23,6 +25,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/gemm_panel.h"
 #include "backend/cpu/gemm_simd.h"
 #include "core/error.h"
 
@@ -34,8 +37,9 @@ using namespace simd;
 // kMR x kNV accumulators plus kNV loads and a broadcast fit the register file.
 constexpr int kMR = kWidth == 16 ? 8 : kWidth == 8 ? 6 : 4;
 constexpr int kNV = kWidth == 16 ? 3 : kWidth == 8 ? 2 : 4;
-constexpr int kNR = kNV * kWidth;  // outputs per panel
-constexpr int64_t kKC = 256;       // k per block
+constexpr int kNR = kNV * kWidth;     // outputs per panel
+constexpr int64_t kKC = kGemmKBlock;  // k per block
+static_assert(kNR == kGemmPanelWidth, "gemm_panel.h names the panel width");
 constexpr int64_t kMC = 512;       // rows of x per chunk, at most
 constexpr int64_t kMaxPackedX = int64_t(4) << 20;  // floats of packed x per chunk, at most
 constexpr int64_t kMaxPanelsPerItem = 8;
@@ -152,9 +156,10 @@ void pack_panel(const typename WF::T* w, int64_t in, int64_t out, int64_t j0, in
   }
 }
 
-template <class WF>
-void gemm_impl(const float* x, int64_t n, int64_t in, const typename WF::T* w, int64_t out, const float* bias,
-               float* y, ThreadPool& pool) {
+// pack(j0, k0, kc, bp) fills panel bp with w's [j0, j0 + kNR) x [k0, k0 + kc) as pack_panel does.
+template <class Packer>
+void gemm_impl(const float* x, int64_t n, int64_t in, int64_t out, const Packer& pack, const float* bias, float* y,
+               ThreadPool& pool) {
   const int64_t n_panels = (out + kNR - 1) / kNR;
   const int n_threads = pool.n_threads();
   const int64_t want_items = n_threads > 1 ? 3 * int64_t(n_threads) : 1;
@@ -202,7 +207,7 @@ void gemm_impl(const float* x, int64_t n, int64_t in, const typename WF::T* w, i
           const int64_t kc = std::min(kKC, in - k0);
           const bool accumulate = k0 > 0;
           for (int64_t p = p_begin; p < p_end; ++p)
-            pack_panel<WF>(w, in, out, p * kNR, k0, kc, bp + (p - p_begin) * kKC * kNR);
+            pack(p * kNR, k0, kc, bp + (p - p_begin) * kKC * kNR);
           for (int64_t t = t_begin; t < t_end; ++t) {
             const int mr = int(std::min<int64_t>(kMR, rows - t * kMR));
             const MicroKernel kernel = kKernels[mr - 1];
@@ -237,15 +242,35 @@ void gemm_impl(const float* x, int64_t n, int64_t in, const typename WF::T* w, i
   }
 }
 
+template <class WF>
+void dense_gemm(const float* x, int64_t n, int64_t in, const typename WF::T* w, int64_t out, const float* bias,
+                float* y, ThreadPool& pool) {
+  const auto pack = [w, in, out](int64_t j0, int64_t k0, int64_t kc, float* bp) {
+    pack_panel<WF>(w, in, out, j0, k0, kc, bp);
+  };
+  gemm_impl(x, n, in, out, pack, bias, y, pool);
+}
+
 }  // namespace
+
+void gemm_with_packer(const float* x, int64_t n, int64_t in, int64_t out, PanelPacker pack, const void* ctx,
+                      const float* bias, float* y, ThreadPool& pool) {
+  if (n <= 0 || out <= 0) return;
+  const auto packer = [pack, ctx](int64_t j0, int64_t k0, int64_t kc, float* bp) { pack(ctx, j0, k0, kc, bp); };
+  gemm_impl(x, n, in, out, packer, bias, y, pool);
+}
+
+void pack_panel_f32(const float* src, int64_t ld, int rows, int64_t kc, float* bp) {
+  pack_panel<F32>(src, ld, rows, 0, 0, kc, bp);
+}
 
 void linear_gemm(const float* x, int64_t n, int64_t in, const void* w, DType w_dtype, int64_t out,
                  const float* bias, float* y, ThreadPool& pool) {
   if (n <= 0 || out <= 0) return;
   switch (w_dtype) {
-    case DType::f32: gemm_impl<F32>(x, n, in, static_cast<const float*>(w), out, bias, y, pool); break;
-    case DType::f16: gemm_impl<F16>(x, n, in, static_cast<const uint16_t*>(w), out, bias, y, pool); break;
-    case DType::bf16: gemm_impl<BF16>(x, n, in, static_cast<const uint16_t*>(w), out, bias, y, pool); break;
+    case DType::f32: dense_gemm<F32>(x, n, in, static_cast<const float*>(w), out, bias, y, pool); break;
+    case DType::f16: dense_gemm<F16>(x, n, in, static_cast<const uint16_t*>(w), out, bias, y, pool); break;
+    case DType::bf16: dense_gemm<BF16>(x, n, in, static_cast<const uint16_t*>(w), out, bias, y, pool); break;
     default: throw Unsupported(std::string("linear: weight dtype ") + dtype_name(w_dtype) + " (want f32, f16 or bf16)");
   }
 }

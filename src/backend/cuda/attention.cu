@@ -1,9 +1,11 @@
-// attention(): causal grouped-query attention over an f16 cache, flash style.
+// attention(): dispatch between the tensor-core paths (attention_decode.cu,
+// attention_prefill.cu), the merge of their key-split partials, and the CUDA-core fallback
+// for other head sizes and unaligned caches.
 //
-// A block owns (block of query rows, kv head, range of keys). Its query vectors are every
-// (row, query head of the group) pair, pre-scaled by `scale` and kept in shared memory with
-// their f32 accumulators. The block walks its keys in tiles of kTile rows: the K and V rows of
-// the tile are copied to shared memory (16-byte loads, rows padded by 16 bytes so that lanes
+// Fallback: a block owns (block of query rows, kv head, range of keys). Its query vectors are
+// every (row, query head of the group) pair, pre-scaled by `scale` and kept in shared memory
+// with their f32 accumulators. The block walks its keys in tiles of kTile rows: the K and V rows
+// of the tile are copied to shared memory (16-byte loads, rows padded by 16 bytes so that lanes
 // reading different rows hit different banks), then
 //   scores:     warp w takes query vectors w, w + 4, ...; lane t scores key t of the tile, and
 //               the tile's max and sum are warp reductions (online softmax state m, l per vector);
@@ -16,16 +18,107 @@
 #include <atomic>
 #include <climits>
 
-#include "backend/cuda/common.cuh"
-#include "backend/cuda/kernels.h"
+#include "backend/cuda/attention_impl.cuh"
 
 namespace osprey::cuda {
+
+namespace attn {
+namespace {
+
+// partial [n_splits, n * n_heads, D + kPartialPad] -> out, one block per (row, head):
+//   pass 1: M = max_s m_s, w_s = 2^(m_s - M) (0 for an empty split), den = sum_s w_s l_s;
+//   pass 2: groups of D / 4 threads (a float4 each) take splits in turn, sum w_s acc_s, and merge.
+// Empty splits wrote only m = -inf and l = 0; their acc is never read.
+template <int D>
+__global__ void __launch_bounds__(kThreads) combine_kernel(const float* partial, int n_splits, int64_t n_vec,
+                                                          float* out) {
+  constexpr int kT = D / 4, kGroups = kThreads / kT, kP = D + kPartialPad;
+  extern __shared__ float sm_w[];  // [n_splits]
+  __shared__ float sm_red[32];
+  __shared__ float4 sm_acc[kGroups][kT];
+  const int tid = threadIdx.x;
+  const float* src = partial + int64_t(blockIdx.x) * kP;
+  const int64_t split_stride = n_vec * kP;
+
+  float mx = kNegInf;
+  for (int sp = tid; sp < n_splits; sp += kThreads) {
+    const float m = src[sp * split_stride + D];
+    sm_w[sp] = m;
+    mx = fmaxf(mx, m);
+  }
+  mx = warp_max(mx);
+  if ((tid & 31) == 0) sm_red[tid >> 5] = mx;
+  __syncthreads();
+  mx = sm_red[0];
+#pragma unroll
+  for (int w = 1; w < kThreads / 32; ++w) mx = fmaxf(mx, sm_red[w]);
+  float den = 0.0f;
+  for (int sp = tid; sp < n_splits; sp += kThreads) {
+    const float m = sm_w[sp];
+    const float w = m == kNegInf ? 0.0f : exp2f(m - mx);
+    sm_w[sp] = w;
+    if (w > 0.0f) den = fmaf(w, src[sp * split_stride + D + 1], den);
+  }
+  den = block_sum(den, sm_red);  // its barriers also publish sm_w
+
+  const int grp = tid / kT, t = tid % kT;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+  for (int sp = grp; sp < n_splits; sp += kGroups) {
+    const float w = sm_w[sp];
+    if (w > 0.0f) {
+      const float4 x = *reinterpret_cast<const float4*>(src + sp * split_stride + 4 * t);
+      acc.x = fmaf(x.x, w, acc.x);
+      acc.y = fmaf(x.y, w, acc.y);
+      acc.z = fmaf(x.z, w, acc.z);
+      acc.w = fmaf(x.w, w, acc.w);
+    }
+  }
+  sm_acc[grp][t] = acc;
+  __syncthreads();
+  if (tid >= kT) return;
+  float4 num = sm_acc[0][t];
+#pragma unroll
+  for (int gi = 1; gi < kGroups; ++gi) {
+    const float4 x = sm_acc[gi][t];
+    num.x += x.x, num.y += x.y, num.z += x.z, num.w += x.w;
+  }
+  const float inv = den > 0.0f ? 1.0f / den : 0.0f;
+  *reinterpret_cast<float4*>(out + int64_t(blockIdx.x) * D + 4 * t) =
+      make_float4(num.x * inv, num.y * inv, num.z * inv, num.w * inv);
+}
+
+}  // namespace
+
+int sm_count() {
+  static const int n = multiprocessor_count();
+  return n;
+}
+
+void launch_combine(const AttentionArgs& a, const float* partial, int n_splits, cudaStream_t s) {
+  const int64_t n_vec = a.n * a.n_heads;
+  if (n_vec > INT_MAX) throw Unsupported("attention: too many query rows to combine");
+  if (n_splits > 8192) throw Unsupported("attention: more than 8192 key splits");
+  const unsigned grid = unsigned(n_vec);
+  const size_t smem = size_t(n_splits) * sizeof(float);
+  switch (a.head_dim) {
+    case 64: combine_kernel<64><<<grid, kThreads, smem, s>>>(partial, n_splits, n_vec, a.out); break;
+    case 128: combine_kernel<128><<<grid, kThreads, smem, s>>>(partial, n_splits, n_vec, a.out); break;
+    case 256: combine_kernel<256><<<grid, kThreads, smem, s>>>(partial, n_splits, n_vec, a.out); break;
+    default: throw Unsupported("attention: combine for head_dim " + std::to_string(a.head_dim));
+  }
+  OSPREY_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace attn
+
 namespace {
 
 constexpr int kTile = 32;  // keys per tile (one per lane in the score step)
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
 constexpr int64_t kMinSplitKeys = 128;
+constexpr int64_t kDecodeMaxRows = 4;  // query rows up to which the split-K decode kernel runs
 
 size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
@@ -69,13 +162,6 @@ struct Params {
   float* partial;  // [n_row_blocks, n_kv_heads, n_splits, nq, head_dim + 2], or nullptr
 };
 
-// Keys visible to the query at row i: [lo, hi).
-__device__ __forceinline__ void visible(const AttentionArgs& a, int64_t i, int64_t* lo, int64_t* hi) {
-  const int64_t p = a.q_pos0 + i;
-  *hi = min(p + 1, a.n_keys);
-  *lo = a.window > 0 ? max(int64_t(0), p - int64_t(a.window) + 1) : int64_t(0);
-}
-
 // Eight f16 of a row to a uint4, with 16-byte or scalar loads.
 __device__ __forceinline__ uint4 load8(const uint16_t* p, bool vec) {
   if (vec) return __ldg(reinterpret_cast<const uint4*>(p));
@@ -106,7 +192,8 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const Params p) {
   const int64_t i0 = rb * p.rows_per_block;
   const int64_t n_rows = min(p.rows_per_block, a.n - i0);
   const int64_t nq_used = n_rows * G;
-  const int64_t s0 = split * p.split_keys, s1 = min(a.n_keys, s0 + p.split_keys);
+  const attn::Positions pos = attn::positions(a);
+  const int64_t s0 = split * p.split_keys, s1 = min(pos.n_keys, s0 + p.split_keys);
 
   const int Di = int(D), nqi = int(nq), nq_used_i = int(nq_used);
   for (int e = tid; e < nqi * Di; e += kThreads) {
@@ -119,9 +206,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const Params p) {
   for (int qv = tid; qv < nqi; qv += kThreads) {
     int64_t lo = 0, hi = 0;
     if (qv < nq_used) {
-      visible(a, i0 + qv / G, &lo, &hi);
-      lo = max(lo, s0);
-      hi = min(hi, s1);
+      attn::visible_keys(a, pos, i0 + qv / G, s0, s1, &lo, &hi);
     }
     los[qv] = lo;
     his[qv] = hi;
@@ -132,9 +217,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const Params p) {
   int64_t k_begin = s1, k_end = s0;
   for (int64_t r = 0; r < n_rows; ++r) {
     int64_t lo, hi;
-    visible(a, i0 + r, &lo, &hi);
-    lo = max(lo, s0);
-    hi = min(hi, s1);
+    attn::visible_keys(a, pos, i0 + r, s0, s1, &lo, &hi);
     if (lo < hi) k_begin = min(k_begin, lo), k_end = max(k_end, hi);
   }
   __syncthreads();
@@ -256,18 +339,9 @@ void allow_shared(size_t bytes) {
   }
 }
 
-}  // namespace
-
-void attention(const AttentionArgs& a, cudaStream_t s) {
-  if (a.n <= 0 || a.n_heads <= 0) return;
+// The CUDA-core kernel for any head_dim (multiple of 8 up to 256) and any 2-byte aligned cache.
+void attention_fallback(const AttentionArgs& a, int64_t key_bound, cudaStream_t s) {
   const int64_t D = a.head_dim;
-  if (D % 8 != 0 || D < 8 || D > 256)
-    throw Unsupported("attention: head_dim " + std::to_string(D) + " (CUDA wants a multiple of 8 up to 256)");
-  if (a.n_kv_heads <= 0 || a.n_heads % a.n_kv_heads != 0)
-    throw InvalidInput("attention: " + std::to_string(a.n_heads) + " query heads over " +
-                       std::to_string(a.n_kv_heads) + " kv heads");
-  if (a.n_kv_heads > 65535) throw Unsupported("attention: more than 65535 kv heads");
-
   Params p{};
   p.a = a;
   p.group = a.n_heads / a.n_kv_heads;
@@ -291,14 +365,14 @@ void attention(const AttentionArgs& a, cudaStream_t s) {
 
   const int64_t n_row_blocks = (a.n + p.rows_per_block - 1) / p.rows_per_block;
   const int64_t base = n_row_blocks * a.n_kv_heads;
-  const int64_t want = 2 * int64_t(multiprocessor_count());
+  const int64_t want = 2 * int64_t(attn::sm_count());
   p.n_splits = 1;
-  p.split_keys = std::max<int64_t>(a.n_keys, 1);
-  if (base < want && a.n_keys >= 2 * kMinSplitKeys) {
-    const int64_t splits = std::min((want + base - 1) / base, a.n_keys / kMinSplitKeys);
-    p.split_keys = (a.n_keys + splits - 1) / splits;
+  p.split_keys = key_bound;
+  if (base < want && key_bound >= 2 * kMinSplitKeys) {
+    const int64_t splits = std::min((want + base - 1) / base, key_bound / kMinSplitKeys);
+    p.split_keys = (key_bound + splits - 1) / splits;
     p.split_keys = (p.split_keys + kTile - 1) / kTile * kTile;
-    p.n_splits = (a.n_keys + p.split_keys - 1) / p.split_keys;
+    p.n_splits = (key_bound + p.split_keys - 1) / p.split_keys;
   }
   if (n_row_blocks * p.n_splits > INT_MAX) throw Unsupported("attention: too many query rows");
 
@@ -318,6 +392,33 @@ void attention(const AttentionArgs& a, cudaStream_t s) {
     attention_combine_kernel<<<cgrid, threads, 0, s>>>(p);
     OSPREY_CUDA_CHECK_LAUNCH();
   }
+}
+
+}  // namespace
+
+void attention(const AttentionArgs& a, cudaStream_t s) {
+  if (a.n <= 0 || a.n_heads <= 0) return;
+  const int64_t D = a.head_dim;
+  if (D % 8 != 0 || D < 8 || D > 256)
+    throw Unsupported("attention: head_dim " + std::to_string(D) + " (CUDA wants a multiple of 8 up to 256)");
+  if (a.n_kv_heads <= 0 || a.n_heads % a.n_kv_heads != 0)
+    throw InvalidInput("attention: " + std::to_string(a.n_heads) + " query heads over " +
+                       std::to_string(a.n_kv_heads) + " kv heads");
+  if (a.n_kv_heads > 65535) throw Unsupported("attention: more than 65535 kv heads");
+  if (a.n * a.n_heads > INT_MAX) throw Unsupported("attention: more than 2^31 query vectors");
+  if (a.q_pos_dev && a.max_keys <= 0) throw InvalidInput("attention: max_keys must be > 0 with q_pos_dev");
+  if (!a.q_pos_dev && a.max_keys > 0 && a.n_keys > a.max_keys)
+    throw InvalidInput("attention: n_keys " + std::to_string(a.n_keys) + " exceeds max_keys " +
+                       std::to_string(a.max_keys));
+  const int64_t key_bound = std::max<int64_t>(1, a.max_keys > 0 ? a.max_keys : a.n_keys);
+  if (key_bound > INT_MAX / 2) throw Unsupported("attention: " + std::to_string(key_bound) + " keys (at most 2^30)");
+
+  const bool tensor_cores = (D == 64 || D == 128 || D == 256) && aligned16(a.q) && aligned16(a.out) &&
+                            aligned16(a.k) && aligned16(a.v) && a.k_head_stride % 8 == 0 &&
+                            a.k_row_stride % 8 == 0 && a.v_head_stride % 8 == 0 && a.v_row_stride % 8 == 0;
+  if (!tensor_cores) return attention_fallback(a, key_bound, s);
+  if (a.n <= kDecodeMaxRows) return attn::launch_decode(a, key_bound, s);
+  attn::launch_prefill(a, key_bound, s);
 }
 
 }  // namespace osprey::cuda

@@ -37,7 +37,9 @@ void gelu_tanh_mul(const float* g, const float* u, float* out, int64_t n, cudaSt
 
 // x [n, heads, head_dim] f32 rotated in place; positions [n] i32; inv_freq [head_dim / 2] f32.
 // `interleaved`: pairs (2i, 2i+1), else (i, i + head_dim/2). cos and sin times `mscale`.
-void rope_inplace(float* x, int64_t n, int64_t heads, int64_t head_dim, const int32_t* positions,
+// Row i starts at x + i * row_stride (row_stride >= heads * head_dim: e.g. the q and k heads
+// of a fused q/k/v row).
+void rope_inplace(float* x, int64_t n, int64_t heads, int64_t head_dim, int64_t row_stride, const int32_t* positions,
                   const float* inv_freq, bool interleaved, float mscale, cudaStream_t s);
 
 // y[n, out] = x[n, in] w[out, in]^T + bias[out] (bias may be nullptr); x, y f32 contiguous,
@@ -69,13 +71,27 @@ struct AttentionArgs {
   int window;      // > 0: key j visible to query at position p iff p - window < j <= p; 0: j <= p
   float softcap;   // > 0: logit = softcap * tanh(logit / softcap) (applied after scale)
   float* out;      // [n, n_heads * head_dim] contiguous
+  // Graph-stable positions: when non-null, the query rows' first position is read on the device
+  // from *q_pos_dev (so n_keys = *q_pos_dev + n and q_pos0 are ignored on the host side), and
+  // the launch shape (grid, split count, shared memory) depends only on n, n_heads, n_kv_heads,
+  // head_dim and max_keys, so a CUDA graph captured once stays valid while *q_pos_dev changes.
+  const int32_t* q_pos_dev = nullptr;
+  int64_t max_keys = 0;  // an upper bound of n_keys (the cache capacity); required with q_pos_dev
 };
 
 // Causal grouped-query attention (query head h reads kv head h / (n_heads / n_kv_heads)),
-// online softmax in f32; a query row that sees no key gets zeros. Keys are split across
-// blocks (flash-decoding) when (row blocks x kv heads) alone would leave the GPU idle; the
-// partial results are merged by a second kernel. Uses scratch() for the partials.
-// head_dim must be a multiple of 8 and at most 256 (64, 80, 96, 128, 256, ...): Unsupported otherwise.
+// online softmax in f32; a query row that sees no key gets zeros. Rows >= n_keys (and, with
+// q_pos_dev, rows >= min(*q_pos_dev + n, max_keys)) are never read.
+//   n <= 4 (decode): split-K flash decoding on tensor cores; one block per (kv head, key range,
+//     8 query vectors (row, head of the group)), so each K/V row is read once for the group.
+//   n > 4 (prefill): flash attention on tensor cores over tiles of 128 query vectors, keys
+//     split across blocks only when the grid would leave most SMs idle.
+//   Both round q * scale and the softmax weights to f16 for the f16 x f16 -> f32 products.
+//   head_dim 64, 128 or 256 with 16-byte aligned q, out, k, v and strides take these paths;
+//   other multiples of 8 up to 256 take a CUDA-core kernel (f32 q): Unsupported otherwise.
+// When max_keys > 0 the key-split count follows max_keys instead of n_keys (also without
+// q_pos_dev, which then gives bit-identical results to q_pos_dev at the same position).
+// Split partials live in scratch(), sized by the launch shape only; a combine kernel merges them.
 void attention(const AttentionArgs& a, cudaStream_t s);
 
 // dst[i0, i1, i2, i3] = cast(src[i0, i1, i2, i3]) over `shape`; strides in elements (may be 0
@@ -83,6 +99,33 @@ void attention(const AttentionArgs& a, cudaStream_t s);
 // float -> i32 truncates toward zero).
 void copy_strided(void* dst, DType ddt, const int64_t dst_strides[4], const void* src, DType sdt,
                   const int64_t src_strides[4], const int64_t shape[4], cudaStream_t s);
+
+// x[rows, d] += y, then out = x / rms(x) * (w + w_offset) (the residual add fused with the
+// next norm). out must not alias x or y.
+void add_rms_norm(float* x, const float* y, const float* w, int64_t rows, int64_t d, float eps, float w_offset,
+                  float* out, cudaStream_t s);
+// gu [n, 2f] f32 -> out [n, f] = silu(gu[:, :f]) * gu[:, f:] (a fused gate/up projection).
+void silu_mul_split(const float* gu, int64_t n, int64_t f, float* out, cudaStream_t s);
+
+// Writes n rows of K and V (f32 -> f16) into cache buffers [n_kv_heads, capacity, head_dim].
+// Source element (i, h, d) is at k[i * k_row_stride + h * head_dim + d] (likewise v); it goes to
+// kbuf[h * head_stride + (row0 + i) * head_dim + d], row0 = *pos_dev when pos_dev is set (read
+// on the device, so a captured graph writes where the current position says), else pos0.
+struct KVWriteArgs {
+  uint16_t* kbuf;
+  uint16_t* vbuf;
+  int64_t head_stride;  // elements between heads of the buffers (capacity * head_dim)
+  const float* k;
+  const float* v;
+  int64_t k_row_stride, v_row_stride;  // elements between source rows
+  int64_t n, n_kv_heads, head_dim;
+  const int32_t* pos_dev;
+  int64_t pos0;
+};
+void kv_write(const KVWriteArgs& a, cudaStream_t s);
+
+// p[i] = value, i < n (the value is a launch argument).
+void fill_i32(int32_t* p, int32_t value, int64_t n, cudaStream_t s);
 
 // out[0] = index of the maximum of x[0, n) (the lowest index on ties; NaN ranks as -inf).
 // n >= 1.

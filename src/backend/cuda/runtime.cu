@@ -30,6 +30,7 @@ struct Runtime {
   cublasHandle_t cublas = nullptr;
   void* scratch = nullptr;
   size_t scratch_bytes = 0;
+  uint64_t scratch_generation = 0;  // bumped whenever a scratch buffer moves
   std::mutex mu;
 };
 
@@ -77,9 +78,12 @@ void* scratch(size_t bytes) {
     size_t n = std::max(bytes, r.scratch_bytes * 2);
     OSPREY_CUDA_CHECK(cudaMallocAsync(&r.scratch, n, r.stream));
     r.scratch_bytes = n;
+    ++r.scratch_generation;
   }
   return r.scratch;
 }
+
+uint64_t scratch_generation() { return ready().scratch_generation; }
 
 void synchronize() { OSPREY_CUDA_CHECK(cudaStreamSynchronize(ready().stream)); }
 

@@ -23,6 +23,8 @@ cublasHandle_t cublas();
 // A device buffer of at least `bytes`, valid until the next scratch() call. Growing it frees
 // the old one only after the stream has drained (stream-ordered free).
 void* scratch(size_t bytes);
+// Changes whenever scratch memory moves (a captured graph that used it must be recaptured).
+uint64_t scratch_generation();
 void synchronize();
 
 }  // namespace osprey::cuda

@@ -1,6 +1,13 @@
-// Greedy sampling: argmax over a row of logits, on the device (the token stays there).
+// Token choice on the device (the token stays there): greedy argmax, and the temperature /
+// top-k / top-p / min-p draw of sample.h.
+#include <climits>
+#include <cmath>
+#include <string>
+
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/sample.h"
+#include "engine/sample_noise.h"
 
 namespace osprey::cuda {
 namespace {
@@ -53,6 +60,463 @@ void argmax(const float* x, int64_t n, int32_t* out, cudaStream_t s) {
   if (n <= 0) throw InvalidInput("argmax: empty row");
   if (n > 0x7fffffffLL) throw Unsupported("argmax: row longer than 2^31 - 1");
   argmax_kernel<<<1, kThreads, 0, s>>>(x, n, out);
+  OSPREY_CUDA_CHECK_LAUNCH();
+}
+
+// ---- Stochastic draws (sample.h) ----------------------------------------------------------
+//
+// Every pass gives each block one chunk of kChunk logits (thread t holds elements
+// chunk + t + j * kDrawThreads, j < kPerThread). Passes that need a grid-wide result use the
+// last-block pattern: each block publishes its part, fences, and takes a ticket; the block
+// that takes the last ticket combines the parts, writes the outcome to State for the next
+// kernel, and clears what it used. stats_kernel, always first, zeroes State.
+
+namespace {
+
+constexpr int kDrawThreads = 512;
+constexpr int kPerThread = 2;
+constexpr int kChunk = kDrawThreads * kPerThread;
+constexpr int kDrawWarps = kDrawThreads / 32;
+constexpr int kMaxBins = 2048;
+constexpr float kMassOne = 1099511627776.0f;  // 2^40: the fixed-point weight of the maximum
+// A logit whose (best - logit) / T exceeds this cannot win a block's draw against its best
+// logit: the Gumbel noise spans less than kNoiseGumbelMax - kNoiseGumbelMin < 40.35.
+constexpr float kPruneSpan = 42.0f;
+
+static_assert(kMaxBins % kDrawThreads == 0 && 1024 % kDrawThreads == 0, "bins split evenly over threads");
+static_assert(kNoiseGumbelMax - kNoiseGumbelMin < kPruneSpan - 1.0, "pruning margin");
+
+// Cross-block state of one sample() call, at the start of scratch().
+struct State {
+  unsigned int ticket;    // blocks of the running pass that are done; the last one resets it
+  unsigned int k_done;    // top-k: t_k is settled
+  unsigned int k_prefix;  // top-k: the digits of t_k found so far
+  unsigned int k_rem;     // top-k: the rank of t_k among the logits under k_prefix
+  unsigned int t_k;       // kept set: key >= t_k (0 keeps every non-NaN logit)
+  unsigned int p_done;    // top-p: likewise
+  unsigned int p_prefix;
+  unsigned int t_p;
+  unsigned long long p_target;  // top-p: the fixed-point mass the kept set must reach
+  unsigned long long p_above;   // top-p: the mass of the logits above the digits under p_prefix
+  unsigned int count[kMaxBins];         // the running pass's histogram: logits per digit
+  unsigned long long mass[kMaxBins];    // and their fixed-point weight (top-p)
+};
+static_assert(sizeof(State) % 4 == 0, "State is zeroed by words");
+
+// One block's draw: its best score and the index holding it (INT_MAX: no candidate).
+struct Best {
+  double score;
+  int index;
+};
+
+struct DrawArgs {
+  float temperature;
+  float prune;       // kPruneSpan * temperature
+  int min_p_on;
+  double min_log;    // T * log(min_p)
+  uint64_t seed;
+  uint64_t counter;
+  const uint64_t* counter_dev;
+};
+
+constexpr size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+int n_chunks(int64_t n) { return int((n + kChunk - 1) / kChunk); }
+
+// Float -> unsigned key with the same order (-0 ranked with +0); NaN is handled by the callers.
+__device__ __forceinline__ unsigned int order_key(float f) {
+  unsigned int b = __float_as_uint(f);
+  if (b == 0x80000000u) b = 0;
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+// The inverse of order_key (key 0, never a non-NaN logit's key, maps to NaN).
+__device__ __forceinline__ float key_value(unsigned int k) {
+  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+__device__ __forceinline__ void load_chunk(const float* __restrict__ x, int n, float (&v)[kPerThread]) {
+  const int base = blockIdx.x * kChunk + threadIdx.x;
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) {
+    const int i = base + j * kDrawThreads;
+    v[j] = i < n ? __ldg(x + i) : __int_as_float(0x7fffffff);  // NaN: not a candidate
+  }
+}
+
+__device__ __forceinline__ unsigned int warp_max_u32(unsigned int k) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) k = max(k, __shfl_xor_sync(0xffffffffu, k, o));
+  return k;
+}
+
+// The key of the largest non-NaN logit, from stats_kernel's per-block parts; every lane of the
+// calling warp gets it (0 when every logit is NaN).
+__device__ __forceinline__ unsigned int max_key(const unsigned int* __restrict__ part_key, int n_parts) {
+  unsigned int k = 0;
+  for (int b = threadIdx.x & 31; b < n_parts; b += 32) k = max(k, __ldg(part_key + b));
+  return warp_max_u32(k);
+}
+
+// w = exp((v - m) / T) in 2^-40 fixed point; v <= m, both non-NaN (v == m, infinities
+// included, weighs 1).
+__device__ __forceinline__ unsigned long long fixed_mass(float v, float m, float t) {
+  if (v == m) return 1ull << 40;
+  return __float2ull_rn(expf((v - m) / t) * kMassOne);
+}
+
+// The last-block handshake. Call from all threads after this block's global updates; true in
+// every thread of the block that finished last, which then sees all other blocks' updates.
+__device__ __forceinline__ bool last_block(unsigned int* ticket, int* s_flag) {
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const bool last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+    if (last) *ticket = 0;  // every block has taken its ticket: ready for the next pass
+    *s_flag = last;
+  }
+  __syncthreads();
+  if (!*s_flag) return false;
+  __threadfence();
+  return true;
+}
+
+// Running sums over bins taken from the highest digit down: thread t owns digits
+// kBins-1 - (t*kPer + j), j < kPer. `own` is their sum, `excl` the sum of all higher digits.
+struct TopScan {
+  unsigned long long excl, own, total;
+};
+
+template <int kBins, class V>
+__device__ TopScan scan_from_top(const V* values, unsigned long long* red) {
+  constexpr int kPer = kBins / kDrawThreads;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  unsigned long long own = 0;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) own += values[kBins - 1 - (threadIdx.x * kPer + j)];
+  unsigned long long inc = own;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const unsigned long long y = __shfl_up_sync(0xffffffffu, inc, o);
+    if (lane >= o) inc += y;
+  }
+  if (lane == 31) red[warp] = inc;
+  __syncthreads();
+  if (warp == 0) {
+    unsigned long long w = lane < kDrawWarps ? red[lane] : 0;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const unsigned long long y = __shfl_up_sync(0xffffffffu, w, o);
+      if (lane >= o) w += y;
+    }
+    __syncwarp();
+    if (lane < kDrawWarps) red[lane] = w;
+  }
+  __syncthreads();
+  TopScan s;
+  s.own = own;
+  s.excl = (warp > 0 ? red[warp - 1] : 0) + inc - own;
+  s.total = red[kDrawWarps - 1];
+  return s;
+}
+
+// The digit at which the running sum from the top first reaches `target`
+// (1 <= target <= total), and the sum of the digits above it, into shared memory. Exactly one
+// thread writes; the caller synchronises before reading.
+template <int kBins, class V>
+__device__ void locate(const V* values, const TopScan& s, unsigned long long target, int* s_digit,
+                       unsigned long long* s_above) {
+  constexpr int kPer = kBins / kDrawThreads;
+  if (!(s.excl < target && target <= s.excl + s.own)) return;
+  unsigned long long acc = s.excl;
+  for (int j = 0; j < kPer; ++j) {
+    const int d = kBins - 1 - (threadIdx.x * kPer + j);
+    if (acc + values[d] >= target) {
+      *s_digit = d;
+      *s_above = acc;
+      return;
+    }
+    acc += values[d];
+  }
+}
+
+// The maximum key of each chunk into part_key (0: only NaN). Block 0 also zeroes State.
+__global__ void __launch_bounds__(kDrawThreads) stats_kernel(const float* __restrict__ x, int n, State* st,
+                                                             unsigned int* __restrict__ part_key) {
+  __shared__ unsigned int s_red[kDrawWarps];
+  if (blockIdx.x == 0) {
+    unsigned int* w = reinterpret_cast<unsigned int*>(st);
+    for (int i = threadIdx.x; i < int(sizeof(State) / 4); i += kDrawThreads) w[i] = 0;
+  }
+  float v[kPerThread];
+  load_chunk(x, n, v);
+  unsigned int k = 0;
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j)
+    if (v[j] == v[j]) k = max(k, order_key(v[j]));
+  k = warp_max_u32(k);
+  if ((threadIdx.x & 31) == 0) s_red[threadIdx.x >> 5] = k;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    k = warp_max_u32(threadIdx.x < kDrawWarps ? s_red[threadIdx.x] : 0u);
+    if (threadIdx.x == 0) part_key[blockIdx.x] = k;
+  }
+}
+
+// One radix pass of a cut: pass 0 takes key bits [31, 21), pass 1 [21, 10), pass 2 [10, 0),
+// counting only the logits whose higher digits equal the prefix settled so far. top-k finds
+// the k-th largest key by count; top-p (kTopP) the largest key whose mass from the top reaches
+// the target, over the keys >= t_k.
+template <bool kTopP, int kPass>
+__global__ void __launch_bounds__(kDrawThreads)
+    select_kernel(const float* __restrict__ x, int n, float temperature, int top_k, float top_p, State* st,
+                  const unsigned int* __restrict__ part_key, int n_parts) {
+  constexpr int kShift = kPass == 0 ? 21 : kPass == 1 ? 10 : 0;
+  constexpr int kBits = kPass == 2 ? 10 : 11;
+  constexpr int kBins = 1 << kBits;
+  __shared__ unsigned int s_count[kBins];
+  __shared__ unsigned long long s_mass[kTopP ? kBins : 1];
+  __shared__ unsigned long long s_red[32];
+  __shared__ unsigned long long s_above;
+  __shared__ int s_digit, s_flag;
+
+  float v[kPerThread];
+  load_chunk(x, n, v);  // issued before the state is read: the two loads overlap
+  if (kTopP ? st->p_done : st->k_done) return;
+  const unsigned int prefix = kTopP ? st->p_prefix : st->k_prefix;
+  const unsigned int t_k = kTopP ? st->t_k : 0u;
+  const float m = kTopP ? key_value(max_key(part_key, n_parts)) : 0.0f;
+  for (int d = threadIdx.x; d < kBins; d += kDrawThreads) {
+    s_count[d] = 0;
+    if constexpr (kTopP) s_mass[d] = 0;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) {
+    if (v[j] != v[j]) continue;
+    const unsigned int key = order_key(v[j]);
+    if constexpr (kTopP) {
+      if (key < t_k) continue;
+    }
+    if constexpr (kPass > 0) {
+      if ((key >> (kShift + kBits)) != prefix) continue;
+    }
+    const unsigned int d = (key >> kShift) & (kBins - 1);
+    atomicAdd(&s_count[d], 1u);
+    if constexpr (kTopP) atomicAdd(&s_mass[d], fixed_mass(v[j], m, temperature));
+  }
+  __syncthreads();
+  for (int d = threadIdx.x; d < kBins; d += kDrawThreads) {
+    if (s_count[d] == 0) continue;
+    atomicAdd(&st->count[d], s_count[d]);
+    if constexpr (kTopP) atomicAdd(&st->mass[d], s_mass[d]);
+  }
+  if (!last_block(&st->ticket, &s_flag)) return;
+
+  // The last block: take the grid's histogram and clear it for the next pass.
+  for (int d = threadIdx.x; d < kBins; d += kDrawThreads) {
+    s_count[d] = __ldcg(&st->count[d]);
+    st->count[d] = 0;
+    if constexpr (kTopP) {
+      s_mass[d] = __ldcg(&st->mass[d]);
+      st->mass[d] = 0;
+    }
+  }
+  __syncthreads();
+  unsigned long long target, above = 0;
+  if constexpr (kTopP) {
+    const TopScan sc = scan_from_top<kBins>(s_mass, s_red);
+    if (kPass == 0) {
+      if (sc.total == 0) {  // every logit is NaN: nothing to cut
+        if (threadIdx.x == 0) st->p_done = 1;
+        return;
+      }
+      const double want = ceil(double(top_p) * double(sc.total));
+      target = want < 1.0 ? 1ull : want >= double(sc.total) ? sc.total : (unsigned long long)want;
+    } else {
+      target = st->p_target;
+      above = st->p_above;
+    }
+    locate<kBins>(s_mass, sc, target - above, &s_digit, &s_above);
+  } else {
+    const TopScan sc = scan_from_top<kBins>(s_count, s_red);
+    if (kPass == 0) {
+      if ((unsigned long long)top_k >= sc.total) {  // fewer non-NaN logits than k: top-k is off
+        if (threadIdx.x == 0) st->k_done = 1;
+        return;
+      }
+      target = (unsigned long long)top_k;
+    } else {
+      target = st->k_rem;
+    }
+    locate<kBins>(s_count, sc, target, &s_digit, &s_above);
+  }
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  const int d = s_digit;
+  const unsigned int digits = (kPass == 0 ? 0u : prefix << kBits) | unsigned(d);
+  if constexpr (kTopP) {
+    // Done when the digit is a single logit (then every key in the bin ranks as it does).
+    if (kPass == 2 || s_count[d] == 1) {
+      st->p_done = 1;
+      st->t_p = digits << kShift;
+    } else {
+      st->p_prefix = digits;
+      st->p_target = target;
+      st->p_above = above + s_above;
+    }
+  } else {
+    // Done when every logit of the digit is kept.
+    const unsigned long long rem = target - s_above;
+    if (kPass == 2 || s_count[d] == rem) {
+      st->k_done = 1;
+      st->t_k = digits << kShift;
+    } else {
+      st->k_prefix = digits;
+      st->k_rem = unsigned(rem);
+    }
+  }
+}
+
+__device__ __forceinline__ bool better_score(double s, int i, double bs, int bi) {
+  return s > bs || (s == bs && i < bi);
+}
+
+__device__ __forceinline__ void warp_best(double& bs, int& bi) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const double os = __shfl_xor_sync(0xffffffffu, bs, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (better_score(os, oi, bs, bi)) bs = os, bi = oi;
+  }
+}
+
+// Gumbel-max over the kept set: each block's best candidate into parts; the last block picks
+// the grid's best and writes the token.
+__global__ void __launch_bounds__(kDrawThreads)
+    draw_kernel(const float* __restrict__ x, int n, DrawArgs a, const State* st,
+                const unsigned int* __restrict__ part_key, int n_parts, Best* parts, unsigned int* ticket,
+                int32_t* out) {
+  __shared__ float s_max[kDrawWarps];
+  __shared__ double s_score[kDrawWarps];
+  __shared__ int s_index[kDrawWarps];
+  __shared__ int s_flag;
+  const unsigned int t = max(st->t_k, st->t_p);
+  float v[kPerThread];
+  load_chunk(x, n, v);
+  const float m = a.min_p_on ? key_value(max_key(part_key, n_parts)) : 0.0f;
+  const uint64_t counter = a.counter_dev ? *a.counter_dev : a.counter;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+
+  bool cand[kPerThread];
+  float best = kNegInf;
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) {
+    cand[j] = v[j] == v[j] && order_key(v[j]) >= t &&
+              (!a.min_p_on || v[j] == m || double(v[j]) - double(m) >= a.min_log);
+    if (cand[j]) best = fmaxf(best, v[j]);
+  }
+  best = warp_max(best);
+  if (lane == 0) s_max[warp] = best;
+  __syncthreads();
+  best = kNegInf;
+#pragma unroll
+  for (int w = 0; w < kDrawWarps; ++w) best = fmaxf(best, s_max[w]);
+
+  double bs = -__builtin_huge_val();
+  int bi = INT_MAX;
+  const int base = blockIdx.x * kChunk + threadIdx.x;
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) {
+    // NOTE: the pruned logits skip the two double logarithms, the bulk of the draw's work.
+    if (!cand[j] || best - v[j] > a.prune) continue;
+    const int i = base + j * kDrawThreads;
+    const double s = double(v[j]) / double(a.temperature) + noise_gumbel(a.seed, counter, uint64_t(i));
+    if (better_score(s, i, bs, bi)) bs = s, bi = i;
+  }
+  warp_best(bs, bi);
+  if (lane == 0) s_score[warp] = bs, s_index[warp] = bi;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kDrawWarps; ++w)
+      if (better_score(s_score[w], s_index[w], bs, bi)) bs = s_score[w], bi = s_index[w];
+    parts[blockIdx.x].score = bs;
+    parts[blockIdx.x].index = bi;
+  }
+  if (!last_block(ticket, &s_flag)) return;
+
+  bs = -__builtin_huge_val();
+  bi = INT_MAX;
+  for (int b = threadIdx.x; b < int(gridDim.x); b += kDrawThreads) {
+    const double s = __ldcg(&parts[b].score);
+    const int i = __ldcg(&parts[b].index);
+    if (better_score(s, i, bs, bi)) bs = s, bi = i;
+  }
+  warp_best(bs, bi);
+  if (lane == 0) s_score[warp] = bs, s_index[warp] = bi;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kDrawWarps; ++w)
+      if (better_score(s_score[w], s_index[w], bs, bi)) bs = s_score[w], bi = s_index[w];
+    out[0] = bi == INT_MAX ? 0 : int32_t(bi);
+  }
+}
+
+void check_sample_args(int64_t vocab, const SampleArgs& a) {
+  auto bad = [](const std::string& what) { throw InvalidInput("sample: " + what); };
+  if (vocab < 1) bad("vocab must be >= 1, got " + std::to_string(vocab));
+  if (!(a.temperature > 0.0f) || !std::isfinite(a.temperature))
+    bad("temperature must be > 0 and finite (greedy decoding uses argmax), got " + std::to_string(a.temperature));
+  if (a.top_k < 0) bad("top_k must be >= 0, got " + std::to_string(a.top_k));
+  if (!(a.top_p > 0.0f && a.top_p <= 1.0f)) bad("top_p must be in (0, 1], got " + std::to_string(a.top_p));
+  if (!(a.min_p >= 0.0f && a.min_p < 1.0f)) bad("min_p must be in [0, 1), got " + std::to_string(a.min_p));
+  if (vocab > kSampleMaxVocab)
+    throw Unsupported("sample: vocab " + std::to_string(vocab) + " exceeds the largest supported, " +
+                      std::to_string(kSampleMaxVocab));
+}
+
+// Scratch layout: State | part_key [n_chunks] u32 | parts [n_chunks] Best.
+size_t part_key_offset() { return align256(sizeof(State)); }
+size_t parts_offset(int64_t vocab) { return part_key_offset() + align256(size_t(n_chunks(vocab)) * 4); }
+
+}  // namespace
+
+size_t sample_scratch_bytes(int64_t vocab) {
+  if (vocab < 1 || vocab > kSampleMaxVocab) return 0;
+  return parts_offset(vocab) + align256(size_t(n_chunks(vocab)) * sizeof(Best));
+}
+
+void sample(const float* logits, int64_t vocab, const SampleArgs& a, int32_t* out_token, cudaStream_t s) {
+  check_sample_args(vocab, a);
+  const int n = int(vocab);
+  const int nb = n_chunks(vocab);
+  char* base = static_cast<char*>(scratch(sample_scratch_bytes(vocab)));
+  State* st = reinterpret_cast<State*>(base);
+  unsigned int* part_key = reinterpret_cast<unsigned int*>(base + part_key_offset());
+  Best* parts = reinterpret_cast<Best*>(base + parts_offset(vocab));
+
+  stats_kernel<<<nb, kDrawThreads, 0, s>>>(logits, n, st, part_key);
+  OSPREY_CUDA_CHECK_LAUNCH();
+  const float t = a.temperature;
+  if (a.top_k > 0 && a.top_k < vocab) {
+    select_kernel<false, 0><<<nb, kDrawThreads, 0, s>>>(logits, n, t, a.top_k, a.top_p, st, part_key, nb);
+    select_kernel<false, 1><<<nb, kDrawThreads, 0, s>>>(logits, n, t, a.top_k, a.top_p, st, part_key, nb);
+    select_kernel<false, 2><<<nb, kDrawThreads, 0, s>>>(logits, n, t, a.top_k, a.top_p, st, part_key, nb);
+    OSPREY_CUDA_CHECK_LAUNCH();
+  }
+  if (a.top_p < 1.0f) {
+    select_kernel<true, 0><<<nb, kDrawThreads, 0, s>>>(logits, n, t, a.top_k, a.top_p, st, part_key, nb);
+    select_kernel<true, 1><<<nb, kDrawThreads, 0, s>>>(logits, n, t, a.top_k, a.top_p, st, part_key, nb);
+    select_kernel<true, 2><<<nb, kDrawThreads, 0, s>>>(logits, n, t, a.top_k, a.top_p, st, part_key, nb);
+    OSPREY_CUDA_CHECK_LAUNCH();
+  }
+  DrawArgs d;
+  d.temperature = t;
+  d.prune = kPruneSpan * t;
+  d.min_p_on = a.min_p > 0.0f;
+  d.min_log = d.min_p_on ? double(t) * std::log(double(a.min_p)) : 0.0;
+  d.seed = a.seed;
+  d.counter = a.counter;
+  d.counter_dev = a.counter_dev;
+  draw_kernel<<<nb, kDrawThreads, 0, s>>>(logits, n, d, st, part_key, nb, parts, &st->ticket, out_token);
   OSPREY_CUDA_CHECK_LAUNCH();
 }
 

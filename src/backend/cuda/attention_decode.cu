@@ -1,0 +1,258 @@
+// Split-K flash decoding on tensor cores (attention() with n <= kDecodeMaxRows).
+//
+// Grid: (split, tile of 8 query vectors) x kv head. A query vector is a (row, head of the
+// group) pair, so one block serves every query head that reads its kv head and each K/V row
+// of its key range is read once. The range streams through shared memory in chunks of 64 keys
+// with cp.async (kStages chunks in flight, no registers held by loads; rows outside the
+// visible range are zero-filled, never read). Warp w takes keys 16w..16w+15 of each chunk:
+// S = Q K^T with m16n8k16 (the 8 vectors are rows 0..7 of A, rows 8..15 zero), the online
+// softmax in f32 (log2 units), O += P V with P rounded to f16; K and V fragments come from
+// ldmatrix / ldmatrix.trans. The four warps merge their states at the end and write either
+// the output (one split) or an unnormalised partial for attention_combine.
+#include <climits>
+
+#include "backend/cuda/attention_impl.cuh"
+
+namespace osprey::cuda::attn {
+namespace {
+
+constexpr int kWarps = kThreads / 32;
+constexpr int kVecs = 8;                 // query vectors per block (rows 0..7 of the mma)
+constexpr int kStep = 16;                // keys per warp and chunk
+constexpr int kChunk = kWarps * kStep;   // keys per chunk
+constexpr int kStages = 3;               // chunks in flight
+
+template <int D>
+struct Cfg {
+  static constexpr int kS = D + 8;  // shared row stride (f16): rows 16 bytes apart in banks
+  static constexpr size_t kStage = size_t(2) * kChunk * kS * 2;  // K and V of one chunk, bytes
+  static constexpr size_t kMerge = size_t(kWarps) * kVecs * (D + 1) * 4;  // aliases the stages at the end
+  static constexpr size_t kSmem = std::max(kStages * kStage, kMerge);
+};
+
+template <int D>
+__global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) decode_kernel(const FastParams p) {
+  using C = Cfg<D>;
+  constexpr int kS = C::kS, kNd = D / 8, kP = D + kPartialPad;
+  extern __shared__ __align__(16) uint16_t smem[];  // [kStages][K, V][kChunk][kS]
+  float* sm_o = reinterpret_cast<float*>(smem);     // [kWarps][kVecs][D + 1], after the loop
+  __shared__ float sm_m[kWarps][kVecs], sm_l[kWarps][kVecs];
+
+  const AttentionArgs& a = p.a;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int tile = blockIdx.x % p.n_tiles, split = blockIdx.x / p.n_tiles, hk = blockIdx.y;
+  const int G = p.group;
+  const int64_t nv = a.n * G, n_vec_all = a.n * a.n_heads;
+  const Positions ps = positions(a);
+  const int64_t s0 = int64_t(split) * p.split_keys, s1 = s0 + p.split_keys;
+  const int64_t v_first = int64_t(tile) * kVecs, v_last = min(nv, v_first + kVecs) - 1;
+
+  int64_t kb64, ke64, lo64, hi64;
+  visible_keys(a, ps, v_first / G, s0, s1, &kb64, &hi64);
+  visible_keys(a, ps, v_last / G, s0, s1, &lo64, &ke64);
+  const int kb = int(kb64), ke = int(ke64);  // the host keeps key counts below 2^30
+  auto out_index = [&](int64_t v) {  // (row, head) of vector v; the host keeps n * n_heads below 2^31
+    const int vi = int(v);
+    return int64_t(vi / G) * a.n_heads + hk * G + vi % G;
+  };
+
+  if (kb >= ke) {  // nothing of this split is visible to the tile (e.g. past the live keys)
+    if (p.partial) {
+      for (int64_t v = v_first + tid; v <= v_last; v += kThreads) {
+        float* dst = p.partial + (int64_t(split) * n_vec_all + out_index(v)) * kP;
+        dst[D] = kNegInf;
+        dst[D + 1] = 0.0f;
+      }
+    } else {
+      for (int64_t e = tid; e < (v_last - v_first + 1) * D; e += kThreads)
+        a.out[out_index(v_first + e / D) * D + e % D] = 0.0f;
+    }
+    return;
+  }
+
+  const uint16_t* kh = a.k + hk * a.k_head_stride;
+  const uint16_t* vh = a.v + hk * a.v_head_stride;
+  const int n_chunks = (ke - kb + kChunk - 1) / kChunk;
+  auto load_chunk = [&](int c) {
+    const int t0 = kb + c * kChunk;
+    uint16_t* kd = smem + (c % kStages) * (C::kStage / 2);
+    uint16_t* vd = kd + kChunk * kS;
+    for (int i = tid; i < kChunk * (D / 8); i += kThreads) {
+      const int r = i / (D / 8), ch = i % (D / 8);
+      const int key = t0 + r;
+      const bool ok = key < ke;
+      cp_async16(kd + r * kS + ch * 8, ok ? kh + int64_t(key) * a.k_row_stride + ch * 8 : kh, ok);
+      cp_async16(vd + r * kS + ch * 8, ok ? vh + int64_t(key) * a.v_row_stride + ch * 8 : vh, ok);
+    }
+  };
+#pragma unroll
+  for (int c = 0; c < kStages - 1; ++c) {
+    if (c < n_chunks) load_chunk(c);
+    cp_async_commit();
+  }
+
+  // This lane's query vector (row g of the mma), its A fragments and its visible keys.
+  const int64_t v = v_first + g;
+  const bool v_ok = v <= v_last;
+  int lo = 0, hi = 0;
+  if (v_ok) {
+    visible_keys(a, ps, v / G, kb, ke, &lo64, &hi64);
+    lo = int(lo64), hi = int(hi64);
+  }
+  uint32_t qa[D / 16][2];
+  {
+    const float* qrow = a.q + out_index(v_ok ? v : v_first) * D + 2 * t;
+    const float sc = v_ok ? p.q_scale : 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const float2 x0 = __ldg(reinterpret_cast<const float2*>(qrow + kk * 16));
+      const float2 x1 = __ldg(reinterpret_cast<const float2*>(qrow + kk * 16 + 8));
+      qa[kk][0] = pack_half2(x0.x * sc, x0.y * sc);
+      qa[kk][1] = pack_half2(x1.x * sc, x1.y * sc);
+    }
+  }
+
+  float o[kNd][2];
+#pragma unroll
+  for (int nd = 0; nd < kNd; ++nd) o[nd][0] = o[nd][1] = 0.0f;
+  float m = kNegInf, l = 0.0f;
+
+  for (int c = 0; c < n_chunks; ++c) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();  // chunk c is in; every warp is done with chunk c - 1, whose buffer is refilled next
+    if (c + kStages - 1 < n_chunks) load_chunk(c + kStages - 1);
+    cp_async_commit();
+
+    const int base = kb + c * kChunk + warp * kStep;
+    if (base >= ke) continue;  // warp-uniform: this warp's keys of the last chunk are all past the range
+    const uint16_t* kt = smem + (c % kStages) * (C::kStage / 2) + warp * kStep * kS;
+    const uint16_t* vt = kt + kChunk * kS;
+
+    float s[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t b[4];
+      ldmatrix_x4(b, kt + ((lane >> 4) * 8 + (lane & 7)) * kS + kk * 16 + ((lane >> 3) & 1) * 8);
+      mma_top(s[0][0], s[0][1], qa[kk][0], qa[kk][1], b[0], b[1]);
+      mma_top(s[1][0], s[1][1], qa[kk][0], qa[kk][1], b[2], b[3]);
+    }
+    float mx = kNegInf;
+#pragma unroll
+    for (int nb = 0; nb < 2; ++nb)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float x = s[nb][e];
+        if (p.cap_out > 0.0f) x = p.cap_out * tanh_exp2(x * p.cap_in);
+        const int key = base + nb * 8 + 2 * t + e;
+        x = key >= lo && key < hi ? x : kNegInf;
+        s[nb][e] = x;
+        mx = fmaxf(mx, x);
+      }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m, mx);
+    const float m_use = m_new == kNegInf ? 0.0f : m_new;
+    const float corr = exp2f(m - m_use);
+    float sum = 0.0f;
+#pragma unroll
+    for (int nb = 0; nb < 2; ++nb)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) sum += (s[nb][e] = exp2f(s[nb][e] - m_use));
+    l = l * corr + sum;
+    m = m_new;
+
+    const uint32_t a0 = pack_half2(s[0][0], s[0][1]), a2 = pack_half2(s[1][0], s[1][1]);
+#pragma unroll
+    for (int nd = 0; nd < kNd; nd += 2) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, vt + (((lane >> 3) & 1) * 8 + (lane & 7)) * kS + nd * 8 + (lane >> 4) * 8);
+      o[nd][0] *= corr, o[nd][1] *= corr, o[nd + 1][0] *= corr, o[nd + 1][1] *= corr;
+      mma_top(o[nd][0], o[nd][1], a0, a2, b[0], b[1]);
+      mma_top(o[nd + 1][0], o[nd + 1][1], a0, a2, b[2], b[3]);
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // the stage buffers become sm_o
+
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+  if (t == 0) sm_m[warp][g] = m, sm_l[warp][g] = l;
+#pragma unroll
+  for (int nd = 0; nd < kNd; ++nd)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) sm_o[(warp * kVecs + g) * (D + 1) + nd * 8 + 2 * t + e] = o[nd][e];
+  __syncthreads();
+
+  for (int e = tid; e < kVecs * D; e += kThreads) {
+    const int vi = e / D, d = e % D;
+    if (v_first + vi > v_last) break;
+    float mm = kNegInf;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) mm = fmaxf(mm, sm_m[w][vi]);
+    float num = 0.0f, den = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float mw = sm_m[w][vi];
+      if (mw == kNegInf) continue;
+      const float f = exp2f(mw - mm);
+      num = fmaf(sm_o[(w * kVecs + vi) * (D + 1) + d], f, num);
+      den = fmaf(sm_l[w][vi], f, den);
+    }
+    const int64_t oi = out_index(v_first + vi);
+    if (p.partial) {
+      float* dst = p.partial + (int64_t(split) * n_vec_all + oi) * kP;
+      dst[d] = num;
+      if (d == 0) dst[D] = mm, dst[D + 1] = den;
+    } else {
+      a.out[oi * D + d] = den > 0.0f ? num / den : 0.0f;
+    }
+  }
+}
+
+template <int D>
+void launch(const AttentionArgs& a, int64_t key_bound, cudaStream_t s) {
+  using C = Cfg<D>;
+  static const int blocks_per_sm = [] {
+    OSPREY_CUDA_CHECK(
+        cudaFuncSetAttribute(decode_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kSmem)));
+    int n = 0;
+    OSPREY_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_kernel<D>, kThreads, C::kSmem));
+    return std::max(n, 1);
+  }();
+  FastParams p{};
+  p.a = a;
+  p.group = int(a.n_heads / a.n_kv_heads);
+  set_score_scale(p);
+  const int64_t n_tiles = (a.n * p.group + kVecs - 1) / kVecs;
+  const int64_t base = n_tiles * a.n_kv_heads;
+  // One wave of blocks over the SMs, each with whole chunks of keys.
+  const int64_t want = std::max<int64_t>(1, int64_t(blocks_per_sm) * sm_count() / base);
+  int64_t split_keys = (key_bound + want - 1) / want;
+  split_keys = std::max<int64_t>(kChunk, (split_keys + kChunk - 1) / kChunk * kChunk);
+  const int64_t n_splits = (key_bound + split_keys - 1) / split_keys;
+  if (n_tiles * n_splits > INT_MAX) throw Unsupported("attention: too many query rows for the decode kernel");
+  p.split_keys = split_keys;
+  p.n_splits = int(n_splits);
+  p.n_tiles = int(n_tiles);
+  p.partial = nullptr;
+  if (n_splits > 1)
+    p.partial = static_cast<float*>(
+        scratch(size_t(n_splits * a.n * a.n_heads * (D + kPartialPad)) * sizeof(float)));
+  const dim3 grid(unsigned(n_tiles * n_splits), unsigned(a.n_kv_heads));
+  decode_kernel<D><<<grid, kThreads, C::kSmem, s>>>(p);
+  OSPREY_CUDA_CHECK_LAUNCH();
+  if (n_splits > 1) launch_combine(a, p.partial, p.n_splits, s);
+}
+
+}  // namespace
+
+void launch_decode(const AttentionArgs& a, int64_t key_bound, cudaStream_t s) {
+  switch (a.head_dim) {
+    case 64: return launch<64>(a, key_bound, s);
+    case 128: return launch<128>(a, key_bound, s);
+    case 256: return launch<256>(a, key_bound, s);
+    default: throw Unsupported("attention: decode kernel for head_dim " + std::to_string(a.head_dim));
+  }
+}
+
+}  // namespace osprey::cuda::attn

@@ -1,0 +1,135 @@
+#pragma once
+// Internals of attention() shared by attention.cu (dispatch, CUDA-core fallback, combine),
+// attention_decode.cu and attention_prefill.cu: the device-side position lookup, the
+// tensor-core fragment helpers (mma.sync m16n8k16 f16 x f16 -> f32, ldmatrix, cp.async) and
+// the launchers of the tensor-core paths.
+//
+// Fragment layout of mma.m16n8k16 (g = lane / 4, t = lane % 4; a 32-bit register holds two
+// f16, the lower index in the low half):
+//   A (16 x 16, row major): a[0] = (row g, cols 2t..2t+1), a[1] = (row g + 8, cols 2t..),
+//                           a[2] = (row g, cols 2t+8..), a[3] = (row g + 8, cols 2t+8..)
+//   B (16 x 8):             b[0] = (rows 2t..2t+1, col g), b[1] = (rows 2t+8..2t+9, col g)
+//   C (16 x 8, f32):        c[0..1] = (row g, cols 2t..2t+1), c[2..3] = (row g + 8, cols 2t..)
+#include <cuda_fp16.h>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/kernels.h"
+
+namespace osprey::cuda::attn {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr int kThreads = 128;  // decode and combine kernels: four warps
+
+// The first query position and the key count of one call: from *q_pos_dev when set (keys
+// clamped to max_keys), else from the arguments.
+struct Positions {
+  int64_t q_pos0, n_keys;
+};
+__device__ __forceinline__ Positions positions(const AttentionArgs& a) {
+  if (a.q_pos_dev) {
+    const int64_t p = *a.q_pos_dev;
+    return {p, min(p + a.n, a.max_keys)};
+  }
+  return {a.q_pos0, a.n_keys};
+}
+
+// Keys visible to query row i, intersected with [s0, s1); empty ranges come out as lo >= hi.
+__device__ __forceinline__ void visible_keys(const AttentionArgs& a, const Positions& ps, int64_t i, int64_t s0,
+                                             int64_t s1, int64_t* lo, int64_t* hi) {
+  const int64_t p = ps.q_pos0 + i;
+  *hi = min(min(p + 1, ps.n_keys), s1);
+  *lo = max(a.window > 0 ? max(int64_t(0), p - int64_t(a.window) + 1) : int64_t(0), s0);
+}
+
+// Two f32 to an f16 pair (x in the low half).
+__device__ __forceinline__ uint32_t pack_half2(float x, float y) {
+  const __half2 h = __floats2half2_rn(x, y);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// tanh(y) from one exp2: absolute error ~1e-6 (softcap logits), far cheaper than tanhf.
+__device__ __forceinline__ float tanh_exp2(float y) {
+  return 1.0f - __fdividef(2.0f, exp2f(y * (2.0f * kLog2e)) + 1.0f);
+}
+
+// d += A B with A's rows 8..15 zero (a[1] = a[3] = 0): only c[0..1] are kept.
+__device__ __forceinline__ void mma_top(float& d0, float& d1, uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
+  asm("{\n"
+      ".reg .f32 z0, z1;\n"
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,z0,z1}, {%2,%6,%3,%6}, {%4,%5}, {%0,%1,%7,%7};\n"
+      "}\n"
+      : "+f"(d0), "+f"(d1)
+      : "r"(a0), "r"(a2), "r"(b0), "r"(b1), "r"(0u), "f"(0.0f));
+}
+
+// d += A B, all 16 rows.
+__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Four 8x8 f16 matrices; lane l gives the row address of matrix l / 8, row l % 8.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+// 16 bytes global -> shared, or 16 zero bytes when !pred (src is then not read).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool pred) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(pred ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Partial results of a key split, one row per (split, query row, query head):
+// [n_splits, n * n_heads, head_dim + kPartialPad] f32 = acc[head_dim], m (log2 units), l, pad.
+constexpr int kPartialPad = 4;
+
+// Shared by both tensor-core kernels.
+struct FastParams {
+  AttentionArgs a;
+  int64_t split_keys;  // keys per split (the last one may be short)
+  int n_splits, n_tiles, group;
+  float q_scale;            // q is multiplied by this before rounding to f16
+  float cap_in, cap_out;    // softcap: s = cap_out * tanh(s * cap_in); cap_out = 0: none
+  float* partial;           // [n_splits, n * n_heads, head_dim + kPartialPad] or nullptr (n_splits == 1)
+};
+
+// Fills the scale and softcap fields: scores come out in log2 units (exp2 in the softmax).
+inline void set_score_scale(FastParams& p) {
+  if (p.a.softcap > 0.0f) {
+    p.q_scale = p.a.scale;
+    p.cap_in = 1.0f / p.a.softcap;
+    p.cap_out = p.a.softcap * kLog2e;
+  } else {
+    p.q_scale = p.a.scale * kLog2e;
+    p.cap_in = p.cap_out = 0.0f;
+  }
+}
+
+int sm_count();  // multiprocessors of the current device (cached)
+
+// The tensor-core paths; head_dim 64, 128 or 256, every pointer and stride 16-byte aligned.
+// key_bound: max_keys when set, else n_keys (>= 1): it alone decides the split count.
+void launch_decode(const AttentionArgs& a, int64_t key_bound, cudaStream_t s);
+void launch_prefill(const AttentionArgs& a, int64_t key_bound, cudaStream_t s);
+// out = merge of the n_splits partials (see kPartialPad) for every (row, head).
+void launch_combine(const AttentionArgs& a, const float* partial, int n_splits, cudaStream_t s);
+
+}  // namespace osprey::cuda::attn

@@ -1,0 +1,27 @@
+#pragma once
+// CUDA kernels behind the quantized ops of backend/quant.h (MLX affine quantization; the
+// layout is QuantArgs's, backend/quant_args.h). Internal header: only src/backend/cuda and
+// the ops dispatch include it. Every pointer is a device pointer; every function enqueues its
+// work on `s` and returns at once (no host synchronisation). Callers check shapes; these
+// functions throw Unsupported for bits, group sizes or scale dtypes the kernels do not take.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/quant_args.h"
+#include "core/dtype.h"
+
+namespace osprey::cuda {
+
+// y[n, out] = x[n, in] * dequant(w)^T + bias (bias may be nullptr); x, y f32 contiguous.
+// n <= kGemvMaxRows (kernels.h): a fused dequantize-GEMV with f32 accumulation that allocates
+// nothing (capturable in a CUDA graph). Larger n: w is dequantized to f16 (bf16 when the
+// scales are bf16) in scratch() chunks of at most 64 MiB and multiplied by cuBLAS with x
+// rounded to the same 16-bit type, as linear_gemm does.
+void linear_q(const float* x, int64_t n, const QuantArgs& w, const float* bias, float* y, cudaStream_t s);
+// out[i, :] = dequant(w)[ids[i], :] * scale, out [n, in] f32 (ids trusted in range).
+void embedding_q(const QuantArgs& w, const int32_t* ids, int64_t n, float scale, float* out, cudaStream_t s);
+// The whole matrix dequantized into out [w.out, w.in] of out_dtype (f32 | f16 | bf16).
+void dequantize(const QuantArgs& w, DType out_dtype, void* out, cudaStream_t s);
+
+}  // namespace osprey::cuda

@@ -1,0 +1,153 @@
+// The ops of backend/quant.h: argument checks and device dispatch to the CPU
+// (backend/cpu/quant_kernels.h) or CUDA (backend/cuda/quant_kernels.h) kernels.
+#include "backend/quant.h"
+
+#include "backend/cpu/quant_kernels.h"
+#include "backend/ops.h"
+#include "backend/quant_args.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+
+#ifdef OSPREY_WITH_CUDA
+#include "backend/cuda/quant_kernels.h"
+#include "backend/cuda/runtime.h"
+#define OSPREY_CUDA_BRANCH(cond) if (cond)
+#else
+// Without the backend no array can live on a CUDA device, so the branch is never taken.
+#define OSPREY_CUDA_BRANCH(cond) if (false)
+#endif
+
+namespace osprey::ops {
+namespace {
+
+void require(bool ok, const char* op, const std::string& what) {
+  if (!ok) throw InvalidInput(std::string(op) + ": " + what);
+}
+
+// Checks that the defined arrays share one device; true when it is a CUDA device.
+bool on_cuda(const char* op, std::initializer_list<const Array*> arrays) {
+  const Array* first = nullptr;
+  for (const Array* a : arrays) {
+    if (!a->defined()) continue;
+    if (!first)
+      first = a;
+    else if (!(a->device() == first->device()))
+      throw InvalidInput(std::string(op) + ": arrays on " + first->device().str() + " and " + a->device().str());
+  }
+  return first && !first->device().is_cpu();
+}
+
+std::string describe(const QuantizedMatrix& w) {
+  return "packed " + osprey::describe(w.packed) + ", scales " + osprey::describe(w.scales) + ", biases " +
+         osprey::describe(w.biases) + ", bits " + std::to_string(w.bits) + ", group size " +
+         std::to_string(w.group_size);
+}
+
+// Checks the matrix's own consistency and returns its kernel arguments.
+QuantArgs quant_args(const char* op, const QuantizedMatrix& w) {
+  require(w.packed.defined() && w.scales.defined() && w.biases.defined(), op,
+          "quantized matrix needs packed words, scales and biases, got " + describe(w));
+  require(supported_quant_bits(w.bits), op, "unsupported bits in " + describe(w) + " (supported: 2, 3, 4, 6, 8)");
+  require(supported_group_size(w.group_size), op,
+          "unsupported group size in " + describe(w) + " (supported: 32, 64, 128)");
+  require(w.packed.dtype() == DType::u32 && w.packed.ndim() == 2 && w.packed.is_contiguous(), op,
+          "packed words must be a contiguous uint32 matrix, got " + describe(w));
+  const int64_t out = w.packed.dim(0), in = w.in_features();
+  require((w.packed.dim(1) * 32) % w.bits == 0 && in % w.group_size == 0, op,
+          "group size does not divide the input size in " + describe(w));
+  const Shape group_shape{out, in / w.group_size};
+  require((w.scales.dtype() == DType::f16 || w.scales.dtype() == DType::bf16) && w.scales.shape() == group_shape &&
+              w.scales.is_contiguous(),
+          op, "scales must be contiguous float16 or bfloat16 " + group_shape.str() + ", got " + describe(w));
+  require(w.biases.dtype() == w.scales.dtype() && w.biases.shape() == group_shape && w.biases.is_contiguous(), op,
+          "biases must match the scales " + group_shape.str() + ", got " + describe(w));
+  QuantArgs a;
+  a.packed = w.packed.data<uint32_t>();
+  a.scales = w.scales.raw();
+  a.biases = w.biases.raw();
+  a.scale_dtype = w.scales.dtype();
+  a.bits = w.bits;
+  a.group_size = w.group_size;
+  a.out = out;
+  a.in = in;
+  return a;
+}
+
+}  // namespace
+
+Array linear(const Array& x, const QuantizedMatrix& w, const Array& bias) {
+  const bool gpu = on_cuda("linear", {&x, &w.packed, &w.scales, &w.biases, &bias});
+  const QuantArgs a = quant_args("linear", w);
+  require(x.defined() && x.dtype() == DType::f32 && x.is_contiguous(), "linear",
+          "x must be contiguous float32, got " + osprey::describe(x));
+  require(x.ndim() >= 1 && x.dim(-1) == a.in, "linear",
+          "input " + osprey::describe(x) + " does not match the quantized weight's " + std::to_string(a.in) +
+              " inputs (" + describe(w) + ")");
+  if (bias.defined())
+    require(bias.dtype() == DType::f32 && bias.numel() == a.out && bias.is_contiguous(), "linear",
+            "bias must be float32 [" + std::to_string(a.out) + "], got " + osprey::describe(bias));
+  const int64_t n = x.numel() / a.in;
+  Array y = Array::empty({n, a.out}, DType::f32, x.device());
+  const float* b = bias.defined() ? bias.data<float>() : nullptr;
+  OSPREY_CUDA_BRANCH(gpu) {
+#ifdef OSPREY_WITH_CUDA
+    cuda::linear_q(x.data<float>(), n, a, b, y.data<float>(), cuda::stream());
+#endif
+    return y;
+  }
+  cpu::linear_q(x.data<float>(), n, a, b, y.data<float>(), cpu_pool());
+  return y;
+}
+
+Array linear(const Array& x, const LinearWeight& w, const Array& bias) {
+  if (w.quantized()) return linear(x, w.quant, bias);
+  require(w.dense.defined(), "linear", "the weight is undefined (neither dense nor quantized)");
+  return linear(x, w.dense, bias);
+}
+
+Array embedding(const QuantizedMatrix& table, const Array& ids, float scale) {
+  const bool gpu = on_cuda("embedding", {&table.packed, &table.scales, &table.biases, &ids});
+  const QuantArgs a = quant_args("embedding", table);
+  require(ids.defined() && ids.dtype() == DType::i32 && ids.ndim() == 1 && ids.is_contiguous(), "embedding",
+          "ids must be int32 [n], got " + osprey::describe(ids));
+  Array out = Array::empty({ids.numel(), a.in}, DType::f32, ids.device());
+  OSPREY_CUDA_BRANCH(gpu) {
+#ifdef OSPREY_WITH_CUDA
+    // NOTE: ids on the device are not range-checked here (that would need a sync); the
+    // generator checks prompt ids, and sampled ids are in range by construction.
+    cuda::embedding_q(a, ids.data<int32_t>(), ids.numel(), scale, out.data<float>(), cuda::stream());
+#endif
+    return out;
+  }
+  const auto* id = ids.data<int32_t>();
+  for (int64_t i = 0; i < ids.numel(); ++i)
+    if (id[i] < 0 || id[i] >= a.out)
+      throw InvalidInput("token id " + std::to_string(id[i]) + " is outside the vocabulary [0, " +
+                         std::to_string(a.out) + ")");
+  cpu::dequantize_rows(a, id, ids.numel(), scale, out.data<float>());
+  return out;
+}
+
+Array embedding(const LinearWeight& table, const Array& ids, float scale) {
+  if (table.quantized()) return embedding(table.quant, ids, scale);
+  require(table.dense.defined(), "embedding", "the table is undefined (neither dense nor quantized)");
+  return embedding(table.dense, ids, scale);
+}
+
+Array dequantize(const QuantizedMatrix& w, DType dtype) {
+  const bool gpu = on_cuda("dequantize", {&w.packed, &w.scales, &w.biases});
+  const QuantArgs a = quant_args("dequantize", w);
+  require(is_float(dtype), "dequantize",
+          std::string("the output must be float32, float16 or bfloat16, got ") + dtype_name(dtype));
+  Array out = Array::empty({a.out, a.in}, dtype, w.device());
+  OSPREY_CUDA_BRANCH(gpu) {
+#ifdef OSPREY_WITH_CUDA
+    cuda::dequantize(a, dtype, out.raw(), cuda::stream());
+#endif
+    return out;
+  }
+  cpu::dequantize(a, dtype, out.raw());
+  return out;
+}
+
+}  // namespace osprey::ops

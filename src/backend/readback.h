@@ -1,0 +1,31 @@
+#pragma once
+// Reading single tokens back from the device without draining its stream: an asynchronous
+// copy into pinned host memory plus an event per slot (pipelined decode, DESIGN §2). On the
+// CPU the copy is immediate.
+#include <cstdint>
+#include <memory>
+
+#include "core/array.h"
+
+namespace osprey {
+
+class TokenReadback {
+ public:
+  TokenReadback(Device device, int n_slots);
+  ~TokenReadback();
+  TokenReadback(const TokenReadback&) = delete;
+  TokenReadback& operator=(const TokenReadback&) = delete;
+
+  // Enqueues the copy of token[0] (i32, on `device`) into `slot` (0 <= slot < n_slots);
+  // the slot must not be pending.
+  void enqueue(const Array& token, int slot);
+  // Waits for the slot's copy and returns the token.
+  int32_t wait(int slot);
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace osprey

@@ -1,0 +1,57 @@
+#include "engine/decoder.h"
+
+#include "backend/graph.h"
+#include "backend/ops.h"
+#include "core/log.h"
+#include "model/model.h"
+
+namespace osprey {
+
+Decoder::Decoder(Model& model, SequenceCache& cache, const DecoderOptions& options)
+    : model_(model), cache_(cache), options_(options) {
+  const Device dev = model.info().device;
+  token_ = Array::zeros({1}, DType::i32, dev);
+  position_ = Array::zeros({1}, DType::i32, dev);
+  if (dev.is_cpu()) options_.graphs = false;
+}
+
+Decoder::~Decoder() = default;
+
+bool Decoder::graph_usable(const std::vector<const void*>& key) const {
+  return graph_ && key == graph_key_ &&
+         graph_memory_generation_ == CapturedGraph::memory_generation(model_.info().device);
+}
+
+const Array& Decoder::step() {
+  const Device dev = model_.info().device;
+  ops::fill_i32_(position_, int32_t(cache_.offset()));
+  if (options_.graphs && cache_.next_write_in_place()) {
+    std::vector<const void*> key = cache_.buffers();
+    if (graph_usable(key)) {
+      graph_->replay();
+      cache_.commit_replayed_write();
+      ++n_replays_;
+      return logits_;
+    }
+    if (key == warm_key_) {
+      // The previous step ran in place over these buffers, so every scratch buffer this step
+      // needs has its size already: capture it, then run it.
+      graph_.reset();
+      Array out;
+      graph_ = CapturedGraph::capture(dev, [&] { out = model_.forward(token_, position_, cache_, false); });
+      graph_key_ = std::move(key);
+      graph_memory_generation_ = CapturedGraph::memory_generation(dev);
+      logits_ = out;
+      graph_->replay();
+      ++n_captures_;
+      log_debug("decode graph captured at position " + std::to_string(cache_.offset() - 1));
+      return logits_;
+    }
+  }
+  const bool inplace = cache_.next_write_in_place();
+  logits_ = model_.forward(token_, position_, cache_, false);
+  warm_key_ = inplace ? cache_.buffers() : std::vector<const void*>();
+  return logits_;
+}
+
+}  // namespace osprey

@@ -1,0 +1,381 @@
+// MLX affine-quantized checkpoints: the quantized fixtures (tools/mlx_quant_reference.py)
+// against transformers run on their dequantized weights, on the CPU and on CUDA; and
+// malformed quantized checkpoints, each an InvalidInput that names the tensor or field.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "backend/cuda_available.h"
+#include "backend/ops.h"
+#include "backend/quant.h"
+#include "core/error.h"
+#include "engine/generator.h"
+#include "model/model.h"
+#include "model/safetensors.h"
+#include "support/test_util.h"
+
+namespace osprey {
+namespace {
+
+using testing::ints;
+using testing::relative_row_error;
+using testing::TempDir;
+using testing::tokens_of;
+
+std::filesystem::path fixture(const std::string& name) { return testing::source_dir() / "tests/fixtures/models" / name; }
+
+struct Expected {
+  int bits, group_size;
+  DType dtype;
+};
+
+Expected expected_of(const std::string& name) {
+  if (name == "llama-q4") return {4, 64, DType::bf16};
+  if (name == "llama-q8") return {8, 64, DType::f16};
+  return {4, 32, DType::bf16};  // qwen2-q4
+}
+
+Array to_cpu(const Array& a) { return ops::to_device(a, Device::cpu()); }
+
+double worst_row_error(const Array& ours, const Array& ref) {
+  double worst = 0;
+  for (int64_t t = 0; t < ref.dim(0); ++t)
+    worst = std::max(worst, relative_row_error(ours.data<float>() + t * ref.dim(1), ref.data<float>() + t * ref.dim(1),
+                                               ref.dim(1)));
+  return worst;
+}
+
+int32_t argmax(const float* row, int64_t n) {
+  int64_t best = 0;
+  for (int64_t j = 1; j < n; ++j)
+    if (row[j] > row[best]) best = j;
+  return int32_t(best);
+}
+
+class QuantReferenceBase : public ::testing::TestWithParam<std::string> {
+ protected:
+  void load(Device device) {
+    LoadOptions lo;
+    lo.device = device;
+    model_ = load_model(fixture(GetParam()), lo);
+    ref_ = std::make_unique<SafeTensors>(SafeTensors::open_file(fixture(GetParam()) / "reference.safetensors"));
+  }
+
+  // Logits of one full forward pass over every position of sequence i.
+  double prefill_error(int i) {
+    const std::vector<int32_t> ids = ints(ref_->get("tokens_" + std::to_string(i)));
+    Array ref = ref_->get("logits_" + std::to_string(i));
+    SequenceCache cache = model_->make_cache({});
+    Array ours = to_cpu(model_->forward(tokens_of(ids), cache, true));
+    EXPECT_EQ(ours.shape(), ref.shape());
+    return worst_row_error(ours, ref);
+  }
+
+  double decode_error() {
+    const std::vector<int32_t> ids = ints(ref_->get("tokens_1"));
+    Array ref = ref_->get("logits_1");
+    SequenceCache cache = model_->make_cache({});
+    double worst = 0;
+    for (size_t t = 0; t < ids.size(); ++t) {
+      Array l = to_cpu(model_->forward(tokens_of({ids[t]}), cache, false));
+      worst = std::max(worst, relative_row_error(l.data<float>(), ref.data<float>() + int64_t(t) * ref.dim(1), ref.dim(1)));
+    }
+    return worst;
+  }
+
+  // Free-running greedy output equals the reference up to the first step whose reference
+  // margin is too small to call; with the reference tokens fed back (teacher forcing), every
+  // clear-margin step's argmax must equal the reference, however early an unclear one came.
+  void expect_greedy_matches() {
+    int64_t clear_total = 0;
+    for (int i = 0; i < 3; ++i) {
+      const std::string n = std::to_string(i);
+      const std::vector<int32_t> prompt = ints(ref_->get("greedy_prompt_" + n));
+      const std::vector<int32_t> expected = ints(ref_->get("greedy_tokens_" + n));
+      const float* margins = ref_->get("greedy_margins_" + n).data<float>();
+      SequenceCache cache = model_->make_cache({});
+      GenerateParams gp;
+      gp.max_tokens = int(expected.size());
+      GenerateResult r = generate(*model_, cache, prompt, gp);
+      ASSERT_EQ(r.tokens.size(), expected.size());
+      for (size_t s = 0; s < expected.size() && margins[s] > 0.05f; ++s)
+        ASSERT_EQ(r.tokens[s], expected[s]) << "prompt " << i << ", free-running step " << s;
+
+      std::vector<int32_t> forced = prompt;
+      forced.insert(forced.end(), expected.begin(), expected.end() - 1);
+      SequenceCache cache2 = model_->make_cache({});
+      Array logits = to_cpu(model_->forward(tokens_of(forced), cache2, true));  // [T + 63, vocab]
+      const int64_t vocab = logits.dim(1);
+      for (size_t s = 0; s < expected.size(); ++s) {
+        if (margins[s] <= 0.05f) continue;
+        ++clear_total;
+        const int64_t row = int64_t(prompt.size()) - 1 + int64_t(s);
+        EXPECT_EQ(argmax(logits.data<float>() + row * vocab, vocab), expected[s])
+            << "prompt " << i << ", teacher-forced step " << s << " (margin " << margins[s] << ")";
+      }
+    }
+    EXPECT_GE(clear_total, 150) << "too few clear-margin steps to check";
+  }
+
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<SafeTensors> ref_;
+};
+
+class QuantReference : public QuantReferenceBase {
+ protected:
+  void SetUp() override { load(Device::cpu()); }
+};
+
+class CudaQuantReference : public QuantReferenceBase {
+ protected:
+  void SetUp() override {
+    if (!cuda_available()) GTEST_SKIP() << "no CUDA device: " << cuda_description();
+    load(Device::cuda(0));
+  }
+};
+
+}  // namespace
+
+TEST_P(QuantReference, LoadsTheQuantizationSetting) {
+  const Expected e = expected_of(GetParam());
+  EXPECT_EQ(model_->info().quant_bits, e.bits);
+  EXPECT_EQ(model_->info().quant_group_size, e.group_size);
+  EXPECT_EQ(model_->info().weight_dtype, e.dtype);
+  // The quantized weights take fewer bytes than the dense bf16 source.
+  const std::string source = GetParam().substr(0, GetParam().find('-'));
+  EXPECT_LT(model_->info().weight_bytes, load_model(fixture(source))->info().weight_bytes);
+}
+
+TEST_P(QuantReference, LogitsAtEveryPositionMatchTransformers) {
+  for (int i = 0; i < 3; ++i) {
+    const double worst = prefill_error(i);
+    EXPECT_LT(worst, 1e-3) << "sequence " << i;
+    if (std::getenv("OSPREY_TEST_VERBOSE")) std::printf("%s seq %d: %.3g\n", GetParam().c_str(), i, worst);
+  }
+}
+
+TEST_P(QuantReference, TokenByTokenDecodeMatchesTransformers) { EXPECT_LT(decode_error(), 1e-3); }
+
+TEST_P(QuantReference, GreedyContinuationsMatchWhereMarginsAreClear) { expect_greedy_matches(); }
+
+TEST_P(QuantReference, KVWriteSwitchGivesByteIdenticalGreedyOutput) {
+  const std::string args = "generate -m " + fixture(GetParam()).string() +
+                           " --device cpu --token-ids 5,99,23,311,8,140,77,3 -n 300 --ignore-eos --json";
+  auto on = testing::run_osprey(args, "OSPREY_KV_INPLACE_WRITE=1");
+  auto off = testing::run_osprey(args, "OSPREY_KV_INPLACE_WRITE=0");
+  ASSERT_EQ(on.exit_code, 0) << on.err;
+  ASSERT_EQ(off.exit_code, 0) << off.err;
+  auto jon = nlohmann::json::parse(on.out), joff = nlohmann::json::parse(off.out);
+  ASSERT_EQ(jon["tokens"].size(), 300u);
+  EXPECT_EQ(jon["tokens"], joff["tokens"]);
+  EXPECT_GT(jon["timings"]["kv_inplace_writes"].get<uint64_t>(), 0u);
+  EXPECT_EQ(joff["timings"]["kv_inplace_writes"].get<uint64_t>(), 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, QuantReference, ::testing::Values("llama-q4", "llama-q8", "qwen2-q4"),
+                         [](const auto& info) { return std::string(info.param == "llama-q4"   ? "llama_q4"
+                                                                   : info.param == "llama-q8" ? "llama_q8"
+                                                                                              : "qwen2_q4"); });
+
+TEST_P(CudaQuantReference, PrefillLogitsMatchTransformers) {
+  // Prefill GEMMs round activations to 16 bits: the fp16-class tolerance of the dense tests.
+  for (int i = 0; i < 3; ++i) EXPECT_LT(prefill_error(i), 1e-2) << "sequence " << i;
+}
+
+TEST_P(CudaQuantReference, DecodeLogitsMatchTransformers) { EXPECT_LT(decode_error(), 1e-3); }
+
+TEST_P(CudaQuantReference, GreedyContinuationsMatchTransformers) { expect_greedy_matches(); }
+
+TEST_P(CudaQuantReference, KVWritePathsGiveIdenticalGreedyOutput) {
+  const std::vector<int32_t> prompt = {5, 99, 23, 311, 8, 140, 77, 3};
+  std::vector<int32_t> out[2];
+  for (int arm = 0; arm < 2; ++arm) {
+    CacheOptions co;
+    co.inplace = arm == 0;
+    SequenceCache cache = model_->make_cache(co);
+    GenerateParams gp;
+    gp.max_tokens = 300;
+    out[arm] = generate(*model_, cache, prompt, gp).tokens;
+  }
+  ASSERT_EQ(out[0].size(), 300u);
+  EXPECT_EQ(out[0], out[1]);
+}
+
+TEST_P(CudaQuantReference, GreedyOutputEqualsTheCpuEngine) {
+  const std::vector<int32_t> prompt = ints(ref_->get("greedy_prompt_1"));
+  auto cpu = load_model(fixture(GetParam()));
+  GenerateParams gp;
+  gp.max_tokens = 32;
+  SequenceCache c1 = model_->make_cache({}), c2 = cpu->make_cache({});
+  const auto gpu_tokens = generate(*model_, c1, prompt, gp).tokens;
+  const auto cpu_tokens = generate(*cpu, c2, prompt, gp).tokens;
+  const float* margins = ref_->get("greedy_margins_1").data<float>();
+  for (size_t s = 0; s < gpu_tokens.size() && margins[s] > 0.05f; ++s)
+    ASSERT_EQ(gpu_tokens[s], cpu_tokens[s]) << "step " << s;
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaQuantReference, ::testing::Values("llama-q4", "llama-q8", "qwen2-q4"),
+                         [](const auto& info) { return std::string(info.param == "llama-q4"   ? "llama_q4"
+                                                                   : info.param == "llama-q8" ? "llama_q8"
+                                                                                              : "qwen2_q4"); });
+
+// ---------------------------------------------------------------------------------------
+// Malformed quantized checkpoints, made from the llama-q4 fixture with one thing changed.
+
+namespace {
+
+using Tensors = std::vector<std::pair<std::string, Array>>;
+
+class MalformedQuant : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const SafeTensors st = SafeTensors::open(fixture("llama-q4"));
+    for (const auto& name : st.names()) tensors_.emplace_back(name, ops::cast(st.get(name), st.get(name).dtype()));
+    config_ = nlohmann::json::parse(testing::read_file(fixture("llama-q4") / "config.json"));
+  }
+
+  void replace(const std::string& name, const Array& a) {
+    for (auto& [n, t] : tensors_)
+      if (n == name) t = a;
+  }
+  void remove(const std::string& name) {
+    std::erase_if(tensors_, [&](const auto& p) { return p.first == name; });
+  }
+
+  // Writes the checkpoint and expects load_model to throw InvalidInput mentioning each needle.
+  void expect_invalid(std::initializer_list<std::string> needles) {
+    write_safetensors(dir_ / "model.safetensors", tensors_);
+    testing::write_file(dir_ / "config.json", config_.dump());
+    try {
+      load_model(dir_.path());
+      FAIL() << "loaded without an error";
+    } catch (const InvalidInput& e) {
+      for (const auto& needle : needles)
+        EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << "message: " << e.what();
+    }
+  }
+
+  TempDir dir_;
+  Tensors tensors_;
+  nlohmann::json config_;
+};
+
+const std::string kQ = "model.layers.0.self_attn.q_proj";  // [64, 64], 4-bit g64 in the fixture
+
+}  // namespace
+
+TEST_F(MalformedQuant, TheUnchangedCopyLoads) {
+  write_safetensors(dir_ / "model.safetensors", tensors_);
+  testing::write_file(dir_ / "config.json", config_.dump());
+  EXPECT_EQ(load_model(dir_.path())->info().quant_bits, 4);
+}
+
+TEST_F(MalformedQuant, PackedWidthThatFitsNoBitCount) {
+  replace(kQ + ".weight", Array::zeros({64, 10}, DType::u32));  // 10 * 32 / 64 = 5 bits
+  expect_invalid({kQ + ".weight", "fits no supported bit count"});
+}
+
+TEST_F(MalformedQuant, MissingScales) {
+  remove(kQ + ".scales");
+  expect_invalid({kQ + ".scales", "missing"});
+}
+
+TEST_F(MalformedQuant, MissingBiases) {
+  remove("model.layers.2.mlp.gate_proj.biases");
+  expect_invalid({"model.layers.2.mlp.gate_proj.biases", "missing"});
+}
+
+TEST_F(MalformedQuant, GroupCountThatDoesNotDivideTheInput) {
+  replace(kQ + ".scales", Array::zeros({64, 3}, DType::bf16));
+  replace(kQ + ".biases", Array::zeros({64, 3}, DType::bf16));
+  expect_invalid({kQ + ".scales", "do not divide"});
+}
+
+TEST_F(MalformedQuant, GroupSizeOtherThanTheConfigSays) {
+  replace(kQ + ".scales", Array::zeros({64, 2}, DType::bf16));  // group 32, config: 64
+  replace(kQ + ".biases", Array::zeros({64, 2}, DType::bf16));
+  expect_invalid({kQ + ".weight", "group size 32", "group size 64"});
+}
+
+TEST_F(MalformedQuant, BiasesShapedUnlikeTheScales) {
+  replace(kQ + ".biases", Array::zeros({64, 2}, DType::bf16));
+  expect_invalid({kQ + ".biases", "must match"});
+}
+
+TEST_F(MalformedQuant, ScalesOfAnotherDtype) {
+  replace(kQ + ".scales", Array::zeros({64, 1}, DType::f32));
+  expect_invalid({kQ + ".scales", "float16 or bfloat16"});
+}
+
+TEST_F(MalformedQuant, OverrideThatDisagreesWithTheTensor) {
+  // The fixture's layer 1 up_proj is 8-bit g32; the config now claims 4-bit g64.
+  for (const char* key : {"quantization", "quantization_config"})
+    config_[key]["model.layers.1.mlp.up_proj"] = {{"group_size", 64}, {"bits", 4}};
+  expect_invalid({"model.layers.1.mlp.up_proj.weight", "8-bit with group size 32"});
+}
+
+TEST_F(MalformedQuant, OverrideWithUnsupportedBits) {
+  config_["quantization"]["model.layers.1.mlp.up_proj"] = {{"group_size", 32}, {"bits", 5}};
+  expect_invalid({"model.layers.1.mlp.up_proj", "bits"});
+}
+
+TEST_F(MalformedQuant, OverrideThatIsNeitherAnObjectNorFalse) {
+  config_["quantization"]["model.layers.1.mlp.up_proj"] = 8;
+  expect_invalid({"model.layers.1.mlp.up_proj", "false"});
+}
+
+TEST_F(MalformedQuant, QuantizedTensorOfAModuleMarkedFalse) {
+  config_["quantization"][kQ] = false;
+  expect_invalid({kQ + ".weight", "not quantized"});
+}
+
+TEST_F(MalformedQuant, DenseTensorOfAModuleWithAnOverride) {
+  config_["quantization"]["model.layers.0.mlp.down_proj"] = {{"group_size", 32}, {"bits", 4}};
+  expect_invalid({"model.layers.0.mlp.down_proj", "without .scales"});
+}
+
+TEST_F(MalformedQuant, Uint32WeightWithoutQuantizationInTheConfig) {
+  config_.erase("quantization");
+  config_.erase("quantization_config");
+  expect_invalid({"model.embed_tokens.weight", "no \"quantization\""});
+}
+
+TEST_F(MalformedQuant, QuantizationConfigAloneIsEnough) {
+  config_.erase("quantization");
+  write_safetensors(dir_ / "model.safetensors", tensors_);
+  testing::write_file(dir_ / "config.json", config_.dump());
+  EXPECT_EQ(load_model(dir_.path())->info().quant_group_size, 64);
+}
+
+TEST_F(MalformedQuant, AnotherQuantizationMethodIsUnsupported) {
+  config_.erase("quantization");
+  config_["quantization_config"] = {{"quant_method", "gptq"}, {"bits", 4}, {"group_size", 128}};
+  write_safetensors(dir_ / "model.safetensors", tensors_);
+  testing::write_file(dir_ / "config.json", config_.dump());
+  EXPECT_THROW(load_model(dir_.path()), Unsupported);
+}
+
+TEST_F(MalformedQuant, QuantizedOpsCheckTheirArguments) {
+  // The op layer's own checks, independent of the loader's.
+  const SafeTensors st = SafeTensors::open(fixture("llama-q4"));
+  QuantizedMatrix q;
+  q.packed = st.get(kQ + ".weight");
+  q.scales = st.get(kQ + ".scales");
+  q.biases = st.get(kQ + ".biases");
+  q.bits = 4;
+  q.group_size = 64;
+  EXPECT_EQ(ops::linear(Array::zeros({2, 64}, DType::f32), q).shape(), (Shape{2, 64}));
+  EXPECT_THROW(ops::linear(Array::zeros({2, 32}, DType::f32), q), InvalidInput);
+  EXPECT_THROW(ops::linear(Array::zeros({2, 64}, DType::f32), q, Array::zeros({3}, DType::f32)), InvalidInput);
+  EXPECT_THROW(ops::embedding(q, tokens_of({64})), InvalidInput);
+  QuantizedMatrix bad = q;
+  bad.group_size = 32;  // the scales are [64, 1]
+  EXPECT_THROW(ops::linear(Array::zeros({1, 64}, DType::f32), bad), InvalidInput);
+  bad = q;
+  bad.bits = 5;
+  EXPECT_THROW(ops::dequantize(bad), InvalidInput);
+  EXPECT_THROW(ops::dequantize(q, DType::i32), InvalidInput);
+}
+
+}  // namespace osprey
