@@ -399,12 +399,45 @@ double time_us(Fn fn, int iters, int reps = 7) {
   return t[t.size() / 2];
 }
 
+// Like time_us, with the `iters` calls captured once in a CUDA graph and the graph replayed,
+// so that host launch overhead cannot hide in the timing of a few-microsecond kernel (the
+// decode step is replayed as a graph too). Falls back to time_us if capture fails.
+template <class Fn>
+double graph_time_us(Fn fn, int iters, int reps = 7) {
+  for (int i = 0; i < 3; ++i) fn(i);
+  sync();
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  try {
+    OSPREY_CUDA_CHECK(cudaStreamBeginCapture(st(), cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < iters; ++i) fn(i);
+    OSPREY_CUDA_CHECK(cudaStreamEndCapture(st(), &graph));
+    OSPREY_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  } catch (const Error& e) {
+    cudaStreamCaptureStatus status;
+    if (cudaStreamIsCapturing(st(), &status) == cudaSuccess && status != cudaStreamCaptureStatusNone) {
+      cudaGraph_t dropped = nullptr;
+      cudaStreamEndCapture(st(), &dropped);
+      if (dropped) cudaGraphDestroy(dropped);
+    }
+    if (graph) cudaGraphDestroy(graph);
+    (void)cudaGetLastError();
+    std::printf("(graph capture failed: %s; timing plain launches)\n", e.what());
+    return time_us(fn, iters, reps);
+  }
+  const double us = time_us([&](int) { OSPREY_CUDA_CHECK(cudaGraphLaunch(exec, st())); }, 1, reps) / iters;
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  return us;
+}
+
 // Enough copies of a matrix of `bytes` that cycling through them never hits in L2.
 int copies_for(size_t bytes) { return int(std::clamp<size_t>((size_t(512) << 20) / bytes, 1, 64)); }
 
 TEST(CudaQuant, DISABLED_QuantGemvBandwidth) {
   SKIP_WITHOUT_CUDA();
-  std::printf("n=1 GEMV, bf16 scales, g64; GB/s counts packed words + scales + biases (+ x, y)\n");
+  std::printf("n=1 GEMV, bf16 scales, g64, replayed as a CUDA graph; GB/s counts packed words + scales + "
+              "biases (+ x, y)\n");
   std::printf("%-20s %5s %9s %9s | %9s %9s %9s | dense f16 %9s\n", "shape", "bits", "us", "GB/s", "R=1 GB/s",
               "R=4 GB/s", "R=8 GB/s", "GB/s");
   double step_us[2] = {0.0, 0.0};  // an 8B decode step's linear layers, 4- and 8-bit
@@ -437,7 +470,7 @@ TEST(CudaQuant, DISABLED_QuantGemvBandwidth) {
       const int iters = std::max(20, n_copies);
       double us[4];
       for (int rows : {0, 1, 4, 8}) {
-        us[rows == 0 ? 0 : rows == 1 ? 1 : rows == 4 ? 2 : 3] = time_us(
+        us[rows == 0 ? 0 : rows == 1 ? 1 : rows == 4 ? 2 : 3] = graph_time_us(
             [&](int i) { cuda::linear_q_gemv(x.get(), 1, args(i), nullptr, y.get(), st(), rows); }, iters);
       }
       const double gbs = double(bytes) / us[0] / 1e3;
@@ -447,7 +480,7 @@ TEST(CudaQuant, DISABLED_QuantGemvBandwidth) {
         const int dc = std::clamp<int>(int((size_t(512) << 20) / dense_bytes), 1, 16);
         std::vector<std::unique_ptr<DeviceBytes>> dw;
         for (int c = 0; c < dc; ++c) dw.push_back(std::make_unique<DeviceBytes>(dense_bytes));
-        const double dus = time_us(
+        const double dus = graph_time_us(
             [&](int i) {
               cuda::linear_gemv(x.get(), 1, sh.in, dw[size_t(i % dc)]->p, DType::f16, sh.out, nullptr, y.get(), st());
             },

@@ -7,7 +7,7 @@
 namespace osprey::cpu {
 
 // dst[c] = fma(scale, q, bias) of w[row, k0 + c] in f32, for c < kc; k0 and kc multiples of 32.
-// SIMD for bits 2, 4 and 8, bit arithmetic on each code for 3 and 6.
+// SIMD for every bits where the build allows (3 and 6 need AVX2 or AVX-512BW byte shuffles).
 void decode_row(const QuantArgs& w, int64_t row, int64_t k0, int64_t kc, float* dst);
 
 }  // namespace osprey::cpu

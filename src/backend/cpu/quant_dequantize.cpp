@@ -1,5 +1,6 @@
 // Row decoding (quant_decode.h), dequantize_rows and dequantize (quant_kernels.h).
 #include <algorithm>
+#include <cstdint>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -24,22 +25,34 @@ inline uint32_t code_at(const uint32_t* words, int64_t c, int bits) {
   return uint32_t(v) & ((1u << bits) - 1u);
 }
 
-// B: 2, 4 or 8 for the SIMD loop (w.bits == B), 0 for code_at alone (any bits).
+// B == w.bits for the SIMD loop, 0 for code_at alone (any bits).
 template <class SF, int B>
 void decode_impl(const QuantArgs& w, int64_t row, int64_t k0, int64_t kc, float* dst) {
   const int64_t g_size = w.group_size, n_groups = w.in / g_size;
   const auto* scales = static_cast<const uint16_t*>(w.scales) + row * n_groups;
   const auto* biases = static_cast<const uint16_t*>(w.biases) + row * n_groups;
-  const uint32_t* words = w.packed + row * (w.in * w.bits / 32);
+  const int64_t words_per_row = w.in * w.bits / 32;
+  const uint32_t* words = w.packed + row * words_per_row;
+  // Bits 3 and 6 read 16 bytes per vector: the last vectors of a row, which would read past its
+  // end (and past the matrix for the last row), take code_at.
+  const int64_t vec_end = B == 3 || B == 6 ? (words_per_row * 4 - 16) * 8 / std::max(B, 1) : INT64_MAX;
   const int64_t end = k0 + kc;
   for (int64_t c = k0; c < end;) {
     const int64_t g = c / g_size, g_end = std::min(end, (g + 1) * g_size);
     const float s = load_scalar<SF>(scales + g), b = load_scalar<SF>(biases + g);
-    if constexpr (B != 0 && kWidth > 1) {
+    if constexpr (B != 0 && kWidth > 1 && (kHasCodeShuffle || (B != 3 && B != 6))) {
       // Groups start at multiples of 32, so vectors never straddle one.
       const Vec vs = set1(s), vb = set1(b);
-      for (; c + kWidth <= g_end; c += kWidth) {
-        const Vec q = B == 2 ? load_codes2(words, c) : B == 4 ? load_codes4(words, c) : load_codes8(words, c);
+      for (; c + kWidth <= g_end && c <= vec_end; c += kWidth) {
+        Vec q;
+        if constexpr (B == 2)
+          q = load_codes2(words, c);
+        else if constexpr (B == 4)
+          q = load_codes4(words, c);
+        else if constexpr (B == 8)
+          q = load_codes8(words, c);
+        else
+          q = load_codes_bytes<B>(reinterpret_cast<const uint8_t*>(words), c);
         store(dst + (c - k0), fma(q, vs, vb));
       }
     }
@@ -51,7 +64,9 @@ template <class SF>
 void decode_bits(const QuantArgs& w, int64_t row, int64_t k0, int64_t kc, float* dst) {
   switch (w.bits) {
     case 2: decode_impl<SF, 2>(w, row, k0, kc, dst); break;
+    case 3: decode_impl<SF, 3>(w, row, k0, kc, dst); break;
     case 4: decode_impl<SF, 4>(w, row, k0, kc, dst); break;
+    case 6: decode_impl<SF, 6>(w, row, k0, kc, dst); break;
     case 8: decode_impl<SF, 8>(w, row, k0, kc, dst); break;
     default: decode_impl<SF, 0>(w, row, k0, kc, dst); break;
   }

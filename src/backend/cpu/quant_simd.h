@@ -16,7 +16,7 @@ namespace osprey::cpu::simd {
 // (shuffle indices; 0x80 zeroes a byte), then shifts right by B * l % 8.
 constexpr int byte_pair(int bits, int l) {
   const uint32_t lo = uint32_t(bits * l / 8);
-  return int(lo | (lo + 1) << 8 | 0x80808080u << 16 >> 16 << 16);
+  return int(lo | (lo + 1) << 8 | 0x80800000u);
 }
 constexpr int bit_shift(int bits, int l) { return bits * l % 8; }
 
@@ -68,15 +68,14 @@ constexpr bool kHasCodeShuffle = true;
 // 16 bytes from byte c * B / 8 of the row.
 template <int B>
 inline Vec load_codes_bytes(const uint8_t* row, int64_t c) {
-#define OSPREY_L(f, l) f(B, l)
-#define OSPREY_LANES(f)                                                                                   \
-  OSPREY_L(f, 0), OSPREY_L(f, 1), OSPREY_L(f, 2), OSPREY_L(f, 3), OSPREY_L(f, 4), OSPREY_L(f, 5),       \
-      OSPREY_L(f, 6), OSPREY_L(f, 7), OSPREY_L(f, 8), OSPREY_L(f, 9), OSPREY_L(f, 10), OSPREY_L(f, 11), \
-      OSPREY_L(f, 12), OSPREY_L(f, 13), OSPREY_L(f, 14), OSPREY_L(f, 15)
-  const __m512i idx = _mm512_setr_epi32(OSPREY_LANES(byte_pair));
-  const __m512i shifts = _mm512_setr_epi32(OSPREY_LANES(bit_shift));
-#undef OSPREY_LANES
-#undef OSPREY_L
+  const __m512i idx = _mm512_setr_epi32(
+      byte_pair(B, 0), byte_pair(B, 1), byte_pair(B, 2), byte_pair(B, 3), byte_pair(B, 4), byte_pair(B, 5),
+      byte_pair(B, 6), byte_pair(B, 7), byte_pair(B, 8), byte_pair(B, 9), byte_pair(B, 10), byte_pair(B, 11),
+      byte_pair(B, 12), byte_pair(B, 13), byte_pair(B, 14), byte_pair(B, 15));
+  const __m512i shifts = _mm512_setr_epi32(
+      bit_shift(B, 0), bit_shift(B, 1), bit_shift(B, 2), bit_shift(B, 3), bit_shift(B, 4), bit_shift(B, 5),
+      bit_shift(B, 6), bit_shift(B, 7), bit_shift(B, 8), bit_shift(B, 9), bit_shift(B, 10), bit_shift(B, 11),
+      bit_shift(B, 12), bit_shift(B, 13), bit_shift(B, 14), bit_shift(B, 15));
   const __m512i bytes = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c * B / 8)));
   const __m512i q = _mm512_srlv_epi32(_mm512_shuffle_epi8(bytes, idx), shifts);
   return _mm512_cvtepi32_ps(_mm512_and_si512(q, _mm512_set1_epi32((1 << B) - 1)));

@@ -16,8 +16,10 @@ namespace osprey::cuda {
 // y[n, out] = x[n, in] * dequant(w)^T + bias (bias may be nullptr); x, y f32 contiguous.
 // n <= kGemvMaxRows (kernels.h): a fused dequantize-GEMV with f32 accumulation that allocates
 // nothing (capturable in a CUDA graph). Larger n: w is dequantized to f16 (bf16 when the
-// scales are bf16) in scratch() chunks of at most 64 MiB and multiplied by cuBLAS with x
-// rounded to the same 16-bit type, as linear_gemm does.
+// scales are bf16) a chunk at a time and multiplied by cuBLAS with x rounded to the same
+// 16-bit type, as linear_gemm does; scratch() holds the rounded x and one chunk, 64 MiB in
+// all unless x alone needs more than 48 MiB (a chunk gets at least 16 MiB).
+// NOTE: with f16 scales, |x| or a dequantised |w| beyond 65504 overflows in the many-rows path.
 void linear_q(const float* x, int64_t n, const QuantArgs& w, const float* bias, float* y, cudaStream_t s);
 // out[i, :] = dequant(w)[ids[i], :] * scale, out [n, in] f32 (ids trusted in range).
 void embedding_q(const QuantArgs& w, const int32_t* ids, int64_t n, float scale, float* out, cudaStream_t s);
