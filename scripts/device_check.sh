@@ -31,6 +31,11 @@ if [ "${BENCH:-1}" = 1 ]; then
     for arm in 1 0; do
       OSPREY_KV_INPLACE_WRITE=$arm timeout 200 build/osprey bench -m $ck --device cuda ${BENCH_ARGS:--p 512 -n 128 -d 0,8192 -r 2 --warmup 1} -o md 2>&1 | tee "$OUT/bench-$preset-f16-arm$arm.md" | tail -n +3
     done
+    if [ "${MEMORY:-1}" = 1 ]; then
+      for arm in 1 0; do
+        OSPREY_KV_INPLACE_WRITE=$arm timeout 200 build/osprey bench -m $ck --device cuda -p 0 -n 512 -d 2048 -r 1 --warmup 0 -o md 2>&1 | tee "$OUT/bench-$preset-f16-mem-arm$arm.md" | tail -n +3
+      done
+    fi
     if [ "${QUANT:-1}" = 1 ]; then
       rm -rf $ck-q4
       ( time build/osprey convert -m $ck -o $ck-q4 --q-bits 4 --q-group-size 64 ) >"$OUT/convert-$preset.log" 2>&1 || tail -5 "$OUT/convert-$preset.log"

@@ -15,7 +15,7 @@
 #define OSPREY_CUDA_BRANCH(cond) if (cond)
 #else
 // Without the backend no array can live on a CUDA device, so the branch is never taken.
-#define OSPREY_CUDA_BRANCH(cond) if (false)
+#define OSPREY_CUDA_BRANCH(cond) if (static_cast<void>(cond), false)
 #endif
 
 namespace osprey::ops {
@@ -64,11 +64,13 @@ Array embedding(const Array& table, const Array& ids, float scale) {
   require(ids.dtype() == DType::i32 && ids.ndim() == 1, "embedding", "ids must be int32 [n], got " + describe(ids));
   Array out = Array::empty({ids.numel(), table.dim(1)}, DType::f32, ids.device());
   OSPREY_CUDA_BRANCH(gpu) {
+#ifdef OSPREY_WITH_CUDA
     // NOTE: ids on the device are not range-checked here (that would need a sync); the
     // generator checks prompt ids, and sampled ids are in range by construction.
     cuda::embedding(table.raw(), table.dtype(), ids.data<int32_t>(), ids.numel(), table.dim(1), scale,
                     out.data<float>(), cuda::stream());
     return out;
+#endif
   }
   const auto* id = ids.data<int32_t>();
   for (int64_t i = 0; i < ids.numel(); ++i)
@@ -85,10 +87,12 @@ Array rms_norm(const Array& x, const Array& weight, float eps, bool unit_offset)
   require_float_vector("rms_norm", "weight", weight, x.dim(-1));
   Array out = Array::empty(x.shape(), DType::f32, x.device());
   OSPREY_CUDA_BRANCH(gpu) {
+#ifdef OSPREY_WITH_CUDA
     require_f32("rms_norm", "weight", weight);
     cuda::rms_norm(x.data<float>(), weight.data<float>(), x.numel() / x.dim(-1), x.dim(-1), eps,
                    unit_offset ? 1.0f : 0.0f, out.data<float>(), cuda::stream());
     return out;
+#endif
   }
   cpu::rms_norm(x, weight, eps, unit_offset, out);
   return out;
@@ -101,11 +105,13 @@ Array layer_norm(const Array& x, const Array& weight, const Array& bias, float e
   if (bias.defined()) require_float_vector("layer_norm", "bias", bias, x.dim(-1));
   Array out = Array::empty(x.shape(), DType::f32, x.device());
   OSPREY_CUDA_BRANCH(gpu) {
+#ifdef OSPREY_WITH_CUDA
     require_f32("layer_norm", "weight", weight);
     require_f32("layer_norm", "bias", bias);
     cuda::layer_norm(x.data<float>(), weight.data<float>(), bias.defined() ? bias.data<float>() : nullptr,
                      x.numel() / x.dim(-1), x.dim(-1), eps, out.data<float>(), cuda::stream());
     return out;
+#endif
   }
   cpu::layer_norm(x, weight, bias, eps, out);
   return out;
@@ -125,8 +131,10 @@ Array linear(const Array& x, const Array& w, const Array& bias) {
   Array y = Array::empty({n, out_features}, DType::f32, x.device());
   const float* b = bias.defined() ? bias.data<float>() : nullptr;
   OSPREY_CUDA_BRANCH(gpu) {
+#ifdef OSPREY_WITH_CUDA
     cuda::linear(x.data<float>(), n, in, w.raw(), w.dtype(), out_features, b, y.data<float>(), cuda::stream());
     return y;
+#endif
   }
   cpu::linear(x.data<float>(), n, in, w.raw(), w.dtype(), out_features, b, y.data<float>(), cpu_pool());
   return y;
@@ -138,8 +146,10 @@ void add_(Array& x, const Array& y) {
   require_f32_contiguous("add_", "y", y);
   require(x.numel() == y.numel(), "add_", "shapes differ: " + describe(x) + " and " + describe(y));
   OSPREY_CUDA_BRANCH(gpu) {
+#ifdef OSPREY_WITH_CUDA
     cuda::add_inplace(x.data<float>(), y.data<float>(), x.numel(), cuda::stream());
     return;
+#endif
   }
   cpu::add_(x, y);
 }
@@ -148,8 +158,10 @@ void scale_(Array& x, float s) {
   const bool gpu = on_cuda("scale_", {&x});
   require_f32_contiguous("scale_", "x", x);
   OSPREY_CUDA_BRANCH(gpu) {
+#ifdef OSPREY_WITH_CUDA
     cuda::scale_inplace(x.data<float>(), s, x.numel(), cuda::stream());
     return;
+#endif
   }
   cpu::scale_(x, s);
 }
@@ -161,11 +173,13 @@ Array add_rms_norm(Array& x, const Array& y, const Array& weight, float eps, boo
   require(x.shape() == y.shape(), "add_rms_norm", "shapes differ: " + describe(x) + " and " + describe(y));
   require_float_vector("add_rms_norm", "weight", weight, x.dim(-1));
   OSPREY_CUDA_BRANCH(gpu) {
+#ifdef OSPREY_WITH_CUDA
     require_f32("add_rms_norm", "weight", weight);
     Array out = Array::empty(x.shape(), DType::f32, x.device());
     cuda::add_rms_norm(x.data<float>(), y.data<float>(), weight.data<float>(), x.numel() / x.dim(-1), x.dim(-1), eps,
                        unit_offset ? 1.0f : 0.0f, out.data<float>(), cuda::stream());
     return out;
+#endif
   }
   cpu::add_(x, y);
   return rms_norm(x, weight, eps, unit_offset);
@@ -178,8 +192,10 @@ Array silu_mul_split(const Array& gu) {
   const int64_t n = gu.dim(0), f = gu.dim(1) / 2;
   Array out = Array::empty({n, f}, DType::f32, gu.device());
   OSPREY_CUDA_BRANCH(gpu) {
+#ifdef OSPREY_WITH_CUDA
     cuda::silu_mul_split(gu.data<float>(), n, f, out.data<float>(), cuda::stream());
     return out;
+#endif
   }
   const Shape half{n, f}, strides{2 * f, 1};
   Array g = Array::strided(gu.buffer(), gu.byte_offset(), half, strides, DType::f32);
@@ -245,8 +261,10 @@ Array silu_mul(const Array& gate, const Array& up) {
   require(gate.shape() == up.shape(), "silu_mul", "shapes differ: " + describe(gate) + " and " + describe(up));
   Array out = Array::empty(gate.shape(), DType::f32, gate.device());
   OSPREY_CUDA_BRANCH(gpu) {
+#ifdef OSPREY_WITH_CUDA
     cuda::silu_mul(gate.data<float>(), up.data<float>(), out.data<float>(), gate.numel(), cuda::stream());
     return out;
+#endif
   }
   cpu::silu_mul(gate, up, out);
   return out;
@@ -259,8 +277,10 @@ Array gelu_tanh_mul(const Array& gate, const Array& up) {
   require(gate.shape() == up.shape(), "gelu_tanh_mul", "shapes differ: " + describe(gate) + " and " + describe(up));
   Array out = Array::empty(gate.shape(), DType::f32, gate.device());
   OSPREY_CUDA_BRANCH(gpu) {
+#ifdef OSPREY_WITH_CUDA
     cuda::gelu_tanh_mul(gate.data<float>(), up.data<float>(), out.data<float>(), gate.numel(), cuda::stream());
     return out;
+#endif
   }
   cpu::gelu_tanh_mul(gate, up, out);
   return out;
@@ -278,10 +298,12 @@ void rope_(Array& x, const Array& positions, const Array& inv_freq, bool interle
   require(inv_freq.dtype() == DType::f32 && inv_freq.numel() == x.dim(2) / 2, "rope_",
           "inv_freq must be float32 [head_dim / 2], got " + describe(inv_freq));
   OSPREY_CUDA_BRANCH(gpu) {
+#ifdef OSPREY_WITH_CUDA
     cuda::rope_inplace(x.data<float>(), x.dim(0), x.dim(1), x.dim(2), x.dim(0) == 1 ? x.dim(1) * x.dim(2) : x.strides()[0],
                        positions.data<int32_t>(),
                        inv_freq.data<float>(), interleaved, mscale, cuda::stream());
     return;
+#endif
   }
   cpu::rope_(x, positions, inv_freq, interleaved, mscale);
 }
@@ -357,6 +379,11 @@ void copy_into(const Array& dst, const Array& src) {
   }
   OSPREY_CUDA_BRANCH(dst_gpu) {
 #ifdef OSPREY_WITH_CUDA
+    if (dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous()) {
+      // Any dtype (packed uint32 words included): a plain device copy.
+      OSPREY_CUDA_CHECK(cudaMemcpyAsync(dst.raw(), src.raw(), src.nbytes(), cudaMemcpyDeviceToDevice, cuda::stream()));
+      return;
+    }
     require(dst.ndim() <= 4, "copy_into", "more than 4 dimensions");
     int64_t shape[4], ds[4], ss[4];
     const int lead = 4 - dst.ndim();
@@ -377,8 +404,10 @@ void fill_i32_(Array& a, int32_t value) {
   const bool gpu = on_cuda("fill_i32_", {&a});
   require(a.dtype() == DType::i32 && a.is_contiguous(), "fill_i32_", "a must be contiguous int32, got " + describe(a));
   OSPREY_CUDA_BRANCH(gpu) {
+#ifdef OSPREY_WITH_CUDA
     cuda::fill_i32(a.data<int32_t>(), value, a.numel(), cuda::stream());
     return;
+#endif
   }
   std::fill(a.data<int32_t>(), a.data<int32_t>() + a.numel(), value);
 }
@@ -388,10 +417,10 @@ void sample_into(const Array& logits, const DeviceSampling& p, uint64_t counter,
   require(gpu, "sample_into", "needs arrays on a CUDA device (the CPU samples on the host)");
   require_f32_contiguous("sample_into", "logits", logits);
   require(out.dtype() == DType::i32 && out.numel() >= 1, "sample_into", "out must be int32 [1], got " + describe(out));
-  const int64_t vocab = logits.dim(-1);
-  const float* row = logits.data<float>() + (logits.numel() - vocab);
   OSPREY_CUDA_BRANCH(gpu) {
 #ifdef OSPREY_WITH_CUDA
+    const int64_t vocab = logits.dim(-1);
+    const float* row = logits.data<float>() + (logits.numel() - vocab);
     if (p.temperature <= 0.0f) {
       cuda::argmax(row, vocab, out.data<int32_t>(), cuda::stream());
     } else {

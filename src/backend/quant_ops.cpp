@@ -14,7 +14,7 @@
 #define OSPREY_CUDA_BRANCH(cond) if (cond)
 #else
 // Without the backend no array can live on a CUDA device, so the branch is never taken.
-#define OSPREY_CUDA_BRANCH(cond) if (false)
+#define OSPREY_CUDA_BRANCH(cond) if (static_cast<void>(cond), false)
 #endif
 
 namespace osprey::ops {

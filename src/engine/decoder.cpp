@@ -10,8 +10,10 @@ namespace osprey {
 Decoder::Decoder(Model& model, SequenceCache& cache, const DecoderOptions& options)
     : model_(model), cache_(cache), options_(options) {
   const Device dev = model.info().device;
-  token_ = Array::zeros({1}, DType::i32, dev);
-  position_ = Array::zeros({1}, DType::i32, dev);
+  token_ = Array::empty({1}, DType::i32, dev);
+  position_ = Array::empty({1}, DType::i32, dev);
+  ops::fill_i32_(token_, 0);
+  ops::fill_i32_(position_, 0);
   if (dev.is_cpu()) options_.graphs = false;
 }
 

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <random>
 
 #include "backend/quant.h"
@@ -82,7 +83,8 @@ TEST(Quantize, MatchesTheReferenceForEveryBitWidthGroupSizeAndScaleDtype) {
   for (int bits : {2, 3, 4, 6, 8})
     for (int group : {32, 64, 128})
       for (DType sdt : {DType::f16, DType::bf16}) {
-        const std::string key = "b" + std::to_string(bits) + "_g" + std::to_string(group) + "_" + short_name(sdt);
+        char key[32];
+        std::snprintf(key, sizeof key, "b%d_g%d_%s", bits, group, short_name(sdt));
         const QuantizedMatrix q = quantize_affine(x, bits, group, sdt);
         EXPECT_EQ(q.bits, bits);
         EXPECT_EQ(q.group_size, group);
