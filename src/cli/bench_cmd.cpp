@@ -64,15 +64,6 @@ std::string cpu_model_name() {
   return "unknown";
 }
 
-// Elements over every tensor of the checkpoint. NOTE: packed quantized tensors count their
-// storage words, not the weights they encode.
-uint64_t count_params(const fs::path& dir) {
-  SafeTensors st = SafeTensors::open(dir);
-  uint64_t n = 0;
-  for (const std::string& name : st.names()) n += uint64_t(st.info(name).shape.numel());
-  return n;
-}
-
 std::string fmt(const char* format, double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, format, v);
@@ -205,8 +196,11 @@ int run_bench_cmd(const BenchOptions& o) {
   if (h.model_name.empty()) h.model_name = fs::path(dir).lexically_normal().parent_path().filename().string();
   h.model_type = info.model_type;
   h.weight_dtype = dtype_name(info.weight_dtype);
+  if (info.quant_bits > 0)
+    h.weight_dtype = "q" + std::to_string(info.quant_bits) + " g" + std::to_string(info.quant_group_size) + " (" +
+                     h.weight_dtype + " scales)";
   h.weight_bytes = info.weight_bytes;
-  h.n_params = count_params(dir);
+  h.n_params = info.n_params;
   h.kv_inplace = env.kv_inplace_write;
   h.kv_step = env.kv_step;
 

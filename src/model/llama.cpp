@@ -136,6 +136,7 @@ class LlamaModel final : public Model {
     info_.weight_dtype = dt;
     info_.device = opt.device;
     info_.weight_bytes = w.bytes_loaded();
+    info_.n_params = w.params_loaded();
     if (auto q = w.dominant_quant()) {
       info_.quant_bits = q->bits;
       info_.quant_group_size = q->group_size;

@@ -32,6 +32,7 @@ struct ModelInfo {
   int quant_group_size = 0;
   Device device = Device::cpu();  // where the weights, caches and logits live
   size_t weight_bytes = 0;
+  uint64_t n_params = 0;  // weights loaded (a quantized matrix counts the weights it encodes)
 };
 
 struct LoadOptions {

@@ -82,6 +82,7 @@ Array WeightLoader::matrix(const std::string& name, int64_t rows, int64_t cols, 
     throw InvalidInput("tensor " + name + " is " + tensor_str(ti) +
                        ", but a float matrix (float32, float16 or bfloat16) is expected" +
                        (ti.dtype == DType::u32 ? " (a quantized weight needs .scales and .biases)" : ""));
+  params_ += uint64_t(rows * cols);
   return place(weights_.get(name, dtype.value_or(ti.dtype), {rows, cols}));
 }
 
@@ -90,6 +91,7 @@ Array WeightLoader::vector_f32(const std::string& name, int64_t n) {
   if (!is_float(ti.dtype))
     throw InvalidInput("tensor " + name + " is " + tensor_str(ti) + ", but a float vector is expected");
   Array a = weights_.get(name, ti.dtype, {n});
+  params_ += uint64_t(n);
   touch(a);
   return ops::to_device(ops::cast(a, DType::f32), options_.device);
 }
@@ -100,6 +102,7 @@ LinearWeight WeightLoader::linear(const std::string& prefix, int64_t out, int64_
   LinearWeight lw;
   if (ti.dtype == DType::u32 || weights_.contains(prefix + ".scales") || weights_.contains(prefix + ".biases")) {
     lw.quant = quantized(prefix, out, in, dtype);
+    params_ += uint64_t(out * in);
     return lw;
   }
   if (auto it = quant_.overrides.find(prefix); it != quant_.overrides.end() && it->second)

@@ -59,6 +59,8 @@ class WeightLoader {
   // The setting that covers the most quantized weights loaded so far; nullopt when none.
   std::optional<QuantSetting> dominant_quant() const;
   size_t bytes_loaded() const { return done_; }
+  // Weights loaded so far (a quantized matrix counts the weights it encodes).
+  uint64_t params_loaded() const { return params_; }
   // Reports completion to the progress callback.
   void finish();
 
@@ -73,6 +75,7 @@ class WeightLoader {
   std::map<std::pair<int, int>, int64_t> quant_weights_;  // (bits, group size) -> weights loaded
   size_t total_ = 0;
   size_t done_ = 0;
+  uint64_t params_ = 0;
 };
 
 }  // namespace osprey
