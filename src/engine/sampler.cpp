@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "engine/sample_noise.h"
 
 namespace osprey {
 
@@ -25,7 +26,7 @@ int32_t argmax(std::span<const float> logits) {
   return best;
 }
 
-Sampler::Sampler(const SamplerParams& params) : params_(params), rng_(params.seed) { validate(params); }
+Sampler::Sampler(const SamplerParams& params) : params_(params) { validate(params); }
 
 std::vector<std::pair<int32_t, float>> Sampler::filtered(std::span<const float> logits,
                                                          std::span<const int32_t> history) {
@@ -95,16 +96,19 @@ std::vector<std::pair<int32_t, float>> Sampler::distribution(std::span<const flo
 }
 
 int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
+  const uint64_t step = step_++;
   auto cand = filtered(logits, history);
   if (cand.size() == 1) return cand[0].first;
-  // 53 random bits -> [0, 1)
-  const double u = double(rng_() >> 11) * (1.0 / 9007199254740992.0);
-  double acc = 0;
+  // Gumbel-max with the device sampler's noise (engine/sample_noise.h): the same seed and
+  // step draw the same token on the CPU and on CUDA when their kept sets agree.
+  int32_t best = -1;
+  double best_key = -HUGE_VAL;
   for (const auto& c : cand) {
-    acc += c.second;
-    if (u < acc) return c.first;
+    if (c.second <= 0.0f) continue;
+    const double key = std::log(double(c.second)) + noise_gumbel(params_.seed, step, uint64_t(c.first));
+    if (key > best_key || (key == best_key && c.first < best)) best_key = key, best = c.first;
   }
-  return cand.back().first;
+  return best >= 0 ? best : cand[0].first;
 }
 
 }  // namespace osprey

@@ -1,8 +1,9 @@
 #pragma once
 // The sampler chain: repetition penalty -> temperature -> top-k -> top-p -> min-p -> draw.
-// Temperature <= 0 is greedy (argmax; the lowest id wins a tie). Deterministic for a seed.
+// Temperature <= 0 is greedy (argmax; the lowest id wins a tie). Draws are Gumbel-max with the
+// counter-based noise of engine/sample_noise.h at (seed, draw index): deterministic for a seed,
+// and the same draws as the CUDA sampler's for the same kept set.
 #include <cstdint>
-#include <random>
 #include <span>
 #include <vector>
 
@@ -34,7 +35,7 @@ class Sampler {
   std::vector<std::pair<int32_t, float>> filtered(std::span<const float> logits, std::span<const int32_t> history);
 
   SamplerParams params_;
-  std::mt19937_64 rng_;
+  uint64_t step_ = 0;  // draws so far: the noise counter of the next draw
   std::vector<float> work_;
 };
 
