@@ -25,6 +25,7 @@
 #include "backend/cuda_available.h"
 #include "core/error.h"
 #include "support/attention_reference.h"
+#include "support/cuda_buffers.h"
 
 namespace osprey {
 namespace {
@@ -41,41 +42,9 @@ constexpr uint16_t kF16NaN = 0x7e00;
 // tensor cores, f32 accumulation.
 constexpr double kTol = 1e-3;
 
-cudaStream_t st() { return cuda::stream(); }
-void sync() { OSPREY_CUDA_CHECK(cudaStreamSynchronize(st())); }
-
-// A device copy of a host vector; freed with the object.
-template <class T>
-class DeviceVec {
- public:
-  explicit DeviceVec(const std::vector<T>& host) : n_(host.size()) {
-    OSPREY_CUDA_CHECK(cudaMalloc(&p_, std::max<size_t>(n_, 1) * sizeof(T)));
-    upload(host);
-  }
-  DeviceVec(const DeviceVec&) = delete;
-  DeviceVec& operator=(const DeviceVec&) = delete;
-  ~DeviceVec() { cudaFree(p_); }
-
-  void upload(const std::vector<T>& host) {
-    if (host.size() != n_) throw std::logic_error("DeviceVec::upload: size changed");
-    if (host.empty()) return;
-    OSPREY_CUDA_CHECK(cudaMemcpyAsync(p_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice, st()));
-    sync();
-  }
-  std::vector<T> download() const {
-    sync();
-    std::vector<T> host(n_);
-    if (n_ == 0) return host;
-    OSPREY_CUDA_CHECK(cudaMemcpyAsync(host.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost, st()));
-    sync();
-    return host;
-  }
-  T* get() const { return p_; }
-
- private:
-  T* p_ = nullptr;
-  size_t n_;
-};
+using testing::DeviceVec;
+using testing::st;
+using testing::sync;
 
 double rel_error(const std::vector<float>& got, const std::vector<double>& ref) {
   if (got.size() != ref.size()) return INFINITY;

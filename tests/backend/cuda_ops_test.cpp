@@ -21,6 +21,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "support/attention_reference.h"
+#include "support/cuda_buffers.h"
 
 namespace osprey {
 namespace {
@@ -30,40 +31,9 @@ namespace {
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-cudaStream_t st() { return cuda::stream(); }
-void sync() { OSPREY_CUDA_CHECK(cudaStreamSynchronize(st())); }
-
-// A device copy of a host vector; freed with the object.
-template <class T>
-class DeviceVec {
- public:
-  explicit DeviceVec(const std::vector<T>& host) : n_(host.size()) {
-    OSPREY_CUDA_CHECK(cudaMalloc(&p_, std::max<size_t>(n_, 1) * sizeof(T)));
-    upload(host);
-  }
-  DeviceVec(const DeviceVec&) = delete;
-  DeviceVec& operator=(const DeviceVec&) = delete;
-  ~DeviceVec() { cudaFree(p_); }
-
-  void upload(const std::vector<T>& host) {
-    if (host.empty()) return;
-    OSPREY_CUDA_CHECK(cudaMemcpyAsync(p_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice, st()));
-    sync();
-  }
-  std::vector<T> download() const {
-    sync();
-    std::vector<T> host(n_);
-    if (n_ == 0) return host;
-    OSPREY_CUDA_CHECK(cudaMemcpyAsync(host.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost, st()));
-    sync();
-    return host;
-  }
-  T* get() const { return p_; }
-
- private:
-  T* p_ = nullptr;
-  size_t n_;
-};
+using testing::DeviceVec;
+using testing::st;
+using testing::sync;
 
 std::vector<float> random_floats(size_t n, std::mt19937& rng, float lo = -1.0f, float hi = 1.0f) {
   std::uniform_real_distribution<float> dist(lo, hi);

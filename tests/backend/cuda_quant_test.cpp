@@ -24,6 +24,7 @@
 #include "backend/cuda_available.h"
 #include "core/error.h"
 #include "core/half.h"
+#include "support/cuda_buffers.h"
 
 namespace osprey {
 namespace {
@@ -33,37 +34,9 @@ namespace {
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-cudaStream_t st() { return cuda::stream(); }
-void sync() { OSPREY_CUDA_CHECK(cudaStreamSynchronize(st())); }
-
-// A device copy of a host vector, `pad` elements after the start of the allocation (to make
-// misaligned pointers); freed with the object.
-template <class T>
-class DeviceVec {
- public:
-  explicit DeviceVec(const std::vector<T>& host, size_t pad = 0) : n_(host.size()), pad_(pad) {
-    OSPREY_CUDA_CHECK(cudaMalloc(&base_, (std::max<size_t>(n_, 1) + pad_) * sizeof(T)));
-    if (!host.empty())
-      OSPREY_CUDA_CHECK(cudaMemcpyAsync(get(), host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice, st()));
-    sync();
-  }
-  DeviceVec(const DeviceVec&) = delete;
-  DeviceVec& operator=(const DeviceVec&) = delete;
-  ~DeviceVec() { cudaFree(base_); }
-
-  std::vector<T> download() const {
-    sync();
-    std::vector<T> host(n_);
-    if (n_ > 0) OSPREY_CUDA_CHECK(cudaMemcpyAsync(host.data(), get(), n_ * sizeof(T), cudaMemcpyDeviceToHost, st()));
-    sync();
-    return host;
-  }
-  T* get() const { return base_ + pad_; }
-
- private:
-  T* base_ = nullptr;
-  size_t n_, pad_;
-};
+using testing::DeviceVec;
+using testing::st;
+using testing::sync;
 
 // ||got - ref|| / ||ref||; infinity when any element is NaN.
 double rel_error(const std::vector<float>& got, const std::vector<double>& ref) {

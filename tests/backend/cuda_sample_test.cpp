@@ -23,6 +23,7 @@
 #include "backend/cuda/sample.h"
 #include "backend/cuda_available.h"
 #include "core/error.h"
+#include "support/cuda_buffers.h"
 
 namespace osprey {
 namespace {
@@ -33,34 +34,9 @@ namespace {
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-cudaStream_t st() { return cuda::stream(); }
-void sync() { OSPREY_CUDA_CHECK(cudaStreamSynchronize(st())); }
-
-// A device copy of a host vector; freed with the object.
-template <class T>
-class DeviceVec {
- public:
-  explicit DeviceVec(const std::vector<T>& host) : n_(host.size()) {
-    OSPREY_CUDA_CHECK(cudaMalloc(&p_, std::max<size_t>(n_, 1) * sizeof(T)));
-    if (n_ > 0) OSPREY_CUDA_CHECK(cudaMemcpyAsync(p_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice, st()));
-    sync();
-  }
-  DeviceVec(const DeviceVec&) = delete;
-  DeviceVec& operator=(const DeviceVec&) = delete;
-  ~DeviceVec() { cudaFree(p_); }
-  std::vector<T> download() const {
-    sync();
-    std::vector<T> host(n_);
-    if (n_ > 0) OSPREY_CUDA_CHECK(cudaMemcpyAsync(host.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost, st()));
-    sync();
-    return host;
-  }
-  T* get() const { return p_; }
-
- private:
-  T* p_ = nullptr;
-  size_t n_;
-};
+using testing::DeviceVec;
+using testing::st;
+using testing::sync;
 
 // ---- The reference -----------------------------------------------------------------------
 // The noise, written again from its definition in engine/sample_noise.h.
