@@ -5,37 +5,20 @@
 #include "backend/cpu/quant_kernels.h"
 #include "backend/ops.h"
 #include "backend/quant_args.h"
+#include "backend/op_checks.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 
 #ifdef OSPREY_WITH_CUDA
 #include "backend/cuda/quant_kernels.h"
 #include "backend/cuda/runtime.h"
-#define OSPREY_CUDA_BRANCH(cond) if (cond)
-#else
-// Without the backend no array can live on a CUDA device, so the branch is never taken.
-#define OSPREY_CUDA_BRANCH(cond) if (static_cast<void>(cond), false)
 #endif
 
 namespace osprey::ops {
 namespace {
 
-void require(bool ok, const char* op, const std::string& what) {
-  if (!ok) throw InvalidInput(std::string(op) + ": " + what);
-}
-
-// Checks that the defined arrays share one device; true when it is a CUDA device.
-bool on_cuda(const char* op, std::initializer_list<const Array*> arrays) {
-  const Array* first = nullptr;
-  for (const Array* a : arrays) {
-    if (!a->defined()) continue;
-    if (!first)
-      first = a;
-    else if (!(a->device() == first->device()))
-      throw InvalidInput(std::string(op) + ": arrays on " + first->device().str() + " and " + a->device().str());
-  }
-  return first && !first->device().is_cpu();
-}
+using detail::on_cuda;
+using detail::require;
 
 std::string describe(const QuantizedMatrix& w) {
   return "packed " + osprey::describe(w.packed) + ", scales " + osprey::describe(w.scales) + ", biases " +

@@ -19,29 +19,24 @@ Decoder::Decoder(Model& model, SequenceCache& cache, const DecoderOptions& optio
 
 Decoder::~Decoder() = default;
 
-bool Decoder::graph_usable(const std::vector<const void*>& key) const {
-  return graph_ && key == graph_key_ &&
-         graph_memory_generation_ == CapturedGraph::memory_generation(model_.info().device);
-}
-
 const Array& Decoder::step() {
   const Device dev = model_.info().device;
   ops::fill_i32_(position_, int32_t(cache_.offset()));
   if (options_.graphs && cache_.next_write_in_place()) {
-    std::vector<const void*> key = cache_.buffers();
-    if (graph_usable(key)) {
+    if (graph_ && graph_memory_generation_ == CapturedGraph::memory_generation(dev) &&
+        cache_.has_buffers(graph_key_)) {
       graph_->replay();
       cache_.commit_replayed_write();
       ++n_replays_;
       return logits_;
     }
-    if (key == warm_key_) {
+    if (cache_.has_buffers(warm_key_)) {
       // The previous step ran in place over these buffers, so every scratch buffer this step
       // needs has its size already: capture it, then run it.
       graph_.reset();
       Array out;
       graph_ = CapturedGraph::capture(dev, [&] { out = model_.forward(token_, position_, cache_, false); });
-      graph_key_ = std::move(key);
+      graph_key_ = cache_.buffers();
       graph_memory_generation_ = CapturedGraph::memory_generation(dev);
       logits_ = out;
       graph_->replay();

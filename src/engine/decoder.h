@@ -39,8 +39,6 @@ class Decoder {
   uint64_t n_graph_captures() const { return n_captures_; }
 
  private:
-  bool graph_usable(const std::vector<const void*>& key) const;
-
   Model& model_;
   SequenceCache& cache_;
   DecoderOptions options_;

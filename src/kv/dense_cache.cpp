@@ -153,6 +153,15 @@ std::vector<const void*> SequenceCache::buffers() const {
   return b;
 }
 
+bool SequenceCache::has_buffers(const std::vector<const void*>& key) const {
+  if (key.size() != 2 * layers_.size()) return false;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    auto [k, v] = layers_[i]->buffers();
+    if (key[2 * i] != k || key[2 * i + 1] != v) return false;
+  }
+  return true;
+}
+
 std::vector<KVState> SequenceCache::snapshot() const {
   std::vector<KVState> s;
   s.reserve(layers_.size());

@@ -132,6 +132,8 @@ class SequenceCache {
   void commit_replayed_write();
   // Every layer's buffers, in order (a replayed graph's key).
   std::vector<const void*> buffers() const;
+  // Whether buffers() equals `key` (no allocation: checked every decode step).
+  bool has_buffers(const std::vector<const void*>& key) const;
   std::vector<KVState> snapshot() const;
   void restore(const std::vector<KVState>& states);
   KVCounters counters() const;
