@@ -33,7 +33,7 @@ struct Candidate {
 
 }  // namespace
 
-BpeModel::BpeModel(const Json& j, const std::string& where) {
+BpeModel::BpeModel(const Json& j, BpeTables tables, const std::string& where) {
   if (const Json* d = optional(j, "dropout"))
     if (!d->is_number() || d->get<double>() > 0.0)
       throw Unsupported(child(where, "dropout") + ": BPE dropout is not supported");
@@ -45,18 +45,22 @@ BpeModel::BpeModel(const Json& j, const std::string& where) {
   fuse_unk_ = bool_field(j, "fuse_unk", false, where);
   ignore_merges_ = bool_field(j, "ignore_merges", false, where);
 
-  const Json& vocab = require(j, "vocab", where);
   const std::string vwhere = child(where, "vocab");
-  if (!vocab.is_object()) fail(vwhere, "expected an object of token -> id");
-  vocab_.reserve(vocab.size());
+  if (!tables.has_vocab) {
+    const Json& vocab = require(j, "vocab", where);
+    if (!vocab.is_object()) fail(vwhere, "expected an object of token -> id");
+    for (const auto& [token, id_json] : vocab.items()) {
+      if (!id_json.is_number_integer()) fail(child(vwhere, token), "expected an integer token id");
+      const int64_t id = id_json.is_number_unsigned() && id_json.get<uint64_t>() > uint64_t(kMaxTokenId)
+                             ? kMaxTokenId
+                             : id_json.get<int64_t>();
+      check_token_id(id, id_json.dump(), vwhere, token);
+      tables.vocab.emplace_back(token, int32_t(id));
+    }
+  }
+  vocab_.reserve(tables.vocab.size());
   small_char_ids_.assign(kSmallCharLimit, -1);
-  for (const auto& [token, id_json] : vocab.items()) {
-    // NOTE: 100k+ entries; build the error location only on failure.
-    const int32_t id = id_json.is_number_integer() && id_json.get<int64_t>() >= 0 &&
-                               id_json.get<int64_t>() <= INT32_MAX
-                           ? int32_t(id_json.get<int64_t>())
-                           : as_id(id_json, child(vwhere, token));
-    vocab_.emplace(token, id);
+  for (auto& [token, id] : tables.vocab) {
     if (!token.empty() && utf8::seq_len(static_cast<unsigned char>(token[0])) == token.size()) {
       std::size_t i = 0;
       const uint32_t cp = utf8::next(token, i);
@@ -65,7 +69,9 @@ BpeModel::BpeModel(const Json& j, const std::string& where) {
       else
         char_ids_[cp] = id;
     }
+    vocab_.insert_or_assign(std::move(token), id);  // a repeated token keeps its last id
   }
+  tables.vocab = {};
   if (const Json* unk = optional(j, "unk_token")) {
     const auto it = vocab_.find(as_string(*unk, child(where, "unk_token")));
     if (it != vocab_.end()) unk_id_ = it->second;
@@ -80,33 +86,38 @@ BpeModel::BpeModel(const Json& j, const std::string& where) {
     }
   }
 
-  const Json& merges = require(j, "merges", where);
   const std::string mwhere = child(where, "merges");
-  if (!merges.is_array()) fail(mwhere, "expected an array");
-  merges_.reserve(merges.size());
-  auto lookup = [&](const std::string& token, std::size_t r) {
+  if (!tables.has_merges) {
+    const Json& merges = require(j, "merges", where);
+    if (!merges.is_array()) fail(mwhere, "expected an array");
+    for (std::size_t r = 0; r < merges.size(); ++r) {
+      const Json& m = merges[r];
+      if (m.is_string()) {
+        const std::string& s = m.get_ref<const std::string&>();
+        const std::size_t space = s.find(' ');
+        if (space == std::string::npos || s.find(' ', space + 1) != std::string::npos)
+          fail(child(mwhere, r), "expected \"left right\" with exactly one space");
+        tables.merges.emplace_back(s.substr(0, space), s.substr(space + 1));
+      } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
+        tables.merges.emplace_back(m[0].get<std::string>(), m[1].get<std::string>());
+      } else {
+        fail(child(mwhere, r), "expected a string \"left right\" or a pair [\"left\", \"right\"]");
+      }
+    }
+  }
+  merges_.reserve(tables.merges.size());
+  auto lookup = [&](std::string_view token, std::size_t r) {
     const auto it = vocab_.find(token);
-    if (it == vocab_.end()) fail(child(mwhere, r), "token \"" + token + "\" is not in the vocab");
+    if (it == vocab_.end())
+      fail(child(mwhere, r), "token \"" + std::string(token) + "\" is not in the vocab");
     return it->second;
   };
-  for (std::size_t r = 0; r < merges.size(); ++r) {
-    const Json& m = merges[r];
-    std::string left, right;
-    if (m.is_string()) {
-      const std::string& s = m.get_ref<const std::string&>();
-      const std::size_t space = s.find(' ');
-      if (space == std::string::npos || s.find(' ', space + 1) != std::string::npos)
-        fail(child(mwhere, r), "expected \"left right\" with exactly one space");
-      left = s.substr(0, space);
-      right = s.substr(space + 1);
-    } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
-      left = m[0].get<std::string>();
-      right = m[1].get<std::string>();
-    } else {
-      fail(child(mwhere, r), "expected a string \"left right\" or a pair [\"left\", \"right\"]");
-    }
+  std::string joined;
+  for (std::size_t r = 0; r < tables.merges.size(); ++r) {
+    const auto& [left, right] = tables.merges[r];
     const int32_t a = lookup(left, r), b = lookup(right, r);
-    const int32_t merged = lookup(left + right, r);
+    joined.assign(left).append(right);
+    const int32_t merged = lookup(joined, r);
     // A repeated pair takes its last rank, as in HF tokenizers.
     merges_.insert_or_assign(pair_key(a, b), MergeResult{int32_t(r), merged});
   }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "tokenizer/json_fields.h"
+#include "tokenizer/json_reader.h"
 
 namespace osprey::tok {
 
@@ -23,10 +24,11 @@ using TokenMap = std::unordered_map<std::string, int32_t, StringHash, std::equal
 
 class BpeModel {
  public:
-  // j is the "model" object with type "BPE"; where names it for errors. Merges may be
-  // "a b" strings or ["a", "b"] pairs. Throws InvalidInput for malformed fields and
-  // Unsupported for dropout or subword prefixes/suffixes.
-  BpeModel(const Json& j, const std::string& where);
+  // j is the "model" object with type "BPE"; where names it for errors. Its vocab and
+  // merges come from `tables` where read_tokenizer_json took them out of the tree, else
+  // from j. Merges may be "a b" strings or ["a", "b"] pairs. Throws InvalidInput for
+  // malformed fields and Unsupported for dropout or subword prefixes/suffixes.
+  BpeModel(const Json& j, BpeTables tables, const std::string& where);
 
   // Appends the ids of one piece (a pre-token, in the vocabulary's alphabet). Thread-safe.
   void encode(std::string_view piece, std::vector<int32_t>& out) const;

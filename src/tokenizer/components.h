@@ -57,8 +57,12 @@ class Decoder {
   virtual std::string token_bytes(std::string_view token) const = 0;
 };
 
-// Supported: ByteLevel, and Sequence of supported decoders. For JSON null the decoder
-// returns tokens unchanged (HF would join them with spaces).
+// Supported: ByteLevel, Replace, ByteFallback, Fuse, Strip, and Sequence of supported
+// decoders (after a Fuse only Replace, whose matches must then lie within one token). For
+// JSON null the decoder returns tokens unchanged (HF would join them with spaces).
+// NOTE: HF's ByteFallback turns a run of "<0xNN>" tokens that is not valid UTF-8 into one
+// U+FFFD per token; here the bytes go through the lossy UTF-8 decoding of the whole
+// output, which gives one U+FFFD per maximal invalid subsequence. Valid text is the same.
 std::unique_ptr<Decoder> make_decoder(const Json& j, const std::string& where);
 
 }  // namespace osprey::tok

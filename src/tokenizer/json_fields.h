@@ -56,11 +56,28 @@ inline bool bool_field(const Json& j, std::string_view key, bool fallback, const
   return v->get<bool>();
 }
 
+// Token ids are below 2^24: larger ids (or a few very sparse ones) would make the id-indexed
+// tables huge, and ids must stay exact in float32 samplers. Loading also requires ids below
+// 2 * (number of tokens) + 1024, so the tables are sized by what the file holds.
+inline constexpr int64_t kMaxTokenId = int64_t(1) << 24;
+
+// Throws InvalidInput "where: token "token" has id N, outside [0, 16777216)" unless
+// 0 <= id < kMaxTokenId; id_text is the id as written (it may not fit in int64).
+inline void check_token_id(int64_t id, const std::string& id_text, const std::string& where,
+                           std::string_view token) {
+  if (id >= 0 && id < kMaxTokenId) return;
+  fail(where, "token " + Json(std::string(token)).dump() + " has id " + id_text + ", outside [0, " +
+                  std::to_string(kMaxTokenId) + ")");
+}
+
+// An id that is not a token's own (a post-processor's, a config's): an integer in
+// [0, kMaxTokenId).
 inline int32_t as_id(const Json& v, const std::string& where) {
   if (!v.is_number_integer()) fail(where, "expected an integer token id");
-  const int64_t id = v.get<int64_t>();
-  if (id < 0 || id > INT32_MAX) fail(where, "token id " + std::to_string(id) + " out of range");
-  return int32_t(id);
+  const bool fits = v.is_number_unsigned() ? v.get<uint64_t>() < uint64_t(kMaxTokenId)
+                                           : v.get<int64_t>() >= 0 && v.get<int64_t>() < kMaxTokenId;
+  if (!fits) fail(where, "token id " + v.dump() + " out of range [0, " + std::to_string(kMaxTokenId) + ")");
+  return int32_t(v.get<int64_t>());
 }
 
 // The "type" field of a component, for dispatch and Unsupported messages.

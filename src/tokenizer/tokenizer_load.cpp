@@ -1,6 +1,12 @@
-#include <fstream>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include "core/error.h"
+#include "tokenizer/json_reader.h"
 #include "tokenizer/tokenizer_impl.h"
 
 namespace osprey {
@@ -8,14 +14,53 @@ namespace {
 
 using tok::Json;
 
+// What a path that should be a regular file is instead, for errors.
+const char* file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode) || S_ISBLK(mode)) return "a device";
+  return "not a regular file";
+}
+
+[[noreturn]] void not_regular(const std::filesystem::path& path, mode_t mode) {
+  throw IoError(path.string() + ": expected a regular file, found " + file_kind(mode));
+}
+
+// Whether path exists (following symlinks). Throws IoError when it exists but is not a
+// regular file (a FIFO would block the open), or cannot be examined.
+bool regular_file_exists(const std::filesystem::path& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT || errno == ENOTDIR) return false;
+    throw IoError(path.string() + ": cannot examine file: " + std::strerror(errno));
+  }
+  if (!S_ISREG(st.st_mode)) not_regular(path, st.st_mode);
+  return true;
+}
+
 std::string read_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in) throw IoError(path.string() + ": cannot open file");
-  const std::streamoff size = in.tellg();
-  if (size < 0) throw IoError(path.string() + ": cannot read file size");
-  std::string text(std::size_t(size), '\0');
-  in.seekg(0);
-  if (!in.read(text.data(), size)) throw IoError(path.string() + ": read failed");
+  if (!regular_file_exists(path)) throw IoError(path.string() + ": cannot open file: it does not exist");
+  // O_NONBLOCK: should the path have become a FIFO since the check, the open returns at
+  // once and fstat refuses it.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) throw IoError(path.string() + ": cannot open file: " + std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw IoError(path.string() + ": cannot examine file: " + std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) not_regular(path, st.st_mode);
+  std::string text(std::size_t(st.st_size), '\0');
+  std::size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::read(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw IoError(path.string() + ": read failed: " + std::strerror(errno));
+    if (n == 0) throw IoError(path.string() + ": read failed: the file shrank while being read");
+    done += std::size_t(n);
+  }
   return text;
 }
 
@@ -66,8 +111,14 @@ std::vector<tok::AddedToken> parse_added_tokens(const Json& tokenizer, const std
     const Json& t = (*list)[i];
     const std::string at = tok::child(where, i);
     tok::AddedToken a;
-    a.id = tok::as_id(tok::require(t, "id", at), tok::child(at, "id"));
     a.content = tok::string_field(t, "content", at);
+    const Json& id = tok::require(t, "id", at);
+    if (!id.is_number_integer()) tok::fail(tok::child(at, "id"), "expected an integer token id");
+    tok::check_token_id(id.is_number_unsigned() && id.get<uint64_t>() > uint64_t(tok::kMaxTokenId)
+                            ? tok::kMaxTokenId
+                            : id.get<int64_t>(),
+                        id.dump(), at, a.content);
+    a.id = int32_t(id.get<int64_t>());
     if (a.content.empty()) tok::fail(tok::child(at, "content"), "empty added token");
     a.special = tok::bool_field(t, "special", false, at);
     a.lstrip = tok::bool_field(t, "lstrip", false, at);
@@ -79,18 +130,19 @@ std::vector<tok::AddedToken> parse_added_tokens(const Json& tokenizer, const std
   return out;
 }
 
-std::unique_ptr<tok::BpeModel> make_model(const Json& tokenizer, const std::string& file) {
+std::unique_ptr<tok::BpeModel> make_model(const Json& tokenizer, tok::BpeTables tables,
+                                          const std::string& file) {
   const Json& model = tok::require(tokenizer, "model", file);
   const std::string where = tok::child(file, "model");
   const std::string type = tok::type_of(model, where);
   if (type != "BPE") throw Unsupported(where + ": " + type + " model is not supported");
-  return std::make_unique<tok::BpeModel>(model, where);
+  return std::make_unique<tok::BpeModel>(model, std::move(tables), where);
 }
 
-void build(Tokenizer::Impl& t, const Json& tokenizer, const Json& config,
+void build(Tokenizer::Impl& t, const Json& tokenizer, tok::BpeTables tables, const Json& config,
            const std::string& file, const std::string& config_file) {
   using Kind = Tokenizer::Impl::Kind;
-  t.model = make_model(tokenizer, file);
+  t.model = make_model(tokenizer, std::move(tables), file);
   t.normalizer = tok::make_normalizer(tokenizer.value("normalizer", Json()), tok::child(file, "normalizer"));
   t.pre_tokenizer =
       tok::make_pre_tokenizer(tokenizer.value("pre_tokenizer", Json()), tok::child(file, "pre_tokenizer"));
@@ -100,9 +152,28 @@ void build(Tokenizer::Impl& t, const Json& tokenizer, const Json& config,
 
   std::vector<tok::AddedToken> added = parse_added_tokens(tokenizer, file);
 
-  int32_t n_vocab = 0;
-  for (const auto& [token, id] : t.model->vocab()) n_vocab = std::max(n_vocab, id + 1);
-  for (const auto& a : added) n_vocab = std::max(n_vocab, a.id + 1);
+  // Ids are below kMaxTokenId (checked as read), so id + 1 cannot overflow; the tables are
+  // indexed by id, so ids must also be dense enough for the number of tokens.
+  int32_t max_id = -1;
+  const tok::AddedToken* max_added = nullptr;
+  for (const auto& [token, id] : t.model->vocab()) max_id = std::max(max_id, id);
+  for (const auto& a : added)
+    if (a.id > max_id) max_id = a.id, max_added = &a;
+  const int64_t id_limit = 2 * int64_t(t.model->vocab().size() + added.size()) + 1024;
+  if (max_id >= id_limit) {
+    std::string token;
+    if (max_added != nullptr) {
+      token = max_added->content;
+    } else {
+      for (const auto& [text, id] : t.model->vocab())
+        if (id == max_id) token = text;
+    }
+    tok::fail(file, "token " + Json(token).dump() + " has id " + std::to_string(max_id) +
+                        ", too sparse for a tokenizer of " +
+                        std::to_string(t.model->vocab().size() + added.size()) +
+                        " tokens (ids must be below " + std::to_string(id_limit) + ")");
+  }
+  const int32_t n_vocab = max_id + 1;
   t.id_to_token.assign(n_vocab, {});
   t.kind.assign(n_vocab, Kind::kNone);
   t.token_to_id = t.model->vocab();
@@ -158,13 +229,12 @@ Tokenizer Tokenizer::load(const std::filesystem::path& dir) {
   const std::filesystem::path config_path = dir / "tokenizer_config.json";
   const std::string file = tokenizer_path.string();
   const std::string config_file = config_path.string();
-  const Json tokenizer = parse_json(read_file(tokenizer_path), file);
+  tok::TokenizerJson tokenizer = tok::read_tokenizer_json(read_file(tokenizer_path), file);
   Json config = Json::object();
-  if (std::filesystem::exists(config_path))
-    config = parse_json(read_file(config_path), config_file);
+  if (regular_file_exists(config_path)) config = parse_json(read_file(config_path), config_file);
   auto impl = std::make_shared<Impl>();
   try {
-    build(*impl, tokenizer, config, file, config_file);
+    build(*impl, tokenizer.tree, std::move(tokenizer.tables), config, file, config_file);
   } catch (const Json::exception& e) {
     // Type errors that the field helpers did not anticipate.
     throw InvalidInput(file + ": " + e.what());
