@@ -1,6 +1,7 @@
 // Small hand-written tokenizer.json files: the merge loop, split behaviours, added tokens and
 // error reporting, with expected ids worked out by hand from the tiny tables below.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -276,6 +277,160 @@ TEST(TokenizerJson, ConfigSpecialTokensAndTemplate) {
   EXPECT_EQ(tok.bos_token(), "<tool>");
   EXPECT_EQ(tok.chat_template(), "D");
   EXPECT_EQ(tok.add_bos_token(), std::optional<bool>(true));
+}
+
+// A SentencePiece-style vocabulary (spaces as "▁", byte fallback, no byte-level alphabet):
+//   <unk>=0 <0xE2>=1 <0x82>=2 <0xAC>=3 ▁=4 a=5 b=6 ▁a=7 ab=8 ▁ab=9 <s>=10
+// Merges by rank: 0 (▁,a)  1 (a,b)  2 (▁a,b).
+Json sentencepiece_tokenizer(const Json& decoders) {
+  return {
+      {"added_tokens", Json::parse(R"([{"id": 10, "content": "<s>", "special": true}])")},
+      {"normalizer", {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "▁"}}},
+      {"pre_tokenizer",
+       {{"type", "Split"}, {"pattern", {{"String", " "}}}, {"behavior", "MergedWithPrevious"}, {"invert", false}}},
+      {"post_processor", nullptr},
+      {"decoder", {{"type", "Sequence"}, {"decoders", decoders}}},
+      {"model",
+       {{"type", "BPE"}, {"unk_token", "<unk>"}, {"byte_fallback", true}, {"fuse_unk", true},
+        {"vocab", {{"<unk>", 0}, {"<0xE2>", 1}, {"<0x82>", 2}, {"<0xAC>", 3}, {"▁", 4}, {"a", 5},
+                   {"b", 6}, {"▁a", 7}, {"ab", 8}, {"▁ab", 9}, {"<s>", 10}}},
+        {"merges", Json::parse(R"([["▁","a"],["a","b"],["▁a","b"]])")}}},
+  };
+}
+
+const Json kSentencePieceDecoders = Json::parse(R"([
+    {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
+    {"type": "ByteFallback"}, {"type": "Fuse"}])");
+
+TEST(TokenizerJson, ByteFallbackAndSentencePieceSpaces) {
+  TempDir dir;
+  const Tokenizer tok = load_json(dir, sentencepiece_tokenizer(kSentencePieceDecoders));
+  // "▁ab€ab": € (E2 82 AC) has no token and falls back to its bytes; (a,b) at rank 1 merges
+  // before (▁a,b) at rank 2, which (▁,a) at rank 0 made possible.
+  EXPECT_EQ(tok.encode(" ab\xE2\x82\xAC" "ab"), (Ids{9, 1, 2, 3, 8}));
+  EXPECT_EQ(tok.decode(Ids{9, 1, 2, 3, 8}), " ab\xE2\x82\xAC" "ab");
+  // "x" has neither a token nor a byte token: unknown, and fuse_unk makes "xx" one <unk>.
+  EXPECT_EQ(tok.encode("xx"), (Ids{0}));
+  EXPECT_EQ(tok.encode("axxb"), (Ids{5, 0, 6}));
+  // Byte tokens stream as one character once it is complete.
+  Tokenizer::StreamDecoder stream(tok, false);
+  EXPECT_EQ(stream.push(9), " ab");
+  EXPECT_EQ(stream.push(1), "");
+  EXPECT_EQ(stream.push(2), "");
+  EXPECT_EQ(stream.push(3), "\xE2\x82\xAC");
+  EXPECT_EQ(stream.push(10), "<s>");
+}
+
+TEST(TokenizerJson, StripDecoderActsOnEachTokenBeforeFuse) {
+  TempDir dir;
+  const Tokenizer tok = load_json(dir, sentencepiece_tokenizer(Json::parse(R"([
+      {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
+      {"type": "Strip", "content": " ", "start": 1, "stop": 0}, {"type": "ByteFallback"}])")));
+  EXPECT_EQ(tok.decode(Ids{9, 7, 4, 8}), "abaab");
+  TempDir fused;
+  fused.write("tokenizer.json", sentencepiece_tokenizer(Json::parse(R"([
+      {"type": "ByteFallback"}, {"type": "Fuse"},
+      {"type": "Strip", "content": " ", "start": 1, "stop": 0}])")).dump());
+  const std::string msg = error_of<Unsupported>(fused);
+  EXPECT_NE(msg.find("decoder.decoders[2]: Strip decoder after Fuse"), std::string::npos) << msg;
+}
+
+// The message of the InvalidInput that loading `tokenizer` throws.
+std::string invalid_input_of(const Json& tokenizer) {
+  TempDir dir;
+  dir.write("tokenizer.json", tokenizer.dump());
+  return error_of<InvalidInput>(dir);
+}
+
+void expect_words(const std::string& msg, std::initializer_list<std::string> words) {
+  for (const auto& w : words) EXPECT_NE(msg.find(w), std::string::npos) << "\"" << w << "\" not in: " << msg;
+}
+
+TEST(TokenizerJson, OutOfRangeTokenIdsAreRefused) {
+  // Ids that once overflowed `max id + 1` and wrote outside the id tables.
+  for (const std::string id : {"2147483647", "-1", "-2147483648", "4294967296", "16777216",
+                               "18446744073709551615", "99999999999999999999999"}) {
+    Json j = tiny_tokenizer(true);
+    j["model"]["vocab"]["zz"] = Json::parse(id);
+    const std::string msg = invalid_input_of(j);
+    // The largest literal is beyond 64 bits; the JSON reader takes it as a float.
+    if (id.size() > 20)
+      expect_words(msg, {"tokenizer.json: model.vocab.zz", "expected an integer token id"});
+    else
+      expect_words(msg, {"tokenizer.json: model.vocab", "\"zz\"", "has id " + id, "16777216"});
+  }
+  for (const std::string id : {"2147483647", "-5", "18446744073709551615"}) {
+    Json j = tiny_tokenizer(true);
+    j["added_tokens"][1]["id"] = Json::parse(id);
+    expect_words(invalid_input_of(j), {"tokenizer.json: added_tokens[1]", "\"<tool>\"", "has id " + id});
+  }
+  {
+    Json j = tiny_tokenizer(true);
+    j["added_tokens"][0]["id"] = 1.5;
+    expect_words(invalid_input_of(j), {"added_tokens[0].id", "expected an integer token id"});
+  }
+  {
+    Json j = tiny_tokenizer(true);
+    j["post_processor"]["special_tokens"]["<s>"]["ids"][0] = 4294967306LL;
+    expect_words(invalid_input_of(j), {"post_processor", "4294967306", "out of range"});
+  }
+}
+
+TEST(TokenizerJson, SparseTokenIdsAreRefused) {
+  // Below 2^24 but far beyond what 18 tokens need: the id tables would be mostly holes.
+  Json j = tiny_tokenizer(true);
+  j["model"]["vocab"]["zz"] = 100000;
+  expect_words(invalid_input_of(j), {"tokenizer.json", "\"zz\"", "has id 100000", "too sparse", "19 tokens"});
+  Json k = tiny_tokenizer(true);
+  k["added_tokens"][1]["id"] = 5000;
+  expect_words(invalid_input_of(k), {"\"<tool>\"", "has id 5000", "too sparse"});
+  // A few holes are fine: ids up to 2 * tokens + 1024 load.
+  Json ok = tiny_tokenizer(true);
+  ok["added_tokens"][1]["id"] = 1000;
+  TempDir dir;
+  const Tokenizer tok = load_json(dir, ok);
+  EXPECT_EQ(tok.vocab_size(), 1001);
+  EXPECT_EQ(tok.encode("<tool>"), (Ids{1000}));
+}
+
+TEST(TokenizerJson, NonRegularFilesAreRefusedWithoutBlocking) {
+  {
+    TempDir dir;
+    ASSERT_EQ(::mkfifo((dir.path() / "tokenizer.json").c_str(), 0600), 0);
+    expect_words(error_of<IoError>(dir), {"tokenizer.json", "expected a regular file, found a FIFO"});
+  }
+  {
+    TempDir dir;
+    dir.write("tokenizer.json", tiny_tokenizer(true).dump());
+    ASSERT_EQ(::mkfifo((dir.path() / "tokenizer_config.json").c_str(), 0600), 0);
+    expect_words(error_of<IoError>(dir), {"tokenizer_config.json", "expected a regular file, found a FIFO"});
+  }
+  {
+    TempDir dir;
+    std::filesystem::create_directory(dir.path() / "tokenizer.json");
+    expect_words(error_of<IoError>(dir), {"tokenizer.json", "found a directory"});
+  }
+  {
+    TempDir dir;
+    dir.write("tokenizer.json", tiny_tokenizer(true).dump());
+    std::filesystem::create_directory(dir.path() / "tokenizer_config.json");
+    expect_words(error_of<IoError>(dir), {"tokenizer_config.json", "found a directory"});
+  }
+}
+
+TEST(TokenizerJson, MergesInTheTablesNameTheirRank) {
+  for (const char* merges : {R"(["a b", "a b c"])", R"([["a", "b"], ["a"]])", R"([["a", "b"], 7])",
+                             R"([["a", "b"], ["a", 7]])", R"([["a", "b"], {"a": "b"}])"}) {
+    Json j = tiny_tokenizer(true);
+    j["model"]["merges"] = Json::parse(merges);
+    expect_words(invalid_input_of(j), {"tokenizer.json: model.merges[1]", "expected"});
+  }
+  Json j = tiny_tokenizer(true);
+  j["model"]["vocab"]["zz"] = "7";
+  expect_words(invalid_input_of(j), {"model.vocab.zz", "expected an integer token id"});
+  Json k = tiny_tokenizer(true);
+  k["model"]["vocab"] = Json::array();
+  expect_words(invalid_input_of(k), {"model.vocab", "expected an object"});
 }
 
 }  // namespace
