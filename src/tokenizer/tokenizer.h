@@ -1,9 +1,11 @@
 #pragma once
-// Hugging Face tokenizer.json tokenizers: byte-level BPE as Llama 3.x and Qwen2.5 use it,
-// with added/special tokens, normalizers (NFC, NFD, Replace, Prepend, Sequence),
-// pre-tokenizers (Split, ByteLevel, Digits, Sequence), post-processors (TemplateProcessing,
-// ByteLevel, Roberta/Bert, Sequence) and the ByteLevel decoder; plus the special-token
-// settings and chat template of tokenizer_config.json.
+// Hugging Face tokenizer.json tokenizers with a BPE model: byte-level BPE as Llama 3.x,
+// Qwen2.5 and Command-R use it, and BPE over SentencePiece pieces with byte fallback as
+// Gemma 3 uses it; with added/special tokens, normalizers (NFC, NFD, Replace, Prepend,
+// Sequence), pre-tokenizers (Split, ByteLevel, Digits, Sequence), post-processors
+// (TemplateProcessing, ByteLevel, Roberta/Bert, Sequence) and decoders (ByteLevel, Replace,
+// ByteFallback, Fuse, Strip, Sequence); plus the special-token settings and chat template of
+// tokenizer_config.json.
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -22,9 +24,11 @@ class Tokenizer {
   struct Impl;  // opaque: defined in the implementation
 
   // Loads dir/tokenizer.json and, if present, dir/tokenizer_config.json. Throws IoError when
-  // tokenizer.json is missing or unreadable, InvalidInput for malformed JSON (naming the file
-  // and field), Unsupported naming a component type that is not implemented (e.g.
-  // "WordPiece model").
+  // tokenizer.json is missing or unreadable, or either file is not a regular file (checked
+  // before opening, so a FIFO does not block); InvalidInput for malformed JSON (naming the
+  // file and field) and for token ids outside [0, 2^24) or beyond 2 * (number of tokens) +
+  // 1024 (naming the token and the id); Unsupported naming a component type that is not
+  // implemented (e.g. "WordPiece model").
   static Tokenizer load(const std::filesystem::path& dir);
 
   // text must be valid UTF-8 (InvalidInput otherwise, naming the byte offset).
