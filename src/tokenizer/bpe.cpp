@@ -97,9 +97,9 @@ BpeModel::BpeModel(const Json& j, BpeTables tables, const std::string& where) {
         const std::size_t space = s.find(' ');
         if (space == std::string::npos || s.find(' ', space + 1) != std::string::npos)
           fail(child(mwhere, r), "expected \"left right\" with exactly one space");
-        tables.merges.emplace_back(s.substr(0, space), s.substr(space + 1));
+        tables.merges.add(std::string_view(s).substr(0, space), std::string_view(s).substr(space + 1));
       } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
-        tables.merges.emplace_back(m[0].get<std::string>(), m[1].get<std::string>());
+        tables.merges.add(m[0].get_ref<const std::string&>(), m[1].get_ref<const std::string&>());
       } else {
         fail(child(mwhere, r), "expected a string \"left right\" or a pair [\"left\", \"right\"]");
       }
@@ -112,15 +112,46 @@ BpeModel::BpeModel(const Json& j, BpeTables tables, const std::string& where) {
       fail(child(mwhere, r), "token \"" + std::string(token) + "\" is not in the vocab");
     return it->second;
   };
-  std::string joined;
   for (std::size_t r = 0; r < tables.merges.size(); ++r) {
-    const auto& [left, right] = tables.merges[r];
-    const int32_t a = lookup(left, r), b = lookup(right, r);
-    joined.assign(left).append(right);
-    const int32_t merged = lookup(joined, r);
+    const int32_t a = lookup(tables.merges.left(r), r), b = lookup(tables.merges.right(r), r);
+    const int32_t merged = lookup(tables.merges.joined(r), r);
     // A repeated pair takes its last rank, as in HF tokenizers.
-    merges_.insert_or_assign(pair_key(a, b), MergeResult{int32_t(r), merged});
+    merges_.assign(a, b, MergeResult{int32_t(r), merged});
   }
+}
+
+void BpeModel::MergeTable::reserve(std::size_t n) {
+  std::size_t capacity = 16;
+  while (capacity < 2 * n) capacity *= 2;  // at most half full
+  if (capacity <= slots_.size()) return;
+  std::vector<Slot> old = std::move(slots_);
+  slots_.assign(capacity, Slot{kEmpty, {}});
+  size_ = 0;
+  for (const Slot& s : old)
+    if (s.key != kEmpty) assign(int32_t(s.key >> 32), int32_t(uint32_t(s.key)), s.merge);
+}
+
+std::size_t BpeModel::MergeTable::slot_of(uint64_t key) const {
+  // Fibonacci hashing of the pair; the table size is a power of two.
+  const uint64_t h = key * 0x9E3779B97F4A7C15ull;
+  const std::size_t mask = slots_.size() - 1;
+  std::size_t i = std::size_t(h >> 32) & mask;
+  while (slots_[i].key != kEmpty && slots_[i].key != key) i = (i + 1) & mask;
+  return i;
+}
+
+void BpeModel::MergeTable::assign(int32_t a, int32_t b, MergeResult m) {
+  if (2 * (size_ + 1) > slots_.size()) reserve(size_ + 1 > 8 ? 2 * (size_ + 1) : 8);
+  const uint64_t key = pair_key(a, b);
+  Slot& s = slots_[slot_of(key)];
+  if (s.key == kEmpty) ++size_;
+  s = {key, m};
+}
+
+const BpeModel::MergeResult* BpeModel::MergeTable::find(int32_t a, int32_t b) const {
+  if (slots_.empty()) return nullptr;
+  const Slot& s = slots_[slot_of(pair_key(a, b))];
+  return s.key == kEmpty ? nullptr : &s.merge;
 }
 
 int32_t BpeModel::char_id(uint32_t cp) const {
@@ -165,8 +196,8 @@ void BpeModel::merge(std::string_view piece, std::vector<int32_t>& out) const {
   std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> queue;
   auto consider = [&](int32_t pos) {
     if (pos < 0 || sym[pos].next < 0) return;
-    const auto it = merges_.find(pair_key(sym[pos].id, sym[sym[pos].next].id));
-    if (it != merges_.end()) queue.push({it->second.rank, pos, it->second.id});
+    if (const MergeResult* m = merges_.find(sym[pos].id, sym[sym[pos].next].id))
+      queue.push({m->rank, pos, m->id});
   };
   for (int32_t i = 0; i + 1 < n; ++i) consider(i);
 
@@ -176,8 +207,8 @@ void BpeModel::merge(std::string_view piece, std::vector<int32_t>& out) const {
     Symbol& left = sym[c.pos];
     if (!left.alive || left.next < 0) continue;
     // Skip candidates made stale by an earlier merge of either symbol.
-    const auto it = merges_.find(pair_key(left.id, sym[left.next].id));
-    if (it == merges_.end() || it->second.rank != c.rank || it->second.id != c.id) continue;
+    const MergeResult* m = merges_.find(left.id, sym[left.next].id);
+    if (m == nullptr || m->rank != c.rank || m->id != c.id) continue;
     Symbol& right = sym[left.next];
     left.id = c.id;
     right.alive = false;

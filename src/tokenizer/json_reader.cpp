@@ -34,7 +34,7 @@ class Reader final : public nlohmann::json_sax<Json> {
         if (space == std::string::npos || s.find(' ', space + 1) != std::string::npos)
           fail(child(merges_where_, tables_.merges.size()),
                "expected \"left right\" with exactly one space");
-        tables_.merges.emplace_back(s.substr(0, space), s.substr(space + 1));
+        tables_.merges.add(std::string_view(s).substr(0, space), std::string_view(s).substr(space + 1));
         return true;
       }
       case Mode::kMergePair:
@@ -93,7 +93,7 @@ class Reader final : public nlohmann::json_sax<Json> {
     switch (mode_) {
       case Mode::kMergePair:
         if (pair_size_ != 2) bad_merge();
-        tables_.merges.emplace_back(std::move(pair_[0]), std::move(pair_[1]));
+        tables_.merges.add(pair_[0], pair_[1]);
         mode_ = Mode::kMerges;
         return true;
       case Mode::kMerges:

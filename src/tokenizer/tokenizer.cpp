@@ -62,9 +62,7 @@ std::string Tokenizer::token_text(int32_t id) const {
 int32_t Tokenizer::vocab_size() const { return int32_t(impl_->kind.size()); }
 
 std::optional<int32_t> Tokenizer::token_id(std::string_view token) const {
-  const auto it = impl_->token_to_id.find(token);
-  if (it == impl_->token_to_id.end()) return std::nullopt;
-  return it->second;
+  return impl_->id_of(token);
 }
 
 bool Tokenizer::is_special(int32_t id) const { return impl_->special(id); }

@@ -27,7 +27,7 @@ struct Tokenizer::Impl {
   std::vector<std::string> id_to_token;  // "" where kind == kNone
   std::vector<std::string> id_bytes;     // what decode() emits for the id
   std::vector<Kind> kind;
-  tok::TokenMap token_to_id;  // vocabulary and added tokens
+  tok::TokenMap added_to_id;  // added tokens' contents; they take precedence over the vocabulary
 
   std::string bos_token, eos_token, chat_template;
   std::optional<int32_t> bos_id;
@@ -38,6 +38,12 @@ struct Tokenizer::Impl {
     return id >= 0 && std::size_t(id) < kind.size() && kind[id] != Kind::kNone;
   }
   bool special(int32_t id) const { return known(id) && kind[id] == Kind::kSpecial; }
+  // Id of an added token's content or of a vocabulary string.
+  std::optional<int32_t> id_of(std::string_view token) const {
+    if (const auto it = added_to_id.find(token); it != added_to_id.end()) return it->second;
+    if (const auto it = model->vocab().find(token); it != model->vocab().end()) return it->second;
+    return std::nullopt;
+  }
 
   // Tokenizes text that holds no added token of the raw stage.
   void encode_plain(std::string_view text, bool parse_special, std::vector<int32_t>& ids) const;

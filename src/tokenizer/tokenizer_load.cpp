@@ -176,7 +176,6 @@ void build(Tokenizer::Impl& t, const Json& tokenizer, tok::BpeTables tables, con
   const int32_t n_vocab = max_id + 1;
   t.id_to_token.assign(n_vocab, {});
   t.kind.assign(n_vocab, Kind::kNone);
-  t.token_to_id = t.model->vocab();
   for (const auto& [token, id] : t.model->vocab()) {
     t.id_to_token[id] = token;
     t.kind[id] = Kind::kVocab;
@@ -185,7 +184,7 @@ void build(Tokenizer::Impl& t, const Json& tokenizer, tok::BpeTables tables, con
   for (auto& a : added) {
     t.id_to_token[a.id] = a.content;
     t.kind[a.id] = a.special ? Kind::kSpecial : Kind::kAdded;
-    t.token_to_id.insert_or_assign(a.content, a.id);
+    t.added_to_id.insert_or_assign(a.content, a.id);
     if (a.normalized && t.normalizer) {
       a.content = t.normalizer->normalize(a.content);
       if (a.content.empty()) continue;
@@ -201,10 +200,9 @@ void build(Tokenizer::Impl& t, const Json& tokenizer, tok::BpeTables tables, con
 
   // tokenizer_config.json
   auto id_of = [&](const std::string& token, std::string_view key) {
-    const auto it = t.token_to_id.find(token);
-    if (it == t.token_to_id.end())
-      tok::fail(tok::child(config_file, key), "token \"" + token + "\" is not in the vocabulary");
-    return it->second;
+    const std::optional<int32_t> id = t.id_of(token);
+    if (!id) tok::fail(tok::child(config_file, key), "token \"" + token + "\" is not in the vocabulary");
+    return *id;
   };
   t.bos_token = special_token_text(config, "bos_token", config_file);
   t.eos_token = special_token_text(config, "eos_token", config_file);
