@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "backend/device_select.h"
+#include "chat/chat_template.h"
 #include "cli/commands.h"
 #include "cli/progress.h"
 #include "core/env.h"
@@ -36,6 +37,7 @@ struct GenerateOptions {
   SamplerParams sampler;
   bool json = false;
   bool ignore_eos = false;
+  bool chat = false;
   int threads = -1;
   std::string device;
 };
@@ -66,7 +68,14 @@ int run_generate(const GenerateOptions& o) {
 
   std::optional<Tokenizer> tokenizer;
   if (o.prompt || fs::exists(fs::path(dir) / "tokenizer.json")) tokenizer = Tokenizer::load(dir);
-  std::vector<int32_t> prompt = o.prompt ? tokenizer->encode(*o.prompt, true) : parse_token_ids(o.token_ids);
+  std::vector<int32_t> prompt;
+  if (o.chat) {
+    // The template writes BOS itself: no second one from the post-processor.
+    nlohmann::ordered_json request = {{"messages", {{{"role", "user"}, {"content", *o.prompt}}}}};
+    prompt = tokenizer->encode(ChatTemplate::load(dir).render(request), false);
+  } else {
+    prompt = o.prompt ? tokenizer->encode(*o.prompt, true) : parse_token_ids(o.token_ids);
+  }
 
   std::unique_ptr<Model> model;
   {
@@ -162,8 +171,10 @@ Command add_generate(CLI::App& app) {
   app.add_option("-t,--threads", o->threads, "CPU threads (default: OSPREY_THREADS or one per core)");
   app.add_flag("--json", o->json, "Print one JSON object instead of streaming text");
   app.add_flag("--ignore-eos", o->ignore_eos, "Do not stop at end-of-sequence tokens");
+  app.add_flag("--chat", o->chat, "Apply the model's chat template to -p as one user message")->excludes(t);
   return [o, p, t] {
     if (!*p && !*t) throw InvalidInput("generate: give a prompt with -p TEXT or --token-ids 1,2,3");
+    if (o->chat && !*p) throw InvalidInput("generate --chat: give the user message with -p TEXT");
     return run_generate(*o);
   };
 }

@@ -19,6 +19,8 @@ int main(int argc, char** argv) {
   add("generate", "Generate text from a prompt", osprey::cli::add_generate);
   add("tokenize", "Print the token ids of a text as a JSON array", osprey::cli::add_tokenize);
   add("bench", "Measure prompt and generation throughput (after llama-bench)", osprey::cli::add_bench);
+  add("chat", "Chat with the model through its chat template", osprey::cli::add_chat);
+  add("template", "Print a chat request rendered with the model's chat template", osprey::cli::add_template);
   add("convert", "Quantize a checkpoint to MLX affine 2/3/4/6/8-bit (mlx-lm's layout)", osprey::cli::add_convert);
   try {
     app.parse(argc, argv);

@@ -1,0 +1,56 @@
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "chat/chat_template.h"
+#include "cli/commands.h"
+#include "core/error.h"
+
+namespace osprey::cli {
+namespace {
+
+struct TemplateOptions {
+  std::string model;
+  std::string request = "-";
+  std::string name;
+};
+
+int run_template(const TemplateOptions& o) {
+  const std::string dir = o.model.empty() ? default_model_dir() : o.model;
+  ChatTemplate tpl = ChatTemplate::load(dir, o.name);
+  std::string text;
+  std::string where = o.request == "-" ? std::string("stdin") : o.request;
+  if (o.request == "-") {
+    text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+  } else {
+    std::ifstream in(o.request, std::ios::binary);
+    if (!in) throw IoError(o.request + ": cannot open file");
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  nlohmann::ordered_json request;
+  try {
+    request = nlohmann::ordered_json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw InvalidInput(where + ": malformed JSON request: " + e.what());
+  }
+  std::string out = tpl.render(request);
+  std::fwrite(out.data(), 1, out.size(), stdout);
+  std::fflush(stdout);
+  return 0;
+}
+
+}  // namespace
+
+Command add_template(CLI::App& app) {
+  auto o = std::make_shared<TemplateOptions>();
+  app.add_option("-m,--model", o->model, "Folder with tokenizer_config.json or chat_template.jinja (default: the embedded default model)");
+  app.add_option("--template-name", o->name, "Which of the folder's named templates (default: \"default\")");
+  app.add_option("request", o->request, "JSON chat request file: messages, add_generation_prompt, tools, documents, chat_template_kwargs ('-', the default, reads stdin)");
+  return [o] { return run_template(*o); };
+}
+
+}  // namespace osprey::cli
