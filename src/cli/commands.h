@@ -15,6 +15,7 @@ Command add_generate(CLI::App& app);
 Command add_tokenize(CLI::App& app);
 Command add_bench(CLI::App& app);
 Command add_convert(CLI::App& app);
+Command add_serve(CLI::App& app);
 
 // The model folder to use when -m is not given: the embedded default. Throws IoError with
 // a hint when it has not been made.
