@@ -24,6 +24,13 @@ for await (const chunk of stream) {
   if (chunk.usage) out.stream_usage = chunk.usage;
 }
 
+const chatParams = { model: out.models[0], messages: [{ role: 'user', content: 'Hi' }], max_tokens: 16, temperature: 0 };
+const chat = await client.chat.completions.create(chatParams);
+out.chat_text = chat.choices[0].message.content;
+out.chat_chunks = [];
+for await (const chunk of await client.chat.completions.create({ ...chatParams, stream: true }))
+  if (chunk.choices.length && chunk.choices[0].delta.content) out.chat_chunks.push(chunk.choices[0].delta.content);
+
 try {
   await client.completions.create({ ...params, model: 'no-such-model' });
   out.bad_model = 'no error';

@@ -39,6 +39,10 @@ TEST(ServerOpenAIClient, TheNodeClientCompletesStreamsAndSeesErrors) {
   EXPECT_EQ(r["stream_usage"]["prompt_tokens"], r["usage"]["prompt_tokens"]);
   // The streamed request repeats the first one's prompt: all of it but its last token is reused.
   EXPECT_EQ(r["stream_usage"]["prompt_tokens_details"]["cached_tokens"], r["usage"]["prompt_tokens"].get<int>() - 1);
+  std::string chat;
+  for (const auto& c : r["chat_chunks"]) chat += c.get<std::string>();
+  EXPECT_FALSE(r["chat_text"].get<std::string>().empty());
+  EXPECT_EQ(chat, r["chat_text"]);
   EXPECT_EQ(r["bad_model"]["status"], 404);
   EXPECT_EQ(r["bad_model"]["code"], "model_not_found");
   EXPECT_EQ(r["bad_key"]["status"], 401);
