@@ -14,6 +14,7 @@
 #include <random>
 #include <thread>
 
+#include "chat/chat_template.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "engine/scheduler.h"
@@ -23,12 +24,6 @@
 #include "server/metrics.h"
 #include "server/stop_matcher.h"
 #include "tokenizer/tokenizer.h"
-
-// The chat template engine (src/chat/) arrives separately; without it chat routes answer 501.
-#if __has_include("chat/chat_template.h")
-#include "chat/chat_template.h"
-#define OSPREY_SERVER_HAS_CHAT 1
-#endif
 
 namespace osprey {
 namespace {
@@ -215,10 +210,8 @@ struct Server::Impl {
   std::unique_ptr<DenseSlotBackend> backend;
   std::unique_ptr<Scheduler> scheduler;
   std::vector<int32_t> eos_ids;
-#ifdef OSPREY_SERVER_HAS_CHAT
   std::optional<ChatTemplate> chat_template;
   std::string chat_template_error;  // why there is none
-#endif
 
   explicit Impl(ServerOptions o) : opt(std::move(o)) {
     created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -359,7 +352,6 @@ struct Server::Impl {
     auto it = body.find("messages");
     if (it == body.end() || !it->is_array() || it->empty())
       throw bad_request("'messages' is required and must be a non-empty array", "messages");
-#ifdef OSPREY_SERVER_HAS_CHAT
     if (!chat_template) throw bad_request("the model has no usable chat template: " + chat_template_error, "messages");
     try {
       return chat_template->render(body);
@@ -368,9 +360,6 @@ struct Server::Impl {
     } catch (const InvalidInput& e) {
       throw bad_request(e.what(), "messages");
     }
-#else
-    throw api_error(501, "invalid_request_error", "chat templates are not available in this build", "not_implemented");
-#endif
   }
 
   void tokenize(const httplib::Request& req, httplib::Response& res) {
@@ -673,14 +662,12 @@ void Server::load() {
   m.eos_ids = m.model->info().eos_ids;
   for (int32_t id : m.tokenizer->eos_ids())
     if (std::find(m.eos_ids.begin(), m.eos_ids.end(), id) == m.eos_ids.end()) m.eos_ids.push_back(id);
-#ifdef OSPREY_SERVER_HAS_CHAT
   try {
     m.chat_template = ChatTemplate::load(m.opt.model_dir);
   } catch (const Error& e) {
     m.chat_template_error = e.what();
     log_warn("chat completions are off: " + m.chat_template_error);
   }
-#endif
   m.prompt_cache = std::make_unique<PromptCache>(m.opt.prompt_cache_mib << 20, m.opt.keep_prompt_cache_checksums);
   DenseBackendOptions bo;
   bo.n_slots = m.opt.n_slots;
