@@ -17,6 +17,7 @@ Command add_bench(CLI::App& app);
 Command add_convert(CLI::App& app);
 Command add_template(CLI::App& app);
 Command add_chat(CLI::App& app);
+Command add_serve(CLI::App& app);
 
 // The model folder to use when -m is not given: the embedded default. Throws IoError with
 // a hint when it has not been made.

@@ -2,7 +2,10 @@
 // error (bad checkpoint, config, input or I/O), 2 a usage error (unknown flag, bad value).
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <algorithm>
 #include <map>
+#include <string>
+#include <vector>
 
 #include "cli/commands.h"
 #include "core/error.h"
@@ -21,9 +24,17 @@ int main(int argc, char** argv) {
   add("bench", "Measure prompt and generation throughput (after llama-bench)", osprey::cli::add_bench);
   add("chat", "Chat with the model through its chat template", osprey::cli::add_chat);
   add("template", "Print a chat request rendered with the model's chat template", osprey::cli::add_template);
+  add("serve", "Serve the model over an OpenAI-compatible HTTP API", osprey::cli::add_serve);
   add("convert", "Quantize a checkpoint to MLX affine 2/3/4/6/8-bit (mlx-lm's layout)", osprey::cli::add_convert);
+  // llama-server's two-letter short flag, which CLI11 cannot declare (serve only: elsewhere
+  // "-np" may be a value, such as a prompt).
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (!args.empty() && args[0] == "serve")
+    for (std::string& a : args)
+      if (a == "-np") a = "--parallel";
+  std::reverse(args.begin(), args.end());
   try {
-    app.parse(argc, argv);
+    app.parse(args);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }

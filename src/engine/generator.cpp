@@ -65,8 +65,8 @@ GenerateResult generate(Model& model, SequenceCache& cache, std::span<const int3
     return result;
   }
   const Device dev = model.info().device;
-  // NOTE: the repetition penalty needs the history on the host, so it samples there.
-  st.device_sampling = !dev.is_cpu() && params.sampler.repetition_penalty == 1.0f;
+  // NOTE: the penalties need the history on the host, so they sample there.
+  st.device_sampling = !dev.is_cpu() && !uses_history(params.sampler);
   st.pipelined = st.device_sampling && params.pipelined;
   Sampler sampler(params.sampler);
   const ops::DeviceSampling ds = device_sampling(params.sampler);

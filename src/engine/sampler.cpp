@@ -17,6 +17,12 @@ void validate(const SamplerParams& p) {
   if (!(p.min_p >= 0.0f && p.min_p < 1.0f)) bad("min-p must be in [0, 1)");
   if (!(p.repetition_penalty > 0.0f) || !std::isfinite(p.repetition_penalty)) bad("repetition penalty must be > 0");
   if (p.repeat_last_n < 0) bad("repeat-last-n must be >= 0");
+  if (!(p.presence_penalty >= -2.0f && p.presence_penalty <= 2.0f)) bad("presence penalty must be in [-2, 2]");
+  if (!(p.frequency_penalty >= -2.0f && p.frequency_penalty <= 2.0f)) bad("frequency penalty must be in [-2, 2]");
+}
+
+bool uses_history(const SamplerParams& p) {
+  return p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
 }
 
 int32_t argmax(std::span<const float> logits) {
@@ -31,15 +37,20 @@ Sampler::Sampler(const SamplerParams& params) : params_(params) { validate(param
 std::vector<std::pair<int32_t, float>> Sampler::filtered(std::span<const float> logits,
                                                          std::span<const int32_t> history) {
   work_.assign(logits.begin(), logits.end());
-  if (params_.repetition_penalty != 1.0f && params_.repeat_last_n > 0) {
+  if (uses_history(params_) && params_.repeat_last_n > 0) {
     size_t start = history.size() > size_t(params_.repeat_last_n) ? history.size() - size_t(params_.repeat_last_n) : 0;
     std::vector<int32_t> seen(history.begin() + long(start), history.end());
     std::sort(seen.begin(), seen.end());
-    seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
-    for (int32_t id : seen) {
+    for (size_t i = 0; i < seen.size();) {
+      size_t j = i;
+      while (j < seen.size() && seen[j] == seen[i]) ++j;
+      const int32_t id = seen[i];
+      const float count = float(j - i);
+      i = j;
       if (id < 0 || size_t(id) >= work_.size()) continue;
       float& l = work_[size_t(id)];
-      l = l > 0 ? l / params_.repetition_penalty : l * params_.repetition_penalty;
+      if (params_.repetition_penalty != 1.0f) l = l > 0 ? l / params_.repetition_penalty : l * params_.repetition_penalty;
+      l -= params_.presence_penalty + count * params_.frequency_penalty;
     }
   }
   std::vector<std::pair<int32_t, float>> cand;

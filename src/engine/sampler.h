@@ -1,5 +1,5 @@
 #pragma once
-// The sampler chain: repetition penalty -> temperature -> top-k -> top-p -> min-p -> draw.
+// The sampler chain: repetition, presence and frequency penalties -> temperature -> top-k -> top-p -> min-p -> draw.
 // Temperature <= 0 is greedy (argmax; the lowest id wins a tie). Draws are Gumbel-max with the
 // counter-based noise of engine/sample_noise.h at (seed, draw index): deterministic for a seed,
 // and the same draws as the CUDA sampler's for the same kept set.
@@ -16,6 +16,10 @@ struct SamplerParams {
   float min_p = 0.0f;        // 0: off
   float repetition_penalty = 1.0f;  // 1: off; applied to the last `repeat_last_n` tokens
   int repeat_last_n = 64;
+  // OpenAI's penalties over the same last `repeat_last_n` tokens: a token seen c times loses
+  // presence_penalty + c * frequency_penalty from its logit. 0: off. Range [-2, 2].
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
   uint64_t seed = 0x5eed;
 };
 
@@ -40,5 +44,8 @@ class Sampler {
 };
 
 int32_t argmax(std::span<const float> logits);
+
+// Whether any penalty needs the token history (so sampling must run on the host).
+bool uses_history(const SamplerParams& p);
 
 }  // namespace osprey

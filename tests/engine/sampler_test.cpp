@@ -104,6 +104,35 @@ TEST(Sampler, RepetitionPenaltyDividesPositiveAndMultipliesNegativeLogits) {
   for (auto& [id, prob] : s.distribution(kLogits, history)) EXPECT_NEAR(prob, ref[size_t(id)], 1e-6);
 }
 
+TEST(Sampler, PresenceAndFrequencyPenaltiesSubtractPerSeenToken) {
+  SamplerParams p;
+  p.temperature = 1.0f;
+  p.presence_penalty = 0.5f;
+  p.frequency_penalty = 0.25f;
+  Sampler s(p);
+  // Token 1 seen twice, 2 once: l - (0.5 + c * 0.25), by hand.
+  std::vector<int32_t> history = {1, 2, 1};
+  std::vector<float> penalised = kLogits;
+  penalised[1] = 3.0f - 1.0f;
+  penalised[2] = -2.0f - 0.75f;
+  auto ref = softmax(penalised, 1.0);
+  for (auto& [id, prob] : s.distribution(kLogits, history)) EXPECT_NEAR(prob, ref[size_t(id)], 1e-6);
+}
+
+TEST(Sampler, PenaltiesLookOnlyAtTheLastNTokens) {
+  SamplerParams p;
+  p.temperature = 1.0f;
+  p.presence_penalty = 1.0f;
+  p.repeat_last_n = 2;
+  Sampler s(p);
+  std::vector<int32_t> history = {5, 1, 3};  // 5 is outside the window
+  std::vector<float> penalised = kLogits;
+  penalised[1] -= 1.0f;
+  penalised[3] -= 1.0f;
+  auto ref = softmax(penalised, 1.0);
+  for (auto& [id, prob] : s.distribution(kLogits, history)) EXPECT_NEAR(prob, ref[size_t(id)], 1e-6);
+}
+
 TEST(Sampler, DrawsFollowTheDistributionAndTheSeed) {
   SamplerParams p;
   p.temperature = 1.0f;

@@ -1,0 +1,95 @@
+#include <CLI/CLI.hpp>
+#include <csignal>
+#include <filesystem>
+#include <memory>
+#include <pthread.h>
+#include <thread>
+
+#include "backend/device_select.h"
+#include "cli/commands.h"
+#include "core/env.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/thread_pool.h"
+#include "server/server.h"
+
+namespace osprey::cli {
+namespace fs = std::filesystem;
+namespace {
+
+struct ServeOptions {
+  ServerOptions server;
+  std::string model;
+  std::string device;
+  int threads = -1;
+  int64_t max_body_mib = 8;
+};
+
+int run_serve(ServeOptions& o) {
+  if (o.threads >= 0) set_cpu_threads(o.threads);
+  ServerOptions& so = o.server;
+  so.model_dir = o.model.empty() ? default_model_dir() : o.model;
+  if (!fs::exists(so.model_dir)) throw IoError("model folder " + so.model_dir.string() + " does not exist");
+  so.device = select_device(o.device.empty() ? env_options().device : o.device);
+  const EnvOptions& env = env_options();
+  so.cache.step = env.kv_step;
+  so.cache.inplace = env.kv_inplace_write;
+  so.graphs = env.cuda_graphs;
+  so.max_body_bytes = size_t(o.max_body_mib) << 20;
+  so.system_fingerprint = std::string("osprey-") + OSPREY_VERSION + "-" + OSPREY_GIT_COMMIT;
+
+  // SIGINT and SIGTERM are taken by one thread with sigwait(); every other thread, started
+  // after this, inherits the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+
+  Server server(so);
+  const int port = server.bind();
+  server.start();
+  log_info("listening on http://" + so.host + ":" + std::to_string(port) + ", loading " + so.model_dir.string());
+  std::thread watcher([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    log_info(std::string("received ") + (sig == SIGINT ? "SIGINT" : "SIGTERM") + ", shutting down");
+    server.stop();
+  });
+  try {
+    server.load();
+  } catch (...) {
+    pthread_kill(watcher.native_handle(), SIGTERM);
+    watcher.join();
+    throw;
+  }
+  server.wait();
+  watcher.join();
+  log_info("stopped");
+  return 0;
+}
+
+}  // namespace
+
+Command add_serve(CLI::App& app) {
+  auto o = std::make_shared<ServeOptions>();
+  ServerOptions& s = o->server;
+  app.add_option("-m,--model", o->model, "Model folder (default: the embedded default model)");
+  app.add_option("--host", s.host, "Address to listen on")->capture_default_str();
+  app.add_option("--port", s.port, "Port to listen on (0: any free port)")->check(CLI::Range(0, 65535))->capture_default_str();
+  app.add_option("-c,--ctx-size", s.ctx_size, "Context per sequence (0: the model's)")->check(CLI::NonNegativeNumber);
+  app.add_option("--parallel", s.n_slots, "Sequences running at once (also -np)")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--api-key", s.api_key, "Require Authorization: Bearer KEY on every route but /health");
+  app.add_option("--alias", s.alias, "The model's id in the API (default: the folder's name)");
+  app.add_option("--prompt-cache-mib", s.prompt_cache_mib, "Prompt cache budget in MiB (0: off)")->capture_default_str();
+  app.add_option("--max-queue", s.max_queue, "Waiting requests past this get 429")->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--max-body-mib", o->max_body_mib, "Largest request body in MiB")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--timeout", s.timeout_s, "Socket read and write timeout in seconds")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--threads-http", s.n_http_threads, "HTTP worker threads (0: 4 * parallel + 16)")->check(CLI::NonNegativeNumber);
+  app.add_option("--device", o->device, "cpu, cuda or cuda:N (default: OSPREY_DEVICE, else cuda when present)");
+  app.add_option("-t,--threads", o->threads, "CPU threads (default: OSPREY_THREADS or one per core)");
+  return [o] { return run_serve(*o); };
+}
+
+}  // namespace osprey::cli

@@ -1,0 +1,367 @@
+#include "engine/scheduler.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <future>
+
+#include "core/error.h"
+#include "core/log.h"
+
+namespace osprey {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+const char* kShuttingDown = "the server is shutting down";
+
+}  // namespace
+
+// ---- SequenceChannel ----
+
+void SequenceChannel::push(SequenceEvent event) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    events_.push_back(std::move(event));
+  }
+  cv_.notify_all();
+}
+
+std::optional<SequenceEvent> SequenceChannel::pop(int timeout_ms) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] { return !events_.empty(); })) return std::nullopt;
+  SequenceEvent e = std::move(events_.front());
+  events_.pop_front();
+  return e;
+}
+
+void SequenceChannel::cancel() {
+  cancelled_.store(true);
+  std::function<void()> wake;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    wake = wake_;
+  }
+  if (wake) wake();
+}
+
+void SequenceChannel::set_wake(std::function<void()> wake) {
+  std::lock_guard<std::mutex> lock(mu_);
+  wake_ = std::move(wake);
+}
+
+// ---- Scheduler ----
+
+struct Scheduler::Sequence {
+  SequenceRequest request;
+  Sampler sampler;
+  std::vector<int32_t> tokens;  // prompt, then every emitted token
+  int handle = -1;              // the backend's, once begun
+  int64_t n_cached = 0;
+  int64_t n_in_cache = 0;       // leading tokens whose K/V the cache holds
+  int64_t n_generated = 0;
+  bool decoding = false;        // the prompt is in; the last token waits to be fed
+  bool ended = false;
+
+  Sequence(SequenceRequest r) : request(std::move(r)), sampler(request.params.sampler), tokens(request.prompt) {}
+  int64_t n_prompt() const { return int64_t(request.prompt.size()); }
+};
+
+Scheduler::Scheduler(SequenceBackend& backend, const SchedulerOptions& options) : backend_(backend), options_(options) {
+  if (options_.max_queue < 0) throw InvalidInput("scheduler: max_queue must be >= 0");
+  if (options_.prefill_chunk < 1) throw InvalidInput("scheduler: prefill_chunk must be >= 1");
+  thread_ = std::thread([this] { loop(); });
+}
+
+Scheduler::~Scheduler() { stop(); }
+
+void Scheduler::wake() {
+  { std::lock_guard<std::mutex> lock(mu_); }
+  cv_.notify_all();
+}
+
+Scheduler::Submit Scheduler::submit(SequenceRequest request) {
+  if (request.prompt.empty()) throw InvalidInput("the prompt is empty");
+  if (!request.channel) throw InvalidInput("scheduler: a request needs a channel");
+  if (request.params.max_tokens < 1) throw InvalidInput("max_tokens must be >= 1");
+  auto seq = std::make_unique<Sequence>(std::move(request));  // validates the sampler parameters
+  seq->request.channel->set_wake([this] { wake(); });
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return Submit::stopping;
+    std::erase_if(waiting_, [](const auto& s) { return s->request.channel->cancelled(); });
+    if (int64_t(waiting_.size()) >= options_.max_queue) return Submit::queue_full;
+    waiting_.push_back(std::move(seq));
+    stats_.n_waiting = int64_t(waiting_.size());
+  }
+  cv_.notify_all();
+  return Submit::accepted;
+}
+
+void Scheduler::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+SchedulerStats Scheduler::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void Scheduler::run_on_engine(const std::function<void()>& fn) {
+  std::promise<void> done;
+  std::function<void()> task = [&] {
+    try {
+      fn();
+      done.set_value();
+    } catch (...) {
+      done.set_exception(std::current_exception());
+    }
+  };
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (stopping_) {
+      lock.unlock();
+      fn();
+      return;
+    }
+    engine_tasks_.push_back(&task);
+  }
+  cv_.notify_all();
+  done.get_future().get();
+}
+
+void Scheduler::loop() {
+  for (;;) {
+    std::vector<std::function<void()>*> tasks;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stopping_ || !engine_tasks_.empty() || !waiting_.empty() || !running_.empty(); });
+      if (stopping_) break;
+      tasks.swap(engine_tasks_);
+    }
+    for (auto* t : tasks) (*t)();
+    drop_cancelled_waiting();
+    step();
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.n_waiting = int64_t(waiting_.size());
+    stats_.n_running = int64_t(running_.size());
+    stats_.kv_usage = backend_.kv_usage();
+    stats_.kv = backend_.kv_counters();
+  }
+  // Shutting down: every sequence ends with an error; tasks still queued run here.
+  std::deque<std::unique_ptr<Sequence>> waiting;
+  std::vector<std::function<void()>*> tasks;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    waiting.swap(waiting_);
+    tasks.swap(engine_tasks_);
+  }
+  for (auto* t : tasks) (*t)();
+  for (auto& s : waiting) fail(*s, kShuttingDown);
+  for (auto& s : running_) fail(*s, kShuttingDown);
+  running_.clear();
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.n_waiting = stats_.n_running = 0;
+  stats_.kv_usage = backend_.kv_usage();
+}
+
+void Scheduler::drop_cancelled_waiting() {
+  std::vector<std::unique_ptr<Sequence>> dropped;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = waiting_.begin(); it != waiting_.end();) {
+      if ((*it)->request.channel->cancelled()) {
+        dropped.push_back(std::move(*it));
+        it = waiting_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& s : dropped) finish(*s, "cancelled");
+}
+
+void Scheduler::finish(Sequence& s, const std::string& reason) {
+  if (s.ended) return;
+  s.ended = true;
+  if (s.handle >= 0) {
+    try {
+      backend_.end(s.handle, std::span<const int32_t>(s.tokens).first(size_t(s.n_in_cache)));
+    } catch (const std::exception& e) {
+      log_warn("request " + std::to_string(s.request.id) + ": ending the sequence failed: " + e.what());
+    }
+    s.handle = -1;
+  }
+  SequenceEvent e;
+  e.kind = SequenceEvent::Kind::finished;
+  e.finish_reason = reason;
+  e.n_prompt = s.n_prompt();
+  e.n_cached = s.n_cached;
+  s.request.channel->push(std::move(e));
+  std::lock_guard<std::mutex> lock(mu_);
+  ++(reason == "cancelled" ? stats_.n_cancelled : stats_.n_finished);
+}
+
+void Scheduler::fail(Sequence& s, const std::string& error) {
+  if (s.ended) return;
+  s.ended = true;
+  if (s.handle >= 0) {
+    try {
+      backend_.end(s.handle, std::span<const int32_t>(s.tokens).first(size_t(s.n_in_cache)));
+    } catch (const std::exception&) {
+    }
+    s.handle = -1;
+  }
+  SequenceEvent e;
+  e.kind = SequenceEvent::Kind::failed;
+  e.error = error;
+  e.n_prompt = s.n_prompt();
+  e.n_cached = s.n_cached;
+  s.request.channel->push(std::move(e));
+  std::lock_guard<std::mutex> lock(mu_);
+  ++stats_.n_failed;
+}
+
+bool Scheduler::emit(Sequence& s, std::span<const float> logits) {
+  SequenceEvent e;
+  e.token = s.sampler.sample(logits, s.tokens);
+  const SequenceParams& p = s.request.params;
+  if (p.n_top_logprobs >= 0) {
+    // log-softmax of the raw logits, in double
+    double mx = -HUGE_VAL;
+    for (float l : logits) mx = std::max(mx, double(l));
+    double sum = 0;
+    for (float l : logits) sum += std::exp(double(l) - mx);
+    const double lse = mx + std::log(sum);
+    e.logprob = float(double(logits[size_t(e.token)]) - lse);
+    const size_t k = std::min(size_t(p.n_top_logprobs), logits.size());
+    if (k > 0) {
+      std::vector<int32_t> ids(logits.size());
+      for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(i);
+      std::partial_sort(ids.begin(), ids.begin() + long(k), ids.end(), [&](int32_t a, int32_t b) {
+        return logits[size_t(a)] > logits[size_t(b)] || (logits[size_t(a)] == logits[size_t(b)] && a < b);
+      });
+      for (size_t i = 0; i < k; ++i) e.top_logprobs.push_back({ids[i], float(double(logits[size_t(ids[i])]) - lse)});
+    }
+  }
+  if (std::find(p.stop_ids.begin(), p.stop_ids.end(), e.token) != p.stop_ids.end()) {
+    finish(s, "stop");
+    return false;
+  }
+  if (s.n_generated == 0) {
+    e.n_prompt = s.n_prompt();
+    e.n_cached = s.n_cached;
+  }
+  s.tokens.push_back(e.token);
+  ++s.n_generated;
+  s.request.channel->push(std::move(e));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.n_generated_tokens;
+  }
+  if (s.n_generated >= p.max_tokens || s.n_in_cache + 1 > backend_.context_size()) {
+    finish(s, "length");
+    return false;
+  }
+  return true;
+}
+
+void Scheduler::step() {
+  for (auto& s : running_)
+    if (s->request.channel->cancelled()) finish(*s, "cancelled");
+
+  // Decode one token for every running sequence whose prompt is in.
+  std::vector<SequenceBackend::DecodeInput> inputs;
+  std::vector<Sequence*> decoding;
+  for (auto& s : running_)
+    if (!s->ended && s->decoding) {
+      inputs.push_back({s->handle, s->tokens.back()});
+      decoding.push_back(s.get());
+    }
+  if (!inputs.empty()) {
+    std::vector<std::vector<float>> logits;
+    const auto t0 = Clock::now();
+    try {
+      backend_.decode(inputs, logits);
+      for (size_t i = 0; i < decoding.size(); ++i) {
+        ++decoding[i]->n_in_cache;
+        emit(*decoding[i], logits[i]);
+      }
+    } catch (const std::exception& e) {
+      for (Sequence* s : decoding) fail(*s, std::string("decode failed: ") + e.what());
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.decode_seconds += seconds_since(t0);
+  }
+
+  // Admit waiting prompts in chunks while the step's budget allows.
+  int64_t budget = options_.prefill_chunk;
+  std::vector<float> logits;
+  while (budget > 0) {
+    Sequence* s = nullptr;
+    for (auto& r : running_)
+      if (!r->ended && !r->decoding) {
+        s = r.get();
+        break;
+      }
+    if (!s) {
+      std::unique_ptr<Sequence> next;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        int n_live = 0;
+        for (auto& r : running_) n_live += r->ended ? 0 : 1;
+        if (waiting_.empty() || n_live >= backend_.max_running()) break;
+        next = std::move(waiting_.front());
+        waiting_.pop_front();
+      }
+      try {
+        auto begun = backend_.begin(next->request.prompt);
+        if (!begun) {
+          std::lock_guard<std::mutex> lock(mu_);
+          waiting_.push_front(std::move(next));
+          break;
+        }
+        next->handle = begun->handle;
+        next->n_cached = next->n_in_cache = begun->n_cached;
+      } catch (const std::exception& e) {
+        fail(*next, e.what());
+        continue;
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        stats_.n_cached_tokens += uint64_t(next->n_cached);
+      }
+      running_.push_back(std::move(next));
+      s = running_.back().get();
+    }
+    const int64_t remaining = s->n_prompt() - s->n_in_cache;
+    const int64_t n = std::min(budget, remaining);
+    const bool last = n == remaining;
+    const auto t0 = Clock::now();
+    try {
+      backend_.prefill(s->handle, std::span<const int32_t>(s->request.prompt).subspan(size_t(s->n_in_cache), size_t(n)),
+                       last, logits);
+      s->n_in_cache += n;
+      budget -= n;
+      if (last) {
+        s->decoding = true;
+        emit(*s, logits);
+      }
+    } catch (const std::exception& e) {
+      fail(*s, std::string("prefill failed: ") + e.what());
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.prefill_seconds += seconds_since(t0);
+    stats_.n_prompt_tokens += uint64_t(n);
+  }
+  std::erase_if(running_, [](const auto& s) { return s->ended; });
+}
+
+}  // namespace osprey

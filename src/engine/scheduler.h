@@ -1,0 +1,179 @@
+#pragma once
+// The serving engine: one thread owns the model, its caches and its device stream; other
+// threads submit sequences through a bounded FIFO queue and read their tokens back through a
+// per-sequence channel. Nothing but the engine thread touches a cache.
+//
+// Each step of the engine (Scheduler::step) decodes one token for every running sequence, then
+// admits waiting prompts in chunks while the step's prompt-token budget allows, so a long prompt
+// delays the running decodes by at most one chunk per step. The model work goes through a
+// SequenceBackend: the dense batch-1 backend runs the sequences of a step one after another; a
+// paged, batched backend runs them as one batch behind the same interface.
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/sampler.h"
+#include "kv/kv_cache.h"
+
+namespace osprey {
+
+// What one sequence asks for.
+struct SequenceParams {
+  int64_t max_tokens = 128;       // further capped by the backend's context
+  SamplerParams sampler;
+  std::vector<int32_t> stop_ids;  // generation ends after any of these (not emitted)
+  int n_top_logprobs = -1;        // -1: no logprobs; 0: the chosen token's; k: and the k most likely
+};
+
+struct TokenLogprob {
+  int32_t id = 0;
+  float logprob = 0;  // log-softmax of the model's raw logits
+};
+
+// One event on a sequence's channel: a token, or the end (finished or failed).
+struct SequenceEvent {
+  enum class Kind { token, finished, failed };
+  Kind kind = Kind::token;
+  int32_t token = -1;
+  std::optional<float> logprob;
+  std::vector<TokenLogprob> top_logprobs;  // most likely first
+  // finished: "stop" (a stop id), "length" (max_tokens or the context), "cancelled".
+  std::string finish_reason;
+  std::string error;  // failed: why
+  // On the first token and on the end: the prompt's size and how many of its tokens came
+  // from the prompt cache.
+  int64_t n_prompt = 0, n_cached = 0;
+};
+
+// A single-producer (engine) single-consumer (client thread) queue of events with a cancel
+// flag. Thread-safe.
+class SequenceChannel {
+ public:
+  void push(SequenceEvent event);
+  // The next event, waiting up to `timeout_ms`; nullopt on timeout.
+  std::optional<SequenceEvent> pop(int timeout_ms);
+  // Asks the engine to end the sequence (a client went away, a stop string matched). The
+  // engine frees its resources at its next step, or at once while the sequence waits.
+  void cancel();
+  bool cancelled() const { return cancelled_.load(); }
+  void set_wake(std::function<void()> wake);
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<SequenceEvent> events_;
+  std::atomic<bool> cancelled_{false};
+  std::function<void()> wake_;
+};
+
+struct SequenceRequest {
+  uint64_t id = 0;
+  std::vector<int32_t> prompt;
+  SequenceParams params;
+  std::shared_ptr<SequenceChannel> channel;
+};
+
+// The model work of the engine. Called only from the engine thread.
+class SequenceBackend {
+ public:
+  virtual ~SequenceBackend() = default;
+  // How many sequences may run at once (-np).
+  virtual int max_running() const = 0;
+  // Most tokens (prompt + generated) a sequence may hold.
+  virtual int64_t context_size() const = 0;
+  // Starts a sequence for `prompt`: returns its handle and how many leading prompt tokens are
+  // already in its cache (from a prompt cache; always < prompt.size()), or nullopt when full.
+  struct Begun {
+    int handle = -1;
+    int64_t n_cached = 0;
+  };
+  virtual std::optional<Begun> begin(std::span<const int32_t> prompt) = 0;
+  // Appends `tokens` to the sequence's cache. When `want_logits`, writes the logits of the
+  // last one into `logits` ([vocab] f32 on the host).
+  virtual void prefill(int handle, std::span<const int32_t> tokens, bool want_logits, std::vector<float>& logits) = 0;
+  // Decodes one token for each sequence: inputs[i] = (handle, token); logits[i] receives its
+  // next-token logits ([vocab] on the host).
+  struct DecodeInput {
+    int handle = -1;
+    int32_t token = 0;
+  };
+  virtual void decode(std::span<const DecodeInput> inputs, std::vector<std::vector<float>>& logits) = 0;
+  // Ends the sequence. `tokens` are the tokens its cache holds, in order (prompt and reply);
+  // the backend may keep the cache under them for later prompts.
+  virtual void end(int handle, std::span<const int32_t> tokens) = 0;
+  // The fraction of the KV capacity in use, in [0, 1].
+  virtual double kv_usage() const = 0;
+  // KV write counters of every cache the backend has run, summed.
+  virtual KVCounters kv_counters() const = 0;
+};
+
+struct SchedulerOptions {
+  int max_queue = 64;            // waiting sequences past this are refused (HTTP 429)
+  int64_t prefill_chunk = 512;   // prompt tokens per step (chunked prefill)
+};
+
+// Counters and gauges for /metrics. Read from any thread.
+struct SchedulerStats {
+  int64_t n_waiting = 0, n_running = 0;
+  uint64_t n_prompt_tokens = 0;     // prompt tokens prefilled (cached tokens are not counted)
+  uint64_t n_cached_tokens = 0;     // prompt tokens taken from the prompt cache
+  uint64_t n_generated_tokens = 0;
+  double prefill_seconds = 0, decode_seconds = 0;
+  uint64_t n_finished = 0, n_cancelled = 0, n_failed = 0;
+  double kv_usage = 0;
+  KVCounters kv;
+};
+
+class Scheduler {
+ public:
+  // Starts the engine thread. `backend` must outlive the scheduler.
+  Scheduler(SequenceBackend& backend, const SchedulerOptions& options);
+  ~Scheduler();  // stop()s
+
+  enum class Submit { accepted, queue_full, stopping };
+  // Queues `request` (FIFO). Its channel receives a token event per generated token, then one
+  // finished or failed event; a cancelled request gets a finished event with "cancelled".
+  Submit submit(SequenceRequest request);
+
+  // Ends every waiting and running sequence with a failed event ("the server is shutting
+  // down") and joins the engine thread. Idempotent.
+  void stop();
+
+  SchedulerStats stats() const;
+  // Runs `fn` on the engine thread between steps and returns when it has run (for work that
+  // must not race the caches: tests' inspection of stored snapshots).
+  void run_on_engine(const std::function<void()>& fn);
+
+ private:
+  struct Sequence;
+  void loop();
+  void step();
+  void drop_cancelled_waiting();
+  void finish(Sequence& s, const std::string& reason);
+  void fail(Sequence& s, const std::string& error);
+  // Samples the next token of `s` from `logits` and emits it; returns false when `s` ended.
+  bool emit(Sequence& s, std::span<const float> logits);
+  void wake();
+
+  SequenceBackend& backend_;
+  SchedulerOptions options_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<Sequence>> waiting_;          // guarded by mu_
+  std::vector<std::function<void()>*> engine_tasks_;        // guarded by mu_
+  bool stopping_ = false;                                   // guarded by mu_
+  std::vector<std::unique_ptr<Sequence>> running_;          // engine thread only
+  SchedulerStats stats_;                                    // guarded by mu_ (engine writes)
+  std::thread thread_;
+};
+
+}  // namespace osprey

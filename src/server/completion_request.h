@@ -1,0 +1,45 @@
+#pragma once
+// The fields of an OpenAI completion or chat completion request, read and checked. Every
+// check throws ApiError (400) naming the field at fault.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/scheduler.h"
+
+namespace osprey {
+
+class Tokenizer;
+
+struct CompletionRequest {
+  bool chat = false;
+  std::string model;                          // as sent ("" when absent)
+  std::vector<std::vector<int32_t>> prompts;  // one sequence each (completions may send several)
+  std::optional<int64_t> max_tokens;          // max_tokens / max_completion_tokens
+  SequenceParams params;                      // max_tokens filled per prompt by the server
+  std::vector<std::string> stop;
+  bool stream = false;
+  bool include_usage = false;                 // stream_options.include_usage
+  bool logprobs = false;                      // completions: logprobs given; chat: logprobs true
+  int top_logprobs = 0;
+};
+
+// Reads the sampling, stop, stream and logprobs fields common to both routes (not the
+// prompt or messages). Defaults follow OpenAI: temperature 1, top_p 1.
+CompletionRequest read_completion_fields(const nlohmann::json& body, bool chat);
+
+// The prompt of /v1/completions: a string, an array of token ids, or an array of either.
+// Strings are tokenized with special tokens parsed and the post-processor's BOS added.
+std::vector<std::vector<int32_t>> read_prompts(const nlohmann::json& prompt, const Tokenizer& tokenizer,
+                                               int64_t vocab_size);
+
+// Checked field access: the field's value, or nullopt when absent or null.
+std::optional<double> number_field(const nlohmann::json& body, const char* name, double min, double max);
+std::optional<int64_t> int_field(const nlohmann::json& body, const char* name, int64_t min, int64_t max);
+std::optional<bool> bool_field(const nlohmann::json& body, const char* name);
+std::optional<std::string> string_field(const nlohmann::json& body, const char* name);
+
+}  // namespace osprey

@@ -1,0 +1,135 @@
+#include "server/dense_backend.h"
+
+#include <algorithm>
+
+#include "backend/ops.h"
+#include "core/error.h"
+#include "engine/decoder.h"
+#include "server/prompt_cache.h"
+
+namespace osprey {
+namespace {
+
+Array token_array(std::span<const int32_t> ids) {
+  Array a = Array::empty({int64_t(ids.size())}, DType::i32);
+  std::copy(ids.begin(), ids.end(), a.data<int32_t>());
+  return a;
+}
+
+// The last row of `logits` ([n, vocab] f32 on any device), on the host.
+void last_row(const Array& logits, std::vector<float>& out) {
+  Array host = ops::to_device(logits, Device::cpu());
+  const int64_t vocab = host.dim(-1);
+  const float* row = host.data<float>() + (host.numel() - vocab);
+  out.assign(row, row + vocab);
+}
+
+}  // namespace
+
+struct DenseSlotBackend::Slot {
+  bool busy = false;
+  SequenceCache cache;
+  std::unique_ptr<Decoder> decoder;
+};
+
+DenseSlotBackend::DenseSlotBackend(Model& model, PromptCache& prompt_cache, const DenseBackendOptions& options)
+    : model_(model), prompt_cache_(prompt_cache), options_(options) {
+  if (options.n_slots < 1) throw InvalidInput("--parallel must be >= 1, got " + std::to_string(options.n_slots));
+  const int64_t model_ctx = model.info().max_position_embeddings;
+  context_ = options.context_size > 0 ? options.context_size : model_ctx;
+  if (model_ctx > 0 && context_ > model_ctx)
+    throw InvalidInput("--ctx-size " + std::to_string(context_) + " exceeds the model's max_position_embeddings (" +
+                       std::to_string(model_ctx) + ")");
+  if (context_ < 2) throw InvalidInput("--ctx-size must be >= 2");
+  DecoderOptions dopt;
+  dopt.graphs = options.graphs;
+  for (int i = 0; i < options.n_slots; ++i) {
+    auto s = std::make_unique<Slot>();
+    s->cache = model.make_cache(options.cache);
+    s->decoder = std::make_unique<Decoder>(model, s->cache, dopt);
+    slots_.push_back(std::move(s));
+  }
+}
+
+DenseSlotBackend::~DenseSlotBackend() = default;
+
+DenseSlotBackend::Slot& DenseSlotBackend::slot(int handle) {
+  if (handle < 0 || size_t(handle) >= slots_.size() || !slots_[size_t(handle)]->busy)
+    throw InvalidInput("dense backend: no running sequence " + std::to_string(handle));
+  return *slots_[size_t(handle)];
+}
+
+void DenseSlotBackend::reset(Slot& s) {
+  retired_ += s.cache.counters();
+  // The Decoder keeps a reference to s.cache: the object is assigned, never replaced.
+  s.cache = model_.make_cache(options_.cache);
+}
+
+std::optional<SequenceBackend::Begun> DenseSlotBackend::begin(std::span<const int32_t> prompt) {
+  if (prompt.empty()) throw InvalidInput("the prompt is empty");
+  if (int64_t(prompt.size()) > context_)
+    throw InvalidInput("the prompt (" + std::to_string(prompt.size()) + " tokens) exceeds the context of " +
+                       std::to_string(context_));
+  for (int32_t id : prompt)
+    if (id < 0 || id >= model_.info().vocab_size)
+      throw InvalidInput("prompt token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                         std::to_string(model_.info().vocab_size) + ")");
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    Slot& s = *slots_[i];
+    if (s.busy) continue;
+    s.busy = true;
+    Begun b;
+    b.handle = int(i);
+    // At least the last prompt token is prefilled again: its logits choose the first token.
+    PromptCache::Match m = prompt_cache_.lookup(prompt, prompt.size() - 1);
+    if (m.entry) {
+      const size_t use = std::min(m.n_common, prompt.size() - 1);
+      s.cache.restore(m.entry->states);
+      s.cache.trim(int64_t(m.entry->tokens.size() - use));
+      b.n_cached = int64_t(use);
+    }
+    return b;
+  }
+  return std::nullopt;
+}
+
+void DenseSlotBackend::prefill(int handle, std::span<const int32_t> tokens, bool want_logits, std::vector<float>& logits) {
+  Slot& s = slot(handle);
+  if (s.cache.offset() + int64_t(tokens.size()) > context_)
+    throw InvalidInput("the sequence would exceed the context of " + std::to_string(context_));
+  Array out = model_.forward(token_array(tokens), s.cache, false);
+  if (want_logits) last_row(out, logits);
+}
+
+void DenseSlotBackend::decode(std::span<const DecodeInput> inputs, std::vector<std::vector<float>>& logits) {
+  logits.resize(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    Slot& s = slot(inputs[i].handle);
+    if (s.cache.offset() + 1 > context_) throw InvalidInput("the sequence would exceed the context of " + std::to_string(context_));
+    ops::fill_i32_(s.decoder->token(), inputs[i].token);
+    last_row(s.decoder->step(), logits[i]);
+  }
+}
+
+void DenseSlotBackend::end(int handle, std::span<const int32_t> tokens) {
+  Slot& s = slot(handle);
+  s.busy = false;
+  if (prompt_cache_.enabled() && !tokens.empty() && s.cache.offset() == int64_t(tokens.size()))
+    prompt_cache_.store(std::vector<int32_t>(tokens.begin(), tokens.end()), s.cache.snapshot());
+  reset(s);
+}
+
+double DenseSlotBackend::kv_usage() const {
+  int64_t used = 0;
+  for (const auto& s : slots_)
+    if (s->busy) used += s->cache.offset();
+  return double(used) / double(context_ * int64_t(slots_.size()));
+}
+
+KVCounters DenseSlotBackend::kv_counters() const {
+  KVCounters c = retired_;
+  for (const auto& s : slots_) c += s->cache.counters();
+  return c;
+}
+
+}  // namespace osprey

@@ -1,0 +1,54 @@
+#pragma once
+// The batch-1 backend of the scheduler: -np slots, each one dense sequence cache and one
+// decoder; a step decodes its sequences one after another. Sequences start from the prompt
+// cache's longest common prefix (one copying write restores it) and store their cache in it
+// when they end.
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "engine/scheduler.h"
+#include "model/model.h"
+
+namespace osprey {
+
+class PromptCache;
+class Decoder;
+
+struct DenseBackendOptions {
+  int n_slots = 1;
+  int64_t context_size = 0;  // 0: the model's max_position_embeddings
+  CacheOptions cache;
+  bool graphs = true;        // CUDA graph replay of decode steps (OSPREY_CUDA_GRAPHS)
+};
+
+class DenseSlotBackend final : public SequenceBackend {
+ public:
+  // `model` and `prompt_cache` must outlive the backend. Throws InvalidInput for a slot count
+  // below 1 or a context past the model's.
+  DenseSlotBackend(Model& model, PromptCache& prompt_cache, const DenseBackendOptions& options);
+  ~DenseSlotBackend() override;
+
+  int max_running() const override { return int(slots_.size()); }
+  int64_t context_size() const override { return context_; }
+  std::optional<Begun> begin(std::span<const int32_t> prompt) override;
+  void prefill(int handle, std::span<const int32_t> tokens, bool want_logits, std::vector<float>& logits) override;
+  void decode(std::span<const DecodeInput> inputs, std::vector<std::vector<float>>& logits) override;
+  void end(int handle, std::span<const int32_t> tokens) override;
+  double kv_usage() const override;
+  KVCounters kv_counters() const override;
+
+ private:
+  struct Slot;
+  Slot& slot(int handle);
+  void reset(Slot& s);
+
+  Model& model_;
+  PromptCache& prompt_cache_;
+  DenseBackendOptions options_;
+  int64_t context_ = 0;
+  std::vector<std::unique_ptr<Slot>> slots_;
+  KVCounters retired_;  // counters of the caches slots have dropped
+};
+
+}  // namespace osprey

@@ -1,0 +1,96 @@
+#include "server/metrics.h"
+
+#include <cstdio>
+
+namespace osprey {
+namespace {
+
+class Page {
+ public:
+  void metric(const char* name, const char* type, const char* help, double value) {
+    header(name, type, help);
+    sample(name, "", value);
+  }
+  void header(const char* name, const char* type, const char* help) {
+    out_ += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+  }
+  void sample(const char* name, const std::string& labels, double value) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.17g", value);
+    out_ += std::string(name) + (labels.empty() ? "" : "{" + labels + "}") + " " + buf + "\n";
+  }
+  std::string str() { return std::move(out_); }
+
+ private:
+  std::string out_;
+};
+
+}  // namespace
+
+void HttpCounters::count(const std::string& route, int status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++counts_[{route, status}];
+}
+
+std::map<std::pair<std::string, int>, uint64_t> HttpCounters::snapshot() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return counts_;
+}
+
+std::string render_metrics(const MetricsInput& in) {
+  const SchedulerStats& s = in.scheduler;
+  const PromptCacheStats& pc = in.prompt_cache;
+  Page p;
+  p.header("osprey:http_requests_total", "counter", "HTTP requests answered, by route and status.");
+  for (const auto& [key, n] : in.http)
+    p.sample("osprey:http_requests_total", "route=\"" + key.first + "\",status=\"" + std::to_string(key.second) + "\"",
+             double(n));
+  p.metric("osprey:ready", "gauge", "1 once the model is loaded, 0 while loading.", in.ready ? 1 : 0);
+  p.metric("osprey:uptime_seconds", "gauge", "Seconds since the server started.", in.uptime_seconds);
+  p.metric("osprey:slots", "gauge", "Sequences that may run at once (--parallel).", in.n_slots);
+  p.metric("osprey:requests_finished_total", "counter", "Sequences that ended normally (stop or length).", double(s.n_finished));
+  p.metric("osprey:requests_cancelled_total", "counter", "Sequences ended early: client gone or stop string matched.",
+           double(s.n_cancelled));
+  p.metric("osprey:requests_failed_total", "counter", "Sequences that failed.", double(s.n_failed));
+  p.metric("osprey:num_requests_running", "gauge", "Sequences running now.", double(s.n_running));
+  p.metric("osprey:num_requests_waiting", "gauge",
+           "Requests waiting in the queue (the inference gateway's TotalQueuedRequests).", double(s.n_waiting));
+  p.metric("osprey:kv_cache_usage_perc", "gauge",
+           "Fraction of the KV cache capacity in use, 0 to 1 (the inference gateway's KVCacheUtilization).", s.kv_usage);
+  p.metric("osprey:prompt_tokens_total", "counter", "Prompt tokens prefilled (not counting those from the prompt cache).",
+           double(s.n_prompt_tokens));
+  p.metric("osprey:prompt_tokens_cached_total", "counter", "Prompt tokens taken from the prompt cache.",
+           double(s.n_cached_tokens));
+  p.metric("osprey:generation_tokens_total", "counter", "Tokens generated.", double(s.n_generated_tokens));
+  p.metric("osprey:prompt_seconds_total", "counter", "Seconds spent prefilling prompts.", s.prefill_seconds);
+  p.metric("osprey:generation_seconds_total", "counter", "Seconds spent in decode steps.", s.decode_seconds);
+  p.metric("osprey:prompt_tokens_per_second", "gauge", "Prompt tokens per second of prefill, since start.",
+           s.prefill_seconds > 0 ? double(s.n_prompt_tokens) / s.prefill_seconds : 0);
+  p.metric("osprey:generation_tokens_per_second", "gauge", "Generated tokens per second of decode steps, since start.",
+           s.decode_seconds > 0 ? double(s.n_generated_tokens) / s.decode_seconds : 0);
+  p.metric("osprey:kv_inplace_writes_total", "counter", "KV cache writes that went in place (per layer).",
+           double(s.kv.n_inplace_writes));
+  p.metric("osprey:kv_copying_writes_total", "counter", "KV cache writes that copied the cache (per layer).",
+           double(s.kv.n_copying_writes));
+  p.metric("osprey:kv_bytes_copied_total", "counter", "Bytes carried over by copying KV writes.", double(s.kv.bytes_copied));
+  p.metric("osprey:prompt_cache_hits_total", "counter", "Prompt cache lookups that restored a common prefix.",
+           double(pc.n_hits));
+  p.metric("osprey:prompt_cache_misses_total", "counter", "Prompt cache lookups that found nothing to restore.",
+           double(pc.n_misses));
+  p.metric("osprey:prompt_cache_restored_tokens_total", "counter", "Tokens restored from the prompt cache.",
+           double(pc.n_restored_tokens));
+  p.metric("osprey:prompt_cache_stores_total", "counter", "Snapshots stored in the prompt cache.", double(pc.n_stored));
+  p.metric("osprey:prompt_cache_evictions_total", "counter", "Prompt cache entries evicted (or too large to keep).",
+           double(pc.n_evictions));
+  p.metric("osprey:prompt_cache_entries", "gauge", "Prompt cache entries held.", double(pc.n_entries));
+  p.metric("osprey:prompt_cache_bytes", "gauge", "Bytes of KV buffers the prompt cache holds.", double(pc.bytes));
+  p.metric("osprey:prompt_cache_budget_bytes", "gauge", "The prompt cache's byte budget (--prompt-cache-mib).",
+           double(pc.budget_bytes));
+  // The names an inference gateway's endpoint picker scrapes by default.
+  p.metric("vllm:num_requests_waiting", "gauge", "Alias of osprey:num_requests_waiting.", double(s.n_waiting));
+  p.metric("vllm:kv_cache_usage_perc", "gauge", "Alias of osprey:kv_cache_usage_perc.", s.kv_usage);
+  p.metric("vllm:gpu_cache_usage_perc", "gauge", "Alias of osprey:kv_cache_usage_perc (the older name).", s.kv_usage);
+  return p.str();
+}
+
+}  // namespace osprey

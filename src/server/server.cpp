@@ -1,0 +1,721 @@
+#include "server/server.h"
+
+#include <httplib.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <random>
+#include <thread>
+
+#include "chat/chat_template.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "engine/scheduler.h"
+#include "server/api_error.h"
+#include "server/completion_request.h"
+#include "server/dense_backend.h"
+#include "server/metrics.h"
+#include "server/stop_matcher.h"
+#include "tokenizer/tokenizer.h"
+
+namespace osprey {
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+constexpr int kPollMs = 50;
+constexpr int kMaxJsonDepth = 128;
+
+// What the per-request log line reports; filled by the handler on its own thread.
+struct RequestLog {
+  Clock::time_point start{};
+  uint64_t id = 0;
+  int64_t n_prompt = 0, n_cached = 0, n_generated = 0;
+};
+thread_local RequestLog t_log;
+
+// The socket of the connection a request came on: the one whose peer and local ports are
+// the request's (the pair is unique while the connection lives). httplib does not hand
+// handlers their socket; -1 when not found.
+int find_socket(const httplib::Request& req) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+    char* end = nullptr;
+    const long fd = std::strtol(e.path().filename().c_str(), &end, 10);
+    if (*end != '\0') continue;
+    sockaddr_storage peer{}, local{};
+    socklen_t pl = sizeof peer, ll = sizeof local;
+    if (::getpeername(int(fd), reinterpret_cast<sockaddr*>(&peer), &pl) != 0) continue;
+    if (::getsockname(int(fd), reinterpret_cast<sockaddr*>(&local), &ll) != 0) continue;
+    auto port_of = [](const sockaddr_storage& a) {
+      if (a.ss_family == AF_INET) return int(ntohs(reinterpret_cast<const sockaddr_in&>(a).sin_port));
+      if (a.ss_family == AF_INET6) return int(ntohs(reinterpret_cast<const sockaddr_in6&>(a).sin6_port));
+      return -1;
+    };
+    if (port_of(peer) == req.remote_port && port_of(local) == req.local_port) return int(fd);
+  }
+  return -1;
+}
+
+// Whether the peer closed the connection (a read would return end of file or an error).
+bool peer_gone(int fd) {
+  if (fd < 0) return false;
+  char c;
+  const ssize_t n = ::recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  if (n == 0) return true;
+  return n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
+}
+
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+void send_json(httplib::Response& res, int status, const json& body) {
+  res.status = status;
+  res.set_content(dump(body), "application/json");
+}
+
+void send_error(httplib::Response& res, const ApiError& e) { send_json(res, e.status, e.body()); }
+
+ApiError api_error(int status, const std::string& type, const std::string& message, const std::string& code = "") {
+  ApiError e;
+  e.status = status;
+  e.type = type;
+  e.message = message;
+  e.code = code;
+  return e;
+}
+
+json parse_body(const std::string& body) {
+  try {
+    return json::parse(body, [](int depth, json::parse_event_t, json&) {
+      if (depth > kMaxJsonDepth) throw bad_request("the request body nests deeper than " + std::to_string(kMaxJsonDepth));
+      return true;
+    });
+  } catch (const json::exception& e) {
+    throw bad_request(std::string("the request body is not valid JSON: ") + e.what());
+  }
+}
+
+// The routes counted by name in /metrics; anything else is "other".
+std::string route_label(const std::string& path) {
+  static const char* known[] = {"/health", "/v1/models", "/models", "/v1/completions", "/completions",
+                                "/v1/chat/completions", "/chat/completions", "/tokenize", "/detokenize",
+                                "/apply-template", "/metrics"};
+  for (const char* k : known)
+    if (path == k) return k;
+  return "other";
+}
+
+bool equal_constant_time(const std::string& a, const std::string& b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < a.size(); ++i) diff |= (unsigned char)(a[i] ^ b[i % (b.empty() ? 1 : b.size())]);
+  return diff == 0 && !b.empty();
+}
+
+// One sequence of a request, as its client reads it: token events become text (whole UTF-8
+// characters, stop strings held back and cut) and logprob entries.
+struct Choice {
+  std::shared_ptr<SequenceChannel> channel = std::make_shared<SequenceChannel>();
+  Tokenizer::StreamDecoder decoder;
+  StopMatcher stop;
+  int64_t n_prompt = 0, n_cached = 0, n_completion = 0;
+  bool done = false;
+  std::string finish_reason, error;
+
+  Choice(const Tokenizer& tokenizer, std::vector<std::string> stops) : decoder(tokenizer), stop(std::move(stops)) {}
+};
+
+struct TokenInfo {
+  int32_t id;
+  float logprob;
+  std::vector<TokenLogprob> top;
+};
+
+struct Delta {
+  std::string text;
+  std::vector<TokenInfo> tokens;  // with logprobs only
+  bool empty() const { return text.empty() && tokens.empty(); }
+};
+
+// Moves the choice on by the events that are ready (waiting up to timeout_ms for the first).
+// Returns false when nothing happened.
+bool pump(Choice& c, Delta& d, int timeout_ms) {
+  bool any = false;
+  while (!c.done) {
+    std::optional<SequenceEvent> e = c.channel->pop(any ? 0 : timeout_ms);
+    if (!e) break;
+    any = true;
+    if (e->kind == SequenceEvent::Kind::token) {
+      if (c.n_completion == 0) c.n_cached = e->n_cached;
+      ++c.n_completion;
+      if (e->logprob) d.tokens.push_back({e->token, *e->logprob, std::move(e->top_logprobs)});
+      d.text += c.stop.push(c.decoder.push(e->token));
+      if (c.stop.stopped()) {
+        c.done = true;
+        c.finish_reason = "stop";
+        c.channel->cancel();
+      }
+    } else if (e->kind == SequenceEvent::Kind::finished) {
+      c.n_cached = e->n_cached;
+      d.text += c.stop.push(c.decoder.flush());
+      d.text += c.stop.flush();
+      c.done = true;
+      c.finish_reason = e->finish_reason == "cancelled" ? "stop" : e->finish_reason;
+    } else {
+      c.done = true;
+      c.error = e->error;
+    }
+  }
+  return any;
+}
+
+// Cancels every sequence of a request when the request goes (the client left or it ended).
+struct CompletionState {
+  CompletionRequest request;
+  std::vector<std::unique_ptr<Choice>> choices;
+  std::string id, model;
+  int64_t created = 0;
+  ~CompletionState() {
+    for (auto& c : choices) c->channel->cancel();
+  }
+};
+
+}  // namespace
+
+struct Server::Impl {
+  ServerOptions opt;
+  httplib::Server http;
+  std::thread http_thread;
+  std::atomic<bool> ready{false};
+  std::mutex stop_mu;
+  std::condition_variable stop_cv;
+  bool stopped = false, finished = false;
+  Clock::time_point t_start = Clock::now();
+  int64_t created = 0;
+  std::string model_id;
+  std::atomic<uint64_t> next_id{1};
+  std::string id_prefix;
+  HttpCounters http_counters;
+
+  std::optional<Tokenizer> tokenizer;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<PromptCache> prompt_cache;
+  std::unique_ptr<DenseSlotBackend> backend;
+  std::unique_ptr<Scheduler> scheduler;
+  std::vector<int32_t> eos_ids;
+  std::optional<ChatTemplate> chat_template;
+  std::string chat_template_error;  // why there is none
+
+  explicit Impl(ServerOptions o) : opt(std::move(o)) {
+    created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+    model_id = !opt.alias.empty() ? opt.alias : std::filesystem::path(opt.model_dir).filename().string();
+    if (model_id.empty()) model_id = std::filesystem::path(opt.model_dir).parent_path().filename().string();
+    std::random_device rd;
+    char buf[17];
+    std::snprintf(buf, sizeof buf, "%08x", unsigned(rd()));
+    id_prefix = buf;
+    setup_routes();
+  }
+
+  // "cmpl-<random><request id>": the number is the one the request's log line shows.
+  std::string new_id(const char* kind) const { return std::string(kind) + "-" + id_prefix + std::to_string(t_log.id); }
+
+  void require_ready() const {
+    if (!ready) throw api_error(503, "unavailable_error", "the model is loading", "model_loading");
+  }
+
+  void check_model(const std::string& model) const {
+    if (!model.empty() && model != model_id)
+      throw api_error(404, "invalid_request_error", "the model '" + model + "' does not exist; this server serves '" +
+                                                       model_id + "'",
+                      "model_not_found");
+  }
+
+  template <class F>
+  httplib::Server::Handler wrap(F fn) {
+    return [this, fn](const httplib::Request& req, httplib::Response& res) {
+      try {
+        fn(req, res);
+      } catch (const ApiError& e) {
+        send_error(res, e);
+      } catch (const InvalidInput& e) {
+        send_error(res, bad_request(e.what()));
+      } catch (const Unsupported& e) {
+        send_error(res, bad_request(e.what()));
+      } catch (const std::exception& e) {
+        log_warn("request " + std::to_string(t_log.id) + ": internal error: " + e.what());
+        send_error(res, api_error(500, "server_error", std::string("internal error: ") + e.what()));
+      }
+    };
+  }
+
+  void setup_routes() {
+    const int n_threads = opt.n_http_threads > 0 ? opt.n_http_threads : 4 * opt.n_slots + 16;
+    http.new_task_queue = [n_threads] { return new httplib::ThreadPool(size_t(n_threads)); };
+    http.set_payload_max_length(opt.max_body_bytes);
+    http.set_read_timeout(opt.timeout_s, 0);
+    http.set_write_timeout(opt.timeout_s, 0);
+    http.set_keep_alive_timeout(2);
+
+    http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      t_log = {};
+      t_log.start = Clock::now();
+      t_log.id = next_id++;
+      if (opt.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+      std::string key = req.get_header_value("Authorization");
+      if (key.rfind("Bearer ", 0) == 0) key = key.substr(7);
+      if (equal_constant_time(key, opt.api_key)) return httplib::Server::HandlerResponse::Unhandled;
+      send_error(res, api_error(401, "authentication_error", "invalid or missing API key (Authorization: Bearer KEY)",
+                                "invalid_api_key"));
+      return httplib::Server::HandlerResponse::Handled;
+    });
+    http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
+      if (!res.body.empty()) return;
+      ApiError e = api_error(res.status, "invalid_request_error", "HTTP error " + std::to_string(res.status));
+      if (res.status == 404) e = api_error(404, "not_found_error", "no route " + req.method + " " + req.path);
+      if (res.status == 405) e.message = "method " + req.method + " is not allowed on " + req.path;
+      if (res.status == 413)
+        e = api_error(413, "invalid_request_error",
+                      "the request body exceeds the limit of " + std::to_string(opt.max_body_bytes) + " bytes",
+                      "request_too_large");
+      if (res.status == 400) e.message = "malformed HTTP request";
+      if (res.status >= 500) e.type = "server_error";
+      send_error(res, e);
+    });
+    http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+      std::string what = "unknown";
+      try {
+        if (ep) std::rethrow_exception(ep);
+      } catch (const std::exception& e) {
+        what = e.what();
+      } catch (...) {
+      }
+      send_error(res, api_error(500, "server_error", "internal error: " + what));
+    });
+    http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+      http_counters.count(route_label(req.path), res.status);
+      const double ms = t_log.start == Clock::time_point{}
+                            ? 0.0
+                            : std::chrono::duration<double, std::milli>(Clock::now() - t_log.start).count();
+      char buf[160];
+      std::snprintf(buf, sizeof buf, " %d prompt=%lld cached=%lld generated=%lld %.1fms", res.status,
+                    (long long)t_log.n_prompt, (long long)t_log.n_cached, (long long)t_log.n_generated, ms);
+      log_info("request " + std::to_string(t_log.id) + ": " + req.method + " " + route_label(req.path) + buf);
+      t_log = {};
+    });
+
+    http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+      if (ready)
+        send_json(res, 200, {{"status", "ok"}});
+      else
+        send_error(res, api_error(503, "unavailable_error", "the model is loading", "model_loading"));
+    });
+    auto models = wrap([this](const httplib::Request&, httplib::Response& res) {
+      json m = {{"id", model_id}, {"object", "model"}, {"created", created}, {"owned_by", "osprey"}};
+      if (ready)
+        m["meta"] = {{"n_vocab", model->info().vocab_size},
+                     {"n_ctx", backend->context_size()},
+                     {"n_ctx_train", model->info().max_position_embeddings},
+                     {"n_params", model->info().n_params}};
+      send_json(res, 200, {{"object", "list"}, {"data", json::array({m})}});
+    });
+    http.Get("/v1/models", models);
+    http.Get("/models", models);
+    auto completions = wrap([this](const httplib::Request& req, httplib::Response& res) { complete(req, res, false); });
+    http.Post("/v1/completions", completions);
+    http.Post("/completions", completions);
+    auto chat = wrap([this](const httplib::Request& req, httplib::Response& res) { complete(req, res, true); });
+    http.Post("/v1/chat/completions", chat);
+    http.Post("/chat/completions", chat);
+    http.Post("/tokenize", wrap([this](const httplib::Request& req, httplib::Response& res) { tokenize(req, res); }));
+    http.Post("/detokenize", wrap([this](const httplib::Request& req, httplib::Response& res) { detokenize(req, res); }));
+    http.Post("/apply-template", wrap([this](const httplib::Request& req, httplib::Response& res) {
+      require_ready();
+      json body = parse_body(req.body);
+      send_json(res, 200, {{"prompt", render_chat(body)}});
+    }));
+    http.Get("/metrics", wrap([this](const httplib::Request&, httplib::Response& res) {
+      res.status = 200;
+      res.set_content(metrics_text(), "text/plain; version=0.0.4");
+    }));
+  }
+
+  std::string render_chat(const json& body) {
+    if (!body.is_object()) throw bad_request("the request body must be a JSON object");
+    auto it = body.find("messages");
+    if (it == body.end() || !it->is_array() || it->empty())
+      throw bad_request("'messages' is required and must be a non-empty array", "messages");
+    if (!chat_template) throw bad_request("the model has no usable chat template: " + chat_template_error, "messages");
+    try {
+      return chat_template->render(body);
+    } catch (const Unsupported& e) {
+      throw bad_request(std::string("the chat template cannot render this request: ") + e.what(), "messages");
+    } catch (const InvalidInput& e) {
+      throw bad_request(e.what(), "messages");
+    }
+  }
+
+  void tokenize(const httplib::Request& req, httplib::Response& res) {
+    require_ready();
+    json body = parse_body(req.body);
+    if (!body.is_object()) throw bad_request("the request body must be a JSON object");
+    auto content = string_field(body, "content");
+    if (!content) throw bad_request("'content' is required and must be a string", "content");
+    const bool add_special = bool_field(body, "add_special").value_or(false);
+    const bool parse_special = bool_field(body, "parse_special").value_or(true);
+    const bool with_pieces = bool_field(body, "with_pieces").value_or(false);
+    std::vector<int32_t> ids;
+    try {
+      ids = tokenizer->encode(*content, add_special, parse_special);
+    } catch (const InvalidInput& e) {
+      throw bad_request(std::string("'content': ") + e.what(), "content");
+    }
+    json tokens = json::array();
+    for (int32_t id : ids) {
+      if (!with_pieces) {
+        tokens.push_back(id);
+        continue;
+      }
+      const std::string piece = tokenizer->decode(std::vector<int32_t>{id});
+      tokens.push_back({{"id", id}, {"piece", piece}});
+    }
+    send_json(res, 200, {{"tokens", tokens}});
+  }
+
+  void detokenize(const httplib::Request& req, httplib::Response& res) {
+    require_ready();
+    json body = parse_body(req.body);
+    if (!body.is_object()) throw bad_request("the request body must be a JSON object");
+    auto it = body.find("tokens");
+    if (it == body.end() || !it->is_array()) throw bad_request("'tokens' is required and must be an array of token ids", "tokens");
+    std::vector<int32_t> ids;
+    for (const json& t : *it) {
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= tokenizer->vocab_size())
+        throw bad_request("'tokens' must hold token ids in [0, " + std::to_string(tokenizer->vocab_size()) + ")", "tokens");
+      ids.push_back(int32_t(t.get<int64_t>()));
+    }
+    send_json(res, 200, {{"content", tokenizer->decode(ids)}});
+  }
+
+  // ---- completions ----
+
+  json usage(const CompletionState& st) const {
+    int64_t p = 0, c = 0, cached = 0;
+    for (const auto& ch : st.choices) {
+      p += ch->n_prompt;
+      c += ch->n_completion;
+      cached += ch->n_cached;
+    }
+    return {{"prompt_tokens", p},
+            {"completion_tokens", c},
+            {"total_tokens", p + c},
+            {"prompt_tokens_details", {{"cached_tokens", cached}}}};
+  }
+
+  std::string piece(int32_t id) const { return tokenizer->decode(std::vector<int32_t>{id}); }
+
+  static json bytes_of(const std::string& s) {
+    json b = json::array();
+    for (unsigned char ch : s) b.push_back(int(ch));
+    return b;
+  }
+
+  // Logprobs in the route's shape: chat {"content": [...]}, completions {"tokens", ...}.
+  json logprobs_json(const std::vector<TokenInfo>& tokens, bool chat, size_t text_offset) const {
+    if (chat) {
+      json content = json::array();
+      for (const TokenInfo& t : tokens) {
+        const std::string s = piece(t.id);
+        json top = json::array();
+        for (const TokenLogprob& o : t.top) {
+          const std::string os = piece(o.id);
+          top.push_back({{"token", os}, {"logprob", o.logprob}, {"bytes", bytes_of(os)}});
+        }
+        content.push_back({{"token", s}, {"logprob", t.logprob}, {"bytes", bytes_of(s)}, {"top_logprobs", top}});
+      }
+      return {{"content", content}};
+    }
+    json toks = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+    for (const TokenInfo& t : tokens) {
+      const std::string s = piece(t.id);
+      toks.push_back(s);
+      lps.push_back(t.logprob);
+      json top = json::object();
+      for (const TokenLogprob& o : t.top) top[piece(o.id)] = o.logprob;
+      tops.push_back(top);
+      offsets.push_back(text_offset);
+      text_offset += s.size();
+    }
+    return {{"tokens", toks}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+  }
+
+  json envelope(const CompletionState& st, bool chunk) const {
+    const char* object = st.request.chat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion";
+    return {{"id", st.id},
+            {"object", object},
+            {"created", st.created},
+            {"model", st.model},
+            {"system_fingerprint", opt.system_fingerprint}};
+  }
+
+  void complete(const httplib::Request& req, httplib::Response& res, bool chat) {
+    require_ready();
+    json body = parse_body(req.body);
+    auto st = std::make_shared<CompletionState>();
+    st->request = read_completion_fields(body, chat);
+    CompletionRequest& r = st->request;
+    check_model(r.model);
+    st->model = model_id;
+    st->id = new_id(chat ? "chatcmpl" : "cmpl");
+    st->created =
+        std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+    const char* prompt_field = chat ? "messages" : "prompt";
+    if (chat) {
+      const std::string text = render_chat(body);
+      r.prompts.push_back(tokenizer->encode(text, /*add_special=*/false, /*parse_special=*/true));
+      if (r.prompts.back().empty()) throw bad_request("the rendered chat is empty", "messages");
+    } else {
+      auto it = body.find("prompt");
+      if (it == body.end() || it->is_null()) throw bad_request("'prompt' is required", "prompt");
+      r.prompts = read_prompts(*it, *tokenizer, model->info().vocab_size);
+    }
+    const int64_t ctx = backend->context_size();
+    for (const auto& p : r.prompts) {
+      if (int64_t(p.size()) >= ctx)
+        throw bad_request("this model's context is " + std::to_string(ctx) + " tokens; the prompt has " +
+                              std::to_string(p.size()),
+                          prompt_field, "context_length_exceeded");
+      t_log.n_prompt += int64_t(p.size());
+    }
+    // Submit every prompt; a refusal withdraws those already queued (CompletionState's
+    // destructor cancels them).
+    for (const auto& p : r.prompts) {
+      auto c = std::make_unique<Choice>(*tokenizer, r.stop);
+      c->n_prompt = int64_t(p.size());
+      SequenceRequest sr;
+      sr.id = t_log.id;
+      sr.prompt = p;
+      sr.params = r.params;
+      sr.params.max_tokens = r.max_tokens.value_or(chat ? ctx : 16);
+      sr.params.stop_ids = eos_ids;
+      sr.channel = c->channel;
+      st->choices.push_back(std::move(c));
+      switch (scheduler->submit(std::move(sr))) {
+        case Scheduler::Submit::accepted: break;
+        case Scheduler::Submit::queue_full:
+          throw api_error(429, "rate_limit_error",
+                          "the server is busy: " + std::to_string(opt.max_queue) + " requests are already waiting",
+                          "queue_full");
+        case Scheduler::Submit::stopping:
+          throw api_error(503, "unavailable_error", "the server is shutting down", "shutting_down");
+      }
+    }
+    if (r.stream)
+      stream(req, res, st);
+    else
+      respond(req, res, *st);
+  }
+
+  void respond(const httplib::Request& req, httplib::Response& res, CompletionState& st) {
+    const int fd = find_socket(req);
+    json choices = json::array();
+    for (size_t i = 0; i < st.choices.size(); ++i) {
+      Choice& c = *st.choices[i];
+      std::string text;
+      std::vector<TokenInfo> tokens;
+      while (!c.done) {
+        Delta d;
+        if (!pump(c, d, kPollMs)) {
+          if (peer_gone(fd)) {
+            res.status = 499;  // nobody reads it; the logger shows the client left
+            return;
+          }
+          continue;
+        }
+        text += d.text;
+        for (auto& t : d.tokens) tokens.push_back(std::move(t));
+      }
+      t_log.n_cached += c.n_cached;
+      t_log.n_generated += c.n_completion;
+      if (!c.error.empty())
+        throw api_error(c.error == "the server is shutting down" ? 503 : 500,
+                        c.error == "the server is shutting down" ? "unavailable_error" : "server_error", c.error);
+      json choice = {{"index", i}, {"finish_reason", c.finish_reason}};
+      json lp = st.request.logprobs ? logprobs_json(tokens, st.request.chat, 0) : json(nullptr);
+      if (st.request.chat)
+        choice["message"] = {{"role", "assistant"}, {"content", text}};
+      else
+        choice["text"] = text;
+      choice["logprobs"] = lp;
+      choices.push_back(choice);
+    }
+    json out = envelope(st, false);
+    out["choices"] = choices;
+    out["usage"] = usage(st);
+    send_json(res, 200, out);
+  }
+
+  void stream(const httplib::Request& req, httplib::Response& res, std::shared_ptr<CompletionState> st) {
+    const int fd = find_socket(req);
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider("text/event-stream", [this, st, fd](size_t, httplib::DataSink& sink) {
+      auto send = [&](const json& j) {
+        const std::string s = "data: " + dump(j) + "\n\n";
+        return sink.write(s.data(), s.size());
+      };
+      const bool chat = st->request.chat;
+      for (size_t i = 0; i < st->choices.size(); ++i) {
+        Choice& c = *st->choices[i];
+        if (chat) {
+          json j = envelope(*st, true);
+          j["choices"] = json::array(
+              {{{"index", i}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr}, {"finish_reason", nullptr}}});
+          if (!send(j)) return false;
+        }
+        size_t offset = 0;
+        while (!c.done) {
+          Delta d;
+          if (!pump(c, d, kPollMs)) {
+            if (peer_gone(fd)) return false;
+            continue;
+          }
+          t_log.n_cached = c.n_cached;
+          if (!c.error.empty()) {
+            send(api_error(c.error == "the server is shutting down" ? 503 : 500, "server_error", c.error).body());
+            sink.done();
+            return true;
+          }
+          if (d.empty() && !c.done) continue;
+          json choice = {{"index", i}, {"finish_reason", c.done ? json(c.finish_reason) : json(nullptr)}};
+          if (chat)
+            choice["delta"] = d.text.empty() && c.done ? json::object() : json{{"content", d.text}};
+          else
+            choice["text"] = d.text;
+          choice["logprobs"] = st->request.logprobs && !d.tokens.empty() ? logprobs_json(d.tokens, chat, offset) : json(nullptr);
+          offset += d.text.size();
+          json j = envelope(*st, true);
+          j["choices"] = json::array({choice});
+          if (!send(j)) return false;
+        }
+        t_log.n_generated += c.n_completion;
+      }
+      if (st->request.include_usage) {
+        json j = envelope(*st, true);
+        j["choices"] = json::array();
+        j["usage"] = usage(*st);
+        if (!send(j)) return false;
+      }
+      const std::string done = "data: [DONE]\n\n";
+      sink.write(done.data(), done.size());
+      sink.done();
+      return true;
+    });
+  }
+
+  std::string metrics_text() const {
+    MetricsInput in;
+    in.ready = ready;
+    in.n_slots = opt.n_slots;
+    in.uptime_seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
+    if (ready) {
+      in.scheduler = scheduler->stats();
+      in.prompt_cache = prompt_cache->stats();
+    }
+    in.http = http_counters.snapshot();
+    return render_metrics(in);
+  }
+};
+
+Server::Server(ServerOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
+
+Server::~Server() { stop(); }
+
+int Server::bind() {
+  Impl& m = *impl_;
+  int port = m.opt.port;
+  if (port == 0)
+    port = m.http.bind_to_any_port(m.opt.host);
+  else if (!m.http.bind_to_port(m.opt.host, port))
+    port = -1;
+  if (port <= 0) throw IoError("cannot listen on " + m.opt.host + ":" + std::to_string(m.opt.port));
+  m.opt.port = port;
+  return port;
+}
+
+void Server::start() {
+  impl_->http_thread = std::thread([this] { impl_->http.listen_after_bind(); });
+}
+
+void Server::load() {
+  Impl& m = *impl_;
+  m.tokenizer = Tokenizer::load(m.opt.model_dir);
+  LoadOptions lo;
+  lo.device = m.opt.device;
+  m.model = load_model(m.opt.model_dir, lo);
+  m.eos_ids = m.model->info().eos_ids;
+  for (int32_t id : m.tokenizer->eos_ids())
+    if (std::find(m.eos_ids.begin(), m.eos_ids.end(), id) == m.eos_ids.end()) m.eos_ids.push_back(id);
+  try {
+    m.chat_template = ChatTemplate::load(m.opt.model_dir);
+  } catch (const Error& e) {
+    m.chat_template_error = e.what();
+    log_warn("chat completions are off: " + m.chat_template_error);
+  }
+  m.prompt_cache = std::make_unique<PromptCache>(m.opt.prompt_cache_mib << 20, m.opt.keep_prompt_cache_checksums);
+  DenseBackendOptions bo;
+  bo.n_slots = m.opt.n_slots;
+  bo.context_size = m.opt.ctx_size;
+  bo.cache = m.opt.cache;
+  bo.graphs = m.opt.graphs;
+  m.backend = std::make_unique<DenseSlotBackend>(*m.model, *m.prompt_cache, bo);
+  SchedulerOptions so;
+  so.max_queue = m.opt.max_queue;
+  so.prefill_chunk = m.opt.prefill_chunk;
+  m.scheduler = std::make_unique<Scheduler>(*m.backend, so);
+  m.ready = true;
+  log_info("serving " + m.model_id + " on http://" + m.opt.host + ":" + std::to_string(m.opt.port) + " (" +
+           std::to_string(m.opt.n_slots) + " slots, context " + std::to_string(m.backend->context_size()) + ")");
+}
+
+void Server::stop() {
+  Impl& m = *impl_;
+  {
+    std::lock_guard<std::mutex> lock(m.stop_mu);
+    if (m.stopped) return;
+    m.stopped = true;
+  }
+  if (m.scheduler) m.scheduler->stop();
+  m.http.stop();
+  if (m.http_thread.joinable()) m.http_thread.join();
+  {
+    std::lock_guard<std::mutex> lock(m.stop_mu);
+    m.ready = false;
+    m.finished = true;
+  }
+  m.stop_cv.notify_all();
+}
+
+void Server::wait() {
+  Impl& m = *impl_;
+  std::unique_lock<std::mutex> lock(m.stop_mu);
+  m.stop_cv.wait(lock, [&] { return m.finished; });
+}
+
+std::string Server::metrics_text() const { return impl_->metrics_text(); }
+
+std::vector<PromptCache::Checksum> Server::prompt_cache_checksums() {
+  Impl& m = *impl_;
+  if (!m.ready) throw InvalidInput("the server has no model loaded");
+  std::vector<PromptCache::Checksum> out;
+  m.scheduler->run_on_engine([&] { out = m.prompt_cache->checksums(); });
+  return out;
+}
+
+}  // namespace osprey

@@ -1,0 +1,52 @@
+// The official `openai` npm client (pinned in package.json) as a client of the server.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+
+#include "server/harness.h"
+
+namespace osprey {
+
+TEST(ServerOpenAIClient, TheNodeClientCompletesStreamsAndSeesErrors) {
+  const auto script = testing::source_dir() / "tests" / "server" / "openai_client.mjs";
+  if (!std::filesystem::exists(testing::source_dir() / "node_modules" / "openai" / "package.json"))
+    GTEST_SKIP() << "node_modules/openai is missing: run npm ci";
+  if (std::system("node --version > /dev/null 2>&1") != 0) GTEST_SKIP() << "node is not installed";
+  ServerOptions o = testing::demo_server_options();
+  o.api_key = "test-key";
+  testing::TestServer s(o);
+  const std::string cmd = "cd '" + testing::source_dir().string() + "' && node '" + script.string() + "' " +
+                          std::to_string(s.port()) + " test-key 2>&1";
+  std::string out;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  const int rc = ::pclose(p);
+  ASSERT_EQ(rc, 0) << out;
+  const nlohmann::json r = nlohmann::json::parse(out, nullptr, false);
+  ASSERT_TRUE(r.is_object()) << out;
+  EXPECT_EQ(r["models"], nlohmann::json::array({"demo"}));
+  EXPECT_FALSE(r["text"].get<std::string>().empty());
+  EXPECT_EQ(r["finish_reason"], "length");
+  EXPECT_EQ(r["usage"]["completion_tokens"], 20);
+  std::string joined;
+  for (const auto& c : r["chunks"]) joined += c.get<std::string>();
+  EXPECT_EQ(joined, r["text"]);
+  EXPECT_GT(r["chunks"].size(), 5u);
+  EXPECT_EQ(r["stream_usage"]["completion_tokens"], r["usage"]["completion_tokens"]);
+  EXPECT_EQ(r["stream_usage"]["prompt_tokens"], r["usage"]["prompt_tokens"]);
+  // The streamed request repeats the first one's prompt: all of it but its last token is reused.
+  EXPECT_EQ(r["stream_usage"]["prompt_tokens_details"]["cached_tokens"], r["usage"]["prompt_tokens"].get<int>() - 1);
+  std::string chat;
+  for (const auto& c : r["chat_chunks"]) chat += c.get<std::string>();
+  EXPECT_FALSE(r["chat_text"].get<std::string>().empty());
+  EXPECT_EQ(chat, r["chat_text"]);
+  EXPECT_EQ(r["bad_model"]["status"], 404);
+  EXPECT_EQ(r["bad_model"]["code"], "model_not_found");
+  EXPECT_EQ(r["bad_key"]["status"], 401);
+  EXPECT_EQ(r["bad_key"]["type"], "authentication_error");
+}
+
+}  // namespace osprey

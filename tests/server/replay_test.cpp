@@ -1,0 +1,178 @@
+// The prompt cache's replay test: multi-turn conversations sharing a system prompt, one
+// history continued two ways at once, and enough of them to overflow a small cache budget,
+// replayed over HTTP against three servers: prompt cache on with in-place KV writes, prompt
+// cache on with copying writes only, and prompt cache off. Every reply must be the same token
+// for token; the cache must have restored, branched and evicted; and no stored snapshot's rows
+// may change while later requests restore and extend it.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <thread>
+
+#include "server/harness.h"
+
+namespace osprey {
+namespace {
+
+using nlohmann::json;
+
+const char* kSystem =
+    "The following is a conversation at Hartfield between Miss Woodhouse and Mr. Knightley, "
+    "who speak plainly to each other.\n";
+
+struct Turn {
+  std::string conversation;  // the history it continues: a key of an earlier turn, or "" for a new one
+  std::string key;           // this turn's name
+  std::string user;
+};
+
+// Pairs with the same `conversation` and adjacent positions run at once (a branch).
+const std::vector<std::vector<Turn>> kScript = {
+    {{"", "a1", "What do you think of Harriet Smith?"}},
+    {{"a1", "a2", "And of Mr. Elton?"}},
+    {{"a2", "a3x", "Will you dine with us on Sunday?"}, {"a2", "a3y", "Is the weather fine at Donwell?"}},
+    {{"", "b1", "Have you seen Jane Fairfax?"}},
+    {{"", "c1", "My father fears the draught."}},
+    {{"b1", "b2", "She plays very well."}},
+    {{"", "d1", "Frank Churchill writes again."}},
+    {{"a3x", "a4", "Then we shall expect you."}},
+    {{"c1", "c2x", "Shall I close the window?"}, {"c1", "c2y", "Mr. Perry will call."}},
+    {{"a1", "a2z", "I am sure you are mistaken."}},
+};
+
+struct Reply {
+  std::string text;
+  std::vector<std::string> tokens;
+  int64_t cached = 0;
+};
+
+class Replayer {
+ public:
+  explicit Replayer(testing::TestServer& s, bool check_snapshots) : s_(s), check_(check_snapshots) {}
+
+  std::map<std::string, Reply> run() {
+    for (const auto& group : kScript) {
+      std::vector<std::thread> threads;
+      std::vector<Reply> out(group.size());
+      for (size_t i = 0; i < group.size(); ++i)
+        threads.emplace_back([&, i] { out[i] = ask(prompt_of(group[i])); });
+      for (auto& t : threads) t.join();
+      for (size_t i = 0; i < group.size(); ++i) {
+        history_[group[i].key] = prompt_of(group[i]) + out[i].text;
+        replies_[group[i].key] = out[i];
+      }
+      if (check_) check_snapshots();
+    }
+    return replies_;
+  }
+
+ private:
+  std::string prompt_of(const Turn& t) const {
+    const std::string before = t.conversation.empty() ? std::string(kSystem) : history_.at(t.conversation) + "\n";
+    return before + "Emma: " + t.user + "\nMr. Knightley:";
+  }
+
+  Reply ask(const std::string& prompt) {
+    auto [status, r] = s_.post_json(
+        "/v1/completions", {{"prompt", prompt}, {"max_tokens", 12}, {"temperature", 0}, {"logprobs", 0}, {"stop", "\n"}});
+    EXPECT_EQ(status, 200) << r.dump();
+    if (status != 200) return {};
+    Reply rep;
+    rep.text = r["choices"][0]["text"];
+    for (const json& t : r["choices"][0]["logprobs"]["tokens"]) rep.tokens.push_back(t);
+    rep.cached = r["usage"]["prompt_tokens_details"]["cached_tokens"];
+    return rep;
+  }
+
+  // Every stored snapshot's rows are as they were when stored.
+  void check_snapshots() {
+    for (const auto& c : s_.server().prompt_cache_checksums()) {
+      EXPECT_EQ(c.at_store, c.now) << "a snapshot of " << c.n_tokens << " tokens changed after it was stored";
+      ++n_checked_;
+    }
+  }
+
+  testing::TestServer& s_;
+  bool check_;
+  std::map<std::string, std::string> history_;
+  std::map<std::string, Reply> replies_;
+
+ public:
+  size_t n_checked_ = 0;
+};
+
+}  // namespace
+
+TEST(PromptCacheReplay, RepliesAreIdenticalWithAndWithoutTheCacheAndSnapshotsNeverChange) {
+  // A snapshot of the demo model's cache under 256 rows holds 1 MiB: three fit in the budget.
+  ServerOptions o = testing::demo_server_options();
+  o.n_slots = 2;
+  o.keep_prompt_cache_checksums = true;
+
+  o.cache.inplace = true;
+  o.prompt_cache_mib = 3;
+  testing::TestServer inplace(o);
+  Replayer r1(inplace, true);
+  const auto with_inplace = r1.run();
+
+  o.cache.inplace = false;
+  testing::TestServer copying(o);
+  Replayer r2(copying, true);
+  const auto with_copying = r2.run();
+
+  o.cache.inplace = true;
+  o.prompt_cache_mib = 0;
+  testing::TestServer uncached(o);
+  Replayer r3(uncached, false);
+  const auto without_cache = r3.run();
+
+  ASSERT_EQ(with_inplace.size(), 12u);
+  int64_t n_cached = 0;
+  for (const auto& [key, rep] : without_cache) {
+    SCOPED_TRACE(key);
+    EXPECT_FALSE(rep.tokens.empty());
+    EXPECT_EQ(rep.cached, 0);
+    EXPECT_EQ(with_inplace.at(key).tokens, rep.tokens);
+    EXPECT_EQ(with_inplace.at(key).text, rep.text);
+    EXPECT_EQ(with_copying.at(key).tokens, rep.tokens);
+    n_cached += with_inplace.at(key).cached;
+  }
+  EXPECT_GT(n_cached, 0);
+
+  for (testing::TestServer* s : {&inplace, &copying}) {
+    EXPECT_GE(s->metric("osprey:prompt_cache_hits_total"), 8);
+    EXPECT_GT(s->metric("osprey:prompt_cache_restored_tokens_total"), 200);
+    EXPECT_GE(s->metric("osprey:prompt_cache_evictions_total"), 1);
+    EXPECT_LE(s->metric("osprey:prompt_cache_bytes"), 3 << 20);
+  }
+  EXPECT_GT(inplace.metric("osprey:kv_inplace_writes_total"), 0);
+  EXPECT_EQ(copying.metric("osprey:kv_inplace_writes_total"), 0);
+  EXPECT_EQ(uncached.metric("osprey:prompt_cache_hits_total"), 0);
+  EXPECT_GT(r1.n_checked_, 10u);
+  EXPECT_GT(r2.n_checked_, 10u);
+}
+
+// The snapshot check must bite: with the ownership guard's identity and length rules dropped
+// (a test hook), a restored prompt whose last token differs from the entry's is written in
+// place over the entry's row, and the checksums see it. With the guard, they never do.
+TEST(PromptCacheReplay, TheSnapshotCheckSeesWritesThatBypassTheGuard) {
+  for (bool unsafe : {false, true}) {
+    SCOPED_TRACE(unsafe ? "guard off" : "guard on");
+    ServerOptions o = testing::demo_server_options();
+    o.keep_prompt_cache_checksums = true;
+    o.cache.unsafe_skip_ownership_check = unsafe;
+    testing::TestServer s(o);
+    std::vector<int32_t> p = {0, 300, 301, 302, 303, 304};
+    auto [st1, r1] = s.post_json("/v1/completions", {{"prompt", p}, {"max_tokens", 4}, {"temperature", 0}});
+    ASSERT_EQ(st1, 200) << r1.dump();
+    p.back() = 305;
+    auto [st2, r2] = s.post_json("/v1/completions", {{"prompt", p}, {"max_tokens", 4}, {"temperature", 0}});
+    ASSERT_EQ(st2, 200) << r2.dump();
+    EXPECT_EQ(r2["usage"]["prompt_tokens_details"]["cached_tokens"], 5);
+    bool changed = false;
+    for (const auto& c : s.server().prompt_cache_checksums()) changed |= c.at_store != c.now;
+    EXPECT_EQ(changed, unsafe);
+  }
+}
+
+}  // namespace osprey
