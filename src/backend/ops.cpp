@@ -6,6 +6,7 @@
 #include "backend/cpu/basic_ops.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/op_checks.h"
+#include "core/buffer.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 
@@ -324,8 +325,10 @@ Array attention(const Array& q, const Array& k, const Array& v, const AttentionP
     a.out = out.data<float>();
   };
   if (p.positions.defined())
-    require(gpu && p.positions.dtype() == DType::i32 && p.positions.numel() == q.dim(0) && p.max_keys >= k.dim(1),
-            "attention", "positions need a CUDA int32 [n] array and max_keys >= the cached keys");
+    require(p.positions.device() == q.device() && p.positions.dtype() == DType::i32 &&
+                p.positions.numel() == q.dim(0) && p.max_keys >= k.dim(1),
+            "attention", "positions need an int32 [n] array on q's device and max_keys >= the cached keys, got " +
+                             describe(p.positions) + " and max_keys " + std::to_string(p.max_keys));
   OSPREY_CUDA_BRANCH(gpu) {
 #ifdef OSPREY_WITH_CUDA
     cuda::AttentionArgs a;
@@ -440,6 +443,16 @@ void synchronize(Device device) {
     cuda::synchronize();
 #endif
   }
+}
+
+DeviceTraits device_traits(Device device) {
+  DeviceTraits t;
+  t.stack_shared_input_linears = !device.is_cpu();
+  return t;
+}
+
+void release_cached_memory(Device device) {
+  if (!device.is_cpu()) allocator_for(device).trim();
 }
 
 }  // namespace osprey::ops

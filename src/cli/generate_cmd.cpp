@@ -89,7 +89,7 @@ int run_generate(const GenerateOptions& o) {
   validate(gp.sampler);
 
   const EnvOptions& env = env_options();
-  CacheOptions co;
+  KVCacheParams co;
   co.step = env.kv_step;
   co.inplace = env.kv_inplace_write;
   SequenceCache cache = model->make_cache(co);

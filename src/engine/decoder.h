@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/array.h"
+#include "kv/replay.h"
 
 namespace osprey {
 
@@ -41,6 +42,7 @@ class Decoder {
  private:
   Model& model_;
   SequenceCache& cache_;
+  SequenceReplay replay_;  // the caches' graph-replay hooks
   DecoderOptions options_;
   Array token_;     // [1] i32
   Array position_;  // [1] i32

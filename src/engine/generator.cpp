@@ -143,10 +143,7 @@ GenerateResult generate(Model& model, SequenceCache& cache, std::span<const int3
   // A rewound step may still run on the device; results must not be read before it ends.
   ops::synchronize(dev);
   if (st.n_generated > 0 || st.stop_reason == "stop") st.decode_seconds = seconds_since(t_decode);
-  KVCounters kv = cache.counters();
-  st.kv.n_inplace_writes = kv.n_inplace_writes - kv_before.n_inplace_writes;
-  st.kv.n_copying_writes = kv.n_copying_writes - kv_before.n_copying_writes;
-  st.kv.bytes_copied = kv.bytes_copied - kv_before.bytes_copied;
+  st.kv = cache.counters().since(kv_before);
   st.n_graph_replays = decoder.n_graph_replays();
   st.n_graph_captures = decoder.n_graph_captures();
   return result;

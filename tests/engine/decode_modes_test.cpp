@@ -40,7 +40,7 @@ class DecodeModes : public ::testing::TestWithParam<std::string> {
 
   GenerateResult run(const Mode& m, const SamplerParams& sp, int n, SequenceCache* cache_in = nullptr,
                      std::vector<int32_t> stops = {}, std::vector<int32_t> prompt = {5, 99, 23, 311, 8, 140, 77, 3}) {
-    CacheOptions co;
+    KVCacheParams co;
     co.inplace = m.inplace;
     SequenceCache local = model_->make_cache(co);
     SequenceCache& cache = cache_in ? *cache_in : local;
@@ -110,7 +110,7 @@ TEST_P(DecodeModes, AStopWhilePipelinedRewindsTheCacheByOne) {
   std::vector<int32_t> cont[2];
   for (int p = 0; p < 2; ++p) {
     const Mode& m = p ? piped : sync;
-    CacheOptions co;
+    KVCacheParams co;
     SequenceCache cache = model_->make_cache(co);
     GenerateResult r = run(m, SamplerParams{}, 60, &cache, {full[k]});
     EXPECT_EQ(r.stats.stop_reason, "stop") << m.str();
@@ -129,7 +129,7 @@ TEST_P(DecodeModes, AStopWhilePipelinedRewindsTheCacheByOne) {
 
 TEST_P(DecodeModes, ARestoredSnapshotIsNotOverwrittenByAReplayedGraph) {
   const Mode m{true, true, true};
-  CacheOptions co;
+  KVCacheParams co;
   SequenceCache cache = model_->make_cache(co);
   run(m, SamplerParams{}, 20, &cache);
   const std::vector<KVState> snap = cache.snapshot();

@@ -207,7 +207,7 @@ TEST_P(CudaQuantReference, KVWritePathsGiveIdenticalGreedyOutput) {
   const std::vector<int32_t> prompt = {5, 99, 23, 311, 8, 140, 77, 3};
   std::vector<int32_t> out[2];
   for (int arm = 0; arm < 2; ++arm) {
-    CacheOptions co;
+    KVCacheParams co;
     co.inplace = arm == 0;
     SequenceCache cache = model_->make_cache(co);
     GenerateParams gp;
