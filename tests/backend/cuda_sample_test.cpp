@@ -39,7 +39,7 @@ using testing::st;
 using testing::sync;
 
 // ---- The reference -----------------------------------------------------------------------
-// The noise, written again from its definition in engine/sample_noise.h.
+// The noise, written again from its definition in backend/sample_noise.h.
 uint64_t ref_mix(uint64_t z) {
   z ^= z >> 30;
   z *= 0xbf58476d1ce4e5b9ull;
