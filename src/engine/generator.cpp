@@ -7,7 +7,7 @@
 #include "backend/readback.h"
 #include "core/env.h"
 #include "core/error.h"
-#include "engine/decoder.h"
+#include "engine/decode_stepper.h"
 #include "model/model.h"
 
 namespace osprey {
@@ -71,9 +71,9 @@ GenerateResult generate(Model& model, SequenceCache& cache, std::span<const int3
   Sampler sampler(params.sampler);
   const ops::DeviceSampling ds = device_sampling(params.sampler);
   std::vector<int32_t> history(prompt.begin(), prompt.end());
-  DecoderOptions dopt;
+  DecodeStepperOptions dopt;
   dopt.graphs = params.graphs;
-  Decoder decoder(model, cache, dopt);
+  DecodeStepper stepper(model, cache, dopt);
   TokenReadback readback(dev, 2);
 
   auto t0 = Clock::now();
@@ -84,12 +84,12 @@ GenerateResult generate(Model& model, SequenceCache& cache, std::span<const int3
     logits = model.forward(token_array(prompt.subspan(b, e - b)), cache, false);
   }
 
-  // Chooses token `i` from `logits`: on the device into decoder.token() (read back through
+  // Chooses token `i` from `logits`: on the device into stepper.token() (read back through
   // slot i % 2), or on the host (returned at once).
   auto choose = [&](const Array& lg, int64_t i) -> int32_t {
     if (st.device_sampling) {
-      ops::sample_into(lg, ds, uint64_t(i), decoder.token());
-      readback.enqueue(decoder.token(), int(i % 2));
+      ops::sample_into(lg, ds, uint64_t(i), stepper.token());
+      readback.enqueue(stepper.token(), int(i % 2));
       return -1;
     }
     Array host = ops::to_device(lg, Device::cpu());
@@ -99,8 +99,8 @@ GenerateResult generate(Model& model, SequenceCache& cache, std::span<const int3
   };
   // Enqueues the step whose input is token i - 1 and chooses token i.
   auto run_step = [&](int64_t i, int32_t host_token) -> int32_t {
-    if (!st.device_sampling) ops::fill_i32_(decoder.token(), host_token);
-    return choose(decoder.step(), i);
+    if (!st.device_sampling) ops::fill_i32_(stepper.token(), host_token);
+    return choose(stepper.step(), i);
   };
 
   int32_t next_host = choose(logits, 0);
@@ -144,8 +144,8 @@ GenerateResult generate(Model& model, SequenceCache& cache, std::span<const int3
   ops::synchronize(dev);
   if (st.n_generated > 0 || st.stop_reason == "stop") st.decode_seconds = seconds_since(t_decode);
   st.kv = cache.counters().since(kv_before);
-  st.n_graph_replays = decoder.n_graph_replays();
-  st.n_graph_captures = decoder.n_graph_captures();
+  st.n_graph_replays = stepper.n_graph_replays();
+  st.n_graph_captures = stepper.n_graph_captures();
   return result;
 }
 

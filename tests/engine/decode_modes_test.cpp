@@ -1,6 +1,7 @@
-// Pipelined decode and CUDA graph replay (DESIGN §2) change how steps are issued, never what
-// they compute: every combination of KV write path, graph replay and pipelining must give the
-// same tokens, across the 256-row cache growth. Skipped without a CUDA device.
+// Pipelined decode and CUDA graph replay (docs/design.md, "Pipelined decode" and "Graph
+// capture and replay") change how steps are issued, never what they compute: every combination
+// of KV write path, graph replay and pipelining must give the same tokens, across the 256-row
+// cache growth. Skipped without a CUDA device.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -1,4 +1,4 @@
-#include "engine/decoder.h"
+#include "engine/decode_stepper.h"
 
 #include "backend/graph.h"
 #include "backend/ops.h"
@@ -7,7 +7,7 @@
 
 namespace osprey {
 
-Decoder::Decoder(Model& model, SequenceCache& cache, const DecoderOptions& options)
+DecodeStepper::DecodeStepper(Model& model, SequenceCache& cache, const DecodeStepperOptions& options)
     : model_(model), cache_(cache), replay_(cache), options_(options) {
   const Device dev = model.info().device;
   token_ = Array::empty({1}, DType::i32, dev);
@@ -17,9 +17,9 @@ Decoder::Decoder(Model& model, SequenceCache& cache, const DecoderOptions& optio
   if (dev.is_cpu()) options_.graphs = false;
 }
 
-Decoder::~Decoder() = default;
+DecodeStepper::~DecodeStepper() = default;
 
-const Array& Decoder::step() {
+const Array& DecodeStepper::step() {
   const Device dev = model_.info().device;
   ops::fill_i32_(position_, int32_t(cache_.offset()));
   if (options_.graphs && replay_.next_write_in_place()) {
