@@ -77,7 +77,7 @@ int run_generate(const GenerateOptions& o) {
     model = load_model(dir, lo);
   }
 
-  GenerateParams gp = generate_params_from_env();
+  GenerateParams gp = generate_params(env_options());
   gp.max_tokens = o.n_predict;
   gp.sampler = o.sampler;
   if (!o.ignore_eos) {
@@ -143,6 +143,13 @@ int run_generate(const GenerateOptions& o) {
 }
 
 }  // namespace
+
+GenerateParams generate_params(const EnvOptions& env) {
+  GenerateParams p;
+  p.pipelined = !env.force_sync;
+  p.graphs = env.cuda_graphs;
+  return p;
+}
 
 Command add_generate(CLI::App& app) {
   auto o = std::make_shared<GenerateOptions>();

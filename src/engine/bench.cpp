@@ -92,7 +92,7 @@ RunResult run_once(Model& model, const BenchTest& test, const BenchParams& param
   } else {
     // The generator's own loop (greedy, stops ignored): n_tokens forward passes of one token,
     // pipelined and graph-replayed on CUDA as generation is.
-    GenerateParams gp = generate_params_from_env();
+    GenerateParams gp = params.decode;
     gp.max_tokens = int(test.n_tokens);
     const auto t0 = Clock::now();
     GenerateResult g = generate(model, cache, input, gp);

@@ -5,7 +5,6 @@
 
 #include "backend/ops.h"
 #include "backend/readback.h"
-#include "core/env.h"
 #include "core/error.h"
 #include "engine/decode_stepper.h"
 #include "model/model.h"
@@ -34,13 +33,6 @@ ops::DeviceSampling device_sampling(const SamplerParams& p) {
 }
 
 }  // namespace
-
-GenerateParams generate_params_from_env() {
-  GenerateParams p;
-  p.pipelined = !env_options().force_sync;
-  p.graphs = env_options().cuda_graphs;
-  return p;
-}
 
 GenerateResult generate(Model& model, SequenceCache& cache, std::span<const int32_t> prompt,
                         const GenerateParams& params, const TokenCallback& on_token) {

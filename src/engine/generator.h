@@ -26,9 +26,6 @@ struct GenerateParams {
   bool graphs = true;  // CUDA graph replay of the decode step (OSPREY_CUDA_GRAPHS)
 };
 
-// GenerateParams with the environment's switches (OSPREY_FORCE_SYNC, OSPREY_CUDA_GRAPHS).
-GenerateParams generate_params_from_env();
-
 struct GenerateStats {
   int64_t n_prompt = 0;
   int64_t n_generated = 0;
