@@ -34,6 +34,13 @@ void require_f32(const char* op, const char* name, const Array& a) {
 
 }  // namespace
 
+void check_token_ids(std::span<const int32_t> ids, int64_t vocab, const char* what) {
+  for (int32_t id : ids)
+    if (id < 0 || id >= vocab)
+      throw InvalidInput(std::string(what) + " " + std::to_string(id) + " is outside the vocabulary [0, " +
+                         std::to_string(vocab) + ")");
+}
+
 Array embedding(const Array& table, const Array& ids, float scale) {
   const bool gpu = on_cuda("embedding", {&table, &ids});
   require(table.ndim() == 2 && is_float(table.dtype()) && table.is_contiguous(), "embedding",
@@ -47,11 +54,7 @@ Array embedding(const Array& table, const Array& ids, float scale) {
                     out.data<float>());
     return out;
   }
-  const auto* id = ids.data<int32_t>();
-  for (int64_t i = 0; i < ids.numel(); ++i)
-    if (id[i] < 0 || id[i] >= table.dim(0))
-      throw InvalidInput("token id " + std::to_string(id[i]) + " is outside the vocabulary [0, " +
-                         std::to_string(table.dim(0)) + ")");
+  check_token_ids({ids.data<int32_t>(), size_t(ids.numel())}, table.dim(0));
   cpu::embedding(table, ids, scale, out);
   return out;
 }

@@ -4,10 +4,15 @@
 // file knows the device. Activations are float32 on the CPU; weights may be f32, f16 or bf16.
 // Ops return new arrays (new identities); ops ending in `_` write into an argument.
 #include <cstdint>
+#include <span>
 
 #include "core/array.h"
 
 namespace osprey::ops {
+
+// Throws InvalidInput naming the first id outside [0, vocab) ("<what> 7 is outside the
+// vocabulary [0, 4)").
+void check_token_ids(std::span<const int32_t> ids, int64_t vocab, const char* what = "token id");
 
 // table [vocab, d] (f32|f16|bf16), ids [n] i32 -> [n, d] f32, each row times `scale`.
 // Throws InvalidInput for an id outside [0, vocab).

@@ -94,12 +94,8 @@ Array embedding(const QuantizedMatrix& table, const Array& ids, float scale) {
     cuda_ops::embedding_q(a, ids.data<int32_t>(), ids.numel(), scale, out.data<float>());
     return out;
   }
-  const auto* id = ids.data<int32_t>();
-  for (int64_t i = 0; i < ids.numel(); ++i)
-    if (id[i] < 0 || id[i] >= a.out)
-      throw InvalidInput("token id " + std::to_string(id[i]) + " is outside the vocabulary [0, " +
-                         std::to_string(a.out) + ")");
-  cpu::dequantize_rows(a, id, ids.numel(), scale, out.data<float>());
+  check_token_ids({ids.data<int32_t>(), size_t(ids.numel())}, a.out);
+  cpu::dequantize_rows(a, ids.data<int32_t>(), ids.numel(), scale, out.data<float>());
   return out;
 }
 

@@ -39,10 +39,7 @@ GenerateResult generate(Model& model, SequenceCache& cache, std::span<const int3
   if (prompt.empty()) throw InvalidInput("the prompt is empty");
   if (params.max_tokens < 0) throw InvalidInput("the number of tokens to generate must be >= 0");
   validate(params.sampler);
-  for (int32_t id : prompt)
-    if (id < 0 || id >= model.info().vocab_size)
-      throw InvalidInput("prompt token id " + std::to_string(id) + " is outside the vocabulary [0, " +
-                         std::to_string(model.info().vocab_size) + ")");
+  ops::check_token_ids(prompt, model.info().vocab_size, "prompt token id");
   const int64_t ctx = model.info().max_position_embeddings;
   if (ctx > 0 && cache.offset() + int64_t(prompt.size()) > ctx)
     throw InvalidInput("the prompt (" + std::to_string(prompt.size()) + " tokens) exceeds the model's context of " +
