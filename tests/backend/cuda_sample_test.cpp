@@ -24,12 +24,11 @@
 #include "backend/cuda_available.h"
 #include "core/error.h"
 #include "support/cuda_buffers.h"
+#include "support/numeric.h"
 
 namespace osprey {
 namespace {
 
-#define SKIP_WITHOUT_CUDA() \
-  if (!osprey::cuda_available()) GTEST_SKIP() << "no CUDA device"
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kInf = std::numeric_limits<float>::infinity();

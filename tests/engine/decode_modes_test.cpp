@@ -9,6 +9,7 @@
 #include "backend/cuda_available.h"
 #include "engine/generator.h"
 #include "model/model.h"
+#include "support/families.h"
 #include "support/test_util.h"
 
 namespace osprey {
@@ -143,7 +144,7 @@ TEST_P(DecodeModes, ARestoredSnapshotIsNotOverwrittenByAReplayedGraph) {
   EXPECT_EQ(a, c);
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, DecodeModes, ::testing::Values("llama", "qwen2"));
+INSTANTIATE_TEST_SUITE_P(Families, DecodeModes, ::testing::ValuesIn(testing::kFamilies));
 
 TEST(DecodeModesCli, EnvironmentSwitchesReachTheGenerator) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device: " << cuda_description();

@@ -15,6 +15,7 @@
 #include "engine/generator.h"
 #include "model/model.h"
 #include "model/safetensors.h"
+#include "support/families.h"
 #include "support/test_util.h"
 
 namespace osprey {
@@ -190,7 +191,7 @@ TEST_P(QuantReference, KVWriteSwitchGivesByteIdenticalGreedyOutput) {
   EXPECT_EQ(joff["timings"]["kv_inplace_writes"].get<uint64_t>(), 0u);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, QuantReference, ::testing::Values("llama-q4", "llama-q8", "qwen2-q4"),
+INSTANTIATE_TEST_SUITE_P(Fixtures, QuantReference, ::testing::ValuesIn(testing::kQuantFixtures),
                          [](const auto& info) { return std::string(info.param == "llama-q4"   ? "llama_q4"
                                                                    : info.param == "llama-q8" ? "llama_q8"
                                                                                               : "qwen2_q4"); });
@@ -232,7 +233,7 @@ TEST_P(CudaQuantReference, GreedyOutputEqualsTheCpuEngine) {
     ASSERT_EQ(gpu_tokens[s], cpu_tokens[s]) << "step " << s;
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, CudaQuantReference, ::testing::Values("llama-q4", "llama-q8", "qwen2-q4"),
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaQuantReference, ::testing::ValuesIn(testing::kQuantFixtures),
                          [](const auto& info) { return std::string(info.param == "llama-q4"   ? "llama_q4"
                                                                    : info.param == "llama-q8" ? "llama_q8"
                                                                                               : "qwen2_q4"); });
