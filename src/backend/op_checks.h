@@ -1,18 +1,11 @@
 #pragma once
 // Internal to the op dispatch files (backend/ops.cpp, backend/quant_ops.cpp): argument checks
-// and the CUDA branch selector.
+// and the device choice.
 #include <initializer_list>
 #include <string>
 
 #include "core/array.h"
 #include "core/error.h"
-
-#ifdef OSPREY_WITH_CUDA
-#define OSPREY_CUDA_BRANCH(cond) if (cond)
-#else
-// Without the backend no array can live on a CUDA device, so the branch is never taken.
-#define OSPREY_CUDA_BRANCH(cond) if (static_cast<void>(cond), false)
-#endif
 
 namespace osprey::ops::detail {
 

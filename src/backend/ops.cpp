@@ -5,15 +5,11 @@
 
 #include "backend/cpu/basic_ops.h"
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/cuda/cuda_ops.h"
 #include "backend/op_checks.h"
+#include "core/buffer.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
-
-#ifdef OSPREY_WITH_CUDA
-#include "backend/cuda/kernels.h"
-#include "backend/cuda/sample.h"
-#include "backend/cuda/runtime.h"
-#endif
 
 namespace osprey::ops {
 namespace {
@@ -31,14 +27,19 @@ void require_float_vector(const char* op, const char* name, const Array& a, int6
           std::string(name) + " must be a float vector of " + std::to_string(n) + ", got " + describe(a));
 }
 
-#ifdef OSPREY_WITH_CUDA
 void require_f32(const char* op, const char* name, const Array& a) {
   require(!a.defined() || a.dtype() == DType::f32, op,
           std::string(name) + " must be float32 on CUDA (load converts it), got " + describe(a));
 }
-#endif
 
 }  // namespace
+
+void check_token_ids(std::span<const int32_t> ids, int64_t vocab, const char* what) {
+  for (int32_t id : ids)
+    if (id < 0 || id >= vocab)
+      throw InvalidInput(std::string(what) + " " + std::to_string(id) + " is outside the vocabulary [0, " +
+                         std::to_string(vocab) + ")");
+}
 
 Array embedding(const Array& table, const Array& ids, float scale) {
   const bool gpu = on_cuda("embedding", {&table, &ids});
@@ -46,20 +47,14 @@ Array embedding(const Array& table, const Array& ids, float scale) {
           "table must be a contiguous float matrix, got " + describe(table));
   require(ids.dtype() == DType::i32 && ids.ndim() == 1, "embedding", "ids must be int32 [n], got " + describe(ids));
   Array out = Array::empty({ids.numel(), table.dim(1)}, DType::f32, ids.device());
-  OSPREY_CUDA_BRANCH(gpu) {
-#ifdef OSPREY_WITH_CUDA
+  if (gpu) {
     // NOTE: ids on the device are not range-checked here (that would need a sync); the
     // generator checks prompt ids, and sampled ids are in range by construction.
-    cuda::embedding(table.raw(), table.dtype(), ids.data<int32_t>(), ids.numel(), table.dim(1), scale,
-                    out.data<float>(), cuda::stream());
+    cuda_ops::embedding(table.raw(), table.dtype(), ids.data<int32_t>(), ids.numel(), table.dim(1), scale,
+                    out.data<float>());
     return out;
-#endif
   }
-  const auto* id = ids.data<int32_t>();
-  for (int64_t i = 0; i < ids.numel(); ++i)
-    if (id[i] < 0 || id[i] >= table.dim(0))
-      throw InvalidInput("token id " + std::to_string(id[i]) + " is outside the vocabulary [0, " +
-                         std::to_string(table.dim(0)) + ")");
+  check_token_ids({ids.data<int32_t>(), size_t(ids.numel())}, table.dim(0));
   cpu::embedding(table, ids, scale, out);
   return out;
 }
@@ -69,13 +64,11 @@ Array rms_norm(const Array& x, const Array& weight, float eps, bool unit_offset)
   require_f32_contiguous("rms_norm", "x", x);
   require_float_vector("rms_norm", "weight", weight, x.dim(-1));
   Array out = Array::empty(x.shape(), DType::f32, x.device());
-  OSPREY_CUDA_BRANCH(gpu) {
-#ifdef OSPREY_WITH_CUDA
+  if (gpu) {
     require_f32("rms_norm", "weight", weight);
-    cuda::rms_norm(x.data<float>(), weight.data<float>(), x.numel() / x.dim(-1), x.dim(-1), eps,
-                   unit_offset ? 1.0f : 0.0f, out.data<float>(), cuda::stream());
+    cuda_ops::rms_norm(x.data<float>(), weight.data<float>(), x.numel() / x.dim(-1), x.dim(-1), eps,
+                   unit_offset ? 1.0f : 0.0f, out.data<float>());
     return out;
-#endif
   }
   cpu::rms_norm(x, weight, eps, unit_offset, out);
   return out;
@@ -87,14 +80,12 @@ Array layer_norm(const Array& x, const Array& weight, const Array& bias, float e
   require_float_vector("layer_norm", "weight", weight, x.dim(-1));
   if (bias.defined()) require_float_vector("layer_norm", "bias", bias, x.dim(-1));
   Array out = Array::empty(x.shape(), DType::f32, x.device());
-  OSPREY_CUDA_BRANCH(gpu) {
-#ifdef OSPREY_WITH_CUDA
+  if (gpu) {
     require_f32("layer_norm", "weight", weight);
     require_f32("layer_norm", "bias", bias);
-    cuda::layer_norm(x.data<float>(), weight.data<float>(), bias.defined() ? bias.data<float>() : nullptr,
-                     x.numel() / x.dim(-1), x.dim(-1), eps, out.data<float>(), cuda::stream());
+    cuda_ops::layer_norm(x.data<float>(), weight.data<float>(), bias.defined() ? bias.data<float>() : nullptr,
+                     x.numel() / x.dim(-1), x.dim(-1), eps, out.data<float>());
     return out;
-#endif
   }
   cpu::layer_norm(x, weight, bias, eps, out);
   return out;
@@ -113,11 +104,9 @@ Array linear(const Array& x, const Array& w, const Array& bias) {
   const int64_t n = x.numel() / in;
   Array y = Array::empty({n, out_features}, DType::f32, x.device());
   const float* b = bias.defined() ? bias.data<float>() : nullptr;
-  OSPREY_CUDA_BRANCH(gpu) {
-#ifdef OSPREY_WITH_CUDA
-    cuda::linear(x.data<float>(), n, in, w.raw(), w.dtype(), out_features, b, y.data<float>(), cuda::stream());
+  if (gpu) {
+    cuda_ops::linear(x.data<float>(), n, in, w.raw(), w.dtype(), out_features, b, y.data<float>());
     return y;
-#endif
   }
   cpu::linear(x.data<float>(), n, in, w.raw(), w.dtype(), out_features, b, y.data<float>(), cpu_pool());
   return y;
@@ -128,11 +117,9 @@ void add_(Array& x, const Array& y) {
   require_f32_contiguous("add_", "x", x);
   require_f32_contiguous("add_", "y", y);
   require(x.numel() == y.numel(), "add_", "shapes differ: " + describe(x) + " and " + describe(y));
-  OSPREY_CUDA_BRANCH(gpu) {
-#ifdef OSPREY_WITH_CUDA
-    cuda::add_inplace(x.data<float>(), y.data<float>(), x.numel(), cuda::stream());
+  if (gpu) {
+    cuda_ops::add_inplace(x.data<float>(), y.data<float>(), x.numel());
     return;
-#endif
   }
   cpu::add_(x, y);
 }
@@ -140,11 +127,9 @@ void add_(Array& x, const Array& y) {
 void scale_(Array& x, float s) {
   const bool gpu = on_cuda("scale_", {&x});
   require_f32_contiguous("scale_", "x", x);
-  OSPREY_CUDA_BRANCH(gpu) {
-#ifdef OSPREY_WITH_CUDA
-    cuda::scale_inplace(x.data<float>(), s, x.numel(), cuda::stream());
+  if (gpu) {
+    cuda_ops::scale_inplace(x.data<float>(), s, x.numel());
     return;
-#endif
   }
   cpu::scale_(x, s);
 }
@@ -155,14 +140,12 @@ Array add_rms_norm(Array& x, const Array& y, const Array& weight, float eps, boo
   require_f32_contiguous("add_rms_norm", "y", y);
   require(x.shape() == y.shape(), "add_rms_norm", "shapes differ: " + describe(x) + " and " + describe(y));
   require_float_vector("add_rms_norm", "weight", weight, x.dim(-1));
-  OSPREY_CUDA_BRANCH(gpu) {
-#ifdef OSPREY_WITH_CUDA
+  if (gpu) {
     require_f32("add_rms_norm", "weight", weight);
     Array out = Array::empty(x.shape(), DType::f32, x.device());
-    cuda::add_rms_norm(x.data<float>(), y.data<float>(), weight.data<float>(), x.numel() / x.dim(-1), x.dim(-1), eps,
-                       unit_offset ? 1.0f : 0.0f, out.data<float>(), cuda::stream());
+    cuda_ops::add_rms_norm(x.data<float>(), y.data<float>(), weight.data<float>(), x.numel() / x.dim(-1), x.dim(-1), eps,
+                       unit_offset ? 1.0f : 0.0f, out.data<float>());
     return out;
-#endif
   }
   cpu::add_(x, y);
   return rms_norm(x, weight, eps, unit_offset);
@@ -174,11 +157,9 @@ Array silu_mul_split(const Array& gu) {
   require(gu.ndim() == 2 && gu.dim(1) % 2 == 0, "silu_mul_split", "gu must be [n, 2f], got " + describe(gu));
   const int64_t n = gu.dim(0), f = gu.dim(1) / 2;
   Array out = Array::empty({n, f}, DType::f32, gu.device());
-  OSPREY_CUDA_BRANCH(gpu) {
-#ifdef OSPREY_WITH_CUDA
-    cuda::silu_mul_split(gu.data<float>(), n, f, out.data<float>(), cuda::stream());
+  if (gpu) {
+    cuda_ops::silu_mul_split(gu.data<float>(), n, f, out.data<float>());
     return out;
-#endif
   }
   const Shape half{n, f}, strides{2 * f, 1};
   Array g = Array::strided(gu.buffer(), gu.byte_offset(), half, strides, DType::f32);
@@ -211,9 +192,8 @@ void write_kv_rows(const Array& keys, const Array& values, const Array& k, const
   if (positions.defined())
     require(positions.dtype() == DType::i32 && positions.numel() >= 1, "write_kv_rows",
             "positions must be int32 [n], got " + describe(positions));
-  OSPREY_CUDA_BRANCH(gpu) {
-#ifdef OSPREY_WITH_CUDA
-    cuda::KVWriteArgs a;
+  if (gpu) {
+    KVWriteArgs a;
     a.kbuf = keys.data<uint16_t>();
     a.vbuf = values.data<uint16_t>();
     a.head_stride = cap * hd;
@@ -226,8 +206,7 @@ void write_kv_rows(const Array& keys, const Array& values, const Array& k, const
     a.head_dim = hd;
     a.pos_dev = positions.defined() ? positions.data<int32_t>() : nullptr;
     a.pos0 = row0;
-    cuda::kv_write(a, cuda::stream());
-#endif
+    cuda_ops::kv_write(a);
     return;
   }
   // [n, n_kv, hd] rows -> the buffers' [n_kv, row0 .. row0 + n, hd] (a transposing copy).
@@ -243,11 +222,9 @@ Array silu_mul(const Array& gate, const Array& up) {
   require_f32_contiguous("silu_mul", "up", up);
   require(gate.shape() == up.shape(), "silu_mul", "shapes differ: " + describe(gate) + " and " + describe(up));
   Array out = Array::empty(gate.shape(), DType::f32, gate.device());
-  OSPREY_CUDA_BRANCH(gpu) {
-#ifdef OSPREY_WITH_CUDA
-    cuda::silu_mul(gate.data<float>(), up.data<float>(), out.data<float>(), gate.numel(), cuda::stream());
+  if (gpu) {
+    cuda_ops::silu_mul(gate.data<float>(), up.data<float>(), out.data<float>(), gate.numel());
     return out;
-#endif
   }
   cpu::silu_mul(gate, up, out);
   return out;
@@ -259,11 +236,9 @@ Array gelu_tanh_mul(const Array& gate, const Array& up) {
   require_f32_contiguous("gelu_tanh_mul", "up", up);
   require(gate.shape() == up.shape(), "gelu_tanh_mul", "shapes differ: " + describe(gate) + " and " + describe(up));
   Array out = Array::empty(gate.shape(), DType::f32, gate.device());
-  OSPREY_CUDA_BRANCH(gpu) {
-#ifdef OSPREY_WITH_CUDA
-    cuda::gelu_tanh_mul(gate.data<float>(), up.data<float>(), out.data<float>(), gate.numel(), cuda::stream());
+  if (gpu) {
+    cuda_ops::gelu_tanh_mul(gate.data<float>(), up.data<float>(), out.data<float>(), gate.numel());
     return out;
-#endif
   }
   cpu::gelu_tanh_mul(gate, up, out);
   return out;
@@ -280,13 +255,11 @@ void rope_(Array& x, const Array& positions, const Array& inv_freq, bool interle
           "positions must be int32 [" + std::to_string(x.dim(0)) + "], got " + describe(positions));
   require(inv_freq.dtype() == DType::f32 && inv_freq.numel() == x.dim(2) / 2, "rope_",
           "inv_freq must be float32 [head_dim / 2], got " + describe(inv_freq));
-  OSPREY_CUDA_BRANCH(gpu) {
-#ifdef OSPREY_WITH_CUDA
-    cuda::rope_inplace(x.data<float>(), x.dim(0), x.dim(1), x.dim(2), x.dim(0) == 1 ? x.dim(1) * x.dim(2) : x.strides()[0],
+  if (gpu) {
+    cuda_ops::rope_inplace(x.data<float>(), x.dim(0), x.dim(1), x.dim(2), x.dim(0) == 1 ? x.dim(1) * x.dim(2) : x.strides()[0],
                        positions.data<int32_t>(),
-                       inv_freq.data<float>(), interleaved, mscale, cuda::stream());
+                       inv_freq.data<float>(), interleaved, mscale);
     return;
-#endif
   }
   cpu::rope_(x, positions, inv_freq, interleaved, mscale);
 }
@@ -304,42 +277,37 @@ Array attention(const Array& q, const Array& k, const Array& v, const AttentionP
   require(p.q_pos0 >= 0 && p.q_pos0 + q.dim(0) <= k.dim(1), "attention",
           "query positions run past the " + std::to_string(k.dim(1)) + " cached keys");
   Array out = Array::empty({q.dim(0), q.dim(1) * q.dim(2)}, DType::f32, q.device());
-  auto fill = [&](auto& a) {
-    a.q = q.data<float>();
-    a.n = q.dim(0);
-    a.n_heads = q.dim(1);
-    a.head_dim = q.dim(2);
-    a.k = k.data<uint16_t>();
-    a.v = v.data<uint16_t>();
-    a.n_kv_heads = k.dim(0);
-    a.n_keys = k.dim(1);
-    a.k_head_stride = k.strides()[0];
-    a.k_row_stride = k.strides()[1];
-    a.v_head_stride = v.strides()[0];
-    a.v_row_stride = v.strides()[1];
-    a.q_pos0 = p.q_pos0;
-    a.scale = p.scale;
-    a.window = p.window;
-    a.softcap = p.softcap;
-    a.out = out.data<float>();
-  };
   if (p.positions.defined())
-    require(gpu && p.positions.dtype() == DType::i32 && p.positions.numel() == q.dim(0) && p.max_keys >= k.dim(1),
-            "attention", "positions need a CUDA int32 [n] array and max_keys >= the cached keys");
-  OSPREY_CUDA_BRANCH(gpu) {
-#ifdef OSPREY_WITH_CUDA
-    cuda::AttentionArgs a;
-    fill(a);
+    require(p.positions.device() == q.device() && p.positions.dtype() == DType::i32 &&
+                p.positions.numel() == q.dim(0) && p.max_keys >= k.dim(1),
+            "attention", "positions need an int32 [n] array on q's device and max_keys >= the cached keys, got " +
+                             describe(p.positions) + " and max_keys " + std::to_string(p.max_keys));
+  AttentionArgs a;
+  a.q = q.data<float>();
+  a.n = q.dim(0);
+  a.n_heads = q.dim(1);
+  a.head_dim = q.dim(2);
+  a.k = k.data<uint16_t>();
+  a.v = v.data<uint16_t>();
+  a.n_kv_heads = k.dim(0);
+  a.n_keys = k.dim(1);
+  a.k_head_stride = k.strides()[0];
+  a.k_row_stride = k.strides()[1];
+  a.v_head_stride = v.strides()[0];
+  a.v_row_stride = v.strides()[1];
+  a.q_pos0 = p.q_pos0;
+  a.scale = p.scale;
+  a.window = p.window;
+  a.softcap = p.softcap;
+  a.out = out.data<float>();
+  if (gpu) {
     if (p.positions.defined()) {
       a.q_pos_dev = p.positions.data<int32_t>();
       a.max_keys = p.max_keys;
     }
-    cuda::attention(a, cuda::stream());
-#endif
+    cuda_ops::attention(a);
     return out;
   }
-  cpu::AttentionArgs a;
-  fill(a);
   cpu::attention(a, cpu_pool());
   return out;
 }
@@ -351,20 +319,18 @@ void copy_into(const Array& dst, const Array& src) {
     // Across devices: both sides contiguous and of one dtype (to_device makes them so).
     require(dst.is_contiguous() && src.is_contiguous() && dst.dtype() == src.dtype(), "copy_into",
             "a copy between devices needs contiguous arrays of one dtype");
-#ifdef OSPREY_WITH_CUDA
-    OSPREY_CUDA_CHECK(cudaMemcpyAsync(dst.raw(), src.raw(), src.nbytes(),
-                                      dst_gpu ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, cuda::stream()));
     // NOTE: an upload from pageable memory returns once the source is staged, so only a
-    // download has to wait for the stream (the host reads the result next).
-    if (!dst_gpu) cuda::synchronize();
-#endif
+    // download waits for the stream (the host reads the result next).
+    if (dst_gpu)
+      cuda_ops::copy_to_device(dst.raw(), src.raw(), src.nbytes());
+    else
+      cuda_ops::copy_to_host(dst.raw(), src.raw(), src.nbytes());
     return;
   }
-  OSPREY_CUDA_BRANCH(dst_gpu) {
-#ifdef OSPREY_WITH_CUDA
+  if (dst_gpu) {
     if (dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous()) {
       // Any dtype (packed uint32 words included): a plain device copy.
-      OSPREY_CUDA_CHECK(cudaMemcpyAsync(dst.raw(), src.raw(), src.nbytes(), cudaMemcpyDeviceToDevice, cuda::stream()));
+      cuda_ops::copy_on_device(dst.raw(), src.raw(), src.nbytes());
       return;
     }
     require(dst.ndim() <= 4, "copy_into", "more than 4 dimensions");
@@ -376,8 +342,7 @@ void copy_into(const Array& dst, const Array& src) {
       ds[i] = pad ? 0 : dst.strides().d[i - lead];
       ss[i] = pad ? 0 : src.strides().d[i - lead];
     }
-    cuda::copy_strided(dst.raw(), dst.dtype(), ds, src.raw(), src.dtype(), ss, shape, cuda::stream());
-#endif
+    cuda_ops::copy_strided(dst.raw(), dst.dtype(), ds, src.raw(), src.dtype(), ss, shape);
     return;
   }
   cpu::copy_into(dst, src);
@@ -386,11 +351,9 @@ void copy_into(const Array& dst, const Array& src) {
 void fill_i32_(Array& a, int32_t value) {
   const bool gpu = on_cuda("fill_i32_", {&a});
   require(a.dtype() == DType::i32 && a.is_contiguous(), "fill_i32_", "a must be contiguous int32, got " + describe(a));
-  OSPREY_CUDA_BRANCH(gpu) {
-#ifdef OSPREY_WITH_CUDA
-    cuda::fill_i32(a.data<int32_t>(), value, a.numel(), cuda::stream());
+  if (gpu) {
+    cuda_ops::fill_i32(a.data<int32_t>(), value, a.numel());
     return;
-#endif
   }
   std::fill(a.data<int32_t>(), a.data<int32_t>() + a.numel(), value);
 }
@@ -400,23 +363,21 @@ void sample_into(const Array& logits, const DeviceSampling& p, uint64_t counter,
   require(gpu, "sample_into", "needs arrays on a CUDA device (the CPU samples on the host)");
   require_f32_contiguous("sample_into", "logits", logits);
   require(out.dtype() == DType::i32 && out.numel() >= 1, "sample_into", "out must be int32 [1], got " + describe(out));
-  OSPREY_CUDA_BRANCH(gpu) {
-#ifdef OSPREY_WITH_CUDA
+  if (gpu) {
     const int64_t vocab = logits.dim(-1);
     const float* row = logits.data<float>() + (logits.numel() - vocab);
     if (p.temperature <= 0.0f) {
-      cuda::argmax(row, vocab, out.data<int32_t>(), cuda::stream());
+      cuda_ops::argmax(row, vocab, out.data<int32_t>());
     } else {
-      cuda::SampleArgs a;
+      SampleArgs a;
       a.temperature = p.temperature;
       a.top_k = p.top_k;
       a.top_p = p.top_p;
       a.min_p = p.min_p;
       a.seed = p.seed;
       a.counter = counter;
-      cuda::sample(row, vocab, a, out.data<int32_t>(), cuda::stream());
+      cuda_ops::sample(row, vocab, a, out.data<int32_t>());
     }
-#endif
   }
 }
 
@@ -435,11 +396,17 @@ Array to_device(const Array& src, Device device) {
 }
 
 void synchronize(Device device) {
-  OSPREY_CUDA_BRANCH(!device.is_cpu()) {
-#ifdef OSPREY_WITH_CUDA
-    cuda::synchronize();
-#endif
-  }
+  if (!device.is_cpu()) cuda_ops::synchronize();
+}
+
+DeviceTraits device_traits(Device device) {
+  DeviceTraits t;
+  t.stack_shared_input_linears = !device.is_cpu();
+  return t;
+}
+
+void release_cached_memory(Device device) {
+  if (!device.is_cpu()) allocator_for(device).trim();
 }
 
 }  // namespace osprey::ops

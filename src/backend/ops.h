@@ -4,10 +4,15 @@
 // file knows the device. Activations are float32 on the CPU; weights may be f32, f16 or bf16.
 // Ops return new arrays (new identities); ops ending in `_` write into an argument.
 #include <cstdint>
+#include <span>
 
 #include "core/array.h"
 
 namespace osprey::ops {
+
+// Throws InvalidInput naming the first id outside [0, vocab) ("<what> 7 is outside the
+// vocabulary [0, 4)").
+void check_token_ids(std::span<const int32_t> ids, int64_t vocab, const char* what = "token id");
 
 // table [vocab, d] (f32|f16|bf16), ids [n] i32 -> [n, d] f32, each row times `scale`.
 // Throws InvalidInput for an id outside [0, vocab).
@@ -37,8 +42,8 @@ Array silu_mul_split(const Array& gu);
 
 // Writes k, v [n, n_kv_heads, head_dim] f32 (rows may be strided, heads contiguous) as f16
 // into rows row0 .. row0 + n - 1 of keys, values [n_kv_heads, capacity, head_dim] f16
-// (contiguous buffers). When `positions` (i32 [n], on the arrays' CUDA device) is defined, the
-// kernel takes row0 from positions[0] on the device instead, so a captured CUDA graph writes at
+// (contiguous buffers). When `positions` (i32 [n], on the arrays' device) is defined, a CUDA
+// kernel takes row0 from positions[0] on the device instead, so a captured graph writes at
 // the current position; the caller guarantees positions[0] == row0.
 void write_kv_rows(const Array& keys, const Array& values, const Array& k, const Array& v, int64_t row0,
                    const Array& positions = {});
@@ -63,9 +68,10 @@ struct AttentionParams {
   float scale = 1.0f;
   int window = 0;
   float softcap = 0.0f;  // 0: none; else logits = softcap * tanh(logits / softcap)
-  // CUDA, graph-stable form: when `positions` (i32 [n], positions[0] == q_pos0) is defined, the
-  // kernel reads the first query position from it on the device, and its launch shape depends
-  // only on `max_keys` (>= k.dim(1); the cache capacity), not on the current length.
+  // Graph-stable form: when `positions` (i32 [n] on q's device, positions[0] == q_pos0) is
+  // defined, a CUDA kernel reads the first query position from it on the device, and its launch
+  // shape depends only on `max_keys` (>= k.dim(1); the cache capacity), not on the current
+  // length. The CPU runs eagerly and reads q_pos0.
   Array positions;
   int64_t max_keys = 0;
 };
@@ -98,5 +104,17 @@ Array cast(const Array& src, DType dtype);
 Array to_device(const Array& src, Device device);
 // Waits for the device's queued work (no-op on the CPU).
 void synchronize(Device device);
+
+// What a device's kernels prefer, for the choices made once while weights load.
+struct DeviceTraits {
+  // Linear layers that read one input (q/k/v, gate/up) run faster as one weight with their
+  // rows stacked. Off on the CPU, whose weights stay zero-copy views of the memory map.
+  bool stack_shared_input_linears = false;
+};
+DeviceTraits device_traits(Device device);
+
+// Returns the device memory that its allocator caches but nothing holds to the system (at
+// the end of loading: the parts of stacked weights). Nothing to do on the CPU.
+void release_cached_memory(Device device);
 
 }  // namespace osprey::ops

@@ -1,5 +1,5 @@
 #pragma once
-// MLX affine quantization (DESIGN §3): the matrix type that quantized linear layers and
+// MLX affine quantization (docs/design.md, "Quantized weights"): the matrix type that quantized linear layers and
 // embeddings are stored in, and the ops that take it. A weight is w = scale * q + bias per
 // group of `group_size` consecutive input elements of a row.
 //

@@ -3,16 +3,12 @@
 #include "backend/quant.h"
 
 #include "backend/cpu/quant_kernels.h"
+#include "backend/cuda/cuda_ops.h"
 #include "backend/ops.h"
 #include "backend/quant_args.h"
 #include "backend/op_checks.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
-
-#ifdef OSPREY_WITH_CUDA
-#include "backend/cuda/quant_kernels.h"
-#include "backend/cuda/runtime.h"
-#endif
 
 namespace osprey::ops {
 namespace {
@@ -72,10 +68,8 @@ Array linear(const Array& x, const QuantizedMatrix& w, const Array& bias) {
   const int64_t n = x.numel() / a.in;
   Array y = Array::empty({n, a.out}, DType::f32, x.device());
   const float* b = bias.defined() ? bias.data<float>() : nullptr;
-  OSPREY_CUDA_BRANCH(gpu) {
-#ifdef OSPREY_WITH_CUDA
-    cuda::linear_q(x.data<float>(), n, a, b, y.data<float>(), cuda::stream());
-#endif
+  if (gpu) {
+    cuda_ops::linear_q(x.data<float>(), n, a, b, y.data<float>());
     return y;
   }
   cpu::linear_q(x.data<float>(), n, a, b, y.data<float>(), cpu_pool());
@@ -94,20 +88,14 @@ Array embedding(const QuantizedMatrix& table, const Array& ids, float scale) {
   require(ids.defined() && ids.dtype() == DType::i32 && ids.ndim() == 1 && ids.is_contiguous(), "embedding",
           "ids must be int32 [n], got " + osprey::describe(ids));
   Array out = Array::empty({ids.numel(), a.in}, DType::f32, ids.device());
-  OSPREY_CUDA_BRANCH(gpu) {
-#ifdef OSPREY_WITH_CUDA
+  if (gpu) {
     // NOTE: ids on the device are not range-checked here (that would need a sync); the
     // generator checks prompt ids, and sampled ids are in range by construction.
-    cuda::embedding_q(a, ids.data<int32_t>(), ids.numel(), scale, out.data<float>(), cuda::stream());
-#endif
+    cuda_ops::embedding_q(a, ids.data<int32_t>(), ids.numel(), scale, out.data<float>());
     return out;
   }
-  const auto* id = ids.data<int32_t>();
-  for (int64_t i = 0; i < ids.numel(); ++i)
-    if (id[i] < 0 || id[i] >= a.out)
-      throw InvalidInput("token id " + std::to_string(id[i]) + " is outside the vocabulary [0, " +
-                         std::to_string(a.out) + ")");
-  cpu::dequantize_rows(a, id, ids.numel(), scale, out.data<float>());
+  check_token_ids({ids.data<int32_t>(), size_t(ids.numel())}, a.out);
+  cpu::dequantize_rows(a, ids.data<int32_t>(), ids.numel(), scale, out.data<float>());
   return out;
 }
 
@@ -123,10 +111,8 @@ Array dequantize(const QuantizedMatrix& w, DType dtype) {
   require(is_float(dtype), "dequantize",
           std::string("the output must be float32, float16 or bfloat16, got ") + dtype_name(dtype));
   Array out = Array::empty({a.out, a.in}, dtype, w.device());
-  OSPREY_CUDA_BRANCH(gpu) {
-#ifdef OSPREY_WITH_CUDA
-    cuda::dequantize(a, dtype, out.raw(), cuda::stream());
-#endif
+  if (gpu) {
+    cuda_ops::dequantize(a, dtype, out.raw());
     return out;
   }
   cpu::dequantize(a, dtype, out.raw());

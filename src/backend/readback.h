@@ -1,7 +1,7 @@
 #pragma once
 // Reading single tokens back from the device without draining its stream: an asynchronous
-// copy into pinned host memory plus an event per slot (pipelined decode, DESIGN §2). On the
-// CPU the copy is immediate.
+// copy into pinned host memory plus an event per slot (docs/design.md, "Pipelined decode").
+// On the CPU the copy is immediate.
 #include <cstdint>
 #include <memory>
 

@@ -210,6 +210,7 @@ int run_bench_cmd(const BenchOptions& o) {
   bp.seed = o.seed;
   bp.cache.step = env.kv_step;
   bp.cache.inplace = env.kv_inplace_write;
+  bp.decode = generate_params(env);
 
   std::vector<BenchResult> results;
   for (const BenchTest& t : tests) results.push_back(run_bench(*model, t, bp));

@@ -2,6 +2,10 @@
 // Subcommands of the `osprey` CLI. Each registers its options on the app and returns the
 // function that runs it; errors propagate as osprey exceptions to main().
 #include <functional>
+#include <string>
+
+#include "core/env.h"
+#include "engine/generator.h"
 
 namespace CLI {
 class App;
@@ -22,5 +26,8 @@ Command add_serve(CLI::App& app);
 // The model folder to use when -m is not given: the embedded default. Throws IoError with
 // a hint when it has not been made.
 std::string default_model_dir();
+
+// GenerateParams with the environment's decode switches (OSPREY_FORCE_SYNC, OSPREY_CUDA_GRAPHS).
+GenerateParams generate_params(const EnvOptions& env);
 
 }  // namespace osprey::cli

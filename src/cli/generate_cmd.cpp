@@ -86,7 +86,7 @@ int run_generate(const GenerateOptions& o) {
     model = load_model(dir, lo);
   }
 
-  GenerateParams gp = generate_params_from_env();
+  GenerateParams gp = generate_params(env_options());
   gp.max_tokens = o.n_predict;
   gp.sampler = o.sampler;
   if (!o.ignore_eos) {
@@ -98,7 +98,7 @@ int run_generate(const GenerateOptions& o) {
   validate(gp.sampler);
 
   const EnvOptions& env = env_options();
-  CacheOptions co;
+  KVCacheParams co;
   co.step = env.kv_step;
   co.inplace = env.kv_inplace_write;
   SequenceCache cache = model->make_cache(co);
@@ -152,6 +152,13 @@ int run_generate(const GenerateOptions& o) {
 }
 
 }  // namespace
+
+GenerateParams generate_params(const EnvOptions& env) {
+  GenerateParams p;
+  p.pipelined = !env.force_sync;
+  p.graphs = env.cuda_graphs;
+  return p;
+}
 
 Command add_generate(CLI::App& app) {
   auto o = std::make_shared<GenerateOptions>();

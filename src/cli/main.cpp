@@ -8,7 +8,10 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "core/env.h"
 #include "core/error.h"
+#include "core/log.h"
+#include "core/thread_pool.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"Osprey: LLM inference for NVIDIA GPUs and x86-64 CPUs"};
@@ -39,6 +42,11 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   try {
+    // The process-wide settings from the environment; the commands read the rest of
+    // env_options() and pass it down.
+    const osprey::EnvOptions& env = osprey::env_options();
+    osprey::set_log_level(osprey::parse_log_level(env.log_level, "OSPREY_LOG_LEVEL"));
+    osprey::set_cpu_threads(env.n_threads);
     for (auto& [sub, run] : commands)
       if (sub->parsed()) return run();
   } catch (const osprey::Error& e) {

@@ -1,19 +1,15 @@
 #include "core/log.h"
 
+#include <atomic>
 #include <cstdio>
 #include <mutex>
 
-#include "core/env.h"
+#include "core/error.h"
 
 namespace osprey {
 namespace {
 
-LogLevel parse_level(const std::string& s) {
-  if (s == "error") return LogLevel::error;
-  if (s == "warn" || s == "warning") return LogLevel::warn;
-  if (s == "debug") return LogLevel::debug;
-  return LogLevel::info;
-}
+std::atomic<int> g_threshold{int(LogLevel::info)};
 
 const char* level_name(LogLevel l) {
   switch (l) {
@@ -27,10 +23,17 @@ const char* level_name(LogLevel l) {
 
 }  // namespace
 
-bool log_enabled(LogLevel level) {
-  static const LogLevel threshold = parse_level(env_options().log_level);
-  return level <= threshold;
+LogLevel parse_log_level(const std::string& s, const std::string& what) {
+  if (s == "error") return LogLevel::error;
+  if (s == "warn" || s == "warning") return LogLevel::warn;
+  if (s == "info") return LogLevel::info;
+  if (s == "debug") return LogLevel::debug;
+  throw InvalidInput(what + "=" + s + ": expected error, warn, info or debug");
 }
+
+void set_log_level(LogLevel level) { g_threshold.store(int(level), std::memory_order_relaxed); }
+
+bool log_enabled(LogLevel level) { return int(level) <= g_threshold.load(std::memory_order_relaxed); }
 
 void log_message(LogLevel level, const std::string& message) {
   if (!log_enabled(level)) return;

@@ -1,12 +1,16 @@
 #pragma once
-// The one leveled logger. Lines go to stderr as "osprey: <level>: <message>"; the level
-// comes from OSPREY_LOG_LEVEL (error, warn, info, debug). Thread-safe.
+// The one leveled logger. Lines go to stderr as "osprey: <level>: <message>" when their level
+// is at or above the threshold (info unless set_log_level says otherwise; the CLI passes
+// OSPREY_LOG_LEVEL). Thread-safe.
 #include <string>
 
 namespace osprey {
 
 enum class LogLevel { error = 0, warn = 1, info = 2, debug = 3 };
 
+// "error", "warn" (or "warning"), "info", "debug"; throws InvalidInput naming `what` otherwise.
+LogLevel parse_log_level(const std::string& name, const std::string& what);
+void set_log_level(LogLevel level);
 bool log_enabled(LogLevel level);
 void log_message(LogLevel level, const std::string& message);
 

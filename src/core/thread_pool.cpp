@@ -2,7 +2,6 @@
 
 #include <memory>
 
-#include "core/env.h"
 
 namespace osprey {
 
@@ -68,14 +67,14 @@ void ThreadPool::worker_loop(int index) {
 }
 
 namespace {
-int g_requested_threads = -1;
+int g_requested_threads = 0;
 }
 
 void set_cpu_threads(int n_threads) { g_requested_threads = n_threads; }
 
 ThreadPool& cpu_pool() {
   static std::unique_ptr<ThreadPool> pool =
-      std::make_unique<ThreadPool>(g_requested_threads >= 0 ? g_requested_threads : env_options().n_threads);
+      std::make_unique<ThreadPool>(g_requested_threads);
   return *pool;
 }
 

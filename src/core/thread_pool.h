@@ -38,7 +38,8 @@ class ThreadPool {
   int n_chunks_ = 0;
 };
 
-// The process-wide CPU pool, sized by OSPREY_THREADS (or set_cpu_threads before first use).
+// The process-wide CPU pool, made on first use with the count of the last set_cpu_threads
+// call before it (0, the default: one per core). The CLI passes OSPREY_THREADS or -t.
 ThreadPool& cpu_pool();
 void set_cpu_threads(int n_threads);
 

@@ -61,14 +61,6 @@ void raise_to(MemoryPeaks& m, const MemoryPeaks& p) {
   m.rss_bytes = std::max(m.rss_bytes, p.rss_bytes);
 }
 
-KVCounters difference(const KVCounters& after, const KVCounters& before) {
-  KVCounters d;
-  d.n_inplace_writes = after.n_inplace_writes - before.n_inplace_writes;
-  d.n_copying_writes = after.n_copying_writes - before.n_copying_writes;
-  d.bytes_copied = after.bytes_copied - before.bytes_copied;
-  return d;
-}
-
 // Raises `memory`'s peaks: the whole-test ones by the fill and the timed phase, the timed
 // ones by the timed phase alone.
 RunResult run_once(Model& model, const BenchTest& test, const BenchParams& params, uint64_t run_seed,
@@ -100,7 +92,7 @@ RunResult run_once(Model& model, const BenchTest& test, const BenchParams& param
   } else {
     // The generator's own loop (greedy, stops ignored): n_tokens forward passes of one token,
     // pipelined and graph-replayed on CUDA as generation is.
-    GenerateParams gp = generate_params_from_env();
+    GenerateParams gp = params.decode;
     gp.max_tokens = int(test.n_tokens);
     const auto t0 = Clock::now();
     GenerateResult g = generate(model, cache, input, gp);
@@ -109,7 +101,7 @@ RunResult run_once(Model& model, const BenchTest& test, const BenchParams& param
       throw Error("bench: generated " + std::to_string(g.stats.n_generated) + " of " + std::to_string(test.n_tokens) +
                   " tokens");
   }
-  r.kv = difference(cache.counters(), before);
+  r.kv = cache.counters().since(before);
   const MemoryPeaks timed = read_peaks(model.info().device);
   raise_to(memory.test, timed);
   raise_to(memory.timed, timed);

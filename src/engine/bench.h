@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/generator.h"
 #include "kv/kv_cache.h"
 #include "model/model.h"
 
@@ -39,7 +40,8 @@ struct BenchParams {
   int repetitions = 5;        // measured runs per test
   int warmup = 1;             // unmeasured runs per test, before the measured ones
   uint64_t seed = 1234;       // random tokens: the same for a given (seed, test, run index)
-  CacheOptions cache;         // per-run caches are made with these
+  KVCacheParams cache;         // per-run caches are made with these
+  GenerateParams decode;       // tg tests: the decode switches (pipelined, graphs); the rest is set per test
   int64_t depth_chunk = 512;  // tokens per forward pass while filling the cache to depth
 };
 

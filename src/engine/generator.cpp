@@ -5,9 +5,8 @@
 
 #include "backend/ops.h"
 #include "backend/readback.h"
-#include "core/env.h"
 #include "core/error.h"
-#include "engine/decoder.h"
+#include "engine/decode_stepper.h"
 #include "model/model.h"
 
 namespace osprey {
@@ -35,22 +34,12 @@ ops::DeviceSampling device_sampling(const SamplerParams& p) {
 
 }  // namespace
 
-GenerateParams generate_params_from_env() {
-  GenerateParams p;
-  p.pipelined = !env_options().force_sync;
-  p.graphs = env_options().cuda_graphs;
-  return p;
-}
-
 GenerateResult generate(Model& model, SequenceCache& cache, std::span<const int32_t> prompt,
                         const GenerateParams& params, const TokenCallback& on_token) {
   if (prompt.empty()) throw InvalidInput("the prompt is empty");
   if (params.max_tokens < 0) throw InvalidInput("the number of tokens to generate must be >= 0");
   validate(params.sampler);
-  for (int32_t id : prompt)
-    if (id < 0 || id >= model.info().vocab_size)
-      throw InvalidInput("prompt token id " + std::to_string(id) + " is outside the vocabulary [0, " +
-                         std::to_string(model.info().vocab_size) + ")");
+  ops::check_token_ids(prompt, model.info().vocab_size, "prompt token id");
   const int64_t ctx = model.info().max_position_embeddings;
   if (ctx > 0 && cache.offset() + int64_t(prompt.size()) > ctx)
     throw InvalidInput("the prompt (" + std::to_string(prompt.size()) + " tokens) exceeds the model's context of " +
@@ -71,9 +60,9 @@ GenerateResult generate(Model& model, SequenceCache& cache, std::span<const int3
   Sampler sampler(params.sampler);
   const ops::DeviceSampling ds = device_sampling(params.sampler);
   std::vector<int32_t> history(prompt.begin(), prompt.end());
-  DecoderOptions dopt;
+  DecodeStepperOptions dopt;
   dopt.graphs = params.graphs;
-  Decoder decoder(model, cache, dopt);
+  DecodeStepper stepper(model, cache, dopt);
   TokenReadback readback(dev, 2);
 
   auto t0 = Clock::now();
@@ -84,12 +73,12 @@ GenerateResult generate(Model& model, SequenceCache& cache, std::span<const int3
     logits = model.forward(token_array(prompt.subspan(b, e - b)), cache, false);
   }
 
-  // Chooses token `i` from `logits`: on the device into decoder.token() (read back through
+  // Chooses token `i` from `logits`: on the device into stepper.token() (read back through
   // slot i % 2), or on the host (returned at once).
   auto choose = [&](const Array& lg, int64_t i) -> int32_t {
     if (st.device_sampling) {
-      ops::sample_into(lg, ds, uint64_t(i), decoder.token());
-      readback.enqueue(decoder.token(), int(i % 2));
+      ops::sample_into(lg, ds, uint64_t(i), stepper.token());
+      readback.enqueue(stepper.token(), int(i % 2));
       return -1;
     }
     Array host = ops::to_device(lg, Device::cpu());
@@ -99,8 +88,8 @@ GenerateResult generate(Model& model, SequenceCache& cache, std::span<const int3
   };
   // Enqueues the step whose input is token i - 1 and chooses token i.
   auto run_step = [&](int64_t i, int32_t host_token) -> int32_t {
-    if (!st.device_sampling) ops::fill_i32_(decoder.token(), host_token);
-    return choose(decoder.step(), i);
+    if (!st.device_sampling) ops::fill_i32_(stepper.token(), host_token);
+    return choose(stepper.step(), i);
   };
 
   int32_t next_host = choose(logits, 0);
@@ -143,12 +132,9 @@ GenerateResult generate(Model& model, SequenceCache& cache, std::span<const int3
   // A rewound step may still run on the device; results must not be read before it ends.
   ops::synchronize(dev);
   if (st.n_generated > 0 || st.stop_reason == "stop") st.decode_seconds = seconds_since(t_decode);
-  KVCounters kv = cache.counters();
-  st.kv.n_inplace_writes = kv.n_inplace_writes - kv_before.n_inplace_writes;
-  st.kv.n_copying_writes = kv.n_copying_writes - kv_before.n_copying_writes;
-  st.kv.bytes_copied = kv.bytes_copied - kv_before.bytes_copied;
-  st.n_graph_replays = decoder.n_graph_replays();
-  st.n_graph_captures = decoder.n_graph_captures();
+  st.kv = cache.counters().since(kv_before);
+  st.n_graph_replays = stepper.n_graph_replays();
+  st.n_graph_captures = stepper.n_graph_captures();
   return result;
 }
 

@@ -20,13 +20,11 @@ struct GenerateParams {
   std::vector<int32_t> stop_ids;  // generation ends after any of these (it is not emitted)
   int64_t prefill_chunk = 512;    // prompt tokens per forward pass
   // CUDA: the sampled token stays on the device and step N+1 is enqueued before the host
-  // reads token N (DESIGN §2). Off: OSPREY_FORCE_SYNC=1. Either way the tokens are the same.
+  // reads token N (docs/design.md, "Pipelined decode"). Off: OSPREY_FORCE_SYNC=1. Either way
+  // the tokens are the same.
   bool pipelined = true;
   bool graphs = true;  // CUDA graph replay of the decode step (OSPREY_CUDA_GRAPHS)
 };
-
-// GenerateParams with the environment's switches (OSPREY_FORCE_SYNC, OSPREY_CUDA_GRAPHS).
-GenerateParams generate_params_from_env();
 
 struct GenerateStats {
   int64_t n_prompt = 0;

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "core/error.h"
-#include "engine/sample_noise.h"
+#include "backend/sample_noise.h"
 
 namespace osprey {
 
@@ -110,7 +110,7 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
   const uint64_t step = step_++;
   auto cand = filtered(logits, history);
   if (cand.size() == 1) return cand[0].first;
-  // Gumbel-max with the device sampler's noise (engine/sample_noise.h): the same seed and
+  // Gumbel-max with the device sampler's noise (backend/sample_noise.h): the same seed and
   // step draw the same token on the CPU and on CUDA when their kept sets agree.
   int32_t best = -1;
   double best_key = -HUGE_VAL;

@@ -1,7 +1,7 @@
 #pragma once
 // The sampler chain: repetition, presence and frequency penalties -> temperature -> top-k -> top-p -> min-p -> draw.
 // Temperature <= 0 is greedy (argmax; the lowest id wins a tie). Draws are Gumbel-max with the
-// counter-based noise of engine/sample_noise.h at (seed, draw index): deterministic for a seed,
+// counter-based noise of backend/sample_noise.h at (seed, draw index): deterministic for a seed,
 // and the same draws as the CUDA sampler's for the same kept set.
 #include <cstdint>
 #include <span>

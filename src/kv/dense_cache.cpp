@@ -1,6 +1,6 @@
 #include "backend/ops.h"
 #include "core/error.h"
-#include "kv/kv_cache.h"
+#include "kv/dense_cache.h"
 
 namespace osprey {
 namespace {
@@ -19,30 +19,43 @@ DenseKVCache::DenseKVCache(const KVCacheParams& params) : params_(params) {
     throw InvalidInput("KV cache needs positive n_kv_heads, head_dim and step");
 }
 
-bool DenseKVCache::next_write_in_place(int64_t n) const {
-  if (!params_.inplace || n != 1 || !keys_.defined()) return false;
-  if (!params_.unsafe_skip_ownership_check) {
-    if (keys_.id() != own_keys_.id() || values_.id() != own_values_.id()) return false;
-    if (offset_ != own_length_) return false;
-  }
-  return offset_ + n <= capacity();
+bool DenseKVCache::owns_current_state() const {
+  return keys_.id() == own_keys_.id() && values_.id() == own_values_.id() && offset_ == own_length_;
 }
 
-std::pair<Array, Array> DenseKVCache::update_and_fetch(const Array& k, const Array& v, const Array& positions) {
+bool DenseKVCache::next_write_in_place(int64_t n) const {
+  if (!params_.inplace || n != 1 || !keys_.defined()) return false;
+  return owns_current_state() && offset_ + n <= capacity();
+}
+
+void DenseKVCache::arm_guard() {
+  own_keys_ = keys_;
+  own_values_ = values_;
+  own_length_ = offset_;
+}
+
+KVView DenseKVCache::update_and_fetch(const Array& k, const Array& v, const Array& positions) {
   if (k.ndim() != 3 || k.dim(1) != params_.n_kv_heads || k.dim(2) != params_.head_dim || !(k.shape() == v.shape()) ||
       k.dtype() != DType::f32 || v.dtype() != DType::f32)
     throw InvalidInput("KV cache write: k " + describe(k) + " and v " + describe(v) + " must be float32 [n, " +
                        std::to_string(params_.n_kv_heads) + ", " + std::to_string(params_.head_dim) + "]");
-  const int64_t n = k.dim(0);
+  const int64_t n = k.dim(0), pos0 = offset_;
+  if (positions.defined() && (positions.dtype() != DType::i32 || positions.numel() != n))
+    throw InvalidInput("KV cache write: positions " + describe(positions) + " must be int32 [" + std::to_string(n) +
+                       "]");
   if (next_write_in_place(n))
     inplace_write(k, v, n, positions);
   else
     copying_write(k, v, n);
   // Every write, copying or in place, re-arms the guard.
-  own_keys_ = keys_;
-  own_values_ = values_;
-  own_length_ = offset_;
-  return live();
+  arm_guard();
+  KVView view;
+  view.keys = rows_view(keys_, 0, offset_);
+  view.values = rows_view(values_, 0, offset_);
+  view.pos0 = pos0;
+  view.positions = positions;
+  view.max_keys = capacity();
+  return view;
 }
 
 void DenseKVCache::inplace_write(const Array& k, const Array& v, int64_t n, const Array& positions) {
@@ -61,9 +74,7 @@ void DenseKVCache::adopt_inplace(int64_t n) {
 void DenseKVCache::commit_replayed_write() {
   if (!next_write_in_place(1)) throw InvalidInput("KV cache: a replayed write needs the in-place path");
   adopt_inplace(1);
-  own_keys_ = keys_;
-  own_values_ = values_;
-  own_length_ = offset_;
+  arm_guard();
 }
 
 std::pair<const void*, const void*> DenseKVCache::buffers() const {
@@ -71,8 +82,7 @@ std::pair<const void*, const void*> DenseKVCache::buffers() const {
 }
 
 void DenseKVCache::rewind_own_write(int64_t n) {
-  const bool own = keys_.defined() && keys_.id() == own_keys_.id() && values_.id() == own_values_.id() &&
-                   offset_ == own_length_;
+  const bool own = keys_.defined() && owns_current_state();
   trim(n);
   if (own) own_length_ = offset_;
 }
@@ -95,8 +105,6 @@ void DenseKVCache::copying_write(const Array& k, const Array& v, int64_t n) {
   offset_ = needed;
   ++counters_.n_copying_writes;
 }
-
-std::pair<Array, Array> DenseKVCache::live() const { return {rows_view(keys_, 0, offset_), rows_view(values_, 0, offset_)}; }
 
 void DenseKVCache::trim(int64_t n) { offset_ = std::max<int64_t>(0, offset_ - std::max<int64_t>(0, n)); }
 
@@ -123,63 +131,6 @@ KVState DenseKVCache::detach() {
   own_length_ = -1;
   offset_ = 0;
   return s;
-}
-
-void SequenceCache::trim(int64_t n) {
-  for (auto& l : layers_) l->trim(n);
-}
-
-void SequenceCache::rewind_own_write(int64_t n) {
-  for (auto& l : layers_) l->rewind_own_write(n);
-}
-
-bool SequenceCache::next_write_in_place() const {
-  for (const auto& l : layers_)
-    if (!l->next_write_in_place(1)) return false;
-  return !layers_.empty();
-}
-
-void SequenceCache::commit_replayed_write() {
-  for (auto& l : layers_) l->commit_replayed_write();
-}
-
-std::vector<const void*> SequenceCache::buffers() const {
-  std::vector<const void*> b;
-  for (const auto& l : layers_) {
-    auto [k, v] = l->buffers();
-    b.push_back(k);
-    b.push_back(v);
-  }
-  return b;
-}
-
-bool SequenceCache::has_buffers(const std::vector<const void*>& key) const {
-  if (key.size() != 2 * layers_.size()) return false;
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    auto [k, v] = layers_[i]->buffers();
-    if (key[2 * i] != k || key[2 * i + 1] != v) return false;
-  }
-  return true;
-}
-
-std::vector<KVState> SequenceCache::snapshot() const {
-  std::vector<KVState> s;
-  s.reserve(layers_.size());
-  for (const auto& l : layers_) s.push_back(l->snapshot());
-  return s;
-}
-
-void SequenceCache::restore(const std::vector<KVState>& states) {
-  if (states.size() != layers_.size())
-    throw InvalidInput("KV cache restore: " + std::to_string(states.size()) + " layer states for " +
-                       std::to_string(layers_.size()) + " layers");
-  for (size_t i = 0; i < layers_.size(); ++i) layers_[i]->restore(states[i]);
-}
-
-KVCounters SequenceCache::counters() const {
-  KVCounters c;
-  for (const auto& l : layers_) c += l->counters();
-  return c;
 }
 
 }  // namespace osprey

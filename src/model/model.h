@@ -41,12 +41,6 @@ struct LoadOptions {
   std::function<void(size_t, size_t)> progress;
 };
 
-struct CacheOptions {
-  int64_t step = 256;
-  bool inplace = true;
-  bool unsafe_skip_ownership_check = false;  // test hook, see KVCacheParams
-};
-
 class Model {
  public:
   virtual ~Model() = default;
@@ -59,13 +53,22 @@ class Model {
   // device holding exactly those positions: the step then reads them from device memory (a
   // captured graph replays it at later positions). Returns logits f32 on the model's device:
   // [n, vocab] when all_logits, else [1, vocab] for the last token only.
-  virtual Array forward(const Array& tokens, const Array& positions, SequenceCache& cache, bool all_logits) = 0;
+  Array forward(const Array& tokens, const Array& positions, SequenceCache& cache, bool all_logits);
   Array forward(const Array& tokens, SequenceCache& cache, bool all_logits) {
     return forward(tokens, Array(), cache, all_logits);
   }
-  virtual SequenceCache make_cache(const CacheOptions& options) const = 0;
+  // One cache per layer, each chosen by the family (make_layer_cache) from `options` (step and
+  // inplace; the rest is filled in) on the model's device.
+  SequenceCache make_cache(const KVCacheParams& options) const;
 
  protected:
+  // The family's forward pass: tokens [n] i32 and positions [n] i32 (cache.offset() + i), both
+  // on the model's device, n >= 1. Same contract as forward() otherwise.
+  virtual Array forward_tokens(const Array& tokens, const Array& positions, SequenceCache& cache,
+                               bool all_logits) = 0;
+  // The cache of layer `layer`; `params` has step, inplace and the device set.
+  virtual std::unique_ptr<KVCache> make_layer_cache(int64_t layer, const KVCacheParams& params) const = 0;
+
   ModelInfo info_;
 };
 

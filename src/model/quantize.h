@@ -1,5 +1,5 @@
 #pragma once
-// MLX's affine quantizer (DESIGN §3), on the CPU: what `osprey convert` writes.
+// MLX's affine quantizer (docs/design.md, "Quantized weights"), on the CPU: what `osprey convert` writes.
 //
 // Per group of `group_size` consecutive inputs of a row, in float32: n_bins = 2^bits - 1;
 // scale = max((max - min) / n_bins, 1e-7), negated unless |min| > |max|; edge = min if

@@ -56,6 +56,7 @@ std::unique_ptr<Model> load_model(const std::filesystem::path& dir, const LoadOp
   std::unique_ptr<Model> model = it->second(config, weights, options);
 
   ModelInfo& info = model->mutable_info();
+  info.device = options.device;
   auto add_eos = [&](const std::vector<int32_t>& ids) {
     for (int32_t id : ids)
       if (std::find(info.eos_ids.begin(), info.eos_ids.end(), id) == info.eos_ids.end()) info.eos_ids.push_back(id);

@@ -171,6 +171,20 @@ QuantizedMatrix WeightLoader::quantized(const std::string& prefix, int64_t out, 
   return q;
 }
 
+LinearGroup WeightLoader::linear_group(const std::vector<GroupPart>& parts, int64_t in, std::optional<DType> dtype,
+                                       bool with_bias) {
+  LinearGroup g;
+  for (const GroupPart& p : parts) {
+    g.parts.push_back(linear(p.prefix, p.out, in, dtype));
+    g.outs.push_back(p.out);
+  }
+  for (const GroupPart& p : parts) g.biases.push_back(with_bias ? vector_f32(p.prefix + ".bias", p.out) : Array());
+  if (ops::device_traits(options_.device).stack_shared_input_linears) stack_linear_group(g);
+  return g;
+}
+
+Array WeightLoader::constant(const Array& host) { return ops::to_device(host, options_.device); }
+
 std::optional<QuantSetting> WeightLoader::dominant_quant() const {
   std::optional<QuantSetting> best;
   int64_t most = 0;
@@ -184,6 +198,7 @@ std::optional<QuantSetting> WeightLoader::dominant_quant() const {
 
 void WeightLoader::finish() {
   if (options_.progress) options_.progress(total_, total_);
+  ops::release_cached_memory(options_.device);
 }
 
 }  // namespace osprey

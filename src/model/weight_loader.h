@@ -5,9 +5,11 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "backend/quant.h"
 #include "core/array.h"
+#include "model/linear_group.h"
 #include "model/model.h"
 
 namespace osprey {
@@ -56,12 +58,26 @@ class WeightLoader {
   // for the module. Errors (InvalidInput) name the tensor.
   LinearWeight linear(const std::string& prefix, int64_t out, int64_t in, std::optional<DType> dtype = std::nullopt);
 
+  // One part of a linear group: the module `prefix`, with `out` output features.
+  struct GroupPart {
+    std::string prefix;
+    int64_t out = 0;
+  };
+  // Linear layers that read one [in]-wide input, each loaded as linear() (with `dtype`), with
+  // their `<prefix>.bias` f32 [out] when `with_bias`. Stacked into one weight when the device
+  // prefers that (ops::device_traits) and the parts allow it (model/linear_group.h).
+  LinearGroup linear_group(const std::vector<GroupPart>& parts, int64_t in, std::optional<DType> dtype,
+                           bool with_bias);
+  // A float32 host array placed on the target device (constants a family computes at load).
+  Array constant(const Array& host);
+
   // The setting that covers the most quantized weights loaded so far; nullopt when none.
   std::optional<QuantSetting> dominant_quant() const;
   size_t bytes_loaded() const { return done_; }
   // Weights loaded so far (a quantized matrix counts the weights it encodes).
   uint64_t params_loaded() const { return params_; }
-  // Reports completion to the progress callback.
+  // Reports completion to the progress callback and returns the device memory that loading
+  // left cached (parts of stacked weights) to the system.
   void finish();
 
  private:

@@ -26,12 +26,11 @@
 #include "core/error.h"
 #include "support/attention_reference.h"
 #include "support/cuda_buffers.h"
+#include "support/numeric.h"
 
 namespace osprey {
 namespace {
 
-#define SKIP_WITHOUT_CUDA() \
-  if (!osprey::cuda_available()) GTEST_SKIP() << "no CUDA device"
 
 using testing::AttnCase;
 using testing::AttnData;
@@ -43,19 +42,10 @@ constexpr uint16_t kF16NaN = 0x7e00;
 constexpr double kTol = 1e-3;
 
 using testing::DeviceVec;
+using testing::rel_error;
 using testing::st;
 using testing::sync;
 
-double rel_error(const std::vector<float>& got, const std::vector<double>& ref) {
-  if (got.size() != ref.size()) return INFINITY;
-  double num = 0.0, den = 0.0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    if (std::isnan(got[i])) return INFINITY;
-    num += (double(got[i]) - ref[i]) * (double(got[i]) - ref[i]);
-    den += ref[i] * ref[i];
-  }
-  return den > 0.0 ? std::sqrt(num / den) : std::sqrt(num);
-}
 
 size_t count_bit_differences(const std::vector<float>& a, const std::vector<float>& b) {
   if (a.size() != b.size()) return std::max(a.size(), b.size());

@@ -22,37 +22,21 @@
 #include "core/half.h"
 #include "support/attention_reference.h"
 #include "support/cuda_buffers.h"
+#include "support/numeric.h"
 
 namespace osprey {
 namespace {
 
-#define SKIP_WITHOUT_CUDA() \
-  if (!osprey::cuda_available()) GTEST_SKIP() << "no CUDA device"
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 using testing::DeviceVec;
+using testing::rel_error;
+using testing::random_floats;
 using testing::st;
 using testing::sync;
 
-std::vector<float> random_floats(size_t n, std::mt19937& rng, float lo = -1.0f, float hi = 1.0f) {
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(rng);
-  return v;
-}
 
-// ||got - ref|| / ||ref||; infinity when any element is NaN.
-double rel_error(const std::vector<float>& got, const std::vector<double>& ref) {
-  if (got.size() != ref.size()) return INFINITY;
-  double num = 0.0, den = 0.0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    if (std::isnan(got[i])) return INFINITY;
-    num += (double(got[i]) - ref[i]) * (double(got[i]) - ref[i]);
-    den += ref[i] * ref[i];
-  }
-  return den > 0.0 ? std::sqrt(num / den) : std::sqrt(num);
-}
 
 // Values stored in `dt` (f32 floats or 16-bit bits) and the exact f32 values they hold.
 struct Stored {

@@ -24,12 +24,11 @@
 #include "backend/cuda_available.h"
 #include "core/error.h"
 #include "support/cuda_buffers.h"
+#include "support/numeric.h"
 
 namespace osprey {
 namespace {
 
-#define SKIP_WITHOUT_CUDA() \
-  if (!osprey::cuda_available()) GTEST_SKIP() << "no CUDA device"
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kInf = std::numeric_limits<float>::infinity();
@@ -39,7 +38,7 @@ using testing::st;
 using testing::sync;
 
 // ---- The reference -----------------------------------------------------------------------
-// The noise, written again from its definition in engine/sample_noise.h.
+// The noise, written again from its definition in backend/sample_noise.h.
 uint64_t ref_mix(uint64_t z) {
   z ^= z >> 30;
   z *= 0xbf58476d1ce4e5b9ull;

@@ -90,7 +90,7 @@ TEST(CliBench, JsonHasTestsSamplesAndInPlaceCounters) {
   expect_samples(tg_d, 4, 2);
   EXPECT_EQ(tg_d["n_depth"], 16);
   EXPECT_EQ(tg_d["n_gen"], 4);
-  // DESIGN §1: a multi-token write copies; the first write into an empty cache grows it
+  // docs/design.md, "The KV cache contract": a multi-token write copies; the first write into an empty cache grows it
   // (copies); later single-token writes of the cache's own state go in place. The depth
   // fill is not counted.
   expect_kv(pp, 0, kLayers);

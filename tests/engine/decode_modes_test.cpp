@@ -1,6 +1,7 @@
-// Pipelined decode and CUDA graph replay (DESIGN §2) change how steps are issued, never what
-// they compute: every combination of KV write path, graph replay and pipelining must give the
-// same tokens, across the 256-row cache growth. Skipped without a CUDA device.
+// Pipelined decode and CUDA graph replay (docs/design.md, "Pipelined decode" and "Graph
+// capture and replay") change how steps are issued, never what they compute: every combination
+// of KV write path, graph replay and pipelining must give the same tokens, across the 256-row
+// cache growth. Skipped without a CUDA device.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include "backend/cuda_available.h"
 #include "engine/generator.h"
 #include "model/model.h"
+#include "support/families.h"
 #include "support/test_util.h"
 
 namespace osprey {
@@ -40,7 +42,7 @@ class DecodeModes : public ::testing::TestWithParam<std::string> {
 
   GenerateResult run(const Mode& m, const SamplerParams& sp, int n, SequenceCache* cache_in = nullptr,
                      std::vector<int32_t> stops = {}, std::vector<int32_t> prompt = {5, 99, 23, 311, 8, 140, 77, 3}) {
-    CacheOptions co;
+    KVCacheParams co;
     co.inplace = m.inplace;
     SequenceCache local = model_->make_cache(co);
     SequenceCache& cache = cache_in ? *cache_in : local;
@@ -110,7 +112,7 @@ TEST_P(DecodeModes, AStopWhilePipelinedRewindsTheCacheByOne) {
   std::vector<int32_t> cont[2];
   for (int p = 0; p < 2; ++p) {
     const Mode& m = p ? piped : sync;
-    CacheOptions co;
+    KVCacheParams co;
     SequenceCache cache = model_->make_cache(co);
     GenerateResult r = run(m, SamplerParams{}, 60, &cache, {full[k]});
     EXPECT_EQ(r.stats.stop_reason, "stop") << m.str();
@@ -129,7 +131,7 @@ TEST_P(DecodeModes, AStopWhilePipelinedRewindsTheCacheByOne) {
 
 TEST_P(DecodeModes, ARestoredSnapshotIsNotOverwrittenByAReplayedGraph) {
   const Mode m{true, true, true};
-  CacheOptions co;
+  KVCacheParams co;
   SequenceCache cache = model_->make_cache(co);
   run(m, SamplerParams{}, 20, &cache);
   const std::vector<KVState> snap = cache.snapshot();
@@ -142,7 +144,7 @@ TEST_P(DecodeModes, ARestoredSnapshotIsNotOverwrittenByAReplayedGraph) {
   EXPECT_EQ(a, c);
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, DecodeModes, ::testing::Values("llama", "qwen2"));
+INSTANTIATE_TEST_SUITE_P(Families, DecodeModes, ::testing::ValuesIn(testing::kFamilies));
 
 TEST(DecodeModesCli, EnvironmentSwitchesReachTheGenerator) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device: " << cuda_description();

@@ -15,7 +15,7 @@ struct GreedyRun {
 };
 
 GreedyRun greedy(Model& model, const std::vector<int32_t>& prompt, int n, bool inplace) {
-  CacheOptions co;
+  KVCacheParams co;
   co.inplace = inplace;
   SequenceCache cache = model.make_cache(co);
   GenerateParams gp;

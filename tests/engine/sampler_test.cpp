@@ -156,7 +156,7 @@ TEST(Sampler, DrawsFollowTheDistributionAndTheSeed) {
   EXPECT_NE(std::vector<int32_t>(seq_a.begin(), seq_a.begin() + 100), seq_c);
 }
 
-// The documented noise (engine/sample_noise.h), written again from its definition.
+// The documented noise (backend/sample_noise.h), written again from its definition.
 double reference_gumbel(uint64_t seed, uint64_t counter, uint64_t index) {
   auto mix = [](uint64_t z) {
     z ^= z >> 30;

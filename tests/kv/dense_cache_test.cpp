@@ -4,21 +4,35 @@
 #include <vector>
 
 #include "core/half.h"
-#include "kv/kv_cache.h"
+#include "kv/dense_cache.h"
 
 namespace osprey {
 namespace {
 
 constexpr int64_t kHeads = 2, kDim = 4;
 
-KVCacheParams params(int64_t step = 256, bool inplace = true, bool skip_guard = false) {
+KVCacheParams params(int64_t step = 256, bool inplace = true) {
   KVCacheParams p;
   p.n_kv_heads = kHeads;
   p.head_dim = kDim;
   p.step = step;
   p.inplace = inplace;
-  p.unsafe_skip_ownership_check = skip_guard;
   return p;
+}
+
+// The dense cache without the guard's identity and length rules: every single-row write that
+// fits goes in place, whoever else holds the buffers.
+class UnguardedKVCache final : public DenseKVCache {
+ public:
+  using DenseKVCache::DenseKVCache;
+
+ protected:
+  bool owns_current_state() const override { return true; }
+};
+
+std::unique_ptr<KVCache> make_cache(bool guarded) {
+  if (guarded) return std::make_unique<DenseKVCache>(params());
+  return std::make_unique<UnguardedKVCache>(params());
 }
 
 // n rows [n, heads, dim] whose values encode (position, tag): exact in fp16.
@@ -70,8 +84,12 @@ TEST(KVCache, OwnSingleTokenWritesGoInPlaceAfterOnePrefillCopy) {
 TEST(KVCache, UpdateAndFetchReturnsTheLiveWindow) {
   DenseKVCache c(params());
   write(c, 3, 0);
-  auto [k, v] = c.update_and_fetch(rows(3, 1, 0), rows(3, 1, 1));
+  KVView view = c.update_and_fetch(rows(3, 1, 0), rows(3, 1, 1));
+  const Array &k = view.keys, &v = view.values;
   ASSERT_EQ(k.shape(), (Shape{kHeads, 4, kDim}));
+  EXPECT_EQ(view.pos0, 3);
+  EXPECT_EQ(view.max_keys, 256);  // one growth step
+  EXPECT_FALSE(view.positions.defined());
   EXPECT_EQ(f16_to_f32(k.data<uint16_t>()[3 * kDim]), 3.0f);
   EXPECT_EQ(f16_to_f32(v.data<uint16_t>()[3 * kDim]), 3.25f);
   EXPECT_EQ(f16_to_f32(k.data<uint16_t>()[k.strides()[0]]), 0.0f + 0.0625f * kDim);
@@ -167,10 +185,11 @@ namespace {
 // Snapshot at S, 300 more single-token writes (crossing a growth), then a cache restored
 // from the snapshot and the original diverge. Also a trim-then-write on the original.
 // Returns a description of every corruption seen; empty when the snapshot stayed valid.
-std::vector<std::string> run_snapshot_scenario(bool skip_guard) {
+std::vector<std::string> run_snapshot_scenario(bool guarded) {
   std::vector<std::string> problems;
   constexpr int64_t S = 20;
-  DenseKVCache c(params(256, true, skip_guard));
+  std::unique_ptr<KVCache> cp = make_cache(guarded);
+  KVCache& c = *cp;
   write(c, S, 0);
   KVState snap = c.snapshot();
   const std::vector<uint16_t> golden = rows_of(snap, S);
@@ -181,9 +200,9 @@ std::vector<std::string> run_snapshot_scenario(bool skip_guard) {
   for (int i = 0; i < 300; ++i) write(c, 1, 1);
   if (rows_of(snap, S) != golden) problems.push_back("snapshot rows changed by the original's writes");
 
-  DenseKVCache d(params(256, true, skip_guard));
+  std::unique_ptr<KVCache> dp = make_cache(guarded), ep = make_cache(guarded);
+  KVCache &d = *dp, &e = *ep;
   d.restore(snap);
-  DenseKVCache e(params(256, true, skip_guard));
   e.restore(snap);
   for (int i = 0; i < 5; ++i) {
     write(d, 1, 2);
@@ -200,14 +219,14 @@ std::vector<std::string> run_snapshot_scenario(bool skip_guard) {
 }  // namespace
 
 TEST(KVCache, SharedSnapshotSurvivesContinuedInPlaceWrites) {
-  auto problems = run_snapshot_scenario(false);
+  auto problems = run_snapshot_scenario(true);
   EXPECT_TRUE(problems.empty()) << problems.front();
 }
 
-TEST(KVCache, SnapshotTestDetectsCorruptionWhenTheGuardIsDisabled) {
+TEST(KVCache, SnapshotTestDetectsCorruptionWithoutTheGuard) {
   // Proof that the test above bites: without the identity and length rules, in-place writes
   // land in rows that a snapshot and other caches consider valid.
-  auto problems = run_snapshot_scenario(true);
+  auto problems = run_snapshot_scenario(false);
   EXPECT_FALSE(problems.empty());
 }
 

@@ -1,14 +1,18 @@
-// The engine against HF transformers: logits at every position and 64-token greedy
-// continuations of tiny random-weight checkpoints, computed on the GPU machine by
-// tools/make_fixtures.py from the saved files (tests/fixtures/README.md).
+// The engine against HF transformers, on every device: logits at every position and 64-token
+// greedy continuations of tiny random-weight checkpoints, computed on the GPU machine by
+// tools/make_fixtures.py from the saved files (tests/fixtures/README.md). The CUDA instances
+// skip (and say so) without a CUDA device.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "backend/cuda_available.h"
+#include "backend/ops.h"
 #include "engine/generator.h"
 #include "model/model.h"
 #include "model/safetensors.h"
+#include "support/families.h"
 #include "support/test_util.h"
 
 namespace osprey {
@@ -25,15 +29,38 @@ std::filesystem::path fixture(const std::string& family) {
 
 
 
-class Reference : public ::testing::TestWithParam<std::string> {
+struct ReferenceCase {
+  std::string family;
+  std::string device;  // "cpu" or "cuda"
+};
+
+class Reference : public ::testing::TestWithParam<ReferenceCase> {
  protected:
   void SetUp() override {
-    model_ = load_model(fixture(GetParam()));
-    ref_ = std::make_unique<SafeTensors>(SafeTensors::open_file(fixture(GetParam()) / "reference.safetensors"));
+    const ReferenceCase& c = GetParam();
+    LoadOptions lo;
+    if (c.device == "cuda") {
+      if (!cuda_available()) GTEST_SKIP() << "no CUDA device: " << cuda_description();
+      lo.device = Device::cuda(0);
+    }
+    model_ = load_model(fixture(c.family), lo);
+    ref_ = std::make_unique<SafeTensors>(SafeTensors::open_file(fixture(c.family) / "reference.safetensors"));
+  }
+  bool on_cuda() const { return GetParam().device == "cuda"; }
+  // Logits on the host.
+  Array forward(const Array& tokens, SequenceCache& cache, bool all_logits) {
+    return ops::to_device(model_->forward(tokens, cache, all_logits), Device::cpu());
   }
   std::unique_ptr<Model> model_;
   std::unique_ptr<SafeTensors> ref_;
 };
+
+std::vector<ReferenceCase> reference_cases() {
+  std::vector<ReferenceCase> cases;
+  for (const char* device : {"cpu", "cuda"})
+    for (const std::string& family : testing::kFamilies) cases.push_back({family, device});
+  return cases;
+}
 
 }  // namespace
 
@@ -43,13 +70,15 @@ TEST_P(Reference, LogitsAtEveryPositionMatchTransformers) {
     Array ref = ref_->get("logits_" + std::to_string(i));
     const int64_t vocab = ref.dim(1);
     SequenceCache cache = model_->make_cache({});
-    Array ours = model_->forward(tokens_of(ids), cache, true);
+    Array ours = forward(tokens_of(ids), cache, true);
     ASSERT_EQ(ours.shape(), ref.shape());
     double worst = 0;
     for (int64_t t = 0; t < ref.dim(0); ++t)
       worst = std::max(worst, relative_row_error(ours.data<float>() + t * vocab, ref.data<float>() + t * vocab, vocab));
-    EXPECT_LT(worst, 1e-3) << "sequence " << i << " of " << ids.size() << " tokens";
-    if (std::getenv("OSPREY_TEST_VERBOSE")) std::printf("%s seq %d: %.3g\n", GetParam().c_str(), i, worst);
+    // CUDA prefill GEMMs round activations to the weights' 16-bit type: fp16-class tolerance.
+    EXPECT_LT(worst, on_cuda() ? 1e-2 : 1e-3) << "sequence " << i << " of " << ids.size() << " tokens";
+    // The margin, in the XML report (--gtest_output=xml).
+    RecordProperty("seq" + std::to_string(i) + "_worst_rel_error", std::to_string(worst));
   }
 }
 
@@ -61,7 +90,7 @@ TEST_P(Reference, TokenByTokenDecodeMatchesTransformers) {
   SequenceCache cache = model_->make_cache({});
   double worst = 0;
   for (size_t t = 0; t < ids.size(); ++t) {
-    Array l = model_->forward(tokens_of({ids[t]}), cache, false);
+    Array l = forward(tokens_of({ids[t]}), cache, false);
     worst = std::max(worst, relative_row_error(l.data<float>(), ref.data<float>() + int64_t(t) * vocab, vocab));
   }
   EXPECT_LT(worst, 1e-3);
@@ -88,8 +117,8 @@ TEST_P(Reference, GreedyContinuationsMatchWhereMarginsAreClear) {
 
 TEST_P(Reference, KVWriteSwitchGivesByteIdenticalGreedyOutputFor300Tokens) {
   // Through the CLI, so the environment switch and the JSON counters are covered too.
-  const std::string args = "generate -m " + fixture(GetParam()).string() +
-                           " --token-ids 5,99,23,311,8,140,77,3 -n 300 --ignore-eos --json";
+  const std::string args = "generate -m " + fixture(GetParam().family).string() + " --device " +
+                           GetParam().device + " --token-ids 5,99,23,311,8,140,77,3 -n 300 --ignore-eos --json";
   auto on = testing::run_osprey(args, "OSPREY_KV_INPLACE_WRITE=1");
   auto off = testing::run_osprey(args, "OSPREY_KV_INPLACE_WRITE=0");
   ASSERT_EQ(on.exit_code, 0) << on.err;
@@ -105,6 +134,9 @@ TEST_P(Reference, KVWriteSwitchGivesByteIdenticalGreedyOutputFor300Tokens) {
   EXPECT_EQ(joff["timings"]["kv_copying_writes"].get<uint64_t>(), layers * 300);
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, Reference, ::testing::Values("llama", "qwen2"));
+INSTANTIATE_TEST_SUITE_P(Families, Reference, ::testing::ValuesIn(reference_cases()),
+                         [](const ::testing::TestParamInfo<ReferenceCase>& info) {
+                           return info.param.family + "_" + info.param.device;
+                         });
 
 }  // namespace osprey

@@ -6,6 +6,7 @@
 // paths (n == 1) allocate nothing.
 #include <cstdint>
 
+#include "backend/kernel_args.h"
 #include "core/dtype.h"
 #include "core/thread_pool.h"
 
@@ -27,19 +28,7 @@ void linear_rows(const float* x, int64_t n, int64_t in, const void* w, DType w_d
 void linear_gemm(const float* x, int64_t n, int64_t in, const void* w, DType w_dtype, int64_t out,
                  const float* bias, float* y, ThreadPool& pool);
 
-struct AttentionArgs {
-  const float* q;  // [n, n_heads, head_dim] contiguous
-  int64_t n, n_heads, head_dim;
-  const uint16_t* k;  // f16 bits; element (h, j, d) at k[h * k_head_stride + j * k_row_stride + d]
-  const uint16_t* v;  // f16 bits; likewise with v strides
-  int64_t n_kv_heads, n_keys;  // n_keys = L cached rows (positions 0..L-1); rows >= L are never read
-  int64_t k_head_stride, k_row_stride, v_head_stride, v_row_stride;  // in elements
-  int64_t q_pos0;  // absolute position of query row 0; row i is at q_pos0 + i
-  float scale;     // multiplies q.k
-  int window;      // > 0: key j visible to query at position p iff p - window < j <= p; 0: j <= p
-  float softcap;   // > 0: logit = softcap * tanh(logit / softcap) (applied after scale)
-  float* out;      // [n, n_heads * head_dim] contiguous
-};
+using osprey::AttentionArgs;  // backend/kernel_args.h
 
 // Causal grouped-query attention: query head h reads kv head h / (n_heads / n_kv_heads).
 // Softmax in f32 with a running max (online softmax over blocks of keys). A query row that

@@ -102,6 +102,11 @@ inline int multiprocessor_count() {
   return n;
 }
 
+// dst[i] = x[i] rounded to bf16 (bf16) or f16, i < n: the x operand of a 16-bit cuBLAS GEMM.
+void round_to_16bit(const float* x, uint16_t* dst, int64_t n, bool bf16, cudaStream_t s);
+// y[r, c] += bias[c] for r < n, c < out.
+void add_bias_rows(float* y, const float* bias, int64_t n, int64_t out, cudaStream_t s);
+
 inline std::string unsupported_dtype(const char* op, DType dt) {
   return std::string(op) + ": dtype " + dtype_name(dt) + " is not supported on CUDA";
 }

@@ -124,4 +124,33 @@ void gelu_tanh_mul(const float* g, const float* u, float* out, int64_t n, cudaSt
   launch_binary(g, u, out, n, GeluTanhMulOp{}, s);
 }
 
+namespace {
+
+template <bool BF16>
+__global__ void round_kernel(const float* __restrict__ x, uint16_t* __restrict__ dst, int64_t n) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    dst[i] = BF16 ? f32_to_bf16_bits(x[i]) : f32_to_f16_bits(x[i]);
+}
+
+__global__ void add_bias_kernel(float* __restrict__ y, const float* __restrict__ bias, int64_t n, int64_t out) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n * out; i += stride) y[i] += bias[i % out];
+}
+
+}  // namespace
+
+void round_to_16bit(const float* x, uint16_t* dst, int64_t n, bool bf16, cudaStream_t s) {
+  if (bf16)
+    round_kernel<true><<<grid_for(n, 256), 256, 0, s>>>(x, dst, n);
+  else
+    round_kernel<false><<<grid_for(n, 256), 256, 0, s>>>(x, dst, n);
+  OSPREY_CUDA_CHECK_LAUNCH();
+}
+
+void add_bias_rows(float* y, const float* bias, int64_t n, int64_t out, cudaStream_t s) {
+  add_bias_kernel<<<grid_for(n * out, 256), 256, 0, s>>>(y, bias, n, out);
+  OSPREY_CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace osprey::cuda

@@ -9,9 +9,13 @@
 
 #include <cstdint>
 
+#include "backend/kernel_args.h"
 #include "core/dtype.h"
 
 namespace osprey::cuda {
+
+using osprey::AttentionArgs;
+using osprey::KVWriteArgs;
 
 // table [vocab, d] (f32|f16|bf16), ids [n] i32 (each in [0, vocab), checked by the caller)
 // -> out [n, d] f32, each row times `scale`.
@@ -58,27 +62,6 @@ void linear_gemv(const float* x, int64_t n, int64_t in, const void* w, DType wdt
 void linear_gemm(const float* x, int64_t n, int64_t in, const void* w, DType wdt, int64_t out, const float* bias,
                  float* y, cudaStream_t s);
 
-// The contract of cpu::AttentionArgs, with device pointers.
-struct AttentionArgs {
-  const float* q;  // [n, n_heads, head_dim] contiguous
-  int64_t n, n_heads, head_dim;
-  const uint16_t* k;  // f16 bits; element (h, j, d) at k[h * k_head_stride + j * k_row_stride + d]
-  const uint16_t* v;  // f16 bits; likewise with v strides
-  int64_t n_kv_heads, n_keys;  // n_keys = L cached rows (positions 0..L-1); rows >= L are never read
-  int64_t k_head_stride, k_row_stride, v_head_stride, v_row_stride;  // in elements
-  int64_t q_pos0;  // absolute position of query row 0; row i is at q_pos0 + i
-  float scale;     // multiplies q.k
-  int window;      // > 0: key j visible to query at position p iff p - window < j <= p; 0: j <= p
-  float softcap;   // > 0: logit = softcap * tanh(logit / softcap) (applied after scale)
-  float* out;      // [n, n_heads * head_dim] contiguous
-  // Graph-stable positions: when non-null, the query rows' first position is read on the device
-  // from *q_pos_dev (so n_keys = *q_pos_dev + n and q_pos0 are ignored on the host side), and
-  // the launch shape (grid, split count, shared memory) depends only on n, n_heads, n_kv_heads,
-  // head_dim and max_keys, so a CUDA graph captured once stays valid while *q_pos_dev changes.
-  const int32_t* q_pos_dev = nullptr;
-  int64_t max_keys = 0;  // an upper bound of n_keys (the cache capacity); required with q_pos_dev
-};
-
 // Causal grouped-query attention (query head h reads kv head h / (n_heads / n_kv_heads)),
 // online softmax in f32; a query row that sees no key gets zeros. Rows >= n_keys (and, with
 // q_pos_dev, rows >= min(*q_pos_dev + n, max_keys)) are never read.
@@ -107,21 +90,7 @@ void add_rms_norm(float* x, const float* y, const float* w, int64_t rows, int64_
 // gu [n, 2f] f32 -> out [n, f] = silu(gu[:, :f]) * gu[:, f:] (a fused gate/up projection).
 void silu_mul_split(const float* gu, int64_t n, int64_t f, float* out, cudaStream_t s);
 
-// Writes n rows of K and V (f32 -> f16) into cache buffers [n_kv_heads, capacity, head_dim].
-// Source element (i, h, d) is at k[i * k_row_stride + h * head_dim + d] (likewise v); it goes to
-// kbuf[h * head_stride + (row0 + i) * head_dim + d], row0 = *pos_dev when pos_dev is set (read
-// on the device, so a captured graph writes where the current position says), else pos0.
-struct KVWriteArgs {
-  uint16_t* kbuf;
-  uint16_t* vbuf;
-  int64_t head_stride;  // elements between heads of the buffers (capacity * head_dim)
-  const float* k;
-  const float* v;
-  int64_t k_row_stride, v_row_stride;  // elements between source rows
-  int64_t n, n_kv_heads, head_dim;
-  const int32_t* pos_dev;
-  int64_t pos0;
-};
+// Writes n rows of K and V into cache buffers (KVWriteArgs, backend/kernel_args.h).
 void kv_write(const KVWriteArgs& a, cudaStream_t s);
 
 // p[i] = value, i < n (the value is a launch argument).

@@ -173,20 +173,6 @@ void launch_gemv(const float* x, int64_t n, int64_t in, const typename Tag::T* w
   }
 }
 
-// dst[i] = x[i] rounded to f16 (BF16 = false) or bf16.
-template <bool BF16>
-__global__ void round_kernel(const float* __restrict__ x, uint16_t* __restrict__ dst, int64_t n) {
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
-    dst[i] = BF16 ? f32_to_bf16_bits(x[i]) : f32_to_f16_bits(x[i]);
-}
-
-// y[r, c] += bias[c] for r < n, c < out.
-__global__ void add_bias_kernel(float* __restrict__ y, const float* __restrict__ bias, int64_t n, int64_t out) {
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n * out; i += stride) y[i] += bias[i % out];
-}
-
 void check_dims(const char* op, int64_t n, int64_t in, int64_t out) {
   if (n > INT_MAX || in > INT_MAX || out > INT_MAX)
     throw Unsupported(std::string(op) + ": a dimension is 2^31 or more (n=" + std::to_string(n) +
@@ -228,20 +214,12 @@ void linear_gemm(const float* x, int64_t n, int64_t in, const void* w, DType wdt
   } else {
     const bool bf16 = wdt == DType::bf16;
     auto* xr = static_cast<uint16_t*>(scratch(size_t(n) * size_t(in) * sizeof(uint16_t)));
-    const unsigned grid = grid_for(n * in, 256);
-    if (bf16)
-      round_kernel<true><<<grid, 256, 0, s>>>(x, xr, n * in);
-    else
-      round_kernel<false><<<grid, 256, 0, s>>>(x, xr, n * in);
-    OSPREY_CUDA_CHECK_LAUNCH();
+    round_to_16bit(x, xr, n * in, bf16, s);
     const cudaDataType_t t = bf16 ? CUDA_R_16BF : CUDA_R_16F;
     OSPREY_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m_, n_, k_, &alpha, w, t, k_, xr, t, k_, &beta, y,
                                      CUDA_R_32F, m_, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
-  if (bias) {
-    add_bias_kernel<<<grid_for(n * out, 256), 256, 0, s>>>(y, bias, n, out);
-    OSPREY_CUDA_CHECK_LAUNCH();
-  }
+  if (bias) add_bias_rows(y, bias, n, out, s);
 }
 
 void linear(const float* x, int64_t n, int64_t in, const void* w, DType wdt, int64_t out, const float* bias,

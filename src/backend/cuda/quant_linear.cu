@@ -134,20 +134,6 @@ DequantParams dequant_params(const QuantArgs& w) {
 
 size_t dtype_bytes(DType dt) { return dt == DType::f32 ? 4 : 2; }
 
-// dst[i] = x[i] rounded to f16 (BF16 = false) or bf16.
-template <bool BF16>
-__global__ void round_kernel(const float* __restrict__ x, uint16_t* __restrict__ dst, int64_t n) {
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
-    dst[i] = BF16 ? f32_to_bf16_bits(x[i]) : f32_to_f16_bits(x[i]);
-}
-
-// y[r, c] += bias[c] for r < n, c < out.
-__global__ void add_bias_kernel(float* __restrict__ y, const float* __restrict__ bias, int64_t n, int64_t out) {
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n * out; i += stride) y[i] += bias[i % out];
-}
-
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t round_up(int64_t a, int64_t m) { return ceil_div(a, m) * m; }
 
@@ -236,11 +222,7 @@ void linear_q_gemm(const float* x, int64_t n, const QuantArgs& w, const float* b
   auto* xr = reinterpret_cast<uint16_t*>(buf);  // [n, in] x rounded to wdt
   void* wc = buf + x_bytes;                     // [rows, cols] one dequantized chunk
 
-  if (bf16)
-    round_kernel<true><<<grid_for(n * in, kThreads), kThreads, 0, s>>>(x, xr, n * in);
-  else
-    round_kernel<false><<<grid_for(n * in, kThreads), kThreads, 0, s>>>(x, xr, n * in);
-  OSPREY_CUDA_CHECK_LAUNCH();
+  round_to_16bit(x, xr, n * in, bf16, s);
 
   cublasHandle_t h = cublas();
   cudaStream_t cur = nullptr;
@@ -272,10 +254,7 @@ void linear_q_gemm(const float* x, int64_t n, const QuantArgs& w, const float* b
                                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     }
   }
-  if (bias) {
-    add_bias_kernel<<<grid_for(n * out, kThreads), kThreads, 0, s>>>(y, bias, n, out);
-    OSPREY_CUDA_CHECK_LAUNCH();
-  }
+  if (bias) add_bias_rows(y, bias, n, out, s);
 }
 
 void linear_q(const float* x, int64_t n, const QuantArgs& w, const float* bias, float* y, cudaStream_t s) {

@@ -7,7 +7,7 @@
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/sample.h"
-#include "engine/sample_noise.h"
+#include "backend/sample_noise.h"
 
 namespace osprey::cuda {
 namespace {

@@ -7,19 +7,11 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backend/kernel_args.h"
+
 namespace osprey::cuda {
 
-struct SampleArgs {
-  float temperature = 1.0f;  // > 0 and finite
-  int top_k = 0;             // 0, or >= the number of non-NaN logits: off
-  float top_p = 1.0f;        // in (0, 1]; 1: off
-  float min_p = 0.0f;        // in [0, 1); 0: off
-  uint64_t seed = 0;         // with the counter, picks the noise (engine/sample_noise.h)
-  uint64_t counter = 0;      // the decode step index
-  // When set, the counter is read on the device from *counter_dev when the draw runs (a
-  // captured graph then draws anew for each value written there) and `counter` is ignored.
-  const uint64_t* counter_dev = nullptr;
-};
+using osprey::SampleArgs;  // backend/kernel_args.h
 
 // The largest vocabulary sample() takes (its fixed-point mass sums stay below 2^63).
 constexpr int64_t kSampleMaxVocab = int64_t(1) << 23;

@@ -1,5 +1,6 @@
 #pragma once
-// Decode steps of one sequence, the way the device runs them best (DESIGN §2).
+// Decode steps of one sequence, the way the device runs them best (docs/design.md, "Graph
+// capture and replay").
 //
 // The step's input token and position live in device arrays owned here, so that on CUDA a
 // step can be captured once as a graph and replayed: the batch-1 step is captured on the
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "core/array.h"
+#include "kv/replay.h"
 
 namespace osprey {
 
@@ -18,14 +20,14 @@ class Model;
 class SequenceCache;
 class CapturedGraph;
 
-struct DecoderOptions {
+struct DecodeStepperOptions {
   bool graphs = true;  // OSPREY_CUDA_GRAPHS; ignored on the CPU
 };
 
-class Decoder {
+class DecodeStepper {
  public:
-  Decoder(Model& model, SequenceCache& cache, const DecoderOptions& options);
-  ~Decoder();
+  DecodeStepper(Model& model, SequenceCache& cache, const DecodeStepperOptions& options);
+  ~DecodeStepper();
 
   // The next step's input token: [1] i32 on the model's device. Write it (e.g. a device
   // sampler's output, or ops::fill_i32_) before step().
@@ -41,7 +43,8 @@ class Decoder {
  private:
   Model& model_;
   SequenceCache& cache_;
-  DecoderOptions options_;
+  SequenceReplay replay_;  // the caches' graph-replay hooks
+  DecodeStepperOptions options_;
   Array token_;     // [1] i32
   Array position_;  // [1] i32
   Array logits_;

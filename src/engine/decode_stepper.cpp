@@ -1,4 +1,4 @@
-#include "engine/decoder.h"
+#include "engine/decode_stepper.h"
 
 #include "backend/graph.h"
 #include "backend/ops.h"
@@ -7,8 +7,8 @@
 
 namespace osprey {
 
-Decoder::Decoder(Model& model, SequenceCache& cache, const DecoderOptions& options)
-    : model_(model), cache_(cache), options_(options) {
+DecodeStepper::DecodeStepper(Model& model, SequenceCache& cache, const DecodeStepperOptions& options)
+    : model_(model), cache_(cache), replay_(cache), options_(options) {
   const Device dev = model.info().device;
   token_ = Array::empty({1}, DType::i32, dev);
   position_ = Array::empty({1}, DType::i32, dev);
@@ -17,26 +17,26 @@ Decoder::Decoder(Model& model, SequenceCache& cache, const DecoderOptions& optio
   if (dev.is_cpu()) options_.graphs = false;
 }
 
-Decoder::~Decoder() = default;
+DecodeStepper::~DecodeStepper() = default;
 
-const Array& Decoder::step() {
+const Array& DecodeStepper::step() {
   const Device dev = model_.info().device;
   ops::fill_i32_(position_, int32_t(cache_.offset()));
-  if (options_.graphs && cache_.next_write_in_place()) {
+  if (options_.graphs && replay_.next_write_in_place()) {
     if (graph_ && graph_memory_generation_ == CapturedGraph::memory_generation(dev) &&
-        cache_.has_buffers(graph_key_)) {
+        replay_.has_buffers(graph_key_)) {
       graph_->replay();
-      cache_.commit_replayed_write();
+      replay_.commit_replayed_write();
       ++n_replays_;
       return logits_;
     }
-    if (cache_.has_buffers(warm_key_)) {
+    if (replay_.has_buffers(warm_key_)) {
       // The previous step ran in place over these buffers, so every scratch buffer this step
       // needs has its size already: capture it, then run it.
       graph_.reset();
       Array out;
       graph_ = CapturedGraph::capture(dev, [&] { out = model_.forward(token_, position_, cache_, false); });
-      graph_key_ = cache_.buffers();
+      graph_key_ = replay_.buffers();
       graph_memory_generation_ = CapturedGraph::memory_generation(dev);
       logits_ = out;
       graph_->replay();
@@ -45,9 +45,9 @@ const Array& Decoder::step() {
       return logits_;
     }
   }
-  const bool inplace = cache_.next_write_in_place();
+  const bool inplace = replay_.next_write_in_place();
   logits_ = model_.forward(token_, position_, cache_, false);
-  warm_key_ = inplace ? cache_.buffers() : std::vector<const void*>();
+  warm_key_ = inplace ? replay_.buffers() : std::vector<const void*>();
   return logits_;
 }
 

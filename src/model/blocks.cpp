@@ -1,0 +1,51 @@
+#include "model/blocks.h"
+
+#include "backend/ops.h"
+#include "core/error.h"
+
+namespace osprey {
+namespace {
+
+// Columns [c0, c0 + heads * head_dim) of x [n, row] as [n, heads, head_dim] (a view).
+Array head_view(const Array& x, int64_t c0, int64_t heads, int64_t head_dim) {
+  return Array::strided(x.buffer(), x.byte_offset() + size_t(c0) * x.itemsize(), {x.dim(0), heads, head_dim},
+                        {x.dim(1), head_dim, 1}, x.dtype());
+}
+
+void require_parts(const LinearGroup& g, size_t n, const char* what) {
+  if (g.outs.size() != n) throw InvalidInput(std::string(what) + " needs " + std::to_string(n) + " linear layers");
+}
+
+}  // namespace
+
+AttentionInputs attention_inputs(const Array& h, const LinearGroup& qkv, const AttentionShape& s,
+                                 const Array& positions, const Array& inv_freq, bool interleaved) {
+  require_parts(qkv, 3, "attention_inputs");
+  const int64_t n = h.dim(0), nh = s.n_heads, nkv = s.n_kv_heads, hd = s.head_dim;
+  AttentionInputs a;
+  if (qkv.is_stacked()) {
+    Array x = ops::linear(h, qkv.stacked, qkv.stacked_bias);  // [n, (nh + 2 nkv) hd]
+    Array qk = head_view(x, 0, nh + nkv, hd);
+    ops::rope_(qk, positions, inv_freq, interleaved);
+    a.q = head_view(x, 0, nh, hd);
+    a.k = head_view(x, nh * hd, nkv, hd);
+    a.v = head_view(x, (nh + nkv) * hd, nkv, hd);
+    if (!a.q.is_contiguous()) a.q = ops::cast(a.q, DType::f32);
+    return a;
+  }
+  a.q = ops::linear(h, qkv.parts[0], qkv.biases[0]).reshape({n, nh, hd});
+  a.k = ops::linear(h, qkv.parts[1], qkv.biases[1]).reshape({n, nkv, hd});
+  a.v = ops::linear(h, qkv.parts[2], qkv.biases[2]).reshape({n, nkv, hd});
+  ops::rope_(a.q, positions, inv_freq, interleaved);
+  ops::rope_(a.k, positions, inv_freq, interleaved);
+  return a;
+}
+
+Array silu_gate(const Array& h, const LinearGroup& gate_up) {
+  require_parts(gate_up, 2, "silu_gate");
+  if (gate_up.is_stacked()) return ops::silu_mul_split(ops::linear(h, gate_up.stacked, gate_up.stacked_bias));
+  return ops::silu_mul(ops::linear(h, gate_up.parts[0], gate_up.biases[0]),
+                       ops::linear(h, gate_up.parts[1], gate_up.biases[1]));
+}
+
+}  // namespace osprey

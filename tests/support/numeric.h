@@ -1,0 +1,38 @@
+#pragma once
+// Numeric helpers shared by the op and kernel tests, and the CUDA skip.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "backend/cuda_available.h"
+
+// Skips the current test when no CUDA device is present.
+#define SKIP_WITHOUT_CUDA() \
+  if (!osprey::cuda_available()) GTEST_SKIP() << "no CUDA device"
+
+namespace osprey::testing {
+
+// ||got - ref|| / ||ref|| (||got - ref|| when ref is zero); infinity when any element is NaN
+// or the sizes differ.
+inline double rel_error(const std::vector<float>& got, const std::vector<double>& ref) {
+  if (got.size() != ref.size()) return INFINITY;
+  double num = 0.0, den = 0.0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (std::isnan(got[i])) return INFINITY;
+    num += (double(got[i]) - ref[i]) * (double(got[i]) - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  return den > 0.0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+// n floats drawn uniformly from [lo, hi).
+inline std::vector<float> random_floats(size_t n, std::mt19937& rng, float lo = -1.0f, float hi = 1.0f) {
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+}  // namespace osprey::testing
