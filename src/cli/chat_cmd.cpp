@@ -71,7 +71,7 @@ class Chat {
     lo.device = select_device(o.device.empty() ? env_options().device : o.device);
     lo.progress = [&](size_t done, size_t total) { bar.update(done, total); };
     model_ = load_model(dir, lo);
-    gp_ = generate_params_from_env();
+    gp_ = generate_params(env_options());
     gp_.max_tokens = o.n_predict;
     gp_.sampler = o.sampler;
     validate(gp_.sampler);
@@ -79,7 +79,7 @@ class Chat {
     for (int32_t id : tok_.eos_ids())
       if (std::find(gp_.stop_ids.begin(), gp_.stop_ids.end(), id) == gp_.stop_ids.end()) gp_.stop_ids.push_back(id);
     const EnvOptions& env = env_options();
-    CacheOptions co;
+    KVCacheParams co;
     co.step = env.kv_step;
     co.inplace = env.kv_inplace_write;
     cache_ = model_->make_cache(co);

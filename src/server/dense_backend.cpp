@@ -4,7 +4,7 @@
 
 #include "backend/ops.h"
 #include "core/error.h"
-#include "engine/decoder.h"
+#include "engine/decode_stepper.h"
 #include "server/prompt_cache.h"
 
 namespace osprey {
@@ -29,7 +29,7 @@ void last_row(const Array& logits, std::vector<float>& out) {
 struct DenseSlotBackend::Slot {
   bool busy = false;
   SequenceCache cache;
-  std::unique_ptr<Decoder> decoder;
+  std::unique_ptr<DecodeStepper> decoder;
 };
 
 DenseSlotBackend::DenseSlotBackend(Model& model, PromptCache& prompt_cache, const DenseBackendOptions& options)
@@ -41,17 +41,25 @@ DenseSlotBackend::DenseSlotBackend(Model& model, PromptCache& prompt_cache, cons
     throw InvalidInput("--ctx-size " + std::to_string(context_) + " exceeds the model's max_position_embeddings (" +
                        std::to_string(model_ctx) + ")");
   if (context_ < 2) throw InvalidInput("--ctx-size must be >= 2");
-  DecoderOptions dopt;
-  dopt.graphs = options.graphs;
   for (int i = 0; i < options.n_slots; ++i) {
     auto s = std::make_unique<Slot>();
-    s->cache = model.make_cache(options.cache);
-    s->decoder = std::make_unique<Decoder>(model, s->cache, dopt);
+    s->cache = new_cache();
+    s->decoder = new_stepper(s->cache);
     slots_.push_back(std::move(s));
   }
 }
 
 DenseSlotBackend::~DenseSlotBackend() = default;
+
+SequenceCache DenseSlotBackend::new_cache() const {
+  return options_.make_cache ? options_.make_cache() : model_.make_cache(options_.cache);
+}
+
+std::unique_ptr<DecodeStepper> DenseSlotBackend::new_stepper(SequenceCache& cache) const {
+  DecodeStepperOptions o;
+  o.graphs = options_.graphs;
+  return std::make_unique<DecodeStepper>(model_, cache, o);
+}
 
 DenseSlotBackend::Slot& DenseSlotBackend::slot(int handle) {
   if (handle < 0 || size_t(handle) >= slots_.size() || !slots_[size_t(handle)]->busy)
@@ -61,8 +69,10 @@ DenseSlotBackend::Slot& DenseSlotBackend::slot(int handle) {
 
 void DenseSlotBackend::reset(Slot& s) {
   retired_ += s.cache.counters();
-  // The Decoder keeps a reference to s.cache: the object is assigned, never replaced.
-  s.cache = model_.make_cache(options_.cache);
+  // The stepper holds the layers' replay hooks: a new cache gets a new stepper.
+  s.decoder.reset();
+  s.cache = new_cache();
+  s.decoder = new_stepper(s.cache);
 }
 
 std::optional<SequenceBackend::Begun> DenseSlotBackend::begin(std::span<const int32_t> prompt) {

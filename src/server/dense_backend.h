@@ -4,6 +4,7 @@
 // cache's longest common prefix (one copying write restores it) and store their cache in it
 // when they end.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -13,13 +14,16 @@
 namespace osprey {
 
 class PromptCache;
-class Decoder;
+class DecodeStepper;
 
 struct DenseBackendOptions {
   int n_slots = 1;
   int64_t context_size = 0;  // 0: the model's max_position_embeddings
-  CacheOptions cache;
+  KVCacheParams cache;       // step and inplace (OSPREY_KV_STEP, OSPREY_KV_INPLACE_WRITE)
   bool graphs = true;        // CUDA graph replay of decode steps (OSPREY_CUDA_GRAPHS)
+  // How a slot's cache is made; empty: model.make_cache(cache). A test seam (caches whose
+  // guard is disabled, to prove the snapshot checks bite).
+  std::function<SequenceCache()> make_cache;
 };
 
 class DenseSlotBackend final : public SequenceBackend {
@@ -42,6 +46,8 @@ class DenseSlotBackend final : public SequenceBackend {
   struct Slot;
   Slot& slot(int handle);
   void reset(Slot& s);
+  SequenceCache new_cache() const;
+  std::unique_ptr<DecodeStepper> new_stepper(SequenceCache& cache) const;
 
   Model& model_;
   PromptCache& prompt_cache_;

@@ -339,7 +339,7 @@ struct Server::Impl {
     http.Post("/apply-template", wrap([this](const httplib::Request& req, httplib::Response& res) {
       require_ready();
       json body = parse_body(req.body);
-      send_json(res, 200, {{"prompt", render_chat(body)}});
+      send_json(res, 200, {{"prompt", render_chat(body, req.body)}});
     }));
     http.Get("/metrics", wrap([this](const httplib::Request&, httplib::Response& res) {
       res.status = 200;
@@ -347,14 +347,34 @@ struct Server::Impl {
     }));
   }
 
-  std::string render_chat(const json& body) {
+  // Renders a chat request's messages with the model's template. `raw` is the request body as
+  // sent: it is read again with its keys in the client's order, so that `tojson` in a template
+  // writes tools and arguments as transformers does. A message whose content is a list of text
+  // parts reaches the template as one string, the parts joined by newlines (as OpenAI's
+  // servers read it); templates written for strings would otherwise print a list.
+  std::string render_chat(const json& body, const std::string& raw) {
     if (!body.is_object()) throw bad_request("the request body must be a JSON object");
     auto it = body.find("messages");
     if (it == body.end() || !it->is_array() || it->empty())
       throw bad_request("'messages' is required and must be a non-empty array", "messages");
     if (!chat_template) throw bad_request("the model has no usable chat template: " + chat_template_error, "messages");
+    nlohmann::ordered_json request = nlohmann::ordered_json::parse(raw);
+    for (auto& m : request["messages"]) {
+      if (!m.is_object() || !m.contains("content") || !m["content"].is_array()) continue;
+      std::string text;
+      bool all_text = true;
+      for (const auto& part : m["content"]) {
+        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string()) {
+          all_text = false;
+          break;
+        }
+        if (!text.empty()) text += "\n";
+        text += part["text"].get<std::string>();
+      }
+      if (all_text) m["content"] = text;
+    }
     try {
-      return chat_template->render(body);
+      return chat_template->render(request);
     } catch (const Unsupported& e) {
       throw bad_request(std::string("the chat template cannot render this request: ") + e.what(), "messages");
     } catch (const InvalidInput& e) {
@@ -478,7 +498,7 @@ struct Server::Impl {
         std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
     const char* prompt_field = chat ? "messages" : "prompt";
     if (chat) {
-      const std::string text = render_chat(body);
+      const std::string text = render_chat(body, req.body);
       r.prompts.push_back(tokenizer->encode(text, /*add_special=*/false, /*parse_special=*/true));
       if (r.prompts.back().empty()) throw bad_request("the rendered chat is empty", "messages");
     } else {
@@ -673,6 +693,7 @@ void Server::load() {
   bo.n_slots = m.opt.n_slots;
   bo.context_size = m.opt.ctx_size;
   bo.cache = m.opt.cache;
+  bo.make_cache = m.opt.make_cache;
   bo.graphs = m.opt.graphs;
   m.backend = std::make_unique<DenseSlotBackend>(*m.model, *m.prompt_cache, bo);
   SchedulerOptions so;

@@ -32,7 +32,8 @@ struct ServerOptions {
   int timeout_s = 30;                 // socket read and write timeout
   int64_t prefill_chunk = 512;
   Device device = Device::cpu();
-  CacheOptions cache;
+  KVCacheParams cache;
+  std::function<SequenceCache()> make_cache;  // tests: see DenseBackendOptions
   bool graphs = true;
   std::string system_fingerprint = "osprey";
   bool keep_prompt_cache_checksums = false;  // tests: see PromptCache

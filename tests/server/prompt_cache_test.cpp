@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
+#include "kv/dense_cache.h"
 #include "server/prompt_cache.h"
 
 namespace osprey {

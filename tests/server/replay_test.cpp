@@ -6,9 +6,11 @@
 // may change while later requests restore and extend it.
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <map>
 #include <thread>
 
+#include "kv/dense_cache.h"
 #include "server/harness.h"
 
 namespace osprey {
@@ -152,15 +154,38 @@ TEST(PromptCacheReplay, RepliesAreIdenticalWithAndWithoutTheCacheAndSnapshotsNev
   EXPECT_GT(r2.n_checked_, 10u);
 }
 
+// The dense cache without the guard's identity and length rules (the cache's test seam): every
+// single-row write that fits goes in place, whoever else holds the buffers.
+class UnguardedKVCache final : public DenseKVCache {
+ public:
+  using DenseKVCache::DenseKVCache;
+
+ protected:
+  bool owns_current_state() const override { return true; }
+};
+
+// A sequence cache of unguarded layers shaped as the demo model's (read from its config.json).
+SequenceCache unguarded_demo_cache() {
+  std::ifstream in(testing::demo_server_options().model_dir / "config.json");
+  const json c = json::parse(in);
+  KVCacheParams p;
+  p.n_kv_heads = c.value("num_key_value_heads", c.at("num_attention_heads").get<int64_t>());
+  p.head_dim = c.contains("head_dim") ? c.at("head_dim").get<int64_t>()
+                                      : c.at("hidden_size").get<int64_t>() / c.at("num_attention_heads").get<int64_t>();
+  std::vector<std::unique_ptr<KVCache>> layers;
+  for (int64_t i = 0; i < c.at("num_hidden_layers").get<int64_t>(); ++i) layers.push_back(std::make_unique<UnguardedKVCache>(p));
+  return SequenceCache(std::move(layers));
+}
+
 // The snapshot check must bite: with the ownership guard's identity and length rules dropped
-// (a test hook), a restored prompt whose last token differs from the entry's is written in
+// (the cache's test seam), a restored prompt whose last token differs from the entry's is written in
 // place over the entry's row, and the checksums see it. With the guard, they never do.
 TEST(PromptCacheReplay, TheSnapshotCheckSeesWritesThatBypassTheGuard) {
   for (bool unsafe : {false, true}) {
     SCOPED_TRACE(unsafe ? "guard off" : "guard on");
     ServerOptions o = testing::demo_server_options();
     o.keep_prompt_cache_checksums = true;
-    o.cache.unsafe_skip_ownership_check = unsafe;
+    if (unsafe) o.make_cache = unguarded_demo_cache;
     testing::TestServer s(o);
     std::vector<int32_t> p = {0, 300, 301, 302, 303, 304};
     auto [st1, r1] = s.post_json("/v1/completions", {{"prompt", p}, {"max_tokens", 4}, {"temperature", 0}});
