@@ -42,7 +42,7 @@ TEST(ServerChat, ChatRendersTheTemplateAndAnswersLikeTheSamePromptAsTokens) {
   std::string joined;
   for (const json& e : events)
     if (e["choices"][0]["delta"].contains("content")) joined += e["choices"][0]["delta"]["content"].get<std::string>();
-  EXPECT_EQ(joined, h["choices"][0]["message"]["content"]);
+  EXPECT_EQ(joined, h["choices"][0]["message"]["content"].get<std::string>());
   auto [bs, b] = s.post_json("/v1/chat/completions", {{"messages", "Hi"}});
   EXPECT_EQ(bs, 400);
   EXPECT_EQ(b["error"]["param"], "messages");

@@ -33,7 +33,7 @@ TEST(ServerOpenAIClient, TheNodeClientCompletesStreamsAndSeesErrors) {
   EXPECT_EQ(r["usage"]["completion_tokens"], 20);
   std::string joined;
   for (const auto& c : r["chunks"]) joined += c.get<std::string>();
-  EXPECT_EQ(joined, r["text"]);
+  EXPECT_EQ(joined, r["text"].get<std::string>());
   EXPECT_GT(r["chunks"].size(), 5u);
   EXPECT_EQ(r["stream_usage"]["completion_tokens"], r["usage"]["completion_tokens"]);
   EXPECT_EQ(r["stream_usage"]["prompt_tokens"], r["usage"]["prompt_tokens"]);
@@ -42,7 +42,7 @@ TEST(ServerOpenAIClient, TheNodeClientCompletesStreamsAndSeesErrors) {
   std::string chat;
   for (const auto& c : r["chat_chunks"]) chat += c.get<std::string>();
   EXPECT_FALSE(r["chat_text"].get<std::string>().empty());
-  EXPECT_EQ(chat, r["chat_text"]);
+  EXPECT_EQ(chat, r["chat_text"].get<std::string>());
   EXPECT_EQ(r["bad_model"]["status"], 404);
   EXPECT_EQ(r["bad_model"]["code"], "model_not_found");
   EXPECT_EQ(r["bad_key"]["status"], 401);

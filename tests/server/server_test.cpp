@@ -153,7 +153,7 @@ TEST(Server, StreamingChunksReassembleToTheReply) {
     }
   }
   EXPECT_EQ(finishes, 1);
-  EXPECT_EQ(joined, whole["choices"][0]["text"]);
+  EXPECT_EQ(joined, whole["choices"][0]["text"].get<std::string>());
   const json& last = events.back();
   EXPECT_TRUE(last["choices"].empty());
   EXPECT_EQ(last["usage"]["completion_tokens"], whole["usage"]["completion_tokens"]);
