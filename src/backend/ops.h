@@ -74,6 +74,9 @@ struct AttentionParams {
   // length. The CPU runs eagerly and reads q_pos0.
   Array positions;
   int64_t max_keys = 0;
+  // 0: k, v row j is position j. > 0: k, v are a ring of ring_rows rows holding the last
+  // ring_rows positions, position p at row p % ring_rows (a rotating cache's buffers).
+  int64_t ring_rows = 0;
 };
 Array attention(const Array& q, const Array& k, const Array& v, const AttentionParams& p);
 

@@ -17,6 +17,13 @@ Array rows_view(const Array& cache, int64_t row0, int64_t n) {
 DenseKVCache::DenseKVCache(const KVCacheParams& params) : params_(params) {
   if (params.n_kv_heads <= 0 || params.head_dim <= 0 || params.step <= 0)
     throw InvalidInput("KV cache needs positive n_kv_heads, head_dim and step");
+  if (params.dtype != DType::f16)
+    throw Unsupported(std::string("a ") + dtype_name(params.dtype) + " KV cache is not supported (f16 only)");
+}
+
+std::unique_ptr<KVCache> make_kv_cache(const KVCacheParams& params) {
+  // A sliding-window layer keeps every row here too; attention applies the window.
+  return std::make_unique<DenseKVCache>(params);
 }
 
 bool DenseKVCache::owns_current_state() const {

@@ -49,6 +49,12 @@ struct KVCacheParams {
   int64_t n_kv_heads = 0;
   int64_t head_dim = 0;
   Device device = Device::cpu();
+  // Element type of the stored rows: f16, or bf16 where activations may pass f16's range.
+  DType dtype = DType::f16;
+  // 0: the layer attends to every earlier position (a dense cache). > 0: a sliding-window
+  // layer that attends to the last `window` positions only, so its cache may keep a bounded
+  // ring of rows (see make_kv_cache).
+  int64_t window = 0;
 };
 
 // What attention reads after a write: the live keys and values, and the facts about them
@@ -64,6 +70,9 @@ struct KVView {
   // An upper bound on n_keys for as long as these buffers live (the capacity): attention's
   // launch shape depends on it alone, so a captured graph stays valid while n_keys grows.
   int64_t max_keys = 0;
+  // 0: key row j holds position j. > 0: keys and values are a ring of ring_rows rows in which
+  // position p sits at row p % ring_rows (the rows of the last ring_rows positions).
+  int64_t ring_rows = 0;
 
   // The attention parameters these facts fix (the caller adds scale, window, softcap).
   ops::AttentionParams attention_params() const {
@@ -71,6 +80,7 @@ struct KVView {
     p.q_pos0 = pos0;
     p.positions = positions;
     p.max_keys = max_keys;
+    p.ring_rows = ring_rows;
     return p;
   }
 };
@@ -109,6 +119,11 @@ class KVCache {
   // captured graph (the decode step then runs eagerly). Owned by the cache.
   virtual ReplayableCache* replayable() { return nullptr; }
 };
+
+// The cache for one layer as `params` describe it: the dense cache (kv/dense_cache.h) when
+// params.window == 0; for a sliding-window layer, a cache that may hold only the rows its
+// window still sees. Families call this from make_layer_cache.
+std::unique_ptr<KVCache> make_kv_cache(const KVCacheParams& params);
 
 // All layers' caches of one sequence.
 class SequenceCache {

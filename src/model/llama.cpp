@@ -5,7 +5,6 @@
 #include "backend/ops.h"
 #include "backend/quant.h"
 #include "core/error.h"
-#include "kv/dense_cache.h"
 #include "model/blocks.h"
 #include "model/config_reader.h"
 #include "model/safetensors.h"
@@ -114,7 +113,7 @@ class LlamaModel final : public Model {
     KVCacheParams p = params;
     p.n_kv_heads = cfg_.n_kv_heads;
     p.head_dim = cfg_.head_dim;
-    return std::make_unique<DenseKVCache>(p);
+    return make_kv_cache(p);
   }
 
   Array forward_tokens(const Array& tokens, const Array& positions, SequenceCache& cache, bool all_logits) override {
