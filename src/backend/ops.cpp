@@ -273,8 +273,9 @@ Array attention(const Array& q, const Array& k, const Array& v, const AttentionP
   require(k.shape() == v.shape() && k.dim(2) == q.dim(2), "attention",
           "k " + describe(k) + ", v " + describe(v) + " and q " + describe(q) + " disagree");
   require(k.strides()[2] == 1 && v.strides()[2] == 1, "attention", "k and v rows must be contiguous");
-  require(p.ring_rows == 0, "attention", "ring-buffer keys (ring_rows " + std::to_string(p.ring_rows) +
-                                             ") are not supported");
+  require(p.ring_rows == 0 && p.key_pos0 == 0, "attention",
+          "keys held from a position other than 0 (key_pos0 " + std::to_string(p.key_pos0) + ", ring_rows " +
+              std::to_string(p.ring_rows) + ") are not supported");
   require(k.dim(0) > 0 && q.dim(1) % k.dim(0) == 0, "attention", "n_heads must be a multiple of n_kv_heads");
   require(p.q_pos0 >= 0 && p.q_pos0 + q.dim(0) <= k.dim(1), "attention",
           "query positions run past the " + std::to_string(k.dim(1)) + " cached keys");

@@ -74,8 +74,11 @@ struct AttentionParams {
   // length. The CPU runs eagerly and reads q_pos0.
   Array positions;
   int64_t max_keys = 0;
-  // 0: k, v row j is position j. > 0: k, v are a ring of ring_rows rows holding the last
-  // ring_rows positions, position p at row p % ring_rows (a rotating cache's buffers).
+  // Where the keys sit. ring_rows == 0: k, v row j holds position key_pos0 + j (key_pos0 > 0
+  // when a bounded cache hands over only its recent rows). ring_rows > 0: k, v are a ring of
+  // ring_rows rows holding the last ring_rows positions, position p at row p % ring_rows (a
+  // rotating cache's buffers; key_pos0 unused).
+  int64_t key_pos0 = 0;
   int64_t ring_rows = 0;
 };
 Array attention(const Array& q, const Array& k, const Array& v, const AttentionParams& p);

@@ -70,8 +70,10 @@ struct KVView {
   // An upper bound on n_keys for as long as these buffers live (the capacity): attention's
   // launch shape depends on it alone, so a captured graph stays valid while n_keys grows.
   int64_t max_keys = 0;
-  // 0: key row j holds position j. > 0: keys and values are a ring of ring_rows rows in which
-  // position p sits at row p % ring_rows (the rows of the last ring_rows positions).
+  // ring_rows == 0: key row j holds position key_pos0 + j. ring_rows > 0: keys and values
+  // are a ring of ring_rows rows in which position p sits at row p % ring_rows (the rows of
+  // the last ring_rows positions).
+  int64_t key_pos0 = 0;
   int64_t ring_rows = 0;
 
   // The attention parameters these facts fix (the caller adds scale, window, softcap).
@@ -80,6 +82,7 @@ struct KVView {
     p.q_pos0 = pos0;
     p.positions = positions;
     p.max_keys = max_keys;
+    p.key_pos0 = key_pos0;
     p.ring_rows = ring_rows;
     return p;
   }
