@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Writes tiny random-weight checkpoints and their transformers reference outputs.
 
-For each family (llama, qwen2) this writes, under OUT/<family>/:
+For each family (llama, qwen2, gemma3, gemma3-mm, cohere2; --families picks some) this
+writes, under OUT/<family>/:
   config.json, generation_config.json, model.safetensors   (bf16, via save_pretrained)
   reference.safetensors                                    (see below)
   reference.json                                           (versions, config, seeds, margins)
@@ -11,7 +12,7 @@ The references are computed from the folder as transformers loads it back
 float32 with TF32 off; the in-memory model that wrote the files is never used.
 
 reference.safetensors, for i in 0, 1, 2:
-  tokens_<i>          int32   [T_i]          T = 7, 33, 100; ids in [3, vocab)
+  tokens_<i>          int32   [T_i]          T = 7, 33, 100 (gemma3, cohere2: 7, 40, 100)
   logits_<i>          float32 [T_i, vocab]   full forward, every position
   greedy_prompt_<i>   int32   [T_i]          same ids as tokens_<i>
   greedy_tokens_<i>   int32   [64]           greedy continuation (eos ignored)
@@ -24,6 +25,7 @@ transformers logits as a check on how the config was interpreted.
 Usage:
   python3 make_fixtures.py --out DIR            (needs torch + transformers; CUDA if present)
   python3 make_fixtures.py --numpy-only         (margins of the numpy forward only; no torch)
+  --families gemma3,gemma3-mm,cohere2            (a subset; gemma3-mm needs gemma3 in the same OUT)
 """
 
 import argparse
@@ -203,6 +205,11 @@ FAMILIES = {
             "vision_use_head": False,
         },
         "mm_tokens_per_image": 4,
+        # Gemma3ForConditionalGeneration (transformers 5.17) never applies
+        # text_config.final_logit_softcapping: its head returns lm_head(hidden) as is. With the
+        # cap set, the folder's references would contradict its own config, so this fixture sets
+        # it null (as the real Gemma 3 4B config does); its logits are gemma3's before the cap.
+        "text_config_overrides": {"final_logit_softcapping": None},
     },
     "cohere2": {
         # Cohere2ForCausalLM: parallel attention + MLP on one LayerNorm (no bias), interleaved
@@ -313,6 +320,13 @@ def spec_of(family):
     """The spec holding the language model's config (gemma3-mm uses gemma3's)."""
     spec = FAMILIES[family]
     return FAMILIES[spec["text_family"]] if "text_family" in spec else spec
+
+
+def config_of(family):
+    """The language model's config for `family`: its spec's, with the family's overrides."""
+    cfg = dict(spec_of(family)["config"])
+    cfg.update(FAMILIES[family].get("text_config_overrides", {}))
+    return cfg
 
 
 def sequence_lengths_of(family):
@@ -667,7 +681,7 @@ def check_activation_maxima(family, probe):
 
 def numpy_only(families):
     for family in families:
-        cfg = spec_of(family)["config"]
+        cfg = config_of(family)
         w = make_weights(family)
         seqs = make_token_sequences(cfg["vocab_size"], sequence_lengths_of(family))
         margins, probe = [], {}
@@ -890,7 +904,7 @@ def name_patterns(names):
 def build_model_config(family, transformers):
     """(config, model class) for gemma3 / gemma3-mm / cohere2 from the FAMILIES entry."""
     spec = FAMILIES[family]
-    cfg = spec_of(family)["config"]
+    cfg = config_of(family)
     kwargs = json.loads(json.dumps({k: v for k, v in cfg.items() if k != "model_type"}))
     if cfg["model_type"] == "cohere2":
         return transformers.Cohere2Config(**kwargs), transformers.Cohere2ForCausalLM, kwargs
@@ -916,7 +930,7 @@ def write_family_hybrid(family, out_root, torch, transformers, device):
 
     spec = FAMILIES[family]
     text_spec = spec_of(family)
-    cfg = text_spec["config"]
+    cfg = config_of(family)
     lengths = sequence_lengths_of(family)
     folder = os.path.join(out_root, family)
     os.makedirs(folder, exist_ok=True)
@@ -1098,13 +1112,22 @@ def write_family_hybrid(family, out_root, torch, transformers, device):
         rope_rel_diff[name] = float(np.max(np.abs(got / expected - 1))) if got.shape == expected.shape else None
 
     same_as_text = None
+    if family == "gemma3-mm" and not os.path.exists(os.path.join(out_root, "gemma3", "reference.safetensors")):
+        raise RuntimeError("gemma3-mm is compared with gemma3's references: write gemma3 first (same --out)")
     if family == "gemma3-mm":
         text_ref = os.path.join(out_root, "gemma3", "reference.safetensors")
         if os.path.exists(text_ref):
             ref = load_file(text_ref)
+            cap = config_of("gemma3")["final_logit_softcapping"]
+
+            def capped(x):  # gemma3's softcap applied to this fixture's uncapped logits
+                x = x.astype(np.float64)
+                return x if cap is None else np.tanh(x / cap) * cap
+
             same_as_text = {
-                "logits_max_abs_diff": [
-                    float(np.abs(ref[f"logits_{i}"].numpy() - tensors[f"logits_{i}"].numpy()).max())
+                "gemma3_final_logit_softcapping": cap,
+                "logits_max_abs_diff_after_cap": [
+                    float(np.abs(ref[f"logits_{i}"].numpy() - capped(tensors[f"logits_{i}"].numpy())).max())
                     for i in range(len(seqs))
                 ],
                 "greedy_tokens_equal": [
@@ -1181,8 +1204,11 @@ def write_family_hybrid(family, out_root, torch, transformers, device):
     for name, d in rope_rel_diff.items():
         if d is None or not d < 1e-6:
             problems.append(f"rope {name} differs from the numpy frequencies (rel {d})")
-    if same_as_text is not None and not all(same_as_text["greedy_tokens_equal"]):
-        problems.append("gemma3-mm greedy tokens differ from gemma3's")
+    if same_as_text is not None:
+        if not all(same_as_text["greedy_tokens_equal"]):
+            problems.append("gemma3-mm greedy tokens differ from gemma3's")
+        if not max(same_as_text["logits_max_abs_diff_after_cap"]) < 1e-3:
+            problems.append(f"gemma3-mm logits, capped, differ from gemma3's: {same_as_text}")
     if problems:
         raise RuntimeError(f"{family}: " + "; ".join(problems))
 
