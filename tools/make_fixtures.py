@@ -130,7 +130,9 @@ FAMILIES = {
         # that the residual stream (post_feedforward_layernorm scale) and the GeGLU product
         # (pre_feedforward_layernorm scale) pass float16's range while the final norm and the
         # softcap keep the logits well conditioned.
-        "seed": 301,
+        # Seed and final norm scale picked by a float64 numpy sweep (seeds 301-356, final norm
+        # 1.0 / 1.6 / 2.5) for greedy margins: two of 192 steps under 0.05, none under 0.03.
+        "seed": 331,
         "sequence_lengths": (7, 40, 100),
         "config": {
             "model_type": "gemma3_text",
@@ -184,7 +186,7 @@ FAMILIES = {
             "post_feedforward_layernorm": 12000.0,
             "q_norm": 1.5,
             "k_norm": 1.5,
-            "norm": 1.0,
+            "norm": 1.6,
         },
     },
     "gemma3-mm": {
@@ -213,8 +215,9 @@ FAMILIES = {
     },
     "cohere2": {
         # Cohere2ForCausalLM: parallel attention + MLP on one LayerNorm (no bias), interleaved
-        # RoPE on sliding layers only, logits times logit_scale.
-        "seed": 401,
+        # RoPE on sliding layers only, logits times logit_scale. Seed and final norm scale
+        # picked by a float64 numpy sweep for greedy margins (one of 192 steps under 0.05).
+        "seed": 405,
         "sequence_lengths": (7, 40, 100),
         "config": {
             "model_type": "cohere2",
@@ -252,7 +255,7 @@ FAMILIES = {
             "up": 0.2,
             "down": 0.2,
             "norm": 0.1,
-            "final_norm_scale": 3.0,
+            "final_norm_scale": 4.5,
         },
     },
 }
