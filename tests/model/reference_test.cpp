@@ -4,6 +4,7 @@
 // skip (and say so) without a CUDA device.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -29,6 +30,30 @@ std::filesystem::path fixture(const std::string& family) {
 
 
 
+// How close the engine must come to transformers' float32 logits: max |ours - ref| over a row,
+// relative to the row's range. The engine keeps K/V in 16-bit rows where the reference keeps
+// float32; a float64 forward of the same weights with only the K/V rows rounded predicts the
+// error that alone causes. llama, qwen2 (f16 rows): under 5.4e-4 (tests/fixtures/README.md).
+// gemma3 and cohere2, whose post-norms scale the attention output by up to 3000: 2.1e-3 and
+// 1.6e-3 with f16 rows, 1.6e-2 and 1.1e-2 with bf16 rows (the engine measures the same).
+// On CUDA, prefill GEMMs round activations to the weights' 16-bit type: fp16-class.
+struct Fidelity {
+  double logits = 1e-3;       // every position of one prefill (the CPU)
+  double logits_cuda = 1e-2;  // the same on CUDA
+  double decode = 1e-3;       // token-by-token decode (f32 activations on both devices)
+  // A greedy step is called when its reference margin (top1 - top2) exceeds
+  // max(0.05, clear_rel * the range of our logits row): twice the error the rows allow.
+  double clear_rel = 0.0;
+};
+
+Fidelity fidelity(const std::string& family, DType kv_rows) {
+  if (family == "llama" || family == "qwen2") return {};
+  if (kv_rows == DType::bf16) return {2.5e-2, 2.5e-2, 2.5e-2, 4e-2};
+  return {3e-3, 1e-2, 3e-3, 6e-3};
+}
+
+int32_t argmax(const float* row, int64_t n) { return int32_t(std::max_element(row, row + n) - row); }
+
 struct ReferenceCase {
   std::string family;
   std::string device;  // "cpu" or "cuda"
@@ -45,6 +70,10 @@ class Reference : public ::testing::TestWithParam<ReferenceCase> {
     }
     model_ = load_model(fixture(c.family), lo);
     ref_ = std::make_unique<SafeTensors>(SafeTensors::open_file(fixture(c.family) / "reference.safetensors"));
+    // The element type of the K/V rows the model's cache keeps.
+    SequenceCache probe = model_->make_cache({});
+    model_->forward(tokens_of({3}), probe, false);
+    fid_ = fidelity(c.family, probe.snapshot()[0].keys.dtype());
   }
   bool on_cuda() const { return GetParam().device == "cuda"; }
   // Logits on the host.
@@ -53,6 +82,7 @@ class Reference : public ::testing::TestWithParam<ReferenceCase> {
   }
   std::unique_ptr<Model> model_;
   std::unique_ptr<SafeTensors> ref_;
+  Fidelity fid_;
 };
 
 std::vector<ReferenceCase> reference_cases() {
@@ -75,8 +105,7 @@ TEST_P(Reference, LogitsAtEveryPositionMatchTransformers) {
     double worst = 0;
     for (int64_t t = 0; t < ref.dim(0); ++t)
       worst = std::max(worst, relative_row_error(ours.data<float>() + t * vocab, ref.data<float>() + t * vocab, vocab));
-    // CUDA prefill GEMMs round activations to the weights' 16-bit type: fp16-class tolerance.
-    EXPECT_LT(worst, on_cuda() ? 1e-2 : 1e-3) << "sequence " << i << " of " << ids.size() << " tokens";
+    EXPECT_LT(worst, on_cuda() ? fid_.logits_cuda : fid_.logits) << "sequence " << i << " of " << ids.size() << " tokens";
     // The margin, in the XML report (--gtest_output=xml).
     RecordProperty("seq" + std::to_string(i) + "_worst_rel_error", std::to_string(worst));
   }
@@ -93,26 +122,47 @@ TEST_P(Reference, TokenByTokenDecodeMatchesTransformers) {
     Array l = forward(tokens_of({ids[t]}), cache, false);
     worst = std::max(worst, relative_row_error(l.data<float>(), ref.data<float>() + int64_t(t) * vocab, vocab));
   }
-  EXPECT_LT(worst, 1e-3);
+  EXPECT_LT(worst, fid_.decode);
+  RecordProperty("worst_rel_error", std::to_string(worst));
 }
 
 TEST_P(Reference, GreedyContinuationsMatchWhereMarginsAreClear) {
+  // Free-running greedy output equals the reference up to the first step whose margin is too
+  // small to call; with the reference tokens fed back one step at a time (teacher forcing),
+  // every clear step's argmax equals the reference, however early an unclear one came.
+  int64_t clear_total = 0;
   for (int i = 0; i < 3; ++i) {
     const std::string n = std::to_string(i);
     const std::vector<int32_t> prompt = ints(ref_->get("greedy_prompt_" + n));
     const std::vector<int32_t> expected = ints(ref_->get("greedy_tokens_" + n));
-    Array margins = ref_->get("greedy_margins_" + n);
+    Array margins_a = ref_->get("greedy_margins_" + n);
+    const float* margins = margins_a.data<float>();
+    std::vector<int32_t> forced = prompt;
+    forced.insert(forced.end(), expected.begin(), expected.end() - 1);
+    SequenceCache forced_cache = model_->make_cache({});
+    std::vector<bool> clear(expected.size());
+    for (size_t t = 0; t < forced.size(); ++t) {
+      Array l = forward(tokens_of({forced[t]}), forced_cache, false);
+      if (t + 1 < prompt.size()) continue;
+      const size_t s = t + 1 - prompt.size();
+      const int64_t vocab = l.dim(1);
+      const auto [lo, hi] = std::minmax_element(l.data<float>(), l.data<float>() + vocab);
+      clear[s] = margins[s] > std::max(0.05, fid_.clear_rel * double(*hi - *lo));
+      if (!clear[s]) continue;
+      ++clear_total;
+      EXPECT_EQ(argmax(l.data<float>(), vocab), expected[s])
+          << "prompt " << i << ", teacher-forced step " << s << " (margin " << margins[s] << ")";
+    }
     SequenceCache cache = model_->make_cache({});
     GenerateParams gp;
     gp.max_tokens = int(expected.size());
     GenerateResult r = generate(*model_, cache, prompt, gp);
     ASSERT_EQ(r.tokens.size(), expected.size());
-    // Compare up to the first step whose reference margin is too small to call.
-    size_t checked = 0;
-    for (; checked < expected.size() && margins.data<float>()[checked] > 0.05f; ++checked)
-      ASSERT_EQ(r.tokens[checked], expected[checked]) << "prompt " << i << ", step " << checked;
-    EXPECT_GE(checked, expected.size() / 2) << "too few clear-margin steps to check";
+    for (size_t s = 0; s < expected.size() && clear[s]; ++s)
+      ASSERT_EQ(r.tokens[s], expected[s]) << "prompt " << i << ", free-running step " << s;
   }
+  EXPECT_GE(clear_total, 96) << "too few clear-margin steps to check";
+  RecordProperty("clear_steps", std::to_string(clear_total));
 }
 
 TEST_P(Reference, KVWriteSwitchGivesByteIdenticalGreedyOutputFor300Tokens) {
@@ -136,7 +186,9 @@ TEST_P(Reference, KVWriteSwitchGivesByteIdenticalGreedyOutputFor300Tokens) {
 
 INSTANTIATE_TEST_SUITE_P(Families, Reference, ::testing::ValuesIn(reference_cases()),
                          [](const ::testing::TestParamInfo<ReferenceCase>& info) {
-                           return info.param.family + "_" + info.param.device;
+                           std::string name = info.param.family + "_" + info.param.device;
+                           std::replace(name.begin(), name.end(), '-', '_');  // gemma3-mm
+                           return name;
                          });
 
 }  // namespace osprey

@@ -102,6 +102,14 @@ std::vector<bool> sliding_layers(const nlohmann::json& c) {
   return s;
 }
 
+void round_rows(std::vector<Vec>& rows, DType dt) {
+  for (Vec& r : rows)
+    for (double& x : r) {
+      if (dt == DType::f16) x = f16_to_f32(f32_to_f16(float(x)));
+      if (dt == DType::bf16) x = bf16_to_f32(f32_to_bf16(float(x)));
+    }
+}
+
 double gelu_tanh(double x) { return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x))); }
 
 }  // namespace
@@ -161,7 +169,7 @@ RefWeights gemma3_weights(const nlohmann::json& c, uint32_t seed, const Gemma3Sc
 
 std::vector<std::vector<double>> gemma3_reference(const nlohmann::json& c, const RefWeights& w,
                                                   const std::vector<int32_t>& tokens, const std::string& P,
-                                                  RefStats* stats) {
+                                                  RefStats* stats, DType kv_rows) {
   RefStats local;
   RefStats& st = stats ? *stats : local;
   auto track = [](double& m, const Vec& v) {
@@ -200,6 +208,8 @@ std::vector<std::vector<double>> gemma3_reference(const nlohmann::json& c, const
       rotate(q[size_t(t)], nh, hd, t, sl ? inv_local : inv_full, false);
       rotate(k[size_t(t)], nkv, hd, t, sl ? inv_local : inv_full, false);
     }
+    round_rows(k, kv_rows);
+    round_rows(v, kv_rows);
     for (int64_t t = 0; t < T; ++t) {
       Vec o = matvec(get(w, p + "self_attn.o_proj.weight"), attend(q, k, v, t, nh, nkv, hd, sl ? window : 0, scale));
       rms_norm(o, 0, size_t(H), get(w, p + "post_attention_layernorm.weight").v, eps, 1.0);
@@ -252,7 +262,7 @@ RefWeights cohere2_weights(const nlohmann::json& c, uint32_t seed) {
 }
 
 std::vector<std::vector<double>> cohere2_reference(const nlohmann::json& c, const RefWeights& w,
-                                                   const std::vector<int32_t>& tokens) {
+                                                   const std::vector<int32_t>& tokens, DType kv_rows) {
   const int64_t H = c["hidden_size"], nh = c["num_attention_heads"], nkv = c["num_key_value_heads"], hd = H / nh;
   const int64_t L = c["num_hidden_layers"], window = c["sliding_window"];
   const double eps = c["layer_norm_eps"], logit_scale = c["logit_scale"];
@@ -277,6 +287,8 @@ std::vector<std::vector<double>> cohere2_reference(const nlohmann::json& c, cons
         rotate(k[size_t(t)], nkv, hd, t, inv, true);
       }
     }
+    round_rows(k, kv_rows);
+    round_rows(v, kv_rows);
     for (int64_t t = 0; t < T; ++t) {
       Vec o = matvec(get(w, p + "self_attn.o_proj.weight"),
                      attend(q, k, v, t, nh, nkv, hd, sl ? window : 0, 1.0 / std::sqrt(double(hd))));

@@ -28,6 +28,9 @@ void add_random(RefWeights& w, std::mt19937& rng, const std::string& name, std::
 // config.json and model.safetensors (bf16) in `dir`.
 void write_checkpoint(const std::filesystem::path& dir, const nlohmann::json& config, const RefWeights& w);
 
+// `kv_rows` f16 or bf16: the keys and values attention reads are rounded to that type first
+// (what an engine's 16-bit KV cache does), to predict the error that rounding alone causes.
+
 // Gemma 3 as config.json says (the keys the tests write: vocab_size, hidden_size,
 // intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim,
 // rms_norm_eps, query_pre_attn_scalar, sliding_window, layer_types, rope_theta, rope_scaling
@@ -39,7 +42,8 @@ struct RefStats {
 };
 std::vector<std::vector<double>> gemma3_reference(const nlohmann::json& config, const RefWeights& w,
                                                   const std::vector<int32_t>& tokens,
-                                                  const std::string& prefix = "model.", RefStats* stats = nullptr);
+                                                  const std::string& prefix = "model.", RefStats* stats = nullptr,
+                                                  DType kv_rows = DType::f32);
 // Scales of the random weights: the defaults keep activations of order one; larger ones push
 // the residual stream and the GeGLU product past float16's range.
 struct Gemma3Scales {
@@ -55,7 +59,7 @@ RefWeights gemma3_weights(const nlohmann::json& config, uint32_t seed, const Gem
 // num_attention_heads, num_key_value_heads, layer_norm_eps, logit_scale, sliding_window,
 // layer_types, rope_theta).
 std::vector<std::vector<double>> cohere2_reference(const nlohmann::json& config, const RefWeights& w,
-                                                   const std::vector<int32_t>& tokens);
+                                                   const std::vector<int32_t>& tokens, DType kv_rows = DType::f32);
 RefWeights cohere2_weights(const nlohmann::json& config, uint32_t seed);
 
 }  // namespace osprey::testing
