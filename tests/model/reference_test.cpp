@@ -177,9 +177,14 @@ TEST_P(Reference, KVWriteSwitchGivesByteIdenticalGreedyOutputFor300Tokens) {
   ASSERT_EQ(jon["tokens"].size(), 300u);
   EXPECT_EQ(jon["tokens"], joff["tokens"]);
   const uint64_t layers = uint64_t(model_->info().n_layers);
-  // 299 decode writes at rows 8..306 per layer; the one at row 256 grows the buffer.
-  EXPECT_EQ(jon["timings"]["kv_inplace_writes"].get<uint64_t>(), layers * 298);
-  EXPECT_EQ(jon["timings"]["kv_copying_writes"].get<uint64_t>(), layers * 2);
+  // The prefill and 299 decode writes at rows 8..306 per layer. A dense layer's write at row
+  // 256 grows the buffer; a sliding-window layer's cache may wrap in place instead.
+  const uint64_t inplace = jon["timings"]["kv_inplace_writes"].get<uint64_t>();
+  const uint64_t copying = jon["timings"]["kv_copying_writes"].get<uint64_t>();
+  EXPECT_EQ(inplace + copying, layers * 300);
+  EXPECT_GE(copying, layers);
+  EXPECT_LE(copying, layers * 2);
+  if (GetParam().family == "llama" || GetParam().family == "qwen2") EXPECT_EQ(copying, layers * 2);
   EXPECT_EQ(joff["timings"]["kv_inplace_writes"].get<uint64_t>(), 0u);
   EXPECT_EQ(joff["timings"]["kv_copying_writes"].get<uint64_t>(), layers * 300);
 }
