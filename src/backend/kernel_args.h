@@ -10,8 +10,7 @@ struct AttentionArgs {
   const float* q;  // [n, n_heads, head_dim] contiguous
   int64_t n, n_heads, head_dim;
   const uint16_t* k;  // f16 or bf16 bits; key j of head h at k[h * k_head_stride + row(j) * k_row_stride + d]
-  const uint16_t* v;  // likewise with v strides
-  bool bf16 = false;  // k and v hold bf16 (else f16)
+  const uint16_t* v;  // likewise with v strides; both f16, or both bf16 (bf16 below)
   int64_t n_kv_heads, n_keys;  // n_keys = L keys (indices 0..L-1); keys >= L are never read
   int64_t k_head_stride, k_row_stride, v_head_stride, v_row_stride;  // in elements
   // Index of query row 0 among the keys: row i sits where key q_pos0 + i does. Positions enter
@@ -37,6 +36,7 @@ struct AttentionArgs {
   // subtracts key_pos0 (the absolute position of key 0) from it.
   int64_t ring_rows = 0, ring_base = 0;
   int64_t key_pos0 = 0;
+  bool bf16 = false;  // k and v hold bf16 (else f16)
 };
 
 // Writes n rows of K and V (f32 -> f16 or bf16) into cache buffers [n_kv_heads, capacity, head_dim].

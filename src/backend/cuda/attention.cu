@@ -234,9 +234,8 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const Params p) {
       const int t = c / n_chunks, ch = c % n_chunks;
       uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
       if (t < nt) {
-        const int64_t row = attn::key_row<kMapped>(a, pos, t0 + t);
-        kv = load8(kh + row * a.k_row_stride + ch * 8, p.vec);
-        vv = load8(vh + row * a.v_row_stride + ch * 8, p.vec);
+        kv = load8(kh + attn::key_row<kMapped>(a, pos, t0 + t) * a.k_row_stride + ch * 8, p.vec);
+        vv = load8(vh + attn::key_row<kMapped>(a, pos, t0 + t) * a.v_row_stride + ch * 8, p.vec);
       }
       *reinterpret_cast<uint4*>(kt + t * KS + ch * 8) = kv;
       *reinterpret_cast<uint4*>(vt + t * KS + ch * 8) = vv;

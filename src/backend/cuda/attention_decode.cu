@@ -82,9 +82,10 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) decode_kernel(cons
       const int r = i / (D / 8), ch = i % (D / 8);
       const int key = t0 + r;
       const bool ok = key < ke;
-      const int64_t row = key_row<kMapped>(a, ps, int64_t(key));
-      cp_async16(kd + r * kS + ch * 8, ok ? kh + row * a.k_row_stride + ch * 8 : kh, ok);
-      cp_async16(vd + r * kS + ch * 8, ok ? vh + row * a.v_row_stride + ch * 8 : vh, ok);
+      cp_async16(kd + r * kS + ch * 8, ok ? kh + key_row<kMapped>(a, ps, int64_t(key)) * a.k_row_stride + ch * 8 : kh,
+                 ok);
+      cp_async16(vd + r * kS + ch * 8, ok ? vh + key_row<kMapped>(a, ps, int64_t(key)) * a.v_row_stride + ch * 8 : vh,
+                 ok);
     }
   };
 #pragma unroll

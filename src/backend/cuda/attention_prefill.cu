@@ -83,9 +83,8 @@ __global__ void __launch_bounds__(kThreadsP, 1) prefill_kernel(const FastParams 
       const int r = c / (D / 8), ch = c % (D / 8);
       const int64_t key = t0 + r;
       const bool ok = key < ke;
-      const int64_t row = key_row<kMapped>(a, ps, key);
-      cp_async16(kd + r * kS + ch * 8, ok ? kh + row * a.k_row_stride + ch * 8 : kh, ok);
-      cp_async16(vd + r * kS + ch * 8, ok ? vh + row * a.v_row_stride + ch * 8 : vh, ok);
+      cp_async16(kd + r * kS + ch * 8, ok ? kh + key_row<kMapped>(a, ps, key) * a.k_row_stride + ch * 8 : kh, ok);
+      cp_async16(vd + r * kS + ch * 8, ok ? vh + key_row<kMapped>(a, ps, key) * a.v_row_stride + ch * 8 : vh, ok);
     }
   };
 #pragma unroll
