@@ -1,6 +1,7 @@
 #include "backend/ops.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "backend/cpu/basic_ops.h"
@@ -166,6 +167,51 @@ Array silu_mul_split(const Array& gu) {
   Array u = Array::strided(gu.buffer(), gu.byte_offset() + size_t(f) * 4, half, strides, DType::f32);
   cpu::silu_mul(cast(g, DType::f32), cast(u, DType::f32), out);
   return out;
+}
+
+Array gelu_tanh_mul_split(const Array& gu) {
+  const bool gpu = on_cuda("gelu_tanh_mul_split", {&gu});
+  require_f32_contiguous("gelu_tanh_mul_split", "gu", gu);
+  require(gu.ndim() == 2 && gu.dim(1) % 2 == 0, "gelu_tanh_mul_split", "gu must be [n, 2f], got " + describe(gu));
+  const int64_t n = gu.dim(0), f = gu.dim(1) / 2;
+  Array out = Array::empty({n, f}, DType::f32, gu.device());
+  if (gpu) {
+    cuda_ops::gelu_tanh_mul_split(gu.data<float>(), n, f, out.data<float>());
+    return out;
+  }
+  cpu::gelu_tanh_mul_split(gu, out);
+  return out;
+}
+
+void head_rms_norm_(Array& x, const Array& weight, float eps, bool unit_offset) {
+  const bool gpu = on_cuda("head_rms_norm_", {&x, &weight});
+  require(x.ndim() == 3 && x.dtype() == DType::f32, "head_rms_norm_",
+          "x must be float32 [n, heads, head_dim], got " + describe(x));
+  require(x.strides()[2] == 1 && (x.dim(1) == 1 || x.strides()[1] == x.dim(2)) &&
+              (x.dim(0) == 1 || x.strides()[0] >= x.dim(1) * x.dim(2)),
+          "head_rms_norm_", "x must have contiguous heads (rows may be strided), got " + describe(x));
+  require(weight.defined() && weight.dtype() == DType::f32 && weight.ndim() == 1 && weight.dim(0) == x.dim(2) &&
+              weight.is_contiguous(),
+          "head_rms_norm_", "weight must be float32 [" + std::to_string(x.dim(2)) + "], got " + describe(weight));
+  const int64_t n = x.dim(0), heads = x.dim(1), hd = x.dim(2);
+  const int64_t row_stride = n == 1 ? heads * hd : x.strides()[0];
+  if (gpu) {
+    cuda_ops::head_rms_norm(x.data<float>(), n, heads, hd, row_stride, weight.data<float>(), eps,
+                            unit_offset ? 1.0f : 0.0f);
+    return;
+  }
+  cpu::head_rms_norm_(x, weight, eps, unit_offset);
+}
+
+void softcap_(Array& x, float cap) {
+  const bool gpu = on_cuda("softcap_", {&x});
+  require_f32_contiguous("softcap_", "x", x);
+  require(cap > 0.0f && std::isfinite(cap), "softcap_", "cap must be positive and finite, got " + std::to_string(cap));
+  if (gpu) {
+    cuda_ops::softcap_inplace(x.data<float>(), cap, x.numel());
+    return;
+  }
+  cpu::softcap_(x, cap);
 }
 
 void write_kv_rows(const Array& keys, const Array& values, const Array& k, const Array& v, int64_t row0,

@@ -40,6 +40,19 @@ Array add_rms_norm(Array& x, const Array& y, const Array& weight, float eps, boo
 // gu [n, 2f] f32 (a fused gate/up projection) -> silu(gu[:, :f]) * gu[:, f:], [n, f].
 Array silu_mul_split(const Array& gu);
 
+// gu [n, 2f] f32 (a fused gate/up projection) -> gelu_tanh(gu[:, :f]) * gu[:, f:], [n, f]
+// (GeGLU with the tanh approximation of GELU).
+Array gelu_tanh_mul_split(const Array& gu);
+
+// x [n, heads, head_dim] f32 (rows may be strided, heads contiguous: e.g. the q or the k heads
+// of a fused q/k/v row), each head normalised in place: x / rms(x) * (unit_offset ? 1 + w : w)
+// with weight [head_dim] f32 (per-head q/k RMSNorm).
+void head_rms_norm_(Array& x, const Array& weight, float eps, bool unit_offset = false);
+
+// x = cap * tanh(x / cap) element-wise, in place (final-logit softcapping); x f32 contiguous,
+// cap > 0.
+void softcap_(Array& x, float cap);
+
 // Writes k, v [n, n_kv_heads, head_dim] f32 (rows may be strided, heads contiguous), rounded
 // to nearest even in the buffers' type, into rows row0 .. row0 + n - 1 of keys, values
 // [n_kv_heads, capacity, head_dim] (f16 or bf16, contiguous buffers). ring_rows > 0 (==

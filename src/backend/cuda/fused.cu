@@ -1,5 +1,5 @@
 // Kernels of the decode path that fuse neighbouring ops: the residual add with the next
-// RMSNorm, SiLU-gating of a fused gate/up projection, and the K/V row write that reads its
+// RMSNorm, SiLU- and GELU-gating of a fused gate/up projection, and the K/V row write that reads its
 // row from device memory (graph-stable).
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
@@ -31,6 +31,15 @@ __global__ void silu_mul_split_kernel(const float* __restrict__ gu, int64_t n, i
     const int64_t i = t / f, j = t - i * f;
     const float g = gu[i * 2 * f + j], u = gu[i * 2 * f + f + j];
     out[t] = g / (1.0f + __expf(-g)) * u;
+  }
+}
+
+__global__ void gelu_tanh_mul_split_kernel(const float* __restrict__ gu, int64_t n, int64_t f,
+                                           float* __restrict__ out) {
+  const int64_t total = n * f;
+  for (int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; t < total; t += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t i = t / f, j = t - i * f;
+    out[t] = gelu_tanh(gu[i * 2 * f + j]) * gu[i * 2 * f + f + j];
   }
 }
 
@@ -82,6 +91,13 @@ void silu_mul_split(const float* gu, int64_t n, int64_t f, float* out, cudaStrea
   if (n <= 0 || f <= 0) return;
   const int threads = 256;
   silu_mul_split_kernel<<<grid_for(n * f, threads), threads, 0, s>>>(gu, n, f, out);
+  OSPREY_CUDA_CHECK_LAUNCH();
+}
+
+void gelu_tanh_mul_split(const float* gu, int64_t n, int64_t f, float* out, cudaStream_t s) {
+  if (n <= 0 || f <= 0) return;
+  const int threads = 256;
+  gelu_tanh_mul_split_kernel<<<grid_for(n * f, threads), threads, 0, s>>>(gu, n, f, out);
   OSPREY_CUDA_CHECK_LAUNCH();
 }
 
