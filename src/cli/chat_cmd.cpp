@@ -18,6 +18,7 @@
 #include "backend/device_select.h"
 #include "chat/chat_template.h"
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "cli/progress.h"
 #include "core/env.h"
 #include "core/error.h"
@@ -257,16 +258,10 @@ Command add_chat(CLI::App& app) {
   app.add_option("-m,--model", o->model, "Model folder with a chat template (default: the embedded default model)");
   app.add_option("--system", o->system, "System message opening the conversation");
   app.add_option("--template-name", o->template_name, "Which of the folder's named templates (default: \"default\")");
-  app.add_option("-n,--n-predict", o->n_predict, "Most tokens per reply")->check(CLI::NonNegativeNumber);
-  app.add_option("--temp", o->sampler.temperature, "Temperature (0: greedy)");
-  app.add_option("--top-k", o->sampler.top_k, "Top-k (0: off)");
-  app.add_option("--top-p", o->sampler.top_p, "Top-p (1: off)");
-  app.add_option("--min-p", o->sampler.min_p, "Min-p (0: off)");
-  app.add_option("--repeat-penalty", o->sampler.repetition_penalty, "Repetition penalty (1: off)");
-  app.add_option("--repeat-last-n", o->sampler.repeat_last_n, "Tokens the repetition penalty looks back over");
-  app.add_option("--seed", o->sampler.seed, "Sampling seed");
+  app.add_option("-n,--n-predict", o->n_predict, "Most tokens per reply")->check(int_range(0, INT32_MAX));
+  add_sampler_options(app, o->sampler);
   app.add_option("--device", o->device, "cpu, cuda or cuda:N (default: OSPREY_DEVICE, else cuda when present)");
-  app.add_option("-t,--threads", o->threads, "CPU threads (default: OSPREY_THREADS or one per core)");
+  add_threads_option(app, o->threads);
   app.add_flag("--json", o->json, "Print one JSON object per reply (text, tokens, cache counters) instead of streaming");
   return [o] { return run_chat(*o); };
 }
