@@ -2,6 +2,7 @@
 
 #include "backend/ops.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "model/config_reader.h"
 #include "model/safetensors.h"
 
@@ -214,6 +215,17 @@ std::optional<QuantSetting> WeightLoader::dominant_quant() const {
 }
 
 void WeightLoader::finish() {
+  // A checkpoint of another family relabelled (a Qwen2 one as llama runs without its q/k/v
+  // biases) shows as tensors the family never read: name them.
+  const std::vector<std::string> unused = weights_.unused_names();
+  if (!unused.empty()) {
+    std::string names;
+    for (size_t i = 0; i < unused.size() && i < 8; ++i) names += (i ? ", " : "") + unused[i];
+    if (unused.size() > 8) names += ", ...";
+    log_warn(weights_.source().string() + ": " + std::to_string(unused.size()) +
+             " tensor(s) in the checkpoint are not used by this model_type (" + names +
+             "); is config.json's model_type right?");
+  }
   if (options_.progress) options_.progress(total_, total_);
   ops::release_cached_memory(options_.device);
 }

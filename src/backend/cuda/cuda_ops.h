@@ -57,9 +57,11 @@ void synchronize();
 struct TokenSlots;
 TokenSlots* create_token_slots(int device, int n_slots);
 void destroy_token_slots(TokenSlots* slots);
-// Enqueues the copy of *token (device memory) into `slot`.
+// Enqueues the copy of *token (device memory) into `slot`, with the device sampler's
+// non-finite flag (which it then clears).
 void enqueue_token(TokenSlots* slots, int slot, const int32_t* token);
-// Waits for the slot's copy and returns the token.
+// Waits for the slot's copy and returns the token, or -1 when the flag said that the logits
+// the token was chosen from held a NaN or an Inf.
 int32_t wait_token(TokenSlots* slots, int slot);
 
 }  // namespace osprey::cuda_ops

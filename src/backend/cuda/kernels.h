@@ -110,7 +110,12 @@ void kv_write(const KVWriteArgs& a, cudaStream_t s);
 void fill_i32(int32_t* p, int32_t value, int64_t n, cudaStream_t s);
 
 // out[0] = index of the maximum of x[0, n) (the lowest index on ties; NaN ranks as -inf).
-// n >= 1.
+// n >= 1. Sets the device's non-finite flag when x holds a NaN or an Inf, as sample() does.
 void argmax(const float* x, int64_t n, int32_t* out, cudaStream_t s);
+
+// The current device's non-finite flag (device memory, int32): 1 when the logits of the last
+// argmax() or sample() on the device held a NaN or an Inf, else 0. The token readback copies
+// it with each token and clears it.
+const int32_t* non_finite_flag();
 
 }  // namespace osprey::cuda
