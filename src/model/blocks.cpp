@@ -63,11 +63,7 @@ AttentionInputs attention_inputs(const Array& h, const LinearGroup& qkv, const A
   return attention_inputs(h, qkv, shape, positions, t);
 }
 
-DType kv_rows_dtype(DType weight_dtype) {
-  // The dense cache stores f16 rows only until bf16 rows land; then: bf16 for bf16.
-  (void)weight_dtype;
-  return DType::f16;
-}
+DType kv_rows_dtype(DType weight_dtype) { return weight_dtype == DType::bf16 ? DType::bf16 : DType::f16; }
 
 Array silu_gate(const Array& h, const LinearGroup& gate_up) {
   require_parts(gate_up, 2, "silu_gate");

@@ -257,6 +257,12 @@ std::vector<std::string> SafeTensors::names() const {
   return out;
 }
 
+void SafeTensors::mark_used(const std::string& name) const {
+  if (!usage_) return;
+  std::lock_guard<std::mutex> lock(usage_->mu);
+  usage_->used.insert(name);
+}
+
 std::vector<std::string> SafeTensors::unused_names() const {
   if (!usage_) return names();
   std::vector<std::string> out;

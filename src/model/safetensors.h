@@ -47,6 +47,8 @@ class SafeTensors {
   // The tensors no get() has returned so far, sorted (after loading: the ones the family does
   // not use, such as q/k/v biases of a Qwen2 checkpoint labelled llama).
   std::vector<std::string> unused_names() const;
+  // Counts `name` as used without reading it (a tensor a family skips on purpose).
+  void mark_used(const std::string& name) const;
 
  private:
   void add_file(const std::filesystem::path& path);

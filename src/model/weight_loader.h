@@ -4,7 +4,6 @@
 // the target device, and reports progress.
 #include <map>
 #include <optional>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -96,7 +95,6 @@ class WeightLoader {
   const SafeTensors& weights_;
   const LoadOptions& options_;
   QuantConfig quant_;
-  std::set<std::string> read_;  // tensors read or ignored
   std::map<std::pair<int, int>, int64_t> quant_weights_;  // (bits, group size) -> weights loaded
   size_t total_ = 0;
   size_t done_ = 0;

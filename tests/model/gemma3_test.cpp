@@ -46,6 +46,13 @@ nlohmann::json tiny_gemma3_config(int64_t head_dim = 64) {
   };
 }
 
+// The element type of the K/V rows `m`'s cache keeps (the reference rounds its K/V alike).
+DType kv_rows(Model& m) {
+  SequenceCache c = m.make_cache({});
+  m.forward(tokens_of({3}), c, false);
+  return c.snapshot()[0].keys.dtype();
+}
+
 std::vector<int32_t> prompt(size_t n, uint32_t seed) {
   std::mt19937 rng(seed);
   std::uniform_int_distribution<int32_t> d(3, 255);
@@ -102,8 +109,8 @@ class Gemma3 : public ::testing::TestWithParam<std::string> {
   LoadOptions lo_;
 };
 
-// The engine keeps K/V rows in 16 bits and, on CUDA, rounds prefill GEMM inputs to the weights'
-// bf16: an fp16-class tolerance (the reference keeps everything in double).
+// The reference rounds K/V rows as the engine stores them; what remains is f32 arithmetic and,
+// on CUDA, prefill GEMM inputs rounded to the weights' bf16: an fp16-class tolerance there.
 double tolerance(const std::string& device) { return device == "cuda" ? 1e-2 : 3e-3; }
 
 TEST_P(Gemma3, LogitsMatchADoublePrecisionReferencePastTheWindow) {
@@ -114,7 +121,7 @@ TEST_P(Gemma3, LogitsMatchADoublePrecisionReferencePastTheWindow) {
   auto m = load(dir.path());
   EXPECT_EQ(m->info().model_type, "gemma3_text");
   const std::vector<int32_t> ids = prompt(40, 5);  // five times the window
-  expect_matches(*m, ids, testing::gemma3_reference(c, w, ids), tolerance(GetParam()));
+  expect_matches(*m, ids, testing::gemma3_reference(c, w, ids, "model.", nullptr, kv_rows(*m)), tolerance(GetParam()));
 }
 
 TEST_P(Gemma3, HeadDim256) {
@@ -127,7 +134,7 @@ TEST_P(Gemma3, HeadDim256) {
   testing::write_checkpoint(dir.path(), c, w);
   auto m = load(dir.path());
   const std::vector<int32_t> ids = prompt(24, 6);
-  expect_matches(*m, ids, testing::gemma3_reference(c, w, ids), tolerance(GetParam()));
+  expect_matches(*m, ids, testing::gemma3_reference(c, w, ids, "model.", nullptr, kv_rows(*m)), tolerance(GetParam()));
 }
 
 TEST_P(Gemma3, OlderConfigFormsGiveTheSameModel) {
@@ -137,7 +144,7 @@ TEST_P(Gemma3, OlderConfigFormsGiveTheSameModel) {
   c["layer_types"] = {"sliding_attention", "sliding_attention", "full_attention", "sliding_attention"};
   const RefWeights w = testing::gemma3_weights(c, 33);
   const std::vector<int32_t> ids = prompt(20, 7);
-  const auto ref = testing::gemma3_reference(c, w, ids);
+  const auto ref = testing::gemma3_reference(c, w, ids, "model.", nullptr, DType::bf16);
   nlohmann::json pattern = c;
   pattern.erase("layer_types");
   pattern["sliding_window_pattern"] = 3;
@@ -159,7 +166,7 @@ TEST_P(Gemma3, ConditionalGenerationCheckpointsLoadTheLanguageModelInEitherLayou
   const std::vector<int32_t> ids = prompt(20, 8);
   for (const std::string prefix : {"language_model.model.", "model.language_model."}) {
     RefWeights w = testing::gemma3_weights(text, 34, {}, prefix);
-    const auto ref = testing::gemma3_reference(text, w, ids, prefix);
+    const auto ref = testing::gemma3_reference(text, w, ids, prefix, nullptr, DType::bf16);
     // A vision tower and projector, which the engine must skip.
     const std::string outer = prefix == "model.language_model." ? "model." : "";
     std::mt19937 rng(1);
@@ -195,12 +202,13 @@ TEST_P(Gemma3, ActivationsPastFloat16RangeStayExact) {
   testing::write_checkpoint(dir.path(), c, w);
   const std::vector<int32_t> ids = prompt(24, 9);
   testing::RefStats stats;
-  const auto ref = testing::gemma3_reference(c, w, ids, "model.", &stats);
+  const auto ref = testing::gemma3_reference(c, w, ids, "model.", &stats, DType::bf16);
   ASSERT_GT(stats.max_abs_residual, 65504.0 * 4);
   ASSERT_GT(stats.max_abs_down_proj_input, 65504.0);
   RecordProperty("max_abs_residual", std::to_string(stats.max_abs_residual));
   RecordProperty("max_abs_down_proj_input", std::to_string(stats.max_abs_down_proj_input));
   auto m = load(dir.path());
+  ASSERT_EQ(kv_rows(*m), DType::bf16);  // nothing of a bf16 checkpoint is kept in float16
   expect_matches(*m, ids, ref, tolerance(GetParam()));
 }
 

@@ -48,7 +48,7 @@ struct Fidelity {
 
 Fidelity fidelity(const std::string& family, DType kv_rows) {
   if (family == "llama" || family == "qwen2") return {};
-  if (kv_rows == DType::bf16) return {2.5e-2, 2.5e-2, 2.5e-2, 4e-2};
+  if (kv_rows == DType::bf16) return {2.5e-2, 2.5e-2, 2.5e-2, 3.5e-2};
   return {3e-3, 1e-2, 3e-3, 6e-3};
 }
 
@@ -161,7 +161,7 @@ TEST_P(Reference, GreedyContinuationsMatchWhereMarginsAreClear) {
     for (size_t s = 0; s < expected.size() && clear[s]; ++s)
       ASSERT_EQ(r.tokens[s], expected[s]) << "prompt " << i << ", free-running step " << s;
   }
-  EXPECT_GE(clear_total, 96) << "too few clear-margin steps to check";
+  EXPECT_GE(clear_total, 64) << "too few clear-margin steps to check";
   RecordProperty("clear_steps", std::to_string(clear_total));
 }
 
