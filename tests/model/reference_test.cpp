@@ -35,21 +35,25 @@ std::filesystem::path fixture(const std::string& family) {
 // float32; a float64 forward of the same weights with only the K/V rows rounded predicts the
 // error that alone causes. llama, qwen2 (f16 rows): under 5.4e-4 (tests/fixtures/README.md).
 // gemma3 and cohere2, whose post-norms scale the attention output by up to 3000: 2.1e-3 and
-// 1.6e-3 with f16 rows, 1.6e-2 and 1.1e-2 with bf16 rows (the engine measures the same).
-// On CUDA, prefill GEMMs round activations to the weights' 16-bit type: fp16-class.
+// 1.6e-3 with f16 rows, 1.6e-2 and 1.1e-2 with bf16 rows (the engine measures the same on the
+// CPU). On CUDA, prefill GEMMs round activations to the weights' 16-bit type (fp16-class), and
+// the tensor-core attention rounds q and the softmax weights to the rows' type: with bf16 rows
+// gemma3 measured 3.7e-2 (prefill) and 2.6e-2 (decode) on an H200, cohere2 under 2.5e-2.
 struct Fidelity {
   double logits = 1e-3;       // every position of one prefill (the CPU)
   double logits_cuda = 1e-2;  // the same on CUDA
-  double decode = 1e-3;       // token-by-token decode (f32 activations on both devices)
+  double decode = 1e-3;       // token-by-token decode (f32 activations), the CPU
+  double decode_cuda = 1e-3;  // the same on CUDA
   // A greedy step is called when its reference margin (top1 - top2) exceeds
-  // max(0.05, clear_rel * the range of our logits row): twice the error the rows allow.
+  // max(0.05, clear_rel * the range of our logits row): about twice the error the rows cause
+  // on the CPU (on an H200 every step so called matched too).
   double clear_rel = 0.0;
 };
 
 Fidelity fidelity(const std::string& family, DType kv_rows) {
   if (family == "llama" || family == "qwen2") return {};
-  if (kv_rows == DType::bf16) return {2.5e-2, 2.5e-2, 2.5e-2, 3.5e-2};
-  return {3e-3, 1e-2, 3e-3, 6e-3};
+  if (kv_rows == DType::bf16) return {2.5e-2, 5e-2, 2.5e-2, 4e-2, 3.5e-2};
+  return {3e-3, 1e-2, 3e-3, 1e-2, 6e-3};
 }
 
 int32_t argmax(const float* row, int64_t n) { return int32_t(std::max_element(row, row + n) - row); }
@@ -122,7 +126,7 @@ TEST_P(Reference, TokenByTokenDecodeMatchesTransformers) {
     Array l = forward(tokens_of({ids[t]}), cache, false);
     worst = std::max(worst, relative_row_error(l.data<float>(), ref.data<float>() + int64_t(t) * vocab, vocab));
   }
-  EXPECT_LT(worst, fid_.decode);
+  EXPECT_LT(worst, on_cuda() ? fid_.decode_cuda : fid_.decode);
   RecordProperty("worst_rel_error", std::to_string(worst));
 }
 
