@@ -9,6 +9,10 @@
 
 namespace osprey {
 
+// What wait() returns when the device sampler found a NaN or an Inf among the logits the
+// token was chosen from (the token on the device is still a valid id).
+inline constexpr int32_t kNonFiniteLogits = -1;
+
 class TokenReadback {
  public:
   TokenReadback(Device device, int n_slots);
@@ -19,7 +23,7 @@ class TokenReadback {
   // Enqueues the copy of token[0] (i32, on `device`) into `slot` (0 <= slot < n_slots);
   // the slot must not be pending.
   void enqueue(const Array& token, int slot);
-  // Waits for the slot's copy and returns the token.
+  // Waits for the slot's copy and returns the token, or kNonFiniteLogits.
   int32_t wait(int slot);
 
   struct Impl;

@@ -1,24 +1,15 @@
 #include "chat/chat_template.h"
 
-#include <fstream>
-#include <sstream>
-
 #include "chat/jinja.h"
 #include "core/error.h"
+#include "core/file_read.h"
 
 namespace osprey {
 namespace {
 
 namespace fs = std::filesystem;
 
-std::string read_text(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw IoError(path.string() + ": cannot open file");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) throw IoError(path.string() + ": read failed");
-  return ss.str();
-}
+std::string read_text(const fs::path& path) { return read_regular_file(path); }
 
 nlohmann::json read_json(const fs::path& path) {
   try {
@@ -159,7 +150,7 @@ ChatTemplate::ChatTemplate(const std::string& source, std::vector<std::pair<std:
 ChatTemplate ChatTemplate::load(const fs::path& dir, const std::string& name) {
   const fs::path config_path = dir / "tokenizer_config.json";
   nlohmann::json config;
-  bool has_config = fs::exists(config_path);
+  bool has_config = regular_file_exists(config_path);
   if (has_config) {
     config = read_json(config_path);
     if (!config.is_object()) throw InvalidInput(config_path.string() + ": expected a JSON object");
@@ -183,12 +174,12 @@ ChatTemplate ChatTemplate::load(const fs::path& dir, const std::string& name) {
   std::string source;
   const fs::path jinja_path = dir / "chat_template.jinja";
   const fs::path json_path = dir / "chat_template.json";
-  if (fs::exists(jinja_path)) {
+  if (regular_file_exists(jinja_path)) {
     source = read_text(jinja_path);
     names = {"default"};
     if (!name.empty() && name != "default")
       throw InvalidInput(jinja_path.string() + ": has one template, \"default\"; no template named \"" + name + "\"");
-  } else if (fs::exists(json_path)) {
+  } else if (regular_file_exists(json_path)) {
     nlohmann::json j = read_json(json_path);
     if (!j.is_object() || !j.contains("chat_template"))
       throw InvalidInput(json_path.string() + ": missing field \"chat_template\"");

@@ -13,6 +13,7 @@
 #include "backend/cuda_available.h"
 #include "backend/device_select.h"
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "core/env.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -30,6 +31,7 @@ struct BenchOptions {
   std::vector<int64_t> n_prompt{512};
   std::vector<int64_t> n_gen{128};
   std::vector<int64_t> depths{0};
+  std::string n_prompt_arg = "512", n_gen_arg = "128", depths_arg = "0";  // as given; parsed into the above
   int repetitions = 5;
   int warmup = 1;
   std::string output = "md";
@@ -176,7 +178,7 @@ void print_md(const Header& h, const BenchOptions& o, const std::vector<BenchRes
 
 int run_bench_cmd(const BenchOptions& o) {
   const std::vector<BenchTest> tests = make_bench_tests(o.n_prompt, o.n_gen, o.depths);
-  if (tests.empty()) throw InvalidInput("bench: no tests (every -p and -n value is 0)");
+  if (tests.empty()) throw UsageError("bench: no tests (every -p and -n value is 0)");
   if (o.threads >= 0) set_cpu_threads(o.threads);
   const std::string dir = o.model.empty() ? default_model_dir() : o.model;
   if (!fs::exists(dir)) throw IoError("model folder " + dir + " does not exist");
@@ -228,19 +230,13 @@ int run_bench_cmd(const BenchOptions& o) {
 
 Command add_bench(CLI::App& app) {
   auto o = std::make_shared<BenchOptions>();
-  const auto size = CLI::Range(int64_t(0), int64_t(1) << 24);
+  constexpr int64_t kMaxSize = int64_t(1) << 24;
   app.add_option("-m,--model", o->model, "Model folder (default: the embedded default model)");
-  app.add_option("-p,--n-prompt", o->n_prompt, "Prompt sizes to time, comma-separated (0: no pp test)")
-      ->delimiter(',')
-      ->check(size)
+  app.add_option("-p,--n-prompt", o->n_prompt_arg, "Prompt sizes to time, comma-separated (0: no pp test)")
       ->capture_default_str();
-  app.add_option("-n,--n-gen", o->n_gen, "Generation lengths to time, comma-separated (0: no tg test)")
-      ->delimiter(',')
-      ->check(size)
+  app.add_option("-n,--n-gen", o->n_gen_arg, "Generation lengths to time, comma-separated (0: no tg test)")
       ->capture_default_str();
-  app.add_option("-d,--n-depth", o->depths, "Cache depths the tests start from, comma-separated")
-      ->delimiter(',')
-      ->check(size)
+  app.add_option("-d,--n-depth", o->depths_arg, "Cache depths the tests start from, comma-separated")
       ->capture_default_str();
   app.add_option("-r,--repetitions", o->repetitions, "Measured runs per test")
       ->check(CLI::Range(1, 1000000))
@@ -252,9 +248,14 @@ Command add_bench(CLI::App& app) {
       ->check(CLI::IsMember({"md", "json", "csv"}))
       ->capture_default_str();
   app.add_option("--device", o->device, "cpu, cuda or cuda:N (default: OSPREY_DEVICE, else cuda when present)");
-  app.add_option("-t,--threads", o->threads, "CPU threads (default: OSPREY_THREADS or one per core)");
-  app.add_option("--seed", o->seed, "Seed of the random prompt tokens")->capture_default_str();
-  return [o] { return run_bench_cmd(*o); };
+  add_threads_option(app, o->threads);
+  app.add_option("--seed", o->seed, "Seed of the random prompt tokens")->check(unsigned_u64())->capture_default_str();
+  return [o] {
+    o->n_prompt = parse_int_list("--n-prompt", o->n_prompt_arg, 0, kMaxSize);
+    o->n_gen = parse_int_list("--n-gen", o->n_gen_arg, 0, kMaxSize);
+    o->depths = parse_int_list("--n-depth", o->depths_arg, 0, kMaxSize);
+    return run_bench_cmd(*o);
+  };
 }
 
 }  // namespace osprey::cli

@@ -18,6 +18,7 @@
 #include "backend/device_select.h"
 #include "chat/chat_template.h"
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "cli/progress.h"
 #include "core/env.h"
 #include "core/error.h"
@@ -126,6 +127,9 @@ class Chat {
     size_t keep = 0;
     while (keep < ids.size() && keep < cached_.size() && ids[keep] == cached_[keep]) ++keep;
     if (keep == ids.size()) --keep;  // at least one token to prefill, for the next logits
+    // A sliding-window layer that no longer holds the rows before `keep` cannot rewind to it:
+    // the conversation is then computed from the start.
+    if (cache_.offset() > int64_t(keep) && !cache_.can_trim(cache_.offset() - int64_t(keep))) keep = 0;
     if (cache_.offset() > int64_t(keep)) cache_.trim(cache_.offset() - int64_t(keep));
     cached_.resize(keep);
 
@@ -144,7 +148,10 @@ class Chat {
     }
     cached_ = ids;
     cached_.insert(cached_.end(), r.tokens.begin(), r.tokens.end());
-    if (cache_.offset() > int64_t(cached_.size())) cache_.trim(cache_.offset() - int64_t(cached_.size()));
+    if (cache_.offset() > int64_t(cached_.size())) {
+      const int64_t extra = cache_.offset() - int64_t(cached_.size());
+      cache_.trim(cache_.can_trim(extra) ? extra : cache_.offset());  // else the next turn starts over
+    }
     cached_.resize(size_t(cache_.offset()));
 
     std::string reply = tok_.decode(r.tokens, true);
@@ -251,16 +258,10 @@ Command add_chat(CLI::App& app) {
   app.add_option("-m,--model", o->model, "Model folder with a chat template (default: the embedded default model)");
   app.add_option("--system", o->system, "System message opening the conversation");
   app.add_option("--template-name", o->template_name, "Which of the folder's named templates (default: \"default\")");
-  app.add_option("-n,--n-predict", o->n_predict, "Most tokens per reply")->check(CLI::NonNegativeNumber);
-  app.add_option("--temp", o->sampler.temperature, "Temperature (0: greedy)");
-  app.add_option("--top-k", o->sampler.top_k, "Top-k (0: off)");
-  app.add_option("--top-p", o->sampler.top_p, "Top-p (1: off)");
-  app.add_option("--min-p", o->sampler.min_p, "Min-p (0: off)");
-  app.add_option("--repeat-penalty", o->sampler.repetition_penalty, "Repetition penalty (1: off)");
-  app.add_option("--repeat-last-n", o->sampler.repeat_last_n, "Tokens the repetition penalty looks back over");
-  app.add_option("--seed", o->sampler.seed, "Sampling seed");
+  app.add_option("-n,--n-predict", o->n_predict, "Most tokens per reply")->check(int_range(0, INT32_MAX));
+  add_sampler_options(app, o->sampler);
   app.add_option("--device", o->device, "cpu, cuda or cuda:N (default: OSPREY_DEVICE, else cuda when present)");
-  app.add_option("-t,--threads", o->threads, "CPU threads (default: OSPREY_THREADS or one per core)");
+  add_threads_option(app, o->threads);
   app.add_flag("--json", o->json, "Print one JSON object per reply (text, tokens, cache counters) instead of streaming");
   return [o] { return run_chat(*o); };
 }

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/env.h"
+#include "core/error.h"
 #include "engine/generator.h"
 
 namespace CLI {
@@ -14,6 +15,13 @@ class App;
 namespace osprey::cli {
 
 using Command = std::function<int()>;
+
+// A usage error found while a command runs (a missing argument, flags that do not fit
+// together): main() prints it and exits 2, as for the flag errors CLI11 reports.
+class UsageError : public InvalidInput {
+ public:
+  using InvalidInput::InvalidInput;
+};
 
 Command add_generate(CLI::App& app);
 Command add_tokenize(CLI::App& app);

@@ -5,6 +5,7 @@
 
 #include "backend/quant.h"
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "cli/progress.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -14,29 +15,33 @@ namespace osprey::cli {
 namespace {
 namespace fs = std::filesystem;
 
+constexpr int64_t kMaxShardMib = int64_t(1) << 30;  // 1 PiB
+
 struct ConvertOptions {
   std::string model;
   std::string output;
   int bits = 4;
   int group_size = 64;
   std::string dtype;
-  int64_t shard_mib = 5120;
+  int64_t shard_mib = 5120;  // at most kMaxShardMib, so that the bytes fit in 64 bits
   int threads = -1;
 };
 
 DType parse_dtype(const std::string& name) {
   if (name == "float16" || name == "f16" || name == "fp16") return DType::f16;
   if (name == "bfloat16" || name == "bf16") return DType::bf16;
-  throw InvalidInput("--dtype: \"" + name + "\" is not supported (float16 or bfloat16)");
+  throw UsageError("--dtype: \"" + name + "\" is not supported (float16 or bfloat16)");
 }
 
 int run_convert(const ConvertOptions& o) {
   if (o.threads >= 0) set_cpu_threads(o.threads);
   if (!supported_quant_bits(o.bits))
-    throw InvalidInput("--q-bits: " + std::to_string(o.bits) + " is not supported (2, 3, 4, 6 or 8)");
+    throw UsageError("--q-bits: " + std::to_string(o.bits) + " is not supported (2, 3, 4, 6 or 8)");
   if (!supported_group_size(o.group_size))
-    throw InvalidInput("--q-group-size: " + std::to_string(o.group_size) + " is not supported (32, 64 or 128)");
-  if (o.shard_mib < 1) throw InvalidInput("--max-shard-mib: must be at least 1");
+    throw UsageError("--q-group-size: " + std::to_string(o.group_size) + " is not supported (32, 64 or 128)");
+  if (o.shard_mib < 1 || o.shard_mib > kMaxShardMib)
+    throw UsageError("--max-shard-mib: " + std::to_string(o.shard_mib) + " is out of range [1, " +
+                     std::to_string(kMaxShardMib) + "]");
   std::optional<DType> dtype;
   if (!o.dtype.empty()) dtype = parse_dtype(o.dtype);
 
@@ -84,7 +89,7 @@ Command add_convert(CLI::App& app) {
                  "float16 or bfloat16: scales, biases and unquantized tensors (default: the source's 16-bit "
                  "type; bfloat16 for a float32 source)");
   app.add_option("--max-shard-mib", o->shard_mib, "Largest output file in MiB (default 5120)");
-  app.add_option("-t,--threads", o->threads, "CPU threads (default: OSPREY_THREADS or one per core)");
+  add_threads_option(app, o->threads);
   return [o] { return run_convert(*o); };
 }
 

@@ -8,6 +8,7 @@
 #include "backend/device_select.h"
 #include "chat/chat_template.h"
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "cli/progress.h"
 #include "core/env.h"
 #include "core/error.h"
@@ -53,7 +54,7 @@ std::vector<int32_t> parse_token_ids(const std::string& s) {
     char* end = nullptr;
     long v = item.empty() ? 0 : std::strtol(item.c_str(), &end, 10);
     if (item.empty() || *end != '\0' || v < 0 || v > INT32_MAX)
-      throw InvalidInput("--token-ids: \"" + item + "\" is not a non-negative integer");
+      throw UsageError("--token-ids: \"" + item + "\" is not a non-negative integer");
     ids.push_back(int32_t(v));
     if (comma == std::string::npos) break;
     pos = comma + 1;
@@ -166,22 +167,16 @@ Command add_generate(CLI::App& app) {
   auto* p = app.add_option("-p,--prompt", o->prompt, "Prompt text (tokenized with the model's tokenizer.json)");
   auto* t = app.add_option("--token-ids", o->token_ids, "Prompt as comma-separated token ids");
   p->excludes(t);
-  app.add_option("-n,--n-predict", o->n_predict, "Tokens to generate")->check(CLI::NonNegativeNumber);
-  app.add_option("--temp", o->sampler.temperature, "Temperature (0: greedy)");
-  app.add_option("--top-k", o->sampler.top_k, "Top-k (0: off)");
-  app.add_option("--top-p", o->sampler.top_p, "Top-p (1: off)");
-  app.add_option("--min-p", o->sampler.min_p, "Min-p (0: off)");
-  app.add_option("--repeat-penalty", o->sampler.repetition_penalty, "Repetition penalty (1: off)");
-  app.add_option("--repeat-last-n", o->sampler.repeat_last_n, "Tokens the repetition penalty looks back over");
-  app.add_option("--seed", o->sampler.seed, "Sampling seed");
+  app.add_option("-n,--n-predict", o->n_predict, "Tokens to generate")->check(int_range(0, INT32_MAX));
+  add_sampler_options(app, o->sampler);
   app.add_option("--device", o->device, "cpu, cuda or cuda:N (default: OSPREY_DEVICE, else cuda when present)");
-  app.add_option("-t,--threads", o->threads, "CPU threads (default: OSPREY_THREADS or one per core)");
+  add_threads_option(app, o->threads);
   app.add_flag("--json", o->json, "Print one JSON object instead of streaming text");
   app.add_flag("--ignore-eos", o->ignore_eos, "Do not stop at end-of-sequence tokens");
   app.add_flag("--chat", o->chat, "Apply the model's chat template to -p as one user message")->excludes(t);
   return [o, p, t] {
-    if (!*p && !*t) throw InvalidInput("generate: give a prompt with -p TEXT or --token-ids 1,2,3");
-    if (o->chat && !*p) throw InvalidInput("generate --chat: give the user message with -p TEXT");
+    if (!*p && !*t) throw UsageError("generate: give a prompt with -p TEXT or --token-ids 1,2,3");
+    if (o->chat && !*p) throw UsageError("generate --chat: give the user message with -p TEXT");
     return run_generate(*o);
   };
 }

@@ -1,8 +1,12 @@
 // osprey: the command-line front end. Maps errors to exit codes: 0 success, 1 a runtime
-// error (bad checkpoint, config, input or I/O), 2 a usage error (unknown flag, bad value).
+// error (bad checkpoint, config, input or I/O, output that cannot be written), 2 a usage
+// error (unknown flag, a value out of range, a missing argument).
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <algorithm>
+#include <new>
 #include <map>
 #include <string>
 #include <vector>
@@ -11,9 +15,26 @@
 #include "core/env.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/mapped_file.h"
 #include "core/thread_pool.h"
 
+namespace {
+
+// Everything written to stdout reached it; else an error naming the cause (a full disk,
+// /dev/full, a closed pipe), so that a lost output never exits 0.
+int check_stdout(int code) {
+  errno = 0;
+  const bool flushed = std::fflush(stdout) == 0;
+  if (flushed && !std::ferror(stdout)) return code;
+  std::fprintf(stderr, "osprey: error: cannot write the output to stdout%s%s\n", errno ? ": " : "",
+               errno ? std::strerror(errno) : "");
+  return code == 0 ? 1 : code;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  osprey::install_mapped_file_fault_handler();
   CLI::App app{"Osprey: LLM inference for NVIDIA GPUs and x86-64 CPUs"};
   app.set_version_flag("--version", std::string("osprey ") + OSPREY_VERSION + " (" + OSPREY_GIT_COMMIT + ")");
   app.require_subcommand(1);
@@ -48,13 +69,21 @@ int main(int argc, char** argv) {
     osprey::set_log_level(osprey::parse_log_level(env.log_level, "OSPREY_LOG_LEVEL"));
     osprey::set_cpu_threads(env.n_threads);
     for (auto& [sub, run] : commands)
-      if (sub->parsed()) return run();
+      if (sub->parsed()) return check_stdout(run());
+  } catch (const osprey::cli::UsageError& e) {
+    std::fprintf(stderr, "osprey: error: %s\nRun with --help for more information.\n", e.what());
+    return check_stdout(2);
   } catch (const osprey::Error& e) {
     std::fprintf(stderr, "osprey: error: %s\n", e.what());
+    return check_stdout(1);
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr,
+                 "osprey: error: out of memory: an allocation failed (a size from a file, flag or environment "
+                 "variable may be too large for this machine)\n");
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "osprey: internal error: %s\n", e.what());
     return 1;
   }
-  return 0;
+  return check_stdout(0);
 }

@@ -7,6 +7,7 @@
 
 #include "backend/device_select.h"
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "core/env.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -88,7 +89,7 @@ Command add_serve(CLI::App& app) {
   app.add_option("--timeout", s.timeout_s, "Socket read and write timeout in seconds")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--threads-http", s.n_http_threads, "HTTP worker threads (0: 4 * parallel + 16)")->check(CLI::NonNegativeNumber);
   app.add_option("--device", o->device, "cpu, cuda or cuda:N (default: OSPREY_DEVICE, else cuda when present)");
-  app.add_option("-t,--threads", o->threads, "CPU threads (default: OSPREY_THREADS or one per core)");
+  add_threads_option(app, o->threads);
   return [o] { return run_serve(*o); };
 }
 

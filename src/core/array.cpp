@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstring>
 
+#include "core/checked.h"
 #include "core/error.h"
 
 namespace osprey {
@@ -80,7 +81,16 @@ Array Array::from_buffer(std::shared_ptr<Buffer> buffer, size_t byte_offset, con
 }
 
 Array Array::empty(const Shape& shape, DType dtype, Device device) {
-  size_t bytes = size_t(shape.numel()) * dtype_size(dtype);
+  // Checked: a shape from a file or a flag must not wrap to a small allocation.
+  uint64_t bytes = dtype_size(dtype);
+  for (int i = 0; i < shape.n; ++i) {
+    if (shape.d[i] < 0) throw InvalidInput("an array of " + shape.str() + " " + dtype_name(dtype) + ": negative dimension");
+    const auto r = mul_u64(bytes, uint64_t(shape.d[i]));
+    if (!r || *r > uint64_t(INT64_MAX))
+      throw OutOfMemory(device.str() + ": an array of " + shape.str() + " " + dtype_name(dtype) +
+                        " would need more than 2^63 bytes");
+    bytes = *r;
+  }
   return from_buffer(allocator_for(device).allocate(bytes), 0, shape, dtype);
 }
 

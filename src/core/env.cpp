@@ -1,10 +1,12 @@
 #include "core/env.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <string>
 
 #include "core/error.h"
+#include "core/thread_pool.h"
 
 namespace osprey {
 
@@ -17,21 +19,23 @@ bool parse_switch(const char* value, bool fallback) {
 
 namespace {
 
-int parse_int(const char* name, int fallback, int min_value) {
+int parse_int(const char* name, int fallback, int min_value, int max_value) {
   const char* v = std::getenv(name);
   if (!v || !*v) return fallback;
   char* end = nullptr;
+  errno = 0;
   long x = std::strtol(v, &end, 10);
-  if (*end != '\0' || x < min_value || x > 1 << 30)
-    throw InvalidInput(std::string(name) + "=" + v + ": expected an integer >= " + std::to_string(min_value));
+  if (*end != '\0' || errno == ERANGE || x < min_value || x > max_value)
+    throw InvalidInput(std::string(name) + "=" + v + ": expected an integer in [" + std::to_string(min_value) + ", " +
+                       std::to_string(max_value) + "]");
   return int(x);
 }
 
 EnvOptions read_env() {
   EnvOptions o;
   o.kv_inplace_write = parse_switch(std::getenv("OSPREY_KV_INPLACE_WRITE"), true);
-  o.kv_step = parse_int("OSPREY_KV_STEP", 256, 1);
-  o.n_threads = parse_int("OSPREY_THREADS", 0, 0);
+  o.kv_step = parse_int("OSPREY_KV_STEP", 256, 1, kMaxKvStep);
+  o.n_threads = parse_int("OSPREY_THREADS", 0, 0, kMaxCpuThreads);
   if (const char* v = std::getenv("OSPREY_LOG_LEVEL"); v && *v) o.log_level = v;
   if (const char* v = std::getenv("OSPREY_DEVICE"); v && *v) o.device = v;
   o.force_sync = parse_switch(std::getenv("OSPREY_FORCE_SYNC"), false);

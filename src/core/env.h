@@ -6,6 +6,9 @@
 
 namespace osprey {
 
+// The largest OSPREY_KV_STEP: a step reserves that many rows per layer at once.
+inline constexpr int kMaxKvStep = 1 << 16;
+
 struct EnvOptions {
   bool kv_inplace_write = true;  // OSPREY_KV_INPLACE_WRITE: 0/false/off/no disable
   int kv_step = 256;             // OSPREY_KV_STEP: cache capacity grows in steps of this many rows

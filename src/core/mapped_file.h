@@ -10,7 +10,8 @@ namespace osprey {
 
 class MappedFile {
  public:
-  // Throws IoError naming the path when it cannot be opened or mapped.
+  // Throws IoError naming the path when it cannot be opened or mapped, or is not a regular
+  // file (a FIFO, which would block the open, a directory, a device).
   static std::shared_ptr<MappedFile> open(const std::filesystem::path& path);
   ~MappedFile();
   MappedFile(const MappedFile&) = delete;
@@ -26,5 +27,12 @@ class MappedFile {
   size_t size_ = 0;
   std::filesystem::path path_;
 };
+
+// Installs a SIGBUS handler for the process: a read of a mapped page that no longer exists
+// (the file shrank under the running process) ends it with exit code 1 and
+// "osprey: error: <path>: the mapped file shrank or became unreadable while in use"
+// on stderr, instead of a bare SIGBUS. A SIGBUS elsewhere keeps its default action.
+// For programs (the CLI calls it); the library never installs handlers itself.
+void install_mapped_file_fault_handler();
 
 }  // namespace osprey

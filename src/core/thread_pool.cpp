@@ -2,23 +2,43 @@
 
 #include <chrono>
 #include <memory>
+#include <string>
+#include <system_error>
 
+#include "core/error.h"
 
 namespace osprey {
 
 ThreadPool::ThreadPool(int n_threads) {
-  if (n_threads <= 0) n_threads = int(std::max(1u, std::thread::hardware_concurrency()));
-  for (int i = 1; i < n_threads; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+  if (n_threads <= 0) n_threads = int(std::min<unsigned>(kMaxCpuThreads, std::max(1u, std::thread::hardware_concurrency())));
+  if (n_threads > kMaxCpuThreads)
+    throw InvalidInput("a thread pool of " + std::to_string(n_threads) + " threads: at most " +
+                       std::to_string(kMaxCpuThreads) + " are supported");
+  workers_.reserve(size_t(n_threads - 1));
+  for (int i = 1; i < n_threads; ++i) {
+    try {
+      workers_.emplace_back([this, i] { worker_loop(i); });
+    } catch (const std::system_error& e) {
+      // The started workers wait on cv_: stop and join them before the members go.
+      stop_workers();
+      throw OutOfMemory("cannot start CPU thread " + std::to_string(i + 1) + " of " + std::to_string(n_threads) +
+                        " (" + e.what() + "): ask for fewer threads");
+    }
+  }
 }
 
-ThreadPool::~ThreadPool() {
+ThreadPool::~ThreadPool() { stop_workers(); }
+
+void ThreadPool::stop_workers() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
     generation_.fetch_add(1);
   }
   cv_.notify_all();
-  for (auto& t : workers_) t.join();
+  for (auto& t : workers_)
+    if (t.joinable()) t.join();
+  workers_.clear();
 }
 
 void ThreadPool::parallel_for(int64_t n, int64_t min_chunk, const std::function<void(int64_t, int64_t, int)>& fn) {

@@ -11,9 +11,15 @@
 
 namespace osprey {
 
+// The most threads a pool may have (the CLI's -t and OSPREY_THREADS are bounded by it).
+inline constexpr int kMaxCpuThreads = 1024;
+
 class ThreadPool {
  public:
-  explicit ThreadPool(int n_threads);  // total threads including the caller; <= 0: hardware count
+  // n_threads: total threads including the caller; <= 0: hardware count. Throws InvalidInput
+  // above kMaxCpuThreads, and OutOfMemory naming the count when the system refuses a thread
+  // (a process limit): the threads already started are stopped and joined first.
+  explicit ThreadPool(int n_threads);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
@@ -26,6 +32,7 @@ class ThreadPool {
 
  private:
   void worker_loop(int index);
+  void stop_workers();  // wakes every worker with stop_ set and joins it
 
   std::vector<std::thread> workers_;
   std::mutex mu_;

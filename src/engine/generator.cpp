@@ -103,6 +103,10 @@ GenerateResult generate(Model& model, SequenceCache& cache, std::span<const int3
       ahead = true;
     }
     const int32_t token = st.device_sampling ? readback.wait(int(i % 2)) : next_host;
+    if (token == kNonFiniteLogits) {
+      ops::synchronize(dev);  // the step enqueued ahead may still run
+      throw InvalidInput(non_finite_logits_message("at generated token " + std::to_string(i)));
+    }
     if (i == 0) {
       st.prompt_seconds = seconds_since(t0);
       t_decode = Clock::now();

@@ -25,6 +25,24 @@ bool uses_history(const SamplerParams& p) {
   return p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
 }
 
+void throw_non_finite(std::span<const float> logits) {
+  size_t n_bad = 0, first = logits.size();
+  for (size_t i = 0; i < logits.size(); ++i)
+    if (!std::isfinite(logits[i])) {
+      if (first == logits.size()) first = i;
+      ++n_bad;
+    }
+  throw InvalidInput(non_finite_logits_message(std::to_string(n_bad) + " of " + std::to_string(logits.size()) +
+                                               " are NaN or Inf, the first " +
+                                               (std::isnan(logits[first]) ? "NaN" : "Inf") + " for token id " +
+                                               std::to_string(first)));
+}
+
+std::string non_finite_logits_message(const std::string& detail) {
+  return "the model computed non-finite logits (" + detail +
+         "): the checkpoint's weights or its config values (such as rms_norm_eps) are broken";
+}
+
 int32_t argmax(std::span<const float> logits) {
   int32_t best = 0;
   for (size_t i = 1; i < logits.size(); ++i)
@@ -36,7 +54,16 @@ Sampler::Sampler(const SamplerParams& params) : params_(params) { validate(param
 
 std::vector<std::pair<int32_t, float>> Sampler::filtered(std::span<const float> logits,
                                                          std::span<const int32_t> history) {
-  work_.assign(logits.begin(), logits.end());
+  // The copy also checks that every logit is finite (one pass that runs anyway): NaN or Inf
+  // weights, or a config value out of its domain, would otherwise emit token 0 forever.
+  work_.resize(logits.size());
+  bool finite = true;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const float v = logits[i];
+    work_[i] = v;
+    finite &= std::isfinite(v);
+  }
+  if (!finite) throw_non_finite(logits);
   if (uses_history(params_) && params_.repeat_last_n > 0) {
     size_t start = history.size() > size_t(params_.repeat_last_n) ? history.size() - size_t(params_.repeat_last_n) : 0;
     std::vector<int32_t> seen(history.begin() + long(start), history.end());

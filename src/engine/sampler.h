@@ -5,6 +5,7 @@
 // and the same draws as the CUDA sampler's for the same kept set.
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 namespace osprey {
@@ -30,6 +31,8 @@ class Sampler {
  public:
   explicit Sampler(const SamplerParams& params);
   // logits [vocab] f32 (not modified); `history` is the sequence so far (prompt + output).
+  // Throws InvalidInput "the model computed non-finite logits ..." when any logit is NaN or
+  // Inf (broken weights or config), rather than choosing a token from them.
   int32_t sample(std::span<const float> logits, std::span<const int32_t> history);
 
   // The candidate distribution the chain would draw from, sorted by id; for tests.
@@ -44,6 +47,12 @@ class Sampler {
 };
 
 int32_t argmax(std::span<const float> logits);
+
+// Throws the sampler's InvalidInput for `logits`, which hold a NaN or an Inf (also the
+// message the device sampler's non-finite flag turns into).
+[[noreturn]] void throw_non_finite(std::span<const float> logits);
+// "the model computed non-finite logits (<detail>): ..." (the device sampler's flag too).
+std::string non_finite_logits_message(const std::string& detail);
 
 // Whether any penalty needs the token history (so sampling must run on the host).
 bool uses_history(const SamplerParams& p);

@@ -12,7 +12,8 @@ namespace osprey {
 
 class ConfigReader {
  public:
-  // Reads and parses `path`; IoError when missing, InvalidInput when malformed.
+  // Reads and parses `path`; IoError when missing or not a regular file (a FIFO, a directory),
+  // InvalidInput when malformed.
   static ConfigReader load(const std::filesystem::path& path);
   ConfigReader(nlohmann::json j, std::string where) : j_(std::move(j)), where_(std::move(where)) {}
 
@@ -24,8 +25,14 @@ class ConfigReader {
   bool get_bool(const std::string& key, bool fallback) const;
   std::string get_string(const std::string& key) const;
   std::string get_string(const std::string& key, const std::string& fallback) const;
-  // An int or a list of ints (eos_token_id); empty when absent.
+  // An int or a list of ints (eos_token_id), each a token id in [0, 2^31); empty when absent.
   std::vector<int32_t> get_int_list(const std::string& key) const;
+  // One token id in [0, 2^31) (bos_token_id).
+  int32_t get_token_id(const std::string& key) const;
+  // A string among `supported` (`fallback` when absent); Unsupported naming the field and the
+  // supported values otherwise (hidden_act).
+  std::string get_choice(const std::string& key, const std::string& fallback,
+                         const std::vector<std::string>& supported) const;
   std::vector<std::string> get_string_list(const std::string& key) const;
   // A nested object, or nullopt when absent or null.
   std::optional<ConfigReader> get_object(const std::string& key) const;

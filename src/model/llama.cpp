@@ -26,7 +26,11 @@ LlamaConfig parse_llama_config(const ConfigReader& c, double default_rope_theta)
   cfg.tie_word_embeddings = c.get_bool("tie_word_embeddings", false);
   auto positive = [&](const char* key, int64_t v) {
     if (v <= 0) c.fail(key, "must be positive, got " + std::to_string(v));
+    if (v > INT32_MAX) c.fail(key, "must be below 2^31, got " + std::to_string(v));
   };
+  positive("max_position_embeddings", cfg.max_position_embeddings);
+  if (!(cfg.rms_norm_eps > 0) || !std::isfinite(cfg.rms_norm_eps))
+    c.fail("rms_norm_eps", "must be positive, got " + c.json()["rms_norm_eps"].dump());
   positive("vocab_size", cfg.vocab_size);
   positive("hidden_size", cfg.hidden_size);
   positive("intermediate_size", cfg.intermediate_size);
@@ -160,6 +164,7 @@ std::unique_ptr<Model> build_llama_model(const LlamaConfig& config, const SafeTe
 void register_llama_family() {
   register_family("llama", [](const ConfigReader& c, const SafeTensors& st, const LoadOptions& o) {
     LlamaConfig cfg = parse_llama_config(c, 10000.0);
+    c.get_choice("hidden_act", "silu", {"silu"});
     cfg.attention_bias = c.get_bool("attention_bias", false);
     cfg.o_proj_bias = cfg.attention_bias;
     cfg.mlp_bias = c.get_bool("mlp_bias", false);

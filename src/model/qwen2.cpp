@@ -9,6 +9,7 @@ namespace osprey {
 void register_qwen2_family() {
   register_family("qwen2", [](const ConfigReader& c, const SafeTensors& st, const LoadOptions& o) {
     LlamaConfig cfg = parse_llama_config(c, 10000.0);
+    c.get_choice("hidden_act", "silu", {"silu"});
     cfg.attention_bias = true;
     cfg.o_proj_bias = false;
     if (c.has("use_sliding_window") && c.get_bool("use_sliding_window", false))

@@ -2,6 +2,7 @@
 #include <mutex>
 
 #include "core/error.h"
+#include "core/file_read.h"
 #include "core/log.h"
 #include "model/config_reader.h"
 #include "model/model.h"
@@ -12,6 +13,8 @@ namespace osprey {
 // Built-in families: one registration function per family file.
 void register_llama_family();
 void register_qwen2_family();
+void register_gemma3_family();
+void register_cohere2_family();
 
 namespace {
 
@@ -25,6 +28,8 @@ const std::map<std::string, FamilyLoader>& families() {
   std::call_once(once, [] {
     register_llama_family();
     register_qwen2_family();
+    register_gemma3_family();
+    register_cohere2_family();
   });
   return table();
 }
@@ -62,11 +67,11 @@ std::unique_ptr<Model> load_model(const std::filesystem::path& dir, const LoadOp
       if (std::find(info.eos_ids.begin(), info.eos_ids.end(), id) == info.eos_ids.end()) info.eos_ids.push_back(id);
   };
   add_eos(config.get_int_list("eos_token_id"));
-  if (config.has("bos_token_id")) info.bos_id = int32_t(config.get_int("bos_token_id"));
-  if (std::filesystem::exists(dir / "generation_config.json")) {
+  if (config.has("bos_token_id")) info.bos_id = config.get_token_id("bos_token_id");
+  if (regular_file_exists(dir / "generation_config.json")) {
     ConfigReader gen = ConfigReader::load(dir / "generation_config.json");
     add_eos(gen.get_int_list("eos_token_id"));
-    if (!info.bos_id && gen.has("bos_token_id")) info.bos_id = int32_t(gen.get_int("bos_token_id"));
+    if (!info.bos_id && gen.has("bos_token_id")) info.bos_id = gen.get_token_id("bos_token_id");
   }
   log_debug("loaded " + dir.string() + ": " + model_type + ", " + std::to_string(info.n_layers) + " layers, " +
             std::to_string(info.weight_bytes) + " weight bytes (" + dtype_name(info.weight_dtype) + ")");

@@ -10,15 +10,22 @@ namespace {
 void read_scaling(const ConfigReader& s, RopeConfig& r) {
   r.type = s.get_string("rope_type", s.get_string("type", "default"));
   if (r.type == "default") return;
+  auto positive = [&](const char* key) {
+    const double v = s.get_float(key);
+    if (!(v > 0) || !std::isfinite(v)) s.fail(key, "must be positive, got " + s.json()[key].dump());
+    return v;
+  };
   if (r.type == "linear") {
-    r.factor = s.get_float("factor");
+    r.factor = positive("factor");
     return;
   }
   if (r.type == "llama3") {
-    r.factor = s.get_float("factor");
-    r.low_freq_factor = s.get_float("low_freq_factor");
-    r.high_freq_factor = s.get_float("high_freq_factor");
+    r.factor = positive("factor");
+    r.low_freq_factor = positive("low_freq_factor");
+    r.high_freq_factor = positive("high_freq_factor");
     r.original_max_position_embeddings = s.get_int("original_max_position_embeddings");
+    if (r.original_max_position_embeddings <= 0)
+      s.fail("original_max_position_embeddings", "must be positive, got " + std::to_string(r.original_max_position_embeddings));
     if (r.high_freq_factor <= r.low_freq_factor) s.fail("high_freq_factor", "must exceed low_freq_factor");
     return;
   }
@@ -38,7 +45,7 @@ RopeConfig parse_rope(const ConfigReader& config, double default_theta, const st
     r.theta = config.get_float("rope_theta", default_theta);
     if (auto s = config.get_object("rope_scaling")) read_scaling(*s, r);
   }
-  if (!(r.theta > 0)) config.fail("rope_theta", "must be positive");
+  if (!(r.theta > 0) || !std::isfinite(r.theta)) config.fail("rope_theta", "must be positive");
   return r;
 }
 

@@ -1,12 +1,16 @@
 #include "model/safetensors.h"
 
+#include <algorithm>
+#include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <nlohmann/json.hpp>
+#include <mutex>
 #include <set>
 
 #include "backend/ops.h"
+#include "core/checked.h"
 #include "core/error.h"
+#include "core/file_read.h"
 #include "core/mapped_file.h"
 
 namespace osprey {
@@ -32,20 +36,46 @@ std::string safetensors_dtype_name(DType dt) {
   return "?";
 }
 
+// Parses a JSON object, refusing a key that appears twice in the top-level object (the
+// safetensors format forbids it; a plain parse would keep the last one silently).
+json parse_unique_keys(const char* begin, const char* end, const std::string& where, const char* what) {
+  std::set<std::string> seen;
+  std::string duplicate;
+  json j;
+  try {
+    j = json::parse(begin, end, [&](int depth, json::parse_event_t event, json& parsed) {
+      if (depth == 1 && event == json::parse_event_t::key && duplicate.empty() &&
+          !seen.insert(parsed.get<std::string>()).second)
+        duplicate = parsed.get<std::string>();
+      return true;
+    });
+  } catch (const json::exception& e) {
+    throw InvalidInput(where + ": malformed JSON " + what + ": " + e.what());
+  }
+  if (!duplicate.empty()) throw InvalidInput(where + ": the " + std::string(what) + " holds the key \"" + duplicate + "\" twice");
+  return j;
+}
+
 }  // namespace
+
+struct SafeTensors::Usage {
+  std::mutex mu;
+  std::set<std::string> used;
+};
 
 SafeTensors SafeTensors::open(const fs::path& dir) {
   std::error_code ec;
   if (!fs::exists(dir, ec)) throw IoError("model folder " + dir.string() + " does not exist");
   if (!fs::is_directory(dir, ec)) throw IoError(dir.string() + " is not a folder");
   SafeTensors st;
+  st.usage_ = std::make_shared<Usage>();
   st.source_ = dir;
   fs::path index = dir / "model.safetensors.index.json";
-  if (fs::exists(index)) {
-    std::ifstream in(index);
+  if (regular_file_exists(index)) {
+    const std::string text = read_regular_file(index);
     json j;
     try {
-      j = json::parse(in);
+      j = json::parse(text);
     } catch (const json::exception& e) {
       throw InvalidInput(index.string() + ": malformed JSON: " + e.what());
     }
@@ -86,6 +116,7 @@ SafeTensors SafeTensors::open(const fs::path& dir) {
 
 SafeTensors SafeTensors::open_file(const fs::path& file) {
   SafeTensors st;
+  st.usage_ = std::make_shared<Usage>();
   st.source_ = file;
   st.add_file(file);
   return st;
@@ -102,13 +133,8 @@ void SafeTensors::add_file(const fs::path& path) {
   if (header_len > file->size() - 8)
     throw InvalidInput(where + ": header length " + std::to_string(header_len) + " runs past the end of the file (" +
                        std::to_string(file->size()) + " bytes)");
-  json header;
-  try {
-    header = json::parse(reinterpret_cast<const char*>(file->data()) + 8,
-                         reinterpret_cast<const char*>(file->data()) + 8 + header_len);
-  } catch (const json::exception& e) {
-    throw InvalidInput(where + ": malformed JSON header: " + e.what());
-  }
+  const json header = parse_unique_keys(reinterpret_cast<const char*>(file->data()) + 8,
+                                        reinterpret_cast<const char*>(file->data()) + 8 + header_len, where, "header");
   if (!header.is_object()) throw InvalidInput(where + ": the JSON header is not an object");
   const size_t data_start = 8 + header_len;
   const size_t data_size = file->size() - data_start;
@@ -116,6 +142,12 @@ void SafeTensors::add_file(const fs::path& path) {
   // The buffer spans the mapping and owns nothing: the captured handle keeps it mapped.
   auto buffer = std::make_shared<Buffer>(const_cast<uint8_t*>(file->data()), file->size(), Device::cpu(),
                                          [keep = file](void*, size_t) {});
+  // Data regions, to check that they tile the data section exactly.
+  struct Region {
+    uint64_t begin, end;
+    std::string name;
+  };
+  std::vector<Region> regions;
   for (auto& [name, entry] : header.items()) {
     if (name == "__metadata__") {
       if (entry.is_object())
@@ -138,25 +170,58 @@ void SafeTensors::add_file(const fs::path& path) {
     TensorInfo info;
     info.name = name;
     info.dtype = *dtype;
+    // Element count and size in checked arithmetic, in the order Shape::numel multiplies:
+    // a shape whose size does not fit in 63 bits is refused, never wrapped.
     uint64_t numel = 1;
+    bool overflow = false;
     for (const auto& d : shape_j) {
       if (!d.is_number_unsigned()) throw InvalidInput(what + ": shape holds a value that is not a non-negative integer");
-      info.shape.d[info.shape.n++] = int64_t(d.get<uint64_t>());
-      numel *= d.get<uint64_t>();
+      const uint64_t v = d.get<uint64_t>();
+      const auto product = mul_u64(numel, v);
+      if (v > uint64_t(INT64_MAX) || !product || *product > uint64_t(INT64_MAX)) overflow = true;
+      info.shape.d[info.shape.n++] = overflow ? 0 : int64_t(v);
+      numel = product.value_or(0);
     }
+    const auto nbytes = mul_u64(numel, dtype_size(*dtype));
+    if (overflow || !nbytes || *nbytes > uint64_t(INT64_MAX))
+      throw InvalidInput(what + ": shape " + shape_j.dump() + " of " + dtype_name(*dtype) +
+                         " is too large (its size in bytes overflows 64 bits)");
     uint64_t begin = off_j[0].get<uint64_t>(), end = off_j[1].get<uint64_t>();
     if (begin > end || end > data_size)
       throw InvalidInput(what + ": data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
                          ") out of bounds of the " + std::to_string(data_size) + "-byte data section");
-    if (end - begin != numel * dtype_size(*dtype))
+    if (end - begin != *nbytes)
       throw InvalidInput(what + ": data_offsets span " + std::to_string(end - begin) + " bytes but " +
-                         dtype_name(*dtype) + info.shape.str() + " needs " + std::to_string(numel * dtype_size(*dtype)));
+                         dtype_name(*dtype) + info.shape.str() + " needs " + std::to_string(*nbytes));
+    regions.push_back({begin, end, name});
     info.file_index = file_index;
     info.byte_offset = data_start + begin;
     info.nbytes = end - begin;
     if (tensors_.count(name)) throw InvalidInput(what + ": appears in more than one file");
     tensors_.emplace(name, std::move(info));
   }
+  // The format requires the tensors' data to tile the data section: no overlap (two tensors
+  // sharing bytes), no hole, nothing after the last tensor (a header length one byte short
+  // shows as a trailing byte, every tensor shifted by one).
+  std::sort(regions.begin(), regions.end(),
+            [](const Region& a, const Region& b) { return a.begin < b.begin || (a.begin == b.begin && a.end < b.end); });
+  uint64_t covered = 0;
+  const Region* last = nullptr;
+  for (const Region& r : regions) {
+    if (r.begin < covered)
+      throw InvalidInput(where + ": tensor " + r.name + " (bytes [" + std::to_string(r.begin) + ", " +
+                         std::to_string(r.end) + ")) overlaps tensor " + last->name + " (bytes up to " +
+                         std::to_string(covered) + ") in the data section");
+    if (r.begin > covered)
+      throw InvalidInput(where + ": the data section has a hole of " + std::to_string(r.begin - covered) +
+                         " bytes at offset " + std::to_string(covered) + ", before tensor " + r.name);
+    covered = r.end;
+    last = &r;
+  }
+  if (covered != data_size)
+    throw InvalidInput(where + ": " + std::to_string(data_size - covered) + " trailing bytes after the last tensor's data (at offset " +
+                       std::to_string(covered) + " of a " + std::to_string(data_size) +
+                       "-byte data section; is the header length right?)");
   files_.push_back(std::move(file));
   buffers_.push_back(std::move(buffer));
 }
@@ -169,6 +234,10 @@ const TensorInfo& SafeTensors::info(const std::string& name) const {
 
 Array SafeTensors::get(const std::string& name) const {
   const TensorInfo& ti = info(name);
+  if (usage_) {
+    std::lock_guard<std::mutex> lock(usage_->mu);
+    usage_->used.insert(name);
+  }
   return Array::from_buffer(buffers_[ti.file_index], ti.byte_offset, ti.shape, ti.dtype);
 }
 
@@ -185,6 +254,15 @@ std::vector<std::string> SafeTensors::names() const {
   std::vector<std::string> out;
   out.reserve(tensors_.size());
   for (const auto& [k, v] : tensors_) out.push_back(k);
+  return out;
+}
+
+std::vector<std::string> SafeTensors::unused_names() const {
+  if (!usage_) return names();
+  std::vector<std::string> out;
+  std::lock_guard<std::mutex> lock(usage_->mu);
+  for (const auto& [name, ti] : tensors_)
+    if (!usage_->used.count(name)) out.push_back(name);
   return out;
 }
 
@@ -219,10 +297,10 @@ SafeTensorsWriter::SafeTensorsWriter(const fs::path& path, std::vector<TensorSpe
   std::string h = header.dump();
   while ((8 + h.size()) % 8 != 0) h.push_back(' ');
   file_ = std::fopen(path_.string().c_str(), "wb");
-  if (!file_) throw IoError(path_.string() + ": cannot open for writing");
+  if (!file_) throw IoError(path_.string() + ": cannot open for writing: " + std::strerror(errno));
   const uint64_t n = h.size();
   if (std::fwrite(&n, 8, 1, file_) != 1 || std::fwrite(h.data(), 1, h.size(), file_) != h.size())
-    throw IoError(path_.string() + ": write failed");
+    throw IoError(path_.string() + ": write failed: " + std::strerror(errno));
 }
 
 SafeTensorsWriter::~SafeTensorsWriter() {
@@ -240,7 +318,8 @@ void SafeTensorsWriter::write(const std::string& name, const Array& a) {
     throw InvalidInput(path_.string() + ": tensor " + name + " is " + describe(a) + " on " + a.device().str() +
                        ", but was declared " + dtype_name(spec.dtype) + spec.shape.str() + " on the CPU");
   const Array c = a.is_contiguous() ? a : ops::cast(a, a.dtype());
-  if (std::fwrite(c.raw(), 1, c.nbytes(), file_) != c.nbytes()) throw IoError(path_.string() + ": write failed");
+  if (std::fwrite(c.raw(), 1, c.nbytes(), file_) != c.nbytes())
+    throw IoError(path_.string() + ": write failed: " + std::strerror(errno));
   ++next_;
 }
 
@@ -248,9 +327,11 @@ void SafeTensorsWriter::close() {
   if (!file_) return;
   if (next_ != specs_.size())
     throw InvalidInput(path_.string() + ": tensor " + specs_[next_].name + " was declared but not written");
-  const bool ok = std::fclose(file_) == 0;
+  const bool ok = std::fflush(file_) == 0 && std::ferror(file_) == 0;
+  const int e = errno;
+  const bool closed = std::fclose(file_) == 0;
   file_ = nullptr;
-  if (!ok) throw IoError(path_.string() + ": write failed");
+  if (!ok || !closed) throw IoError(path_.string() + ": write failed: " + std::strerror(ok ? errno : e));
 }
 
 }  // namespace osprey

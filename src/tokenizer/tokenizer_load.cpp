@@ -1,11 +1,5 @@
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
-
 #include "core/error.h"
+#include "core/file_read.h"
 #include "tokenizer/json_reader.h"
 #include "tokenizer/tokenizer_impl.h"
 
@@ -13,56 +7,6 @@ namespace osprey {
 namespace {
 
 using tok::Json;
-
-// What a path that should be a regular file is instead, for errors.
-const char* file_kind(mode_t mode) {
-  if (S_ISDIR(mode)) return "a directory";
-  if (S_ISFIFO(mode)) return "a FIFO";
-  if (S_ISSOCK(mode)) return "a socket";
-  if (S_ISCHR(mode) || S_ISBLK(mode)) return "a device";
-  return "not a regular file";
-}
-
-[[noreturn]] void not_regular(const std::filesystem::path& path, mode_t mode) {
-  throw IoError(path.string() + ": expected a regular file, found " + file_kind(mode));
-}
-
-// Whether path exists (following symlinks). Throws IoError when it exists but is not a
-// regular file (a FIFO would block the open), or cannot be examined.
-bool regular_file_exists(const std::filesystem::path& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) {
-    if (errno == ENOENT || errno == ENOTDIR) return false;
-    throw IoError(path.string() + ": cannot examine file: " + std::strerror(errno));
-  }
-  if (!S_ISREG(st.st_mode)) not_regular(path, st.st_mode);
-  return true;
-}
-
-std::string read_file(const std::filesystem::path& path) {
-  if (!regular_file_exists(path)) throw IoError(path.string() + ": cannot open file: it does not exist");
-  // O_NONBLOCK: should the path have become a FIFO since the check, the open returns at
-  // once and fstat refuses it.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) throw IoError(path.string() + ": cannot open file: " + std::strerror(errno));
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) throw IoError(path.string() + ": cannot examine file: " + std::strerror(errno));
-  if (!S_ISREG(st.st_mode)) not_regular(path, st.st_mode);
-  std::string text(std::size_t(st.st_size), '\0');
-  std::size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::read(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) throw IoError(path.string() + ": read failed: " + std::strerror(errno));
-    if (n == 0) throw IoError(path.string() + ": read failed: the file shrank while being read");
-    done += std::size_t(n);
-  }
-  return text;
-}
 
 Json parse_json(const std::string& text, const std::string& file) {
   Json j;
@@ -227,9 +171,9 @@ Tokenizer Tokenizer::load(const std::filesystem::path& dir) {
   const std::filesystem::path config_path = dir / "tokenizer_config.json";
   const std::string file = tokenizer_path.string();
   const std::string config_file = config_path.string();
-  tok::TokenizerJson tokenizer = tok::read_tokenizer_json(read_file(tokenizer_path), file);
+  tok::TokenizerJson tokenizer = tok::read_tokenizer_json(read_regular_file(tokenizer_path), file);
   Json config = Json::object();
-  if (regular_file_exists(config_path)) config = parse_json(read_file(config_path), config_file);
+  if (regular_file_exists(config_path)) config = parse_json(read_regular_file(config_path), config_file);
   auto impl = std::make_shared<Impl>();
   try {
     build(*impl, tokenizer.tree, std::move(tokenizer.tables), config, file, config_file);

@@ -22,6 +22,8 @@
 #include "backend/cuda/runtime.h"
 #include "backend/cuda/sample.h"
 #include "backend/cuda_available.h"
+#include "backend/ops.h"
+#include "backend/readback.h"
 #include "core/error.h"
 #include "support/cuda_buffers.h"
 #include "support/numeric.h"
@@ -510,6 +512,48 @@ TEST(CudaSample, InfiniteLogits) {
   DeviceVec<float> dnan(std::vector<float>(5000, kNaN));
   for (const Config& c : configs)
     for (int32_t tok : draw_many(dnan.get(), 5000, c, 2, 4)) EXPECT_EQ(tok, 0) << describe(c);
+}
+
+// Logits holding a NaN or an Inf set the device's non-finite flag; the token readback returns
+// it as kNonFiniteLogits and clears it, while the token written on the device stays a valid id
+// (a pipelined step reads it). Finite logits leave the flag clear. Greedy and drawn.
+TEST(CudaSample, NonFiniteLogitsAreFlaggedToTheReadback) {
+  SKIP_WITHOUT_CUDA();
+  std::mt19937 rng(21);
+  const int64_t vocab = 5000;
+  const std::vector<float> finite = make_logits(size_t(vocab), Shape::kPeaked, rng);
+  auto with_nan = finite, with_inf = finite, last_nan = finite;
+  with_nan[123] = kNaN;
+  with_inf[17] = -kInf;
+  last_nan[size_t(vocab - 1)] = kNaN;  // in the last, partial chunk
+  const Device dev = Device::cuda(0);
+  TokenReadback readback(dev, 2);
+  Array out = Array::empty({1}, DType::i32, dev);
+  ops::DeviceSampling greedy, drawn, filtered;
+  drawn.temperature = 1.0f;
+  filtered.temperature = 0.8f;
+  filtered.top_k = 40;
+  filtered.top_p = 0.9f;
+  filtered.min_p = 0.05f;
+  int k = 0;
+  for (const ops::DeviceSampling& p : {greedy, drawn, filtered}) {
+    for (const auto& [logits, bad] : std::vector<std::pair<std::vector<float>, bool>>{
+             {finite, false}, {with_nan, true}, {finite, false}, {with_inf, true}, {last_nan, true}, {finite, false}}) {
+      Array host = Array::empty({1, vocab}, DType::f32);
+      std::copy(logits.begin(), logits.end(), host.data<float>());
+      const Array d = ops::to_device(host, dev);
+      ops::sample_into(d, p, uint64_t(k), out);
+      readback.enqueue(out, k % 2);
+      const int32_t got = readback.wait(k % 2);
+      const int32_t token = ops::to_device(out, Device::cpu()).data<int32_t>()[0];
+      EXPECT_TRUE(token >= 0 && token < vocab) << "temperature " << p.temperature << ": token " << token;
+      if (bad)
+        EXPECT_EQ(got, kNonFiniteLogits) << "temperature " << p.temperature << ", case " << k;
+      else
+        EXPECT_EQ(got, token) << "temperature " << p.temperature << ", case " << k;
+      ++k;
+    }
+  }
 }
 
 TEST(CudaSample, RepeatedCallsGiveTheSameToken) {

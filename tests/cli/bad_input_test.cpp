@@ -147,7 +147,7 @@ TEST(CliBadInput, TokenIdOutsideTheVocabulary) {
   TempDir d;
   write_tiny_llama(d.path(), tiny_llama_config());
   expect_error(run_osprey("generate -m " + d.path().string() + " --token-ids 1,64"), "64");
-  expect_error(run_osprey("generate -m " + d.path().string() + " --token-ids 1,x"), "\"x\"");
+  expect_error(run_osprey("generate -m " + d.path().string() + " --token-ids 1,x"), "\"x\"", 2);
 }
 
 TEST(CliBadInput, PromptWithoutTokenizer) {

@@ -132,8 +132,12 @@ TEST(CliBench, BadFlagsExitNonZero) {
   EXPECT_NE(bad_list.err.find("--n-prompt"), std::string::npos) << bad_list.err;
   EXPECT_EQ(run_osprey(m + " -n 4 -r 0").exit_code, 2);
   auto none = run_osprey(m + " -p 0 -n 0");
-  EXPECT_EQ(none.exit_code, 1);
+  EXPECT_EQ(none.exit_code, 2);
   EXPECT_NE(none.err.find("no tests"), std::string::npos) << none.err;
+  auto empty_item = run_osprey(m + " -p 8,,16");
+  EXPECT_EQ(empty_item.exit_code, 2);
+  EXPECT_NE(empty_item.err.find("--n-prompt"), std::string::npos) << empty_item.err;
+  EXPECT_NE(empty_item.err.find("\"8,,16\" has an empty item"), std::string::npos) << empty_item.err;
   auto missing = run_osprey("bench -m /nonexistent/model -p 8 -n 4");
   EXPECT_EQ(missing.exit_code, 1);
   EXPECT_NE(missing.err.find("/nonexistent/model"), std::string::npos) << missing.err;

@@ -21,8 +21,8 @@ using testing::TempDir;
 
 fs::path fixture(const std::string& name) { return testing::source_dir() / "tests/fixtures/models" / name; }
 
-void expect_error(const testing::CommandResult& r, const std::string& needle) {
-  EXPECT_EQ(r.exit_code, 1) << r.err;
+void expect_error(const testing::CommandResult& r, const std::string& needle, int code = 1) {
+  EXPECT_EQ(r.exit_code, code) << r.err;
   EXPECT_NE(r.err.find(needle), std::string::npos) << "stderr: " << r.err;
 }
 
@@ -162,9 +162,15 @@ TEST(CliConvert, RefusesAnAlreadyQuantizedSource) {
 
 TEST(CliConvert, RejectsUnsupportedSettingsNamingTheFlag) {
   TempDir d;
-  expect_error(run_osprey(convert(fixture("llama"), d / "a", "--q-bits 5")), "--q-bits");
-  expect_error(run_osprey(convert(fixture("llama"), d / "b", "--q-group-size 48")), "--q-group-size");
-  expect_error(run_osprey(convert(fixture("llama"), d / "c", "--dtype float8")), "--dtype");
+  // Values out of range are usage errors (exit 2).
+  expect_error(run_osprey(convert(fixture("llama"), d / "a", "--q-bits 5")), "--q-bits: 5 is not supported", 2);
+  expect_error(run_osprey(convert(fixture("llama"), d / "b", "--q-group-size 48")), "--q-group-size: 48 is not supported", 2);
+  expect_error(run_osprey(convert(fixture("llama"), d / "c", "--dtype float8")), "--dtype: \"float8\" is not supported", 2);
+  expect_error(run_osprey(convert(fixture("llama"), d / "c", "--dtype float32")), "--dtype: \"float32\" is not supported", 2);
+  expect_error(run_osprey(convert(fixture("llama"), d / "c", "--max-shard-mib 0")), "--max-shard-mib: 0 is out of range", 2);
+  // 2^44 MiB would wrap to 0 bytes if shifted unchecked.
+  expect_error(run_osprey(convert(fixture("llama"), d / "c", "--max-shard-mib 17592186044416")),
+               "--max-shard-mib: 17592186044416 is out of range", 2);
   expect_error(run_osprey(convert(d / "missing", d / "e", "")), "-m " + (d / "missing").string());
   EXPECT_EQ(run_osprey("convert -m " + fixture("llama").string()).exit_code, 2);  // no -o
   EXPECT_FALSE(fs::exists(d / "a"));

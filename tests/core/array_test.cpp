@@ -64,3 +64,20 @@ TEST(Ops, CopyIntoCastsThroughStridedViews) {
 }
 
 }  // namespace osprey
+
+namespace osprey {
+
+// A shape read from a file or flag whose size does not fit is refused by name, never wrapped
+// into a small allocation.
+TEST(Array, EmptyOfAShapeTooLargeIsNamed) {
+  try {
+    Array::empty({int64_t(1) << 40, int64_t(1) << 30}, DType::f32);
+    FAIL() << "no error";
+  } catch (const OutOfMemory& e) {
+    EXPECT_NE(std::string(e.what()).find("[1099511627776, 1073741824] float32"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("more than 2^63 bytes"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(Array::empty({-4, 2}, DType::f32), InvalidInput);
+}
+
+}  // namespace osprey

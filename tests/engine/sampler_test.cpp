@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <numeric>
 
@@ -198,6 +199,42 @@ TEST(Sampler, OutOfRangeParametersAreRejected) {
   p = {};
   p.min_p = 1.5f;
   EXPECT_THROW(Sampler{p}, InvalidInput);
+}
+
+}  // namespace osprey
+
+namespace osprey {
+
+// Broken weights show as NaN or Inf logits: the sampler refuses them (greedy or not) rather
+// than choosing token 0, and says how many there are and where the first is.
+TEST(Sampler, NonFiniteLogitsAreAnErrorNamingThem) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  struct Case {
+    std::vector<float> logits;
+    std::string words;
+  };
+  const std::vector<Case> cases = {{{0.5f, nan, 1.0f}, "1 of 3 are NaN or Inf, the first NaN for token id 1"},
+                                   {{nan, nan, nan, nan}, "4 of 4 are NaN or Inf, the first NaN for token id 0"},
+                                   {{0.5f, 2.0f, -inf}, "the first Inf for token id 2"},
+                                   {{inf, 0.0f}, "the first Inf for token id 0"}};
+  for (float temp : {0.0f, 0.8f}) {
+    SamplerParams p;
+    p.temperature = temp;
+    p.top_k = temp > 0 ? 2 : 0;
+    for (const Case& c : cases) {
+      Sampler s(p);
+      try {
+        s.sample(c.logits, {});
+        ADD_FAILURE() << "no error for temperature " << temp;
+      } catch (const InvalidInput& e) {
+        EXPECT_NE(std::string(e.what()).find("non-finite logits"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find(c.words), std::string::npos) << e.what();
+      }
+    }
+  }
+  // Finite logits, however large, are fine.
+  Sampler s(SamplerParams{});
+  EXPECT_EQ(s.sample(std::vector<float>{-3e38f, 3e38f}, {}), 1);
 }
 
 }  // namespace osprey

@@ -142,3 +142,23 @@ TEST(SafeTensors, MissingFolderAndEmptyFolderAreErrors) {
 }
 
 }  // namespace osprey
+
+namespace osprey {
+
+// A full disk is named as such (here /dev/full, where every write fails with ENOSPC).
+TEST(SafeTensors, WriteToAFullDiskIsAnIoErrorNamingTheCause) {
+  Array a = Array::zeros({64}, DType::f32);
+  const std::string msg = error_of<IoError>([&] { write_safetensors("/dev/full", {{"w", a}}); });
+  EXPECT_NE(msg.find("/dev/full: write failed: No space left on device"), std::string::npos) << msg;
+}
+
+TEST(SafeTensors, UnusedNamesAreTheTensorsNotRead) {
+  TempDir dir;
+  write_safetensors(dir / "model.safetensors", {{"a", Array::zeros({2}, DType::f32)}, {"b", Array::zeros({2}, DType::f32)}});
+  const SafeTensors st = SafeTensors::open(dir.path());
+  EXPECT_EQ(st.unused_names(), (std::vector<std::string>{"a", "b"}));
+  st.get("b");
+  EXPECT_EQ(st.unused_names(), (std::vector<std::string>{"a"}));
+}
+
+}  // namespace osprey

@@ -31,6 +31,14 @@ void add_rms_norm(float* x, const float* y, const float* w, int64_t rows, int64_
 void silu_mul_split(const float* gu, int64_t n, int64_t f, float* out) {
   cuda::silu_mul_split(gu, n, f, out, cuda::stream());
 }
+void gelu_tanh_mul_split(const float* gu, int64_t n, int64_t f, float* out) {
+  cuda::gelu_tanh_mul_split(gu, n, f, out, cuda::stream());
+}
+void head_rms_norm(float* x, int64_t n, int64_t heads, int64_t head_dim, int64_t row_stride, const float* w, float eps,
+                   float w_offset) {
+  cuda::head_rms_norm(x, n, heads, head_dim, row_stride, w, eps, w_offset, cuda::stream());
+}
+void softcap_inplace(float* x, float cap, int64_t n) { cuda::softcap_inplace(x, cap, n, cuda::stream()); }
 void silu_mul(const float* g, const float* u, float* out, int64_t n) { cuda::silu_mul(g, u, out, n, cuda::stream()); }
 void gelu_tanh_mul(const float* g, const float* u, float* out, int64_t n) {
   cuda::gelu_tanh_mul(g, u, out, n, cuda::stream());
@@ -72,7 +80,9 @@ void copy_on_device(void* dst, const void* src, size_t bytes) {
 void synchronize() { cuda::synchronize(); }
 
 struct TokenSlots {
-  int32_t* host = nullptr;  // pinned [n_slots]
+  int32_t* host = nullptr;  // pinned [2, n_slots]: the tokens, then their non-finite flags
+  int n_slots = 0;
+  int32_t* flag = nullptr;  // the device's non-finite flag (cuda::non_finite_flag)
   std::vector<cudaEvent_t> events;
 
   ~TokenSlots() {
@@ -85,7 +95,9 @@ TokenSlots* create_token_slots(int device, int n_slots) {
   cuda::select_device(device);
   auto slots = std::make_unique<TokenSlots>();
   OSPREY_CUDA_CHECK(
-      cudaHostAlloc(reinterpret_cast<void**>(&slots->host), size_t(n_slots) * sizeof(int32_t), cudaHostAllocDefault));
+      cudaHostAlloc(reinterpret_cast<void**>(&slots->host), 2 * size_t(n_slots) * sizeof(int32_t), cudaHostAllocDefault));
+  slots->n_slots = n_slots;
+  slots->flag = const_cast<int32_t*>(cuda::non_finite_flag());
   for (int i = 0; i < n_slots; ++i) {
     cudaEvent_t e;
     OSPREY_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
@@ -99,12 +111,15 @@ void destroy_token_slots(TokenSlots* slots) { delete slots; }
 void enqueue_token(TokenSlots* slots, int slot, const int32_t* token) {
   OSPREY_CUDA_CHECK(
       cudaMemcpyAsync(slots->host + slot, token, sizeof(int32_t), cudaMemcpyDeviceToHost, cuda::stream()));
+  OSPREY_CUDA_CHECK(cudaMemcpyAsync(slots->host + slots->n_slots + slot, slots->flag, sizeof(int32_t),
+                                    cudaMemcpyDeviceToHost, cuda::stream()));
+  OSPREY_CUDA_CHECK(cudaMemsetAsync(slots->flag, 0, sizeof(int32_t), cuda::stream()));
   OSPREY_CUDA_CHECK(cudaEventRecord(slots->events[size_t(slot)], cuda::stream()));
 }
 
 int32_t wait_token(TokenSlots* slots, int slot) {
   OSPREY_CUDA_CHECK(cudaEventSynchronize(slots->events[size_t(slot)]));
-  return slots->host[slot];
+  return slots->host[slots->n_slots + slot] != 0 ? -1 : slots->host[slot];
 }
 
 }  // namespace osprey::cuda_ops

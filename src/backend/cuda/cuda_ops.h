@@ -23,6 +23,10 @@ void scale_inplace(float* x, float f, int64_t n);
 void add_rms_norm(float* x, const float* y, const float* w, int64_t rows, int64_t d, float eps, float w_offset,
                   float* out);
 void silu_mul_split(const float* gu, int64_t n, int64_t f, float* out);
+void gelu_tanh_mul_split(const float* gu, int64_t n, int64_t f, float* out);
+void head_rms_norm(float* x, int64_t n, int64_t heads, int64_t head_dim, int64_t row_stride, const float* w, float eps,
+                   float w_offset);
+void softcap_inplace(float* x, float cap, int64_t n);
 void silu_mul(const float* g, const float* u, float* out, int64_t n);
 void gelu_tanh_mul(const float* g, const float* u, float* out, int64_t n);
 void rope_inplace(float* x, int64_t n, int64_t heads, int64_t head_dim, int64_t row_stride, const int32_t* positions,
@@ -53,9 +57,11 @@ void synchronize();
 struct TokenSlots;
 TokenSlots* create_token_slots(int device, int n_slots);
 void destroy_token_slots(TokenSlots* slots);
-// Enqueues the copy of *token (device memory) into `slot`.
+// Enqueues the copy of *token (device memory) into `slot`, with the device sampler's
+// non-finite flag (which it then clears).
 void enqueue_token(TokenSlots* slots, int slot, const int32_t* token);
-// Waits for the slot's copy and returns the token.
+// Waits for the slot's copy and returns the token, or -1 when the flag said that the logits
+// the token was chosen from held a NaN or an Inf.
 int32_t wait_token(TokenSlots* slots, int slot);
 
 }  // namespace osprey::cuda_ops

@@ -90,6 +90,19 @@ void add_rms_norm(float* x, const float* y, const float* w, int64_t rows, int64_
 // gu [n, 2f] f32 -> out [n, f] = silu(gu[:, :f]) * gu[:, f:] (a fused gate/up projection).
 void silu_mul_split(const float* gu, int64_t n, int64_t f, float* out, cudaStream_t s);
 
+// gu [n, 2f] f32 -> out [n, f] = gelu_tanh(gu[:, :f]) * gu[:, f:] (GeGLU of a fused gate/up
+// projection).
+void gelu_tanh_mul_split(const float* gu, int64_t n, int64_t f, float* out, cudaStream_t s);
+
+// x [n, heads, head_dim] f32, each head normalised in place: x / rms(x) * (w + w_offset), w
+// [head_dim] f32. Row i starts at x + i * row_stride (row_stride >= heads * head_dim: e.g. the
+// q or the k heads of a fused q/k/v row).
+void head_rms_norm(float* x, int64_t n, int64_t heads, int64_t head_dim, int64_t row_stride, const float* w,
+                   float eps, float w_offset, cudaStream_t s);
+
+// x[i] = cap * tanh(x[i] / cap), i < n
+void softcap_inplace(float* x, float cap, int64_t n, cudaStream_t s);
+
 // Writes n rows of K and V into cache buffers (KVWriteArgs, backend/kernel_args.h).
 void kv_write(const KVWriteArgs& a, cudaStream_t s);
 
@@ -97,7 +110,12 @@ void kv_write(const KVWriteArgs& a, cudaStream_t s);
 void fill_i32(int32_t* p, int32_t value, int64_t n, cudaStream_t s);
 
 // out[0] = index of the maximum of x[0, n) (the lowest index on ties; NaN ranks as -inf).
-// n >= 1.
+// n >= 1. Sets the device's non-finite flag when x holds a NaN or an Inf, as sample() does.
 void argmax(const float* x, int64_t n, int32_t* out, cudaStream_t s);
+
+// The current device's non-finite flag (device memory, int32): 1 when the logits of the last
+// argmax() or sample() on the device held a NaN or an Inf, else 0. The token readback copies
+// it with each token and clears it.
+const int32_t* non_finite_flag();
 
 }  // namespace osprey::cuda

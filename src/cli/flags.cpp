@@ -1,0 +1,99 @@
+#include "cli/flags.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+
+#include "cli/commands.h"
+#include "core/thread_pool.h"
+
+namespace osprey::cli {
+namespace {
+
+std::string num(double v) {
+  std::string s = std::to_string(v);
+  s.erase(s.find_last_not_of('0') + 1);
+  if (!s.empty() && s.back() == '.') s.pop_back();
+  return s;
+}
+
+}  // namespace
+
+CLI::Validator real_range(double lo, double hi, bool lo_open, bool hi_open) {
+  const std::string range = std::string(lo_open ? "(" : "[") + num(lo) + ", " + num(hi) + (hi_open ? ")" : "]");
+  return CLI::Validator(
+      [=](std::string& s) -> std::string {
+        char* end = nullptr;
+        errno = 0;
+        const double v = std::strtod(s.c_str(), &end);
+        if (s.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(v) || (lo_open ? v <= lo : v < lo) ||
+            (hi_open ? v >= hi : v > hi))
+          return "\"" + s + "\" is not a number in " + range;
+        return {};
+      },
+      "NUMBER in " + range);
+}
+
+CLI::Validator int_range(int64_t lo, int64_t hi) {
+  const std::string range = "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+  return CLI::Validator(
+      [=](std::string& s) -> std::string {
+        char* end = nullptr;
+        errno = 0;
+        const long long v = std::strtoll(s.c_str(), &end, 10);
+        if (s.empty() || *end != '\0' || errno == ERANGE || v < lo || v > hi)
+          return "\"" + s + "\" is not an integer in " + range;
+        return {};
+      },
+      "INT in " + range);
+}
+
+CLI::Validator unsigned_u64() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        char* end = nullptr;
+        errno = 0;
+        const bool digits = !s.empty() && s.find_first_not_of("0123456789") == std::string::npos;
+        (void)std::strtoull(s.c_str(), &end, 10);
+        if (!digits || errno == ERANGE) return "\"" + s + "\" is not an integer in [0, 2^64 - 1]";
+        return {};
+      },
+      "UINT64");
+}
+
+std::vector<int64_t> parse_int_list(const std::string& flag, const std::string& text, int64_t lo, int64_t hi) {
+  std::vector<int64_t> out;
+  size_t pos = 0;
+  for (;;) {
+    const size_t comma = text.find(',', pos);
+    const std::string item = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    if (item.empty()) throw UsageError(flag + ": \"" + text + "\" has an empty item");
+    char* end = nullptr;
+    errno = 0;
+    const long long v = std::strtoll(item.c_str(), &end, 10);
+    if (*end != '\0' || errno == ERANGE || v < lo || v > hi)
+      throw UsageError(flag + ": \"" + item + "\" is not an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    out.push_back(v);
+    if (comma == std::string::npos) return out;
+    pos = comma + 1;
+  }
+}
+
+void add_sampler_options(CLI::App& app, SamplerParams& p) {
+  app.add_option("--temp", p.temperature, "Temperature (0: greedy)")->check(real_range(0, 1e9));
+  app.add_option("--top-k", p.top_k, "Top-k (0: off)")->check(int_range(0, INT32_MAX));
+  app.add_option("--top-p", p.top_p, "Top-p (1: off)")->check(real_range(0, 1, true, false));
+  app.add_option("--min-p", p.min_p, "Min-p (0: off)")->check(real_range(0, 1, false, true));
+  app.add_option("--repeat-penalty", p.repetition_penalty, "Repetition penalty (1: off)")
+      ->check(real_range(0, 1e9, true, false));
+  app.add_option("--repeat-last-n", p.repeat_last_n, "Tokens the repetition penalty looks back over")
+      ->check(int_range(0, INT32_MAX));
+  app.add_option("--seed", p.seed, "Sampling seed")->check(unsigned_u64());
+}
+
+CLI::Option* add_threads_option(CLI::App& app, int& threads) {
+  return app.add_option("-t,--threads", threads, "CPU threads (default: OSPREY_THREADS or one per core)")
+      ->check(int_range(0, kMaxCpuThreads));
+}
+
+}  // namespace osprey::cli

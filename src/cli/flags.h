@@ -1,0 +1,31 @@
+#pragma once
+// Flag checks shared by the commands. A value out of its range is a usage error (exit 2) whose
+// message names the flag, the value and the range; CLI11 reports it before the command runs.
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/sampler.h"
+
+namespace osprey::cli {
+
+// Real numbers: finite (no nan or inf) and within [lo, hi]; `lo_open` / `hi_open` exclude
+// the bound.
+CLI::Validator real_range(double lo, double hi, bool lo_open = false, bool hi_open = false);
+// Integers (of any width, signed or not): the text is a plain decimal in [lo, hi].
+CLI::Validator int_range(int64_t lo, int64_t hi);
+// An unsigned 64-bit integer written in decimal, without a sign (a seed).
+CLI::Validator unsigned_u64();
+// A comma-separated list of integers in [lo, hi] ("512,1024"); throws UsageError naming the
+// flag for an empty item ("8,,16") or one that is not such an integer.
+std::vector<int64_t> parse_int_list(const std::string& flag, const std::string& text, int64_t lo, int64_t hi);
+
+// The sampling flags of generate and chat (--temp, --top-k, --top-p, --min-p,
+// --repeat-penalty, --repeat-last-n, --seed), each range-checked as the sampler requires.
+void add_sampler_options(CLI::App& app, SamplerParams& p);
+
+// -t, --threads: 0 (one per core) up to the thread pool's bound.
+CLI::Option* add_threads_option(CLI::App& app, int& threads);
+
+}  // namespace osprey::cli

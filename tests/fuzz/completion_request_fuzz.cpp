@@ -1,0 +1,21 @@
+// The server's request parsing: a request body's sampling, stop, stream and logprobs fields
+// (completions and chat) and its prompt (text, ids, or lists of either), tokenized with the
+// demo model's tokenizer. Bad fields must be ApiErrors naming them.
+#include <nlohmann/json.hpp>
+
+#include "fuzz_util.h"
+#include "server/completion_request.h"
+#include "tokenizer/tokenizer.h"
+
+using namespace osprey;
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static const Tokenizer t = Tokenizer::load(fuzz::source_path("models/demo"));
+  nlohmann::json body = nlohmann::json::parse(data, data + size, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded()) return 0;
+  fuzz::expect_clean([&] { (void)read_completion_fields(body, false); });
+  fuzz::expect_clean([&] { (void)read_completion_fields(body, true); });
+  if (body.is_object() && body.contains("prompt"))
+    fuzz::expect_clean([&] { (void)read_prompts(body["prompt"], t, 4096); });
+  return 0;
+}
