@@ -172,7 +172,7 @@ TEST(CudaFlashAttention, Bf16RowsBeyondTheF16Range) {
         AttnCase s;
         s.bf16 = true;
         s.kv_range = 2.0e5f;
-        s.q_range = 2.0e-4f;
+        s.q_range = 2.0e-5f;  // logits of order 1, so rounding q to bf16 moves them by well under 1%
         s.n = n;
         s.q_pos0 = 300;
         s.n_keys = 300 + n;

@@ -409,6 +409,30 @@ TEST(RotatingKVCache, SequenceTrimIsAllOrNothing) {
   EXPECT_EQ(seq.offset(), 0);
 }
 
+// Views that leave out keys a query sees are refused, not read short.
+TEST(RotatingKVCache, AttentionRefusesViewsMissingVisibleKeys) {
+  const Sequence s(64, 14);
+  RotatingKVCache c(ring_params(kWindow, DType::f16, Device::cpu()));
+  write(c, s, 20);
+  const Array q1 = slice(s.q, 20, 1, kHeads, Device::cpu());
+  KVView ring = c.update_and_fetch(slice(s.k, 20, 1, kKVHeads, Device::cpu()), slice(s.v, 20, 1, kKVHeads, Device::cpu()));
+  ops::AttentionParams ap = ring.attention_params();
+  EXPECT_EQ(ap.ring_rows, kWindow);
+  ap.window = 0;  // a ring cannot serve full attention
+  EXPECT_THROW(ops::attention(q1, ring.keys, ring.values, ap), InvalidInput);
+  ap.window = kWindow + 1;
+  EXPECT_THROW(ops::attention(q1, ring.keys, ring.values, ap), InvalidInput);
+  const Array q3 = slice(s.q, 21, 3, kHeads, Device::cpu());
+  KVView lin = c.update_and_fetch(slice(s.k, 21, 3, kKVHeads, Device::cpu()), slice(s.v, 21, 3, kKVHeads, Device::cpu()));
+  ops::AttentionParams lp = lin.attention_params();
+  EXPECT_EQ(lp.key_pos0, 21 - (kWindow - 1));
+  EXPECT_EQ(lp.ring_rows, 0);
+  lp.window = kWindow + 1;  // the first query would see position 13, not in the view
+  EXPECT_THROW(ops::attention(q3, lin.keys, lin.values, lp), InvalidInput);
+  lp.window = kWindow;
+  EXPECT_NO_THROW(ops::attention(q3, lin.keys, lin.values, lp));
+}
+
 TEST(RotatingKVCache, RejectsStatesThatDoNotFit) {
   RotatingKVCache c(ring_params(kWindow, DType::f16, Device::cpu()));
   RotatingKVCache other(ring_params(kWindow * 2, DType::f16, Device::cpu()));

@@ -87,29 +87,11 @@ struct Prepared {
   GemmX gm;
 };
 
-// One row of x: q, ql [in] the high and low parts in code order, d [in / 32] (step / 256), xsum
-// [in / g_size].
-void quantize_row(const float* x, int64_t in, int64_t g_size, int8_t* q, int8_t* ql, float* d, float* xsum) {
-  for (int64_t b = 0; b < in / kXBlock; ++b) {
-    const float* xb = x + b * kXBlock;
-    float amax = 0.0f;
-    for (int k = 0; k < kXBlock; ++k) amax = std::max(amax, std::abs(xb[k]));
-    const float step = amax / 127.0f;
-    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-    d[b] = step * (1.0f / 256.0f);
-    for (int k = 0; k < kXBlock; ++k) {
-      const float h = std::nearbyint(xb[k] * inv);
-      const float l = std::nearbyint(std::fma(-step, h, xb[k]) * (inv * 256.0f));
-      q[b * kXBlock + k] = int8_t(h);
-      ql[b * kXBlock + k] = int8_t(std::clamp(l, -127.0f, 127.0f));
-    }
-  }
-  for (int64_t g = 0; g < in / g_size; ++g) {
-    float s = 0.0f;
-    for (int64_t k = g * g_size; k < (g + 1) * g_size; ++k) s += x[k];
-    xsum[g] = s;
-  }
-}
+// One row of x [in] -> the high and low parts q, ql (in code order, or with interleave in the
+// matvec's layout: per 128 codes the even ones, then the odd ones), d [in / 32] (step / 256),
+// xsum [in / g_size]. Each instruction set's kernels bring one (quant_int8_kernels.inc).
+using QuantizeRow = void (*)(const float* x, int64_t in, int64_t g_size, int8_t* q, int8_t* ql, float* d,
+                             float* xsum, bool interleave);
 
 }  // namespace
 
@@ -307,30 +289,34 @@ void linear_q4_int8(const float* x, int64_t n, const QuantArgs& w, const float* 
   if (n <= 0 || w.out <= 0) return;
   const Q4Rows rows{w};
   const int64_t in = w.in, n_groups = rows.n_groups;
+  QuantizeRow quantize_row = nullptr;
+#if OSPREY_INT8_X86
+  switch (isa) {
+    case Int8Isa::avx512_vnni: quantize_row = &int8_avx512_vnni::quantize_row; break;
+    case Int8Isa::avx512bw: quantize_row = &int8_avx512bw::quantize_row; break;
+    case Int8Isa::avx_vnni: quantize_row = &int8_avx_vnni::quantize_row; break;
+    case Int8Isa::avx2: quantize_row = &int8_avx2::quantize_row; break;
+  }
+#endif
   Prepared px{};
   // NOTE: thread_local of the calling thread; workers reach it through `px` only.
-  thread_local std::vector<int8_t> q_buf, ql_buf, q_perm, ql_perm;
+  thread_local std::vector<int8_t> q_buf, ql_buf;
   thread_local std::vector<float> d_buf, dw_buf, xsum_buf;
   if (n == 1) {
     const int64_t q_len = (in + kBlockCodes - 1) / kBlockCodes * kBlockCodes;
-    for (auto* v : {&q_buf, &ql_buf, &q_perm, &ql_perm})
-      if (int64_t(v->size()) < q_len) v->resize(size_t(q_len));
+    if (int64_t(q_buf.size()) < q_len) q_buf.resize(size_t(q_len));
+    if (int64_t(ql_buf.size()) < q_len) ql_buf.resize(size_t(q_len));
     if (int64_t(d_buf.size()) < in / kXBlock) d_buf.resize(size_t(in / kXBlock));
     if (int64_t(dw_buf.size()) < q_len / 8) dw_buf.resize(size_t(q_len / 8));
     if (int64_t(xsum_buf.size()) < n_groups) xsum_buf.resize(size_t(n_groups));
-    quantize_row(x, in, w.group_size, q_buf.data(), ql_buf.data(), d_buf.data(), xsum_buf.data());
-    std::fill(q_buf.begin() + in, q_buf.begin() + q_len, int8_t(0));
-    std::fill(ql_buf.begin() + in, ql_buf.begin() + q_len, int8_t(0));
-    for (int64_t b = 0; b < q_len; b += kBlockCodes)
-      for (int j = 0; j < kBlockCodes / 2; ++j) {
-        q_perm[size_t(b + j)] = q_buf[size_t(b + 2 * j)];
-        q_perm[size_t(b + kBlockCodes / 2 + j)] = q_buf[size_t(b + 2 * j + 1)];
-        ql_perm[size_t(b + j)] = ql_buf[size_t(b + 2 * j)];
-        ql_perm[size_t(b + kBlockCodes / 2 + j)] = ql_buf[size_t(b + 2 * j + 1)];
-      }
+    // The last 128-code block's codes past in stay zero.
+    const int64_t last = in / kBlockCodes * kBlockCodes;
+    std::fill(q_buf.begin() + last, q_buf.begin() + q_len, int8_t(0));
+    std::fill(ql_buf.begin() + last, ql_buf.begin() + q_len, int8_t(0));
+    quantize_row(x, in, w.group_size, q_buf.data(), ql_buf.data(), d_buf.data(), xsum_buf.data(), true);
     for (int64_t word = 0; word < q_len / 8; ++word)
       dw_buf[size_t(word)] = word * 8 < in ? d_buf[size_t(word * 8 / kXBlock)] : 0.0f;
-    px.mv = {q_perm.data(), ql_perm.data(), dw_buf.data(), xsum_buf.data()};
+    px.mv = {q_buf.data(), ql_buf.data(), dw_buf.data(), xsum_buf.data()};
   } else {
     const int64_t d_stride = in / kXBlock;
     if (int64_t(q_buf.size()) < n * in) q_buf.resize(size_t(n * in));
@@ -343,7 +329,8 @@ void linear_q4_int8(const float* x, int64_t n, const QuantArgs& w, const float* 
     float* xsum = xsum_buf.data();
     const auto prep = [&](int64_t i0, int64_t i1, int) {
       for (int64_t i = i0; i < i1; ++i)
-        quantize_row(x + i * in, in, w.group_size, q + i * in, ql + i * in, d + i * d_stride, xsum + i * n_groups);
+        quantize_row(x + i * in, in, w.group_size, q + i * in, ql + i * in, d + i * d_stride, xsum + i * n_groups,
+                     false);
     };
     pool.parallel_for(n, 4, std::ref(prep));
     px.gm = {q, ql, in, d, d_stride, xsum, n_groups};
