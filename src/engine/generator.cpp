@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include "backend/ops.h"
 #include "backend/readback.h"
@@ -75,8 +76,10 @@ GenerateResult generate(Model& model, SequenceCache& cache, std::span<const int3
 
   // Chooses token `i` from `logits`: on the device into stepper.token() (read back through
   // slot i % 2), or on the host (returned at once).
+  Array last_sampled;  // the logits the device sampler read last (kept for an error's detail)
   auto choose = [&](const Array& lg, int64_t i) -> int32_t {
     if (st.device_sampling) {
+      last_sampled = lg;
       ops::sample_into(lg, ds, uint64_t(i), stepper.token());
       readback.enqueue(stepper.token(), int(i % 2));
       return -1;
@@ -105,6 +108,20 @@ GenerateResult generate(Model& model, SequenceCache& cache, std::span<const int3
     const int32_t token = st.device_sampling ? readback.wait(int(i % 2)) : next_host;
     if (token == kNonFiniteLogits) {
       ops::synchronize(dev);  // the step enqueued ahead may still run
+      // The same words as the host sampler's: which logits are NaN or Inf. The logits read
+      // last belong to token i or, pipelined, to the step after it; the error names token i.
+      if (last_sampled.defined()) {
+        Array host = ops::to_device(last_sampled, Device::cpu());
+        const int64_t vocab = host.dim(-1);
+        std::span<const float> row(host.data<float>() + (host.numel() - vocab), size_t(vocab));
+        if (std::any_of(row.begin(), row.end(), [](float x) { return !std::isfinite(x); })) {
+          try {
+            throw_non_finite(row);
+          } catch (const InvalidInput& e) {
+            throw InvalidInput(std::string(e.what()) + " (at generated token " + std::to_string(i) + ")");
+          }
+        }
+      }
       throw InvalidInput(non_finite_logits_message("at generated token " + std::to_string(i)));
     }
     if (i == 0) {
