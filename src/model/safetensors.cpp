@@ -185,7 +185,7 @@ void SafeTensors::add_file(const fs::path& path) {
     const auto nbytes = mul_u64(numel, dtype_size(*dtype));
     if (overflow || !nbytes || *nbytes > uint64_t(INT64_MAX))
       throw InvalidInput(what + ": shape " + shape_j.dump() + " of " + dtype_name(*dtype) +
-                         " is too large (its size in bytes overflows 64 bits)");
+                         " is too large (its size in bytes does not fit in 63 bits)");
     uint64_t begin = off_j[0].get<uint64_t>(), end = off_j[1].get<uint64_t>();
     if (begin > end || end > data_size)
       throw InvalidInput(what + ": data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
