@@ -10,7 +10,7 @@ build=${OSPREY_FUZZ_BUILD:-build-fuzz}
 cxx=${CXX:-clang++-14}
 command -v "$cxx" >/dev/null || { echo "sanitize: $cxx not found (scripts/setup.sh installs clang-14)" >&2; exit 1; }
 t0=$(date +%s)
-cmake -S . -B "$build" -G Ninja -DCMAKE_CXX_COMPILER="$cxx" -DOSPREY_FUZZ=ON -DOSPREY_CUDA=OFF \
+cmake -S . -B "$build" -G Ninja -DCMAKE_CXX_COMPILER="$cxx" -DOSPREY_FUZZ=ON -DOSPREY_CUDA=OFF -DOSPREY_BUILD_TESTS=ON \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" ${OSPREY_FUZZ_CMAKE_ARGS:-} >/dev/null
 cmake --build "$build" --target osprey osprey_tests -j"$(nproc)"
 echo "sanitize: built in $(($(date +%s) - t0)) s"
