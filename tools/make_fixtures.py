@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Writes tiny random-weight checkpoints and their transformers reference outputs.
 
-For each family (llama, qwen2) this writes, under OUT/<family>/:
+For each family (llama, qwen2, gemma3, gemma3-mm, cohere2; --families picks some) this
+writes, under OUT/<family>/:
   config.json, generation_config.json, model.safetensors   (bf16, via save_pretrained)
   reference.safetensors                                    (see below)
   reference.json                                           (versions, config, seeds, margins)
@@ -11,7 +12,7 @@ The references are computed from the folder as transformers loads it back
 float32 with TF32 off; the in-memory model that wrote the files is never used.
 
 reference.safetensors, for i in 0, 1, 2:
-  tokens_<i>          int32   [T_i]          T = 7, 33, 100; ids in [3, vocab)
+  tokens_<i>          int32   [T_i]          T = 7, 33, 100 (gemma3, cohere2: 7, 40, 100)
   logits_<i>          float32 [T_i, vocab]   full forward, every position
   greedy_prompt_<i>   int32   [T_i]          same ids as tokens_<i>
   greedy_tokens_<i>   int32   [64]           greedy continuation (eos ignored)
@@ -24,12 +25,14 @@ transformers logits as a check on how the config was interpreted.
 Usage:
   python3 make_fixtures.py --out DIR            (needs torch + transformers; CUDA if present)
   python3 make_fixtures.py --numpy-only         (margins of the numpy forward only; no torch)
+  --families gemma3,gemma3-mm,cohere2            (a subset; gemma3-mm needs gemma3 in the same OUT)
 """
 
 import argparse
 import json
 import math
 import os
+import re
 import sys
 import traceback
 
@@ -121,6 +124,139 @@ FAMILIES = {
             "final_norm_scale": 3.0,
             "bias": 0.2,
         },
+    },    "gemma3": {
+        # Gemma3ForCausalLM (model_type gemma3_text). Norm weights are stored as w with the
+        # layer computing x_hat * (1 + w); "norm_scale" gives the typical (1 + w) per norm so
+        # that the residual stream (post_feedforward_layernorm scale) and the GeGLU product
+        # (pre_feedforward_layernorm scale) pass float16's range while the final norm and the
+        # softcap keep the logits well conditioned.
+        # Seed and final norm scale picked by a float64 numpy sweep (seeds 301-356, final norm
+        # 1.0 / 1.6 / 2.5) for greedy margins: two of 192 steps under 0.05, none under 0.03.
+        "seed": 331,
+        "sequence_lengths": (7, 40, 100),
+        "config": {
+            "model_type": "gemma3_text",
+            "vocab_size": 512,
+            "hidden_size": 64,
+            "intermediate_size": 160,
+            "num_hidden_layers": 6,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 64,
+            "hidden_activation": "gelu_pytorch_tanh",
+            "rms_norm_eps": 1e-6,
+            "query_pre_attn_scalar": 48,
+            "sliding_window": 16,
+            "layer_types": [
+                "sliding_attention",
+                "sliding_attention",
+                "full_attention",
+                "sliding_attention",
+                "sliding_attention",
+                "full_attention",
+            ],
+            "rope_parameters": {
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+            },
+            "final_logit_softcapping": 30.0,
+            "attn_logit_softcapping": None,
+            "max_position_embeddings": 2048,
+            "tie_word_embeddings": True,
+            "pad_token_id": 0,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+            "attention_bias": False,
+        },
+        "std": {
+            "embed": 0.6,
+            "q": 0.15,
+            "k": 0.15,
+            "v": 0.15,
+            "o": 0.15,
+            "gate": 1.0,
+            "up": 1.0,
+            "down": 0.1,
+            "norm": 0.3,  # stored w = scale * (1 + std * N(0, 1)) - 1
+        },
+        "norm_scale": {
+            "input_layernorm": 1.0,
+            "post_attention_layernorm": 3000.0,
+            "pre_feedforward_layernorm": 40.0,
+            "post_feedforward_layernorm": 12000.0,
+            "q_norm": 1.5,
+            "k_norm": 1.5,
+            "norm": 1.6,
+        },
+    },
+    "gemma3-mm": {
+        # The gemma3 language model wrapped as Gemma3ForConditionalGeneration (model_type
+        # gemma3) with a tiny SigLIP vision tower; references on text-only input ids.
+        "text_family": "gemma3",
+        "seed": 302,
+        "vision_config": {
+            "model_type": "siglip_vision_model",
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "num_channels": 3,
+            "image_size": 28,
+            "patch_size": 14,
+            "layer_norm_eps": 1e-6,
+            "vision_use_head": False,
+        },
+        "mm_tokens_per_image": 4,
+        # Gemma3ForConditionalGeneration (transformers 5.17) never applies
+        # text_config.final_logit_softcapping: its head returns lm_head(hidden) as is. With the
+        # cap set, the folder's references would contradict its own config, so this fixture sets
+        # it null (as the real Gemma 3 4B config does); its logits are gemma3's before the cap.
+        "text_config_overrides": {"final_logit_softcapping": None},
+    },
+    "cohere2": {
+        # Cohere2ForCausalLM: parallel attention + MLP on one LayerNorm (no bias), interleaved
+        # RoPE on sliding layers only, logits times logit_scale. Seed and final norm scale
+        # picked by a float64 numpy sweep for greedy margins (one of 192 steps under 0.05).
+        "seed": 405,
+        "sequence_lengths": (7, 40, 100),
+        "config": {
+            "model_type": "cohere2",
+            "vocab_size": 512,
+            "hidden_size": 64,
+            "intermediate_size": 160,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "hidden_act": "silu",
+            "layer_norm_eps": 1e-5,
+            "logit_scale": 0.25,
+            "sliding_window": 16,
+            "layer_types": [
+                "sliding_attention",
+                "sliding_attention",
+                "sliding_attention",
+                "full_attention",
+            ],
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+            "max_position_embeddings": 2048,
+            "tie_word_embeddings": True,
+            "pad_token_id": 0,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+            "attention_bias": False,
+        },
+        "std": {
+            "embed": 1.0,
+            "q": 0.3,
+            "k": 0.3,
+            "v": 0.3,
+            "o": 0.2,
+            "gate": 0.2,
+            "up": 0.2,
+            "down": 0.2,
+            "norm": 0.1,
+            "final_norm_scale": 4.5,
+        },
     },
 }
 
@@ -143,7 +279,11 @@ def head_dim_of(cfg):
 
 def make_weights(family):
     """dict name -> float32 array (bf16-exact), HF parameter names and [out, in] layout."""
-    spec = FAMILIES[family]
+    spec = spec_of(family)
+    if spec["config"]["model_type"] == "gemma3_text":
+        return make_gemma3_weights(spec)
+    if spec["config"]["model_type"] == "cohere2":
+        return make_cohere2_weights(spec)
     cfg, std = spec["config"], spec["std"]
     rng = np.random.default_rng(spec["seed"])
     hidden, inter, vocab = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
@@ -179,9 +319,233 @@ def make_weights(family):
     return w
 
 
-def make_token_sequences(vocab):
+def spec_of(family):
+    """The spec holding the language model's config (gemma3-mm uses gemma3's)."""
+    spec = FAMILIES[family]
+    return FAMILIES[spec["text_family"]] if "text_family" in spec else spec
+
+
+def config_of(family):
+    """The language model's config for `family`: its spec's, with the family's overrides."""
+    cfg = dict(spec_of(family)["config"])
+    cfg.update(FAMILIES[family].get("text_config_overrides", {}))
+    return cfg
+
+
+def sequence_lengths_of(family):
+    return tuple(spec_of(family).get("sequence_lengths", SEQUENCE_LENGTHS))
+
+
+def make_gemma3_weights(spec):
+    cfg, std, scale = spec["config"], spec["std"], spec["norm_scale"]
+    rng = np.random.default_rng(spec["seed"])
+    hidden, inter, vocab = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    n_heads, n_kv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+
+    def normal(shape, s):
+        return round_to_bf16(rng.standard_normal(shape) * s)
+
+    def norm_weight(kind, n):  # stored w; the layer multiplies by (1 + w)
+        return round_to_bf16(scale[kind] * (1.0 + rng.standard_normal(n) * std["norm"]) - 1.0)
+
+    w = {"model.embed_tokens.weight": normal((vocab, hidden), std["embed"])}
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        w[p + "input_layernorm.weight"] = norm_weight("input_layernorm", hidden)
+        w[p + "self_attn.q_proj.weight"] = normal((n_heads * hd, hidden), std["q"])
+        w[p + "self_attn.k_proj.weight"] = normal((n_kv * hd, hidden), std["k"])
+        w[p + "self_attn.v_proj.weight"] = normal((n_kv * hd, hidden), std["v"])
+        w[p + "self_attn.o_proj.weight"] = normal((hidden, n_heads * hd), std["o"])
+        w[p + "self_attn.q_norm.weight"] = norm_weight("q_norm", hd)
+        w[p + "self_attn.k_norm.weight"] = norm_weight("k_norm", hd)
+        w[p + "post_attention_layernorm.weight"] = norm_weight("post_attention_layernorm", hidden)
+        w[p + "pre_feedforward_layernorm.weight"] = norm_weight("pre_feedforward_layernorm", hidden)
+        w[p + "mlp.gate_proj.weight"] = normal((inter, hidden), std["gate"])
+        w[p + "mlp.up_proj.weight"] = normal((inter, hidden), std["up"])
+        w[p + "mlp.down_proj.weight"] = normal((hidden, inter), std["down"])
+        w[p + "post_feedforward_layernorm.weight"] = norm_weight("post_feedforward_layernorm", hidden)
+    w["model.norm.weight"] = norm_weight("norm", hidden)
+    return w
+
+
+def make_cohere2_weights(spec):
+    cfg, std = spec["config"], spec["std"]
+    rng = np.random.default_rng(spec["seed"])
+    hidden, inter, vocab = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    n_heads, n_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd = head_dim_of(cfg)
+
+    def normal(shape, s):
+        return round_to_bf16(rng.standard_normal(shape) * s)
+
+    def norm_weight(s=1.0):
+        return round_to_bf16(s * (1.0 + rng.standard_normal(hidden) * std["norm"]))
+
+    w = {"model.embed_tokens.weight": normal((vocab, hidden), std["embed"])}
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        w[p + "input_layernorm.weight"] = norm_weight()
+        w[p + "self_attn.q_proj.weight"] = normal((n_heads * hd, hidden), std["q"])
+        w[p + "self_attn.k_proj.weight"] = normal((n_kv * hd, hidden), std["k"])
+        w[p + "self_attn.v_proj.weight"] = normal((n_kv * hd, hidden), std["v"])
+        w[p + "self_attn.o_proj.weight"] = normal((hidden, n_heads * hd), std["o"])
+        w[p + "mlp.gate_proj.weight"] = normal((inter, hidden), std["gate"])
+        w[p + "mlp.up_proj.weight"] = normal((inter, hidden), std["up"])
+        w[p + "mlp.down_proj.weight"] = normal((hidden, inter), std["down"])
+    w["model.norm.weight"] = norm_weight(std["final_norm_scale"])
+    return w
+
+
+def attention_f64(q, k, v, scale, window):
+    """q [T, H, D], k/v [T, KV, D]; causal, and with `window` key j is seen from row i only
+    when i - j < window (the row itself and the window - 1 rows before it)."""
+    T, n_heads, _ = q.shape
+    n_kv = k.shape[1]
+    i = np.arange(T)[:, None]
+    j = np.arange(T)[None, :]
+    allowed = j <= i
+    if window is not None:
+        allowed &= (i - j) < window
+    mask = np.where(allowed, 0.0, -np.inf)
+    out = np.empty((T, n_heads, v.shape[2]))
+    for hh in range(n_heads):
+        kv = hh // (n_heads // n_kv)
+        s = q[:, hh, :] @ k[:, kv, :].T * scale + mask
+        s = np.exp(s - s.max(axis=-1, keepdims=True))
+        s /= s.sum(axis=-1, keepdims=True)
+        out[:, hh, :] = s @ v[:, kv, :]
+    return out
+
+
+def gemma3_inv_freq(cfg, layer_type):
+    rp = cfg["rope_parameters"][layer_type]
+    hd = cfg["head_dim"]
+    inv = 1.0 / (rp["rope_theta"] ** (np.arange(0, hd, 2, dtype=np.float64) / hd))
+    if rp["rope_type"] == "linear":
+        inv = inv / rp["factor"]
+    else:
+        assert rp["rope_type"] == "default", rp
+    return inv
+
+
+def gelu_tanh(x):
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+
+
+def gemma3_forward(cfg, w, tokens, probe=None):
+    """logits [T, vocab] float64. `probe`, a dict, receives max |residual| (after every
+    layer) and max |down_proj input|."""
+    f64 = {k: v.astype(np.float64) for k, v in w.items()}
+    n_heads, n_kv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    eps = cfg["rms_norm_eps"]
+    T = len(tokens)
+    pos = np.arange(T, dtype=np.float64)
+
+    def rms_norm(x, g):  # Gemma: x_hat * (1 + w)
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * (1.0 + g)
+
+    def rope(x, inv):  # halves rotated as pairs (j, j + hd/2)
+        ang = pos[:, None] * inv[None, :]
+        cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+        a, b = x[..., : hd // 2], x[..., hd // 2 :]
+        return np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
+
+    def lin(x, name):
+        return x @ f64[name + ".weight"].T
+
+    inv = {t: gemma3_inv_freq(cfg, t) for t in ("sliding_attention", "full_attention")}
+    scale = cfg["query_pre_attn_scalar"] ** -0.5
+    max_res, max_down = 0.0, 0.0
+    # embeddings times sqrt(hidden) (exact for hidden 64)
+    x = f64["model.embed_tokens.weight"][tokens] * math.sqrt(cfg["hidden_size"])
+    for i, layer_type in enumerate(cfg["layer_types"]):
+        p = f"model.layers.{i}."
+        window = cfg["sliding_window"] if layer_type == "sliding_attention" else None
+        h = rms_norm(x, f64[p + "input_layernorm.weight"])
+        q = lin(h, p + "self_attn.q_proj").reshape(T, n_heads, hd)
+        k = lin(h, p + "self_attn.k_proj").reshape(T, n_kv, hd)
+        v = lin(h, p + "self_attn.v_proj").reshape(T, n_kv, hd)
+        q = rope(rms_norm(q, f64[p + "self_attn.q_norm.weight"]), inv[layer_type])
+        k = rope(rms_norm(k, f64[p + "self_attn.k_norm.weight"]), inv[layer_type])
+        a = attention_f64(q, k, v, scale, window)
+        a = lin(a.reshape(T, n_heads * hd), p + "self_attn.o_proj")
+        x = x + rms_norm(a, f64[p + "post_attention_layernorm.weight"])
+        h = rms_norm(x, f64[p + "pre_feedforward_layernorm.weight"])
+        act = gelu_tanh(lin(h, p + "mlp.gate_proj")) * lin(h, p + "mlp.up_proj")
+        max_down = max(max_down, float(np.abs(act).max()))
+        m = lin(act, p + "mlp.down_proj")
+        x = x + rms_norm(m, f64[p + "post_feedforward_layernorm.weight"])
+        max_res = max(max_res, float(np.abs(x).max()))
+    x = rms_norm(x, f64["model.norm.weight"])
+    logits = x @ f64["model.embed_tokens.weight"].T
+    cap = cfg.get("final_logit_softcapping")
+    if cap is not None:
+        logits = np.tanh(logits / cap) * cap
+    if probe is not None:
+        probe["max_abs_residual"] = max(probe.get("max_abs_residual", 0.0), max_res)
+        probe["max_abs_down_proj_input"] = max(probe.get("max_abs_down_proj_input", 0.0), max_down)
+    return logits
+
+
+def cohere2_inv_freq(cfg):
+    rp = cfg["rope_parameters"]
+    assert rp["rope_type"] == "default", rp
+    hd = head_dim_of(cfg)
+    return 1.0 / (rp["rope_theta"] ** (np.arange(0, hd, 2, dtype=np.float64) / hd))
+
+
+def cohere2_forward(cfg, w, tokens, probe=None):
+    """logits [T, vocab] float64 of Cohere2: x + attn(ln(x)) + mlp(ln(x)) per layer."""
+    f64 = {k: v.astype(np.float64) for k, v in w.items()}
+    n_heads, n_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd = head_dim_of(cfg)
+    eps = cfg["layer_norm_eps"]
+    T = len(tokens)
+    ang = np.arange(T, dtype=np.float64)[:, None] * cohere2_inv_freq(cfg)[None, :]
+    cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+
+    def layer_norm(x, g):  # mean removed, no bias
+        c = x - x.mean(axis=-1, keepdims=True)
+        return c / np.sqrt(np.mean(c * c, axis=-1, keepdims=True) + eps) * g
+
+    def rope_interleaved(x):  # pairs (2j, 2j + 1) rotated by frequency j
+        a, b = x[..., 0::2], x[..., 1::2]
+        out = np.empty_like(x)
+        out[..., 0::2] = a * cos - b * sin
+        out[..., 1::2] = b * cos + a * sin
+        return out
+
+    def lin(x, name):
+        return x @ f64[name + ".weight"].T
+
+    max_res, max_down = 0.0, 0.0
+    x = f64["model.embed_tokens.weight"][tokens]
+    for i, layer_type in enumerate(cfg["layer_types"]):
+        p = f"model.layers.{i}."
+        sliding = layer_type == "sliding_attention"
+        h = layer_norm(x, f64[p + "input_layernorm.weight"])
+        q = lin(h, p + "self_attn.q_proj").reshape(T, n_heads, hd)
+        k = lin(h, p + "self_attn.k_proj").reshape(T, n_kv, hd)
+        v = lin(h, p + "self_attn.v_proj").reshape(T, n_kv, hd)
+        if sliding:  # full layers have no position encoding
+            q, k = rope_interleaved(q), rope_interleaved(k)
+        a = attention_f64(q, k, v, hd**-0.5, cfg["sliding_window"] if sliding else None)
+        a = lin(a.reshape(T, n_heads * hd), p + "self_attn.o_proj")
+        g = lin(h, p + "mlp.gate_proj")
+        act = g / (1.0 + np.exp(-g)) * lin(h, p + "mlp.up_proj")
+        max_down = max(max_down, float(np.abs(act).max()))
+        x = x + a + lin(act, p + "mlp.down_proj")
+        max_res = max(max_res, float(np.abs(x).max()))
+    x = layer_norm(x, f64["model.norm.weight"])
+    if probe is not None:
+        probe["max_abs_residual"] = max(probe.get("max_abs_residual", 0.0), max_res)
+        probe["max_abs_down_proj_input"] = max(probe.get("max_abs_down_proj_input", 0.0), max_down)
+    return (x @ f64["model.embed_tokens.weight"].T) * cfg["logit_scale"]
+
+
+def make_token_sequences(vocab, lengths=SEQUENCE_LENGTHS):
     rng = np.random.default_rng(TOKEN_SEED)
-    return [rng.integers(MIN_TOKEN_ID, vocab, size=n).astype(np.int32) for n in SEQUENCE_LENGTHS]
+    return [rng.integers(MIN_TOKEN_ID, vocab, size=n).astype(np.int32) for n in lengths]
 
 
 # ----------------------------------------------------------------------------------------
@@ -212,8 +576,17 @@ def rope_inv_freq(cfg):
     return out
 
 
-def numpy_forward(cfg, w, tokens):
+def numpy_forward(cfg, w, tokens, probe=None):
     """logits [T, vocab] float64 of a full causal forward over `tokens`."""
+    if cfg["model_type"] == "gemma3_text":
+        return gemma3_forward(cfg, w, tokens, probe)
+    if cfg["model_type"] == "cohere2":
+        return cohere2_forward(cfg, w, tokens, probe)
+    return llama_forward(cfg, w, tokens)
+
+
+def llama_forward(cfg, w, tokens):
+    """logits [T, vocab] float64 of a llama / qwen2 causal forward over `tokens`."""
     f64 = {k: v.astype(np.float64) for k, v in w.items()}
     n_heads, n_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hd = head_dim_of(cfg)
@@ -293,18 +666,37 @@ def stats(x):
     }
 
 
-def numpy_only():
-    for family, spec in FAMILIES.items():
-        cfg = spec["config"]
+FLOAT16_MAX = 65504.0
+
+
+def needs_fp16_overflow(family):
+    return spec_of(family)["config"]["model_type"] == "gemma3_text"
+
+
+def check_activation_maxima(family, probe):
+    """The gemma3 fixtures exist to catch float16 overflow: both maxima must pass 65504."""
+    if not needs_fp16_overflow(family):
+        return
+    for key in ("max_abs_residual", "max_abs_down_proj_input"):
+        if not probe.get(key, 0.0) > FLOAT16_MAX:
+            raise RuntimeError(f"{family}: {key} = {probe.get(key)} does not exceed {FLOAT16_MAX}")
+
+
+def numpy_only(families):
+    for family in families:
+        cfg = config_of(family)
         w = make_weights(family)
-        seqs = make_token_sequences(cfg["vocab_size"])
-        margins = []
+        seqs = make_token_sequences(cfg["vocab_size"], sequence_lengths_of(family))
+        margins, probe = [], {}
         for s in seqs:
-            logits = numpy_forward(cfg, w, s)
+            logits = numpy_forward(cfg, w, s, probe)
             assert np.isfinite(logits).all()
             margins.append(top2_margins(logits))
             print(f"{family} T={len(s)} logit std {logits.std():.3f} max|.| {np.abs(logits).max():.2f}")
         print(family, "logit margins", json.dumps(stats(np.concatenate(margins))))
+        if probe:
+            print(family, "activation maxima", json.dumps(probe))
+            check_activation_maxima(family, probe)
         g_margins, g_tokens = [], []
         for s in seqs:
             toks, m = numpy_greedy(cfg, w, s, N_GREEDY)
@@ -313,7 +705,13 @@ def numpy_only():
         print(family, "greedy margins", json.dumps(stats(np.concatenate(g_margins))))
         for t in g_tokens:
             print(family, "greedy distinct tokens", len(set(t.tolist())), t[:16].tolist())
-        print(family, "inv_freq", rope_inv_freq(cfg).tolist())
+        if cfg["model_type"] == "gemma3_text":
+            for t in ("sliding_attention", "full_attention"):
+                print(family, t, "inv_freq[:4]", gemma3_inv_freq(cfg, t)[:4].tolist())
+        elif cfg["model_type"] == "cohere2":
+            print(family, "inv_freq", cohere2_inv_freq(cfg).tolist())
+        else:
+            print(family, "inv_freq", rope_inv_freq(cfg).tolist())
 
 
 # ----------------------------------------------------------------------------------------
@@ -489,15 +887,348 @@ def write_family(family, out_root, torch, transformers, device):
     print(f"{family}: config.json {json.dumps(written_config, sort_keys=True)}")
 
 
+# ----------------------------------------------------------------------------------------
+# transformers side: gemma3, gemma3-mm, cohere2
+
+
+def safetensors_names(path):
+    """Tensor names in a safetensors file, read from its header."""
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+    return sorted(k for k in header if k != "__metadata__")
+
+
+def name_patterns(names):
+    """Names with layer indices replaced by N, deduplicated."""
+    return sorted({re.sub(r"\.\d+\.", ".N.", n) for n in names})
+
+
+def build_model_config(family, transformers):
+    """(config, model class) for gemma3 / gemma3-mm / cohere2 from the FAMILIES entry."""
+    spec = FAMILIES[family]
+    cfg = config_of(family)
+    kwargs = json.loads(json.dumps({k: v for k, v in cfg.items() if k != "model_type"}))
+    if cfg["model_type"] == "cohere2":
+        return transformers.Cohere2Config(**kwargs), transformers.Cohere2ForCausalLM, kwargs
+    text_config = transformers.Gemma3TextConfig(**kwargs)
+    if family == "gemma3":
+        return text_config, transformers.Gemma3ForCausalLM, kwargs
+    vision = {k: v for k, v in spec["vision_config"].items() if k != "model_type"}
+    mm_kwargs = {"vision_config": vision, "mm_tokens_per_image": spec["mm_tokens_per_image"]}
+    config = transformers.Gemma3Config(text_config=text_config, **mm_kwargs)
+    return config, transformers.Gemma3ForConditionalGeneration, {"text_config": kwargs, **mm_kwargs}
+
+
+def language_model_prefix(module_names):
+    """Where the decoder of a Gemma3ForConditionalGeneration lives in its state dict."""
+    for prefix in ("model.language_model.", "language_model.model."):
+        if prefix + "embed_tokens.weight" in module_names:
+            return prefix
+    raise RuntimeError(f"no language model embed_tokens among {sorted(module_names)[:20]}...")
+
+
+def write_family_hybrid(family, out_root, torch, transformers, device):
+    from safetensors.torch import load_file, save_file
+
+    spec = FAMILIES[family]
+    text_spec = spec_of(family)
+    cfg = config_of(family)
+    lengths = sequence_lengths_of(family)
+    folder = os.path.join(out_root, family)
+    os.makedirs(folder, exist_ok=True)
+
+    config, model_cls, config_arguments = build_model_config(family, transformers)
+    weights = make_weights(family)  # decoder names as in the causal LM: model.layers.N...
+    torch.manual_seed(spec["seed"])
+    writer = model_cls(config).to(torch.float32)
+    sd = writer.state_dict()
+    if family == "gemma3-mm":
+        prefix = language_model_prefix(set(sd))
+        to_module = {n: prefix + n[len("model.") :] for n in weights}
+    else:
+        to_module = {n: n for n in weights}
+    missing = [m for m in to_module.values() if m not in sd]
+    if missing:
+        raise RuntimeError(f"{family}: model has no parameters {missing}")
+    embed_name = to_module["model.embed_tokens.weight"]
+    extra = sorted(set(sd) - set(to_module.values()) - {"lm_head.weight"})
+    if extra and family != "gemma3-mm":
+        raise RuntimeError(f"{family}: parameters without numpy weights: {extra}")
+    rng = np.random.default_rng(spec["seed"] + 1000)
+    extra_values = {}
+    for name in extra:  # vision tower and projector: seeded draws, they never reach the text logits
+        shape = tuple(sd[name].shape)
+        if len(shape) >= 2:
+            value = rng.standard_normal(shape) * 0.05
+        elif name.endswith("bias"):
+            value = rng.standard_normal(shape) * 0.05
+        elif "soft_emb_norm" in name:
+            value = rng.standard_normal(shape) * 0.1  # Gemma RMSNorm: 1 + w
+        else:
+            value = 1.0 + rng.standard_normal(shape) * 0.1
+        extra_values[name] = round_to_bf16(value)
+    with torch.no_grad():
+        for name, value in list(weights.items()) + list(extra_values.items()):
+            target = to_module.get(name, name)
+            if tuple(sd[target].shape) != value.shape:
+                raise RuntimeError(f"{family}: {target} shape {tuple(sd[target].shape)} vs {value.shape}")
+            sd[target].copy_(torch.from_numpy(value))
+        lm_head_tied = "lm_head.weight" not in sd or (
+            sd["lm_head.weight"].data_ptr() == sd[embed_name].data_ptr()
+        )
+        if not lm_head_tied:  # the fixture's head is the embedding either way
+            print(f"{family}: WARNING lm_head is a separate tensor; writing the embedding into it")
+            sd["lm_head.weight"].copy_(sd[embed_name])
+    writer = writer.to(torch.bfloat16)
+    writer.save_pretrained(folder)
+    if not os.path.exists(os.path.join(folder, "generation_config.json")):
+        writer.generation_config.save_pretrained(folder)
+    del writer, sd
+    st_path = os.path.join(folder, "model.safetensors")
+    if not os.path.exists(st_path):
+        raise RuntimeError(f"{family}: save_pretrained wrote {sorted(os.listdir(folder))}")
+    written_names = safetensors_names(st_path)
+
+    # Everything below uses only the folder.
+    try:
+        model = model_cls.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager")
+    except TypeError:
+        model = model_cls.from_pretrained(folder, torch_dtype=torch.float32, attn_implementation="eager")
+    model = model.to(device).eval()
+    loaded_sd = model.state_dict()
+    for name, value in weights.items():
+        got = loaded_sd[to_module[name]].detach().float().cpu().numpy()
+        if not np.array_equal(got, value):
+            raise RuntimeError(f"{family}: reloaded {to_module[name]} differs from the bf16 weights written")
+    head = model.get_output_embeddings().weight.detach().float().cpu().numpy()
+    if not np.array_equal(head, weights["model.embed_tokens.weight"]):
+        raise RuntimeError(f"{family}: reloaded lm_head differs from the embedding")
+
+    # float16-range probes: every decoder layer's output (the residual stream) and every
+    # down_proj's input (the gated MLP product), language model only.
+    probe = {"max_abs_residual": 0.0, "max_abs_down_proj_input": 0.0}
+    probing = [False]
+
+    def on_layer(_module, _inputs, output):
+        if probing[0]:
+            t = output[0] if isinstance(output, (tuple, list)) else output
+            probe["max_abs_residual"] = max(probe["max_abs_residual"], float(t.detach().abs().max()))
+
+    def on_down(_module, inputs):
+        if probing[0]:
+            probe["max_abs_down_proj_input"] = max(
+                probe["max_abs_down_proj_input"], float(inputs[0].detach().abs().max())
+            )
+
+    hooked = {"layers": 0, "down_proj": 0}
+    for name, module in model.named_modules():
+        if "vision" in name:
+            continue
+        if re.search(r"(^|\.)layers\.\d+$", name):
+            module.register_forward_hook(on_layer)
+            hooked["layers"] += 1
+        elif name.endswith("mlp.down_proj"):
+            module.register_forward_pre_hook(on_down)
+            hooked["down_proj"] += 1
+    if hooked["layers"] != cfg["num_hidden_layers"] or hooked["down_proj"] != cfg["num_hidden_layers"]:
+        raise RuntimeError(f"{family}: hooked {hooked}, expected {cfg['num_hidden_layers']} of each")
+
+    def forward(ids):
+        return model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits[0].float()
+
+    seqs = make_token_sequences(cfg["vocab_size"], lengths)
+    tensors = {}
+    all_margins, greedy_all, numpy_diffs, generate_agreement, numpy_greedy_agree = [], [], [], [], []
+    numpy_probe = {}
+    with torch.no_grad():
+        for i, s in enumerate(seqs):
+            ids = torch.from_numpy(s.astype(np.int64))[None].to(device)
+            probing[0] = True
+            logits_np = forward(ids).cpu().numpy()  # [T, vocab]
+            probing[0] = False
+            if not np.isfinite(logits_np).all():
+                raise RuntimeError(f"{family}: non-finite logits for sequence {i}")
+            tensors[f"tokens_{i}"] = torch.from_numpy(s.copy()).contiguous()
+            tensors[f"logits_{i}"] = torch.from_numpy(logits_np.copy()).contiguous()
+            all_margins.append(top2_margins(logits_np))
+            ref64 = numpy_forward(cfg, weights, s, numpy_probe)
+            numpy_diffs.append(float(np.abs(ref64 - logits_np).max()))
+
+            seq = ids.clone()
+            g_tokens, g_margins = [], []
+            for _ in range(N_GREEDY):
+                last = forward(seq)[-1]
+                top = torch.topk(last, 2)
+                nxt = int(top.indices[0])
+                g_tokens.append(nxt)
+                g_margins.append(float(top.values[0] - top.values[1]))
+                seq = torch.cat([seq, torch.tensor([[nxt]], device=device)], dim=1)
+            g_tokens = np.array(g_tokens, dtype=np.int32)
+            g_margins = np.array(g_margins, dtype=np.float32)
+            tensors[f"greedy_prompt_{i}"] = torch.from_numpy(s.copy()).contiguous()
+            tensors[f"greedy_tokens_{i}"] = torch.from_numpy(g_tokens).contiguous()
+            tensors[f"greedy_margins_{i}"] = torch.from_numpy(g_margins).contiguous()
+            greedy_all.append(g_margins)
+            np_tokens, _ = numpy_greedy(cfg, weights, s, N_GREEDY)
+            numpy_greedy_agree.append(bool(np.array_equal(np_tokens, g_tokens)))
+
+            try:  # the cached generate() path, informative only
+                gen = model.generate(
+                    ids,
+                    attention_mask=torch.ones_like(ids),
+                    do_sample=False,
+                    max_new_tokens=N_GREEDY,
+                    min_new_tokens=N_GREEDY,
+                    pad_token_id=0,
+                )[0, ids.shape[1] :].cpu().numpy()
+                eos_hits = np.nonzero(g_tokens == cfg["eos_token_id"])[0]
+                upto = int(eos_hits[0]) if eos_hits.size else N_GREEDY
+                agree = 0
+                while agree < min(upto, len(gen)) and gen[agree] == g_tokens[agree]:
+                    agree += 1
+                generate_agreement.append({"compared": upto, "agreeing_prefix": agree})
+            except Exception as e:
+                generate_agreement.append({"error": repr(e)[:300]})
+            print(
+                f"{family} seq {i} T={len(s)}: logits max|diff| vs numpy f64 {numpy_diffs[-1]:.3e}, "
+                f"greedy margin median {np.median(g_margins):.3f} min {g_margins.min():.4f}, "
+                f"numpy greedy equal {numpy_greedy_agree[-1]}, "
+                f"generate agreement {generate_agreement[-1]}"
+            )
+
+    save_file(tensors, os.path.join(folder, "reference.safetensors"))
+
+    # RoPE frequencies as the loaded model holds them, against the numpy ones.
+    rope_loaded, rope_rel_diff = {}, {}
+    for name, buf in model.named_buffers():
+        if "inv_freq" not in name or "original" in name or "vision" in name:
+            continue
+        got = buf.detach().double().cpu().numpy()
+        if cfg["model_type"] == "cohere2":
+            expected = cohere2_inv_freq(cfg)
+        elif "sliding" in name or "local" in name:
+            expected = gemma3_inv_freq(cfg, "sliding_attention")
+        else:
+            expected = gemma3_inv_freq(cfg, "full_attention")
+        rope_loaded[name] = got.tolist()
+        rope_rel_diff[name] = float(np.max(np.abs(got / expected - 1))) if got.shape == expected.shape else None
+
+    same_as_text = None
+    if family == "gemma3-mm" and not os.path.exists(os.path.join(out_root, "gemma3", "reference.safetensors")):
+        raise RuntimeError("gemma3-mm is compared with gemma3's references: write gemma3 first (same --out)")
+    if family == "gemma3-mm":
+        text_ref = os.path.join(out_root, "gemma3", "reference.safetensors")
+        if os.path.exists(text_ref):
+            ref = load_file(text_ref)
+            cap = config_of("gemma3")["final_logit_softcapping"]
+
+            def capped(x):  # gemma3's softcap applied to this fixture's uncapped logits
+                x = x.astype(np.float64)
+                return x if cap is None else np.tanh(x / cap) * cap
+
+            same_as_text = {
+                "gemma3_final_logit_softcapping": cap,
+                "logits_max_abs_diff_after_cap": [
+                    float(np.abs(ref[f"logits_{i}"].numpy() - capped(tensors[f"logits_{i}"].numpy())).max())
+                    for i in range(len(seqs))
+                ],
+                "greedy_tokens_equal": [
+                    bool(np.array_equal(ref[f"greedy_tokens_{i}"].numpy(), tensors[f"greedy_tokens_{i}"].numpy()))
+                    for i in range(len(seqs))
+                ],
+            }
+
+    logit_stats = stats(np.concatenate(all_margins))
+    greedy_stats = stats(np.concatenate(greedy_all))
+    with open(os.path.join(folder, "config.json")) as f:
+        written_config = json.load(f)
+    report = {
+        "family": family,
+        "model_class": model_cls.__name__,
+        "torch_version": torch.__version__,
+        "transformers_version": transformers.__version__,
+        "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
+        "compute": "float32, eager attention, TF32 off, reloaded with from_pretrained(folder); "
+        "forward(input_ids, attention_mask=ones, use_cache=False)",
+        "config_arguments": config_arguments,
+        "config_json_written": written_config,
+        "tensor_names_written": written_names,
+        "tensor_name_patterns_written": name_patterns(written_names),
+        "lm_head_tied_in_writer": lm_head_tied,
+        "weight_seed": text_spec["seed"],
+        "weight_std": text_spec["std"],
+        "norm_scale": text_spec.get("norm_scale"),
+        "weight_init": "numpy default_rng(weight_seed) standard_normal * std, rounded to bf16; "
+        "gemma3 norm weights w = norm_scale * (1 + std_norm * N(0,1)) - 1 (the layer scales by 1 + w); "
+        "cohere2 LayerNorm weights 1 + std_norm * N(0,1), the final one times final_norm_scale",
+        "token_seed": TOKEN_SEED,
+        "token_range": [MIN_TOKEN_ID, cfg["vocab_size"]],
+        "sequence_lengths": list(lengths),
+        "greedy": f"{N_GREEDY} tokens by a loop of full forwards (no cache), eos ignored; "
+        "greedy_prompt_<i> equals tokens_<i>",
+        "logit_margin_stats": logit_stats,
+        "greedy_margin_stats": greedy_stats,
+        "numpy_float64_max_abs_logit_diff": numpy_diffs,
+        "numpy_float64_greedy_tokens_equal": numpy_greedy_agree,
+        "generate_agreement": generate_agreement,
+        "max_abs_residual": probe["max_abs_residual"],
+        "max_abs_down_proj_input": probe["max_abs_down_proj_input"],
+        "numpy_max_abs_residual": numpy_probe.get("max_abs_residual"),
+        "numpy_max_abs_down_proj_input": numpy_probe.get("max_abs_down_proj_input"),
+        "rope_inv_freq_loaded": rope_loaded,
+        "rope_inv_freq_max_rel_diff": rope_rel_diff,
+        "same_as_gemma3": same_as_text,
+    }
+    with open(os.path.join(folder, "reference.json"), "w") as f:
+        json.dump(report, f, indent=2)
+        f.write("\n")
+    print(f"{family}: logit margins {json.dumps(logit_stats)}")
+    print(f"{family}: greedy margins {json.dumps(greedy_stats)}")
+    print(f"{family}: activation maxima transformers {json.dumps(probe)} numpy {json.dumps(numpy_probe)}")
+    print(f"{family}: rope inv_freq max rel diff {json.dumps(rope_rel_diff)}")
+    if same_as_text is not None:
+        print(f"{family}: against gemma3 {json.dumps(same_as_text)}")
+    print(f"{family}: tensor name patterns {json.dumps(name_patterns(written_names))}")
+    print(f"{family}: files {sorted(os.listdir(folder))}")
+    print(f"{family}: config.json {json.dumps(written_config, sort_keys=True)}")
+
+    # Checks that make the run fail (after the files are written, for inspection).
+    problems = []
+    if needs_fp16_overflow(family):
+        for key in ("max_abs_residual", "max_abs_down_proj_input"):
+            if not probe[key] > FLOAT16_MAX:
+                problems.append(f"{key} {probe[key]} does not exceed {FLOAT16_MAX}")
+    worst = max(numpy_diffs)
+    if not worst < 1e-2:
+        problems.append(f"numpy float64 forward differs from transformers by {worst} (config read differently?)")
+    if not rope_rel_diff:
+        problems.append("no inv_freq buffer found in the loaded model")
+    for name, d in rope_rel_diff.items():
+        if d is None or not d < 1e-6:
+            problems.append(f"rope {name} differs from the numpy frequencies (rel {d})")
+    if same_as_text is not None:
+        if not all(same_as_text["greedy_tokens_equal"]):
+            problems.append("gemma3-mm greedy tokens differ from gemma3's")
+        if not max(same_as_text["logits_max_abs_diff_after_cap"]) < 1e-3:
+            problems.append(f"gemma3-mm logits, capped, differ from gemma3's: {same_as_text}")
+    if problems:
+        raise RuntimeError(f"{family}: " + "; ".join(problems))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", help="output folder (one subfolder per family)")
     ap.add_argument("--numpy-only", action="store_true", help="print numpy-forward margins only")
     ap.add_argument("--families", default=",".join(FAMILIES), help="comma-separated subset")
     args = ap.parse_args()
+    families = [f for f in args.families.split(",") if f]
+    unknown = [f for f in families if f not in FAMILIES]
+    if unknown:
+        ap.error(f"unknown families {unknown}; known: {sorted(FAMILIES)}")
     if args.numpy_only:
-        numpy_only()
-        return
+        numpy_only(families)
+        return 0
     if not args.out:
         ap.error("--out is required")
 
@@ -510,9 +1241,12 @@ def main():
     device = "cuda" if torch.cuda.is_available() else "cpu"
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, device {device}")
     failed = []
-    for family in args.families.split(","):
+    for family in families:
         try:
-            write_family(family, args.out, torch, transformers, device)
+            if family in ("llama", "qwen2"):
+                write_family(family, args.out, torch, transformers, device)
+            else:
+                write_family_hybrid(family, args.out, torch, transformers, device)
         except Exception:
             traceback.print_exc()
             failed.append(family)

@@ -9,7 +9,7 @@ model.safetensors.index.json once the weights pass --max-shard-size), and, with
 
 Values: projections, embeddings and biases are random with std about 0.02 (sign, mantissa
 and the lowest exponent bit drawn uniformly: magnitudes in [2^-7, 2^-5)); norm weights
-are 1. They carry no meaning; they are finite and in a range where activations stay sane.
+are 1 (Gemma 3's, which scale by 1 + w, are 0). They carry no meaning; they are finite and in a range where activations stay sane.
 Weights are generated and written in chunks, so memory stays small and an 8B model takes
 about as long as the disk needs to take 16 GB. Each 16 MiB part of a tensor draws from its
 own stream (seeded by --seed, the tensor's index and the part's index), so the values
@@ -18,6 +18,9 @@ depend neither on the sharding nor on the number of threads.
 Examples:
   make_random_checkpoint.py --preset llama-3.1-8b --tokenizer-dir TOK --out models/llama-8b-random
   make_random_checkpoint.py --preset qwen2.5-7b --dtype float16 --out /tmp/qwen
+  make_random_checkpoint.py --preset gemma-3-4b --out /tmp/gemma3-4b
+  make_random_checkpoint.py --preset command-r7b --out /tmp/command-r7b
+  make_random_checkpoint.py --model-type gemma3_text --out /tmp/tiny-gemma3   (tiny-gemma3)
   make_random_checkpoint.py --preset tiny-llama --tokenizer-dir TOK --out models/default
   make_random_checkpoint.py --model-type llama --hidden 256 --layers 4 --heads 8 --kv-heads 2 \\
       --intermediate 512 --vocab 1024 --out /tmp/small
@@ -147,7 +150,73 @@ PRESETS = {
         },
     },
 }
-DEFAULT_PRESET = {"llama": "tiny-llama", "qwen2": "tiny-qwen2"}
+
+# Gemma 3 4B's language model (the text_config of google/gemma-3-4b-it) as a Gemma3ForCausalLM
+# (model_type gemma3_text): the Hub file gives hidden, layers, intermediate, sliding_window and
+# rope_scaling; the other fields are the transformers defaults it relies on. Five sliding
+# layers, then one full layer; full layers use theta 1e6 with linear factor 8, sliding
+# layers theta 10000 (rope_local_base_freq) unscaled.
+PRESETS["gemma-3-4b"] = {
+    "model_type": "gemma3_text",
+    "hidden": 2560,
+    "layers": 34,
+    "heads": 8,
+    "kv_heads": 4,
+    "intermediate": 10240,
+    "vocab": 262208,
+    "head_dim": 256,
+    "tie": True,
+    "dtype": "bfloat16",
+    "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "rope_local_base_freq": 10000.0,
+    "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+    "sliding_window": 1024,
+    "sliding_window_pattern": 6,
+    "query_pre_attn_scalar": 256,
+    "final_logit_softcapping": None,
+    "attn_logit_softcapping": None,
+    "bos_token_id": 2,
+    "eos_token_id": [1, 106],
+    "pad_token_id": 0,
+    "generation": {"do_sample": True, "top_k": 64, "top_p": 0.95},
+}
+# Command R7B (CohereForAI/c4ai-command-r7b-12-2024, Cohere2ForCausalLM): three sliding layers
+# (window 4096, interleaved RoPE) then one full layer without position encoding.
+PRESETS["command-r7b"] = {
+    "model_type": "cohere2",
+    "hidden": 4096,
+    "layers": 32,
+    "heads": 32,
+    "kv_heads": 8,
+    "intermediate": 14336,
+    "vocab": 256000,
+    "head_dim": 128,
+    "tie": True,
+    "dtype": "bfloat16",
+    "max_position_embeddings": 132096,
+    "layer_norm_eps": 1e-5,
+    "rope_theta": 50000.0,
+    "rope_scaling": None,
+    "sliding_window": 4096,
+    "sliding_window_pattern": 4,
+    "logit_scale": 0.25,
+    "bos_token_id": 5,
+    "eos_token_id": 255001,
+    "pad_token_id": 0,
+    "generation": {},
+}
+# The same fields at toy size (6 layers: five sliding, one full; 4 layers: three sliding, one
+# full); vocab follows the tokenizer.
+PRESETS["tiny-gemma3"] = dict(PRESETS["gemma-3-4b"], hidden=64, layers=6, heads=4, kv_heads=2,
+                              intermediate=160, vocab=None, default_vocab=262208, head_dim=64,
+                              sliding_window=16)
+PRESETS["tiny-cohere2"] = dict(PRESETS["command-r7b"], hidden=64, layers=4, heads=4, kv_heads=2,
+                               intermediate=160, vocab=None, default_vocab=256000, head_dim=16,
+                               sliding_window=16)
+DEFAULT_PRESET = {"llama": "tiny-llama", "qwen2": "tiny-qwen2", "gemma3_text": "tiny-gemma3",
+                  "cohere2": "tiny-cohere2"}
 
 # bit patterns: one, and the random-value masks (keep sign, mantissa and the lowest
 # exponent bit; OR in the exponent of 2^-7, whose field is even)
@@ -184,14 +253,18 @@ def tokenizer_info(tok_dir):
 
 
 def tensor_specs(c):
-    """[(name, shape, kind)] in HF names and [out, in] layout; kind: random | ones."""
+    """[(name, shape, kind)] in HF names and [out, in] layout; kind: random | ones | zeros.
+    Gemma 3 norms scale by (1 + w), so theirs are zeros (a scale of 1)."""
     h, hd = c["hidden"], c["head_dim"]
     q_out, kv_out = c["heads"] * hd, c["kv_heads"] * hd
     bias = c["model_type"] == "qwen2"
+    gemma = c["model_type"] == "gemma3_text"
+    cohere = c["model_type"] == "cohere2"
+    norm = "zeros" if gemma else "ones"
     specs = [("model.embed_tokens.weight", (c["vocab"], h), "random")]
     for i in range(c["layers"]):
         p = f"model.layers.{i}."
-        specs.append((p + "input_layernorm.weight", (h,), "ones"))
+        specs.append((p + "input_layernorm.weight", (h,), norm))
         specs.append((p + "self_attn.q_proj.weight", (q_out, h), "random"))
         if bias:
             specs.append((p + "self_attn.q_proj.bias", (q_out,), "random"))
@@ -202,11 +275,18 @@ def tensor_specs(c):
         if bias:
             specs.append((p + "self_attn.v_proj.bias", (kv_out,), "random"))
         specs.append((p + "self_attn.o_proj.weight", (h, q_out), "random"))
-        specs.append((p + "post_attention_layernorm.weight", (h,), "ones"))
+        if gemma:
+            specs.append((p + "self_attn.q_norm.weight", (hd,), norm))
+            specs.append((p + "self_attn.k_norm.weight", (hd,), norm))
+            specs.append((p + "pre_feedforward_layernorm.weight", (h,), norm))
+        if not cohere:  # cohere2: attention and MLP both read input_layernorm's output
+            specs.append((p + "post_attention_layernorm.weight", (h,), norm))
         specs.append((p + "mlp.gate_proj.weight", (c["intermediate"], h), "random"))
         specs.append((p + "mlp.up_proj.weight", (c["intermediate"], h), "random"))
         specs.append((p + "mlp.down_proj.weight", (h, c["intermediate"]), "random"))
-    specs.append(("model.norm.weight", (h,), "ones"))
+        if gemma:
+            specs.append((p + "post_feedforward_layernorm.weight", (h,), norm))
+    specs.append(("model.norm.weight", (h,), norm))
     if not c["tie"]:
         specs.append(("lm_head.weight", (c["vocab"], h), "random"))
     return specs
@@ -262,9 +342,9 @@ def write_shard(f, entries, dt, seed, index_of, pool, depth):
 
     for name, shape, kind in entries:
         n = numel(shape)
-        if kind == "ones":
+        if kind in ("ones", "zeros"):
             drain(0)
-            f.write(np.full(n, dt["one"], dtype=np.uint16).tobytes())
+            f.write(np.full(n, dt["one"] if kind == "ones" else 0, dtype=np.uint16).tobytes())
             continue
         for part, start in enumerate(range(0, n, PART_ELEMENTS)):
             m = min(PART_ELEMENTS, n - start)
@@ -288,6 +368,11 @@ def build_config(args):
         p["head_dim"] = p["hidden"] // p["heads"]
     if p["heads"] % p["kv_heads"] != 0:
         raise SystemExit(f"error: --heads {p['heads']} is not a multiple of --kv-heads {p['kv_heads']}")
+    if p["model_type"] == "cohere2" and p["head_dim"] != p["hidden"] // p["heads"]:
+        raise SystemExit(f"error: cohere2 has head_dim = hidden / heads ({p['hidden'] // p['heads']}), "
+                         f"not {p['head_dim']}")
+    if p["model_type"] in ("gemma3_text", "cohere2") and not p["tie"]:
+        raise SystemExit(f"error: {p['model_type']} ties lm_head to the embedding (--tie)")
 
     added = {}
     if args.tokenizer_dir:
@@ -299,7 +384,84 @@ def build_config(args):
     return p, added
 
 
+def layer_types(p):
+    """Hub pattern: every sliding_window_pattern-th layer is full, the others sliding."""
+    k = p["sliding_window_pattern"]
+    return ["full_attention" if (i + 1) % k == 0 else "sliding_attention" for i in range(p["layers"])]
+
+
+def gemma3_hub_config(p):
+    return {
+        "architectures": ["Gemma3ForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "attn_logit_softcapping": p["attn_logit_softcapping"],
+        "bos_token_id": p["bos_token_id"],
+        "eos_token_id": p["eos_token_id"],
+        "final_logit_softcapping": p["final_logit_softcapping"],
+        "head_dim": p["head_dim"],
+        "hidden_activation": "gelu_pytorch_tanh",
+        "hidden_size": p["hidden"],
+        "initializer_range": 0.02,
+        "intermediate_size": p["intermediate"],
+        "layer_types": layer_types(p),
+        "max_position_embeddings": p["max_position_embeddings"],
+        "model_type": "gemma3_text",
+        "num_attention_heads": p["heads"],
+        "num_hidden_layers": p["layers"],
+        "num_key_value_heads": p["kv_heads"],
+        "pad_token_id": p["pad_token_id"],
+        "query_pre_attn_scalar": p["query_pre_attn_scalar"],
+        "rms_norm_eps": p["rms_norm_eps"],
+        "rope_local_base_freq": p["rope_local_base_freq"],
+        "rope_scaling": p["rope_scaling"],
+        "rope_theta": p["rope_theta"],
+        "sliding_window": p["sliding_window"],
+        "sliding_window_pattern": p["sliding_window_pattern"],
+        "tie_word_embeddings": True,
+        "torch_dtype": p["dtype"],
+        "use_cache": True,
+        "vocab_size": p["vocab"],
+    }
+
+
+def cohere2_hub_config(p):
+    return {
+        "architectures": ["Cohere2ForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": p["bos_token_id"],
+        "eos_token_id": p["eos_token_id"],
+        "head_dim": p["head_dim"],
+        "hidden_act": "silu",
+        "hidden_size": p["hidden"],
+        "initializer_range": 0.02,
+        "intermediate_size": p["intermediate"],
+        "layer_norm_eps": p["layer_norm_eps"],
+        "layer_types": layer_types(p),
+        "logit_scale": p["logit_scale"],
+        "max_position_embeddings": p["max_position_embeddings"],
+        "model_type": "cohere2",
+        "num_attention_heads": p["heads"],
+        "num_hidden_layers": p["layers"],
+        "num_key_value_heads": p["kv_heads"],
+        "pad_token_id": p["pad_token_id"],
+        "rope_scaling": p["rope_scaling"],
+        "rope_theta": p["rope_theta"],
+        "sliding_window": p["sliding_window"],
+        "sliding_window_pattern": p["sliding_window_pattern"],
+        "tie_word_embeddings": True,
+        "torch_dtype": p["dtype"],
+        "use_cache": True,
+        "vocab_size": p["vocab"],
+    }
+
+
 def hub_config(p):
+    if p["model_type"] == "gemma3_text":
+        return gemma3_hub_config(p)
+    if p["model_type"] == "cohere2":
+        return cohere2_hub_config(p)
     qwen = p["model_type"] == "qwen2"
     cfg = {
         "architectures": ["Qwen2ForCausalLM" if qwen else "LlamaForCausalLM"],
@@ -346,7 +508,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="output folder (created; old weight files in it are replaced)")
     ap.add_argument("--preset", choices=sorted(PRESETS), help="base shape and config fields")
-    ap.add_argument("--model-type", choices=sorted(DEFAULT_PRESET), help="llama or qwen2 (default: the preset's)")
+    ap.add_argument("--model-type", choices=sorted(DEFAULT_PRESET),
+                    help="llama, qwen2, gemma3_text or cohere2 (default: the preset's)")
     ap.add_argument("--hidden", type=int)
     ap.add_argument("--layers", type=int)
     ap.add_argument("--heads", type=int)

@@ -1,6 +1,7 @@
 #include "backend/ops.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "backend/cpu/basic_ops.h"
@@ -168,12 +169,57 @@ Array silu_mul_split(const Array& gu) {
   return out;
 }
 
+Array gelu_tanh_mul_split(const Array& gu) {
+  const bool gpu = on_cuda("gelu_tanh_mul_split", {&gu});
+  require_f32_contiguous("gelu_tanh_mul_split", "gu", gu);
+  require(gu.ndim() == 2 && gu.dim(1) % 2 == 0, "gelu_tanh_mul_split", "gu must be [n, 2f], got " + describe(gu));
+  const int64_t n = gu.dim(0), f = gu.dim(1) / 2;
+  Array out = Array::empty({n, f}, DType::f32, gu.device());
+  if (gpu) {
+    cuda_ops::gelu_tanh_mul_split(gu.data<float>(), n, f, out.data<float>());
+    return out;
+  }
+  cpu::gelu_tanh_mul_split(gu, out);
+  return out;
+}
+
+void head_rms_norm_(Array& x, const Array& weight, float eps, bool unit_offset) {
+  const bool gpu = on_cuda("head_rms_norm_", {&x, &weight});
+  require(x.ndim() == 3 && x.dtype() == DType::f32, "head_rms_norm_",
+          "x must be float32 [n, heads, head_dim], got " + describe(x));
+  require(x.strides()[2] == 1 && (x.dim(1) == 1 || x.strides()[1] == x.dim(2)) &&
+              (x.dim(0) == 1 || x.strides()[0] >= x.dim(1) * x.dim(2)),
+          "head_rms_norm_", "x must have contiguous heads (rows may be strided), got " + describe(x));
+  require(weight.defined() && weight.dtype() == DType::f32 && weight.ndim() == 1 && weight.dim(0) == x.dim(2) &&
+              weight.is_contiguous(),
+          "head_rms_norm_", "weight must be float32 [" + std::to_string(x.dim(2)) + "], got " + describe(weight));
+  const int64_t n = x.dim(0), heads = x.dim(1), hd = x.dim(2);
+  const int64_t row_stride = n == 1 ? heads * hd : x.strides()[0];
+  if (gpu) {
+    cuda_ops::head_rms_norm(x.data<float>(), n, heads, hd, row_stride, weight.data<float>(), eps,
+                            unit_offset ? 1.0f : 0.0f);
+    return;
+  }
+  cpu::head_rms_norm_(x, weight, eps, unit_offset);
+}
+
+void softcap_(Array& x, float cap) {
+  const bool gpu = on_cuda("softcap_", {&x});
+  require_f32_contiguous("softcap_", "x", x);
+  require(cap > 0.0f && std::isfinite(cap), "softcap_", "cap must be positive and finite, got " + std::to_string(cap));
+  if (gpu) {
+    cuda_ops::softcap_inplace(x.data<float>(), cap, x.numel());
+    return;
+  }
+  cpu::softcap_(x, cap);
+}
+
 void write_kv_rows(const Array& keys, const Array& values, const Array& k, const Array& v, int64_t row0,
-                   const Array& positions) {
+                   const Array& positions, int64_t ring_rows) {
   const bool gpu = on_cuda("write_kv_rows", {&keys, &values, &k, &v, &positions});
-  require(keys.ndim() == 3 && keys.dtype() == DType::f16 && keys.is_contiguous() && values.shape() == keys.shape() &&
-              values.dtype() == DType::f16 && values.is_contiguous(),
-          "write_kv_rows", "keys and values must be contiguous float16 [n_kv_heads, capacity, head_dim], got " +
+  require(keys.ndim() == 3 && (keys.dtype() == DType::f16 || keys.dtype() == DType::bf16) && keys.is_contiguous() &&
+              values.shape() == keys.shape() && values.dtype() == keys.dtype() && values.is_contiguous(),
+          "write_kv_rows", "keys and values must be contiguous float16 or bfloat16 [n_kv_heads, capacity, head_dim], got " +
                                describe(keys) + " and " + describe(values));
   const int64_t n_kv = keys.dim(0), cap = keys.dim(1), hd = keys.dim(2);
   auto check_rows = [&](const char* name, const Array& a) {
@@ -186,9 +232,16 @@ void write_kv_rows(const Array& keys, const Array& values, const Array& k, const
   check_rows("v", v);
   const int64_t n = k.dim(0);
   require(v.dim(0) == n, "write_kv_rows", "k and v row counts differ");
-  require(row0 >= 0 && row0 + n <= cap, "write_kv_rows",
-          "rows [" + std::to_string(row0) + ", " + std::to_string(row0 + n) + ") run past the capacity " +
-              std::to_string(cap));
+  if (ring_rows > 0)
+    require(ring_rows == cap && row0 >= 0 && n <= cap, "write_kv_rows",
+            "a ring of " + std::to_string(ring_rows) + " rows needs buffers of that many rows (got " +
+                std::to_string(cap) + ") and at most that many rows at position >= 0 (got " + std::to_string(n) +
+                " at " + std::to_string(row0) + ")");
+  else
+    require(ring_rows == 0 && row0 >= 0 && row0 + n <= cap, "write_kv_rows",
+            "rows [" + std::to_string(row0) + ", " + std::to_string(row0 + n) + ") run past the capacity " +
+                std::to_string(cap) + " (or ring_rows " + std::to_string(ring_rows) + " < 0)");
+  const bool bf16 = keys.dtype() == DType::bf16;
   if (positions.defined())
     require(positions.dtype() == DType::i32 && positions.numel() >= 1, "write_kv_rows",
             "positions must be int32 [n], got " + describe(positions));
@@ -206,14 +259,32 @@ void write_kv_rows(const Array& keys, const Array& values, const Array& k, const
     a.head_dim = hd;
     a.pos_dev = positions.defined() ? positions.data<int32_t>() : nullptr;
     a.pos0 = row0;
+    a.bf16 = bf16;
+    a.ring_rows = ring_rows;
     cuda_ops::kv_write(a);
     return;
   }
-  // [n, n_kv, hd] rows -> the buffers' [n_kv, row0 .. row0 + n, hd] (a transposing copy).
-  const Shape dst_shape{n, n_kv, hd}, dst_strides{hd, cap * hd, 1};
-  const size_t off = size_t(row0 * hd) * 2;
-  cpu::copy_into(Array::strided(keys.buffer(), keys.byte_offset() + off, dst_shape, dst_strides, DType::f16), k);
-  cpu::copy_into(Array::strided(values.buffer(), values.byte_offset() + off, dst_shape, dst_strides, DType::f16), v);
+  // [n, n_kv, hd] rows -> the buffers' [n_kv, row .. row + m, hd] (a transposing copy), in at
+  // most two runs when a ring wraps.
+  auto write_run = [&](int64_t src0, int64_t dst_row, int64_t m) {
+    const Shape dst_shape{m, n_kv, hd}, dst_strides{hd, cap * hd, 1};
+    const size_t off = size_t(dst_row * hd) * 2;
+    auto src_rows = [&](const Array& a) {
+      return Array::strided(a.buffer(), a.byte_offset() + size_t(src0 * a.strides()[0]) * 4, {m, n_kv, hd},
+                            a.strides(), DType::f32);
+    };
+    cpu::copy_into(Array::strided(keys.buffer(), keys.byte_offset() + off, dst_shape, dst_strides, keys.dtype()),
+                   src_rows(k));
+    cpu::copy_into(Array::strided(values.buffer(), values.byte_offset() + off, dst_shape, dst_strides, keys.dtype()),
+                   src_rows(v));
+  };
+  if (ring_rows == 0) {
+    write_run(0, row0, n);
+    return;
+  }
+  const int64_t first = row0 % ring_rows, m0 = std::min(n, ring_rows - first);
+  write_run(0, first, m0);
+  if (m0 < n) write_run(m0, 0, n - m0);
 }
 
 Array silu_mul(const Array& gate, const Array& up) {
@@ -268,17 +339,41 @@ Array attention(const Array& q, const Array& k, const Array& v, const AttentionP
   const bool gpu = on_cuda("attention", {&q, &k, &v});
   require_f32_contiguous("attention", "q", q);
   require(q.ndim() == 3, "attention", "q must be [n, n_heads, head_dim], got " + describe(q));
-  require(k.ndim() == 3 && v.ndim() == 3 && k.dtype() == DType::f16 && v.dtype() == DType::f16, "attention",
-          "k and v must be float16 [n_kv_heads, L, head_dim], got " + describe(k) + " and " + describe(v));
+  require(k.ndim() == 3 && v.ndim() == 3 && (k.dtype() == DType::f16 || k.dtype() == DType::bf16) &&
+              v.dtype() == k.dtype(),
+          "attention",
+          "k and v must be both float16 or both bfloat16 [n_kv_heads, L, head_dim], got " + describe(k) + " and " +
+              describe(v));
   require(k.shape() == v.shape() && k.dim(2) == q.dim(2), "attention",
           "k " + describe(k) + ", v " + describe(v) + " and q " + describe(q) + " disagree");
   require(k.strides()[2] == 1 && v.strides()[2] == 1, "attention", "k and v rows must be contiguous");
-  require(p.ring_rows == 0 && p.key_pos0 == 0, "attention",
-          "keys held from a position other than 0 (key_pos0 " + std::to_string(p.key_pos0) + ", ring_rows " +
-              std::to_string(p.ring_rows) + ") are not supported");
   require(k.dim(0) > 0 && q.dim(1) % k.dim(0) == 0, "attention", "n_heads must be a multiple of n_kv_heads");
-  require(p.q_pos0 >= 0 && p.q_pos0 + q.dim(0) <= k.dim(1), "attention",
-          "query positions run past the " + std::to_string(k.dim(1)) + " cached keys");
+  const int64_t n = q.dim(0), R = p.ring_rows;
+  require(p.q_pos0 >= 0 && p.key_pos0 >= 0 && R >= 0 && (R == 0 || p.key_pos0 == 0), "attention",
+          "q_pos0 " + std::to_string(p.q_pos0) + ", key_pos0 " + std::to_string(p.key_pos0) + " and ring_rows " +
+              std::to_string(R) + " must be >= 0, and a ring has no key_pos0");
+  // The keys as the kernels index them: key j at position key_lo + j (in a ring, at row
+  // (ring_base + j) % R).
+  int64_t n_keys = k.dim(1), key_lo = p.key_pos0, ring_base = 0;
+  if (R > 0) {
+    require(k.dim(1) == R, "attention",
+            "a ring of " + std::to_string(R) + " rows needs k and v of that many rows, got " + describe(k));
+    require(p.window > 0 && p.window + n - 1 <= R, "attention",
+            "a ring of " + std::to_string(R) + " rows serves " + std::to_string(n) +
+                " queries only with a window of at most " + std::to_string(R - n + 1) + " (window " +
+                std::to_string(p.window) + ")");
+    n_keys = std::min(p.q_pos0 + n, R);
+    key_lo = p.q_pos0 + n - n_keys;
+    ring_base = key_lo % R;
+  } else {
+    require(p.q_pos0 >= p.key_pos0 && p.q_pos0 - p.key_pos0 + n <= k.dim(1), "attention",
+            "query positions [" + std::to_string(p.q_pos0) + ", " + std::to_string(p.q_pos0 + n) +
+                ") run past the " + std::to_string(k.dim(1)) + " cached keys from position " +
+                std::to_string(p.key_pos0));
+    require(p.key_pos0 == 0 || (p.window > 0 && p.q_pos0 - p.window + 1 >= p.key_pos0), "attention",
+            "keys from position " + std::to_string(p.key_pos0) + " leave out keys that the query at " +
+                std::to_string(p.q_pos0) + " sees (window " + std::to_string(p.window) + ")");
+  }
   Array out = Array::empty({q.dim(0), q.dim(1) * q.dim(2)}, DType::f32, q.device());
   if (p.positions.defined())
     require(p.positions.device() == q.device() && p.positions.dtype() == DType::i32 &&
@@ -292,13 +387,17 @@ Array attention(const Array& q, const Array& k, const Array& v, const AttentionP
   a.head_dim = q.dim(2);
   a.k = k.data<uint16_t>();
   a.v = v.data<uint16_t>();
+  a.bf16 = k.dtype() == DType::bf16;
   a.n_kv_heads = k.dim(0);
-  a.n_keys = k.dim(1);
+  a.n_keys = n_keys;
   a.k_head_stride = k.strides()[0];
   a.k_row_stride = k.strides()[1];
   a.v_head_stride = v.strides()[0];
   a.v_row_stride = v.strides()[1];
-  a.q_pos0 = p.q_pos0;
+  a.q_pos0 = p.q_pos0 - key_lo;
+  a.ring_rows = R;
+  a.ring_base = ring_base;
+  a.key_pos0 = p.key_pos0;
   a.scale = p.scale;
   a.window = p.window;
   a.softcap = p.softcap;

@@ -40,13 +40,28 @@ Array add_rms_norm(Array& x, const Array& y, const Array& weight, float eps, boo
 // gu [n, 2f] f32 (a fused gate/up projection) -> silu(gu[:, :f]) * gu[:, f:], [n, f].
 Array silu_mul_split(const Array& gu);
 
-// Writes k, v [n, n_kv_heads, head_dim] f32 (rows may be strided, heads contiguous) as f16
-// into rows row0 .. row0 + n - 1 of keys, values [n_kv_heads, capacity, head_dim] f16
-// (contiguous buffers). When `positions` (i32 [n], on the arrays' device) is defined, a CUDA
-// kernel takes row0 from positions[0] on the device instead, so a captured graph writes at
-// the current position; the caller guarantees positions[0] == row0.
+// gu [n, 2f] f32 (a fused gate/up projection) -> gelu_tanh(gu[:, :f]) * gu[:, f:], [n, f]
+// (GeGLU with the tanh approximation of GELU).
+Array gelu_tanh_mul_split(const Array& gu);
+
+// x [n, heads, head_dim] f32 (rows may be strided, heads contiguous: e.g. the q or the k heads
+// of a fused q/k/v row), each head normalised in place: x / rms(x) * (unit_offset ? 1 + w : w)
+// with weight [head_dim] f32 (per-head q/k RMSNorm).
+void head_rms_norm_(Array& x, const Array& weight, float eps, bool unit_offset = false);
+
+// x = cap * tanh(x / cap) element-wise, in place (final-logit softcapping); x f32 contiguous,
+// cap > 0.
+void softcap_(Array& x, float cap);
+
+// Writes k, v [n, n_kv_heads, head_dim] f32 (rows may be strided, heads contiguous), rounded
+// to nearest even in the buffers' type, into rows row0 .. row0 + n - 1 of keys, values
+// [n_kv_heads, capacity, head_dim] (f16 or bf16, contiguous buffers). ring_rows > 0 (==
+// capacity): row0 is a position and row p goes to p % ring_rows (n <= ring_rows; the run may
+// wrap). When `positions` (i32 [n], on the arrays' device) is defined, a CUDA kernel takes row0
+// from positions[0] on the device instead, so a captured graph writes at the current position;
+// the caller guarantees positions[0] == row0.
 void write_kv_rows(const Array& keys, const Array& values, const Array& k, const Array& v, int64_t row0,
-                   const Array& positions = {});
+                   const Array& positions = {}, int64_t ring_rows = 0);
 
 // gate, up [n, f] f32 -> silu(gate) * up
 Array silu_mul(const Array& gate, const Array& up);
@@ -60,9 +75,10 @@ Array gelu_tanh_mul(const Array& gate, const Array& up);
 void rope_(Array& x, const Array& positions, const Array& inv_freq, bool interleaved, float mscale = 1.0f);
 
 // Causal grouped-query attention of n query rows against L cached rows.
-//   q [n, n_heads, head_dim] f32; k, v [n_kv_heads, L, head_dim] f16 (strided views allowed);
-//   query row i sits at absolute position q_pos0 + i and sees key j iff j <= q_pos0 + i and,
-//   when window > 0, j > q_pos0 + i - window. Returns [n, n_heads * head_dim] f32.
+//   q [n, n_heads, head_dim] f32; k, v [n_kv_heads, L, head_dim] both f16 or both bf16 (strided
+//   views allowed); query row i sits at absolute position q_pos0 + i and sees the key at
+//   position j iff j <= q_pos0 + i and, when window > 0, j > q_pos0 + i - window (positions of
+//   keys: see key_pos0 and ring_rows). Returns [n, n_heads * head_dim] f32.
 struct AttentionParams {
   int64_t q_pos0 = 0;
   float scale = 1.0f;
@@ -77,7 +93,10 @@ struct AttentionParams {
   // Where the keys sit. ring_rows == 0: k, v row j holds position key_pos0 + j (key_pos0 > 0
   // when a bounded cache hands over only its recent rows). ring_rows > 0: k, v are a ring of
   // ring_rows rows holding the last ring_rows positions, position p at row p % ring_rows (a
-  // rotating cache's buffers; key_pos0 unused).
+  // rotating cache's buffers; key_pos0 must be 0), the newest being the last query's. Both
+  // forms must hold every key the queries see: key_pos0 > 0 needs window > 0 and
+  // q_pos0 - window + 1 >= key_pos0; a ring needs window > 0 and window + n - 1 <= ring_rows
+  // and k.dim(1) == ring_rows. Errors name a violation.
   int64_t key_pos0 = 0;
   int64_t ring_rows = 0;
 };

@@ -127,6 +127,9 @@ class Chat {
     size_t keep = 0;
     while (keep < ids.size() && keep < cached_.size() && ids[keep] == cached_[keep]) ++keep;
     if (keep == ids.size()) --keep;  // at least one token to prefill, for the next logits
+    // A sliding-window layer that no longer holds the rows before `keep` cannot rewind to it:
+    // the conversation is then computed from the start.
+    if (cache_.offset() > int64_t(keep) && !cache_.can_trim(cache_.offset() - int64_t(keep))) keep = 0;
     if (cache_.offset() > int64_t(keep)) cache_.trim(cache_.offset() - int64_t(keep));
     cached_.resize(keep);
 
@@ -145,7 +148,10 @@ class Chat {
     }
     cached_ = ids;
     cached_.insert(cached_.end(), r.tokens.begin(), r.tokens.end());
-    if (cache_.offset() > int64_t(cached_.size())) cache_.trim(cache_.offset() - int64_t(cached_.size()));
+    if (cache_.offset() > int64_t(cached_.size())) {
+      const int64_t extra = cache_.offset() - int64_t(cached_.size());
+      cache_.trim(cache_.can_trim(extra) ? extra : cache_.offset());  // else the next turn starts over
+    }
     cached_.resize(size_t(cache_.offset()));
 
     std::string reply = tok_.decode(r.tokens, true);

@@ -1,5 +1,6 @@
 #include "core/thread_pool.h"
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <system_error>
@@ -53,7 +54,9 @@ void ThreadPool::parallel_for(int64_t n, int64_t min_chunk, const std::function<
     fn_ = &fn;
     n_ = n;
     n_chunks_ = chunks;
-    pending_.store(chunks - 1);
+    // Every worker checks in, with a chunk or without: the job's fields are not written again
+    // until all of them have read these.
+    pending_.store(int(workers_.size()));
     generation_.fetch_add(1);
   }
   cv_.notify_all();
@@ -63,26 +66,36 @@ void ThreadPool::parallel_for(int64_t n, int64_t min_chunk, const std::function<
 }
 
 void ThreadPool::worker_loop(int index) {
+  // NOTE: a worker polls for the next job (yielding the core to anyone runnable) for up to
+  // kPoll after its last one before it sleeps on the condition variable: decode runs its ops
+  // back to back, and a wake-up through the condition variable (each worker taking the mutex
+  // in turn) costs tens of microseconds per op; an idle pool still sleeps.
+  constexpr auto kPoll = std::chrono::milliseconds(2);
   uint64_t seen = 0;
   for (;;) {
-    const std::function<void(int64_t, int64_t, int)>* fn;
-    int64_t n;
-    int chunks;
-    {
+    uint64_t g = generation_.load(std::memory_order_acquire);
+    if (g == seen) {
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int spin = 1; g == seen; ++spin) {
+        std::this_thread::yield();
+        if (spin % 64 == 0 && std::chrono::steady_clock::now() - t0 > kPoll) break;
+        g = generation_.load(std::memory_order_acquire);
+      }
+    }
+    if (g == seen) {
       std::unique_lock<std::mutex> lock(mu_);
-      // NOTE: spinning first would cut wake-up latency; a condition variable keeps idle
-      // pools from burning cores in servers and tests.
       cv_.wait(lock, [&] { return generation_.load() != seen; });
-      seen = generation_.load();
-      if (stop_) return;
-      fn = fn_;
-      n = n_;
-      chunks = n_chunks_;
+      g = generation_.load();
     }
-    if (index < chunks) {
-      (*fn)(n * index / chunks, n * (index + 1) / chunks, index);
-      pending_.fetch_sub(1, std::memory_order_release);
-    }
+    seen = g;
+    // The job's fields were written before the generation moved, and are not written again
+    // until this worker checks in (pending_).
+    if (stop_) return;
+    const std::function<void(int64_t, int64_t, int)>* fn = fn_;
+    const int64_t n = n_;
+    const int chunks = n_chunks_;
+    if (index < chunks) (*fn)(n * index / chunks, n * (index + 1) / chunks, index);
+    pending_.fetch_sub(1, std::memory_order_release);
   }
 }
 

@@ -17,13 +17,8 @@ Array rows_view(const Array& cache, int64_t row0, int64_t n) {
 DenseKVCache::DenseKVCache(const KVCacheParams& params) : params_(params) {
   if (params.n_kv_heads <= 0 || params.head_dim <= 0 || params.step <= 0)
     throw InvalidInput("KV cache needs positive n_kv_heads, head_dim and step");
-  if (params.dtype != DType::f16)
-    throw Unsupported(std::string("a ") + dtype_name(params.dtype) + " KV cache is not supported (f16 only)");
-}
-
-std::unique_ptr<KVCache> make_kv_cache(const KVCacheParams& params) {
-  // A sliding-window layer keeps every row here too; attention applies the window.
-  return std::make_unique<DenseKVCache>(params);
+  if (params.dtype != DType::f16 && params.dtype != DType::bf16)
+    throw Unsupported(std::string("a ") + dtype_name(params.dtype) + " KV cache is not supported (f16 or bf16)");
 }
 
 bool DenseKVCache::owns_current_state() const {
@@ -99,12 +94,12 @@ void DenseKVCache::copying_write(const Array& k, const Array& v, int64_t n) {
   int64_t cap = capacity();
   if (needed > cap) cap = (needed + params_.step - 1) / params_.step * params_.step;
   const Shape shape{params_.n_kv_heads, cap, params_.head_dim};
-  Array nk = Array::empty(shape, DType::f16, params_.device);
-  Array nv = Array::empty(shape, DType::f16, params_.device);
+  Array nk = Array::empty(shape, params_.dtype, params_.device);
+  Array nv = Array::empty(shape, params_.dtype, params_.device);
   if (offset_ > 0) {
     ops::copy_into(rows_view(nk, 0, offset_), rows_view(keys_, 0, offset_));
     ops::copy_into(rows_view(nv, 0, offset_), rows_view(values_, 0, offset_));
-    counters_.bytes_copied += 2 * uint64_t(offset_ * params_.n_kv_heads * params_.head_dim) * 2;
+    counters_.bytes_copied += 2 * uint64_t(offset_ * params_.n_kv_heads * params_.head_dim) * dtype_size(params_.dtype);
   }
   ops::write_kv_rows(nk, nv, k, v, offset_);
   keys_ = std::move(nk);
@@ -120,7 +115,8 @@ KVState DenseKVCache::snapshot() const { return {keys_, values_, offset_}; }
 void DenseKVCache::restore(const KVState& state) {
   if (state.keys.defined() &&
       (state.keys.ndim() != 3 || state.keys.dim(0) != params_.n_kv_heads || state.keys.dim(2) != params_.head_dim ||
-       state.keys.dtype() != DType::f16 || !(state.keys.shape() == state.values.shape()) ||
+       state.keys.dtype() != params_.dtype || state.values.dtype() != params_.dtype ||
+       !(state.keys.shape() == state.values.shape()) ||
        state.offset > state.keys.dim(1)))
     throw InvalidInput("KV cache restore: state " + describe(state.keys) + " at offset " +
                        std::to_string(state.offset) + " does not fit this cache");

@@ -1,9 +1,9 @@
 #pragma once
-// The dense fp16 cache: single-token writes go in place under an ownership guard
+// The dense cache: single-token writes go in place under an ownership guard
 // (docs/design.md, "The KV cache contract").
 //
-// Layout: keys and values are fp16 arrays of [n_kv_heads, capacity, head_dim] over one
-// buffer each; row i holds position i, and rows [0, offset) are live. Capacity grows in
+// Layout: keys and values are f16 or bf16 (params.dtype) arrays of [n_kv_heads, capacity,
+// head_dim] over one buffer each; row i holds position i, and rows [0, offset) are live. Capacity grows in
 // steps of `step` rows.
 #include "kv/kv_cache.h"
 #include "kv/replay.h"

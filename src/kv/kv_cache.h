@@ -36,8 +36,8 @@ struct KVCounters {
 // A shared view of a cache's state at some length. Holding it costs nothing (the buffers
 // are shared); no later write by anyone changes rows [0, offset) of it.
 struct KVState {
-  Array keys;    // [n_kv_heads, capacity, head_dim] f16
-  Array values;  // [n_kv_heads, capacity, head_dim] f16
+  Array keys;    // [n_kv_heads, capacity, head_dim] f16 or bf16 (a rotating cache: its ring)
+  Array values;  // [n_kv_heads, capacity, head_dim]
   int64_t offset = 0;
 };
 
@@ -60,8 +60,8 @@ struct KVCacheParams {
 // What attention reads after a write: the live keys and values, and the facts about them
 // that the attention op needs, on every device.
 struct KVView {
-  Array keys;    // [n_kv_heads, n_keys, head_dim] f16, a view of the cache's buffers
-  Array values;  // [n_kv_heads, n_keys, head_dim] f16
+  Array keys;    // [n_kv_heads, n_keys, head_dim] f16 or bf16, a view of the cache's buffers
+  Array values;  // [n_kv_heads, n_keys, head_dim]
   int64_t pos0 = 0;  // absolute position of the first row just written (the first query's)
   // i32 [n] on the cache's device: the absolute positions of the rows just written, as the
   // caller passed them (undefined when it passed none). A step that reads them from device
@@ -102,7 +102,14 @@ class KVCache {
   virtual int64_t offset() const = 0;
   // Rows the buffers hold before they must grow.
   virtual int64_t capacity() const = 0;
-  // Logical rewind by n rows (clamped at 0). The next write copies.
+  // Whether trim(n) can be honoured: a cache that no longer holds the rows of older positions
+  // (a rotating cache after its ring wrapped) cannot rewind past them. Trimming to 0 always can.
+  virtual bool can_trim(int64_t n) const {
+    (void)n;
+    return true;
+  }
+  // Logical rewind by n rows (clamped at 0). The next write copies. Throws InvalidInput when
+  // !can_trim(n).
   virtual void trim(int64_t n) = 0;
   // Discards the last n rows of this cache's own last write (pipelined decode ran one step
   // past a stop). The guard stays armed, so the next write may go in place at the new length.
@@ -124,8 +131,8 @@ class KVCache {
 };
 
 // The cache for one layer as `params` describe it: the dense cache (kv/dense_cache.h) when
-// params.window == 0; for a sliding-window layer, a cache that may hold only the rows its
-// window still sees. Families call this from make_layer_cache.
+// params.window == 0; for a sliding-window layer, the rotating cache (kv/rotating_cache.h),
+// which holds only the rows its window still sees. Families call this from make_layer_cache.
 std::unique_ptr<KVCache> make_kv_cache(const KVCacheParams& params);
 
 // All layers' caches of one sequence.
@@ -137,6 +144,9 @@ class SequenceCache {
   KVCache& layer(size_t i) { return *layers_[i]; }
   size_t n_layers() const { return layers_.size(); }
   int64_t offset() const { return layers_.empty() ? 0 : layers_[0]->offset(); }
+  // Whether every layer can trim n (KVCache::can_trim); trim() throws InvalidInput otherwise,
+  // leaving every layer as it was.
+  bool can_trim(int64_t n) const;
   void trim(int64_t n);
   void rewind_own_write(int64_t n);
   std::vector<KVState> snapshot() const;

@@ -1,10 +1,28 @@
 #include "core/error.h"
+#include "kv/dense_cache.h"
 #include "kv/kv_cache.h"
 #include "kv/replay.h"
+#include "kv/rotating_cache.h"
 
 namespace osprey {
 
+std::unique_ptr<KVCache> make_kv_cache(const KVCacheParams& params) {
+  if (params.window < 0) throw InvalidInput("KV cache: window " + std::to_string(params.window) + " < 0");
+  if (params.window > 0) return std::make_unique<RotatingKVCache>(params);
+  return std::make_unique<DenseKVCache>(params);
+}
+
+bool SequenceCache::can_trim(int64_t n) const {
+  for (const auto& l : layers_)
+    if (!l->can_trim(n)) return false;
+  return true;
+}
+
 void SequenceCache::trim(int64_t n) {
+  // All or nothing: no layer moves unless every layer can.
+  if (!can_trim(n))
+    throw InvalidInput("KV cache: cannot trim " + std::to_string(n) + " positions (a sliding-window layer's ring no "
+                       "longer holds the rows)");
   for (auto& l : layers_) l->trim(n);
 }
 

@@ -19,26 +19,54 @@ void require_parts(const LinearGroup& g, size_t n, const char* what) {
 }  // namespace
 
 AttentionInputs attention_inputs(const Array& h, const LinearGroup& qkv, const AttentionShape& s,
-                                 const Array& positions, const Array& inv_freq, bool interleaved) {
+                                 const Array& positions, const QKTransform& t) {
   require_parts(qkv, 3, "attention_inputs");
+  if (t.q_norm.defined() != t.k_norm.defined())
+    throw InvalidInput("attention_inputs: q and k norms must be given together");
   const int64_t n = h.dim(0), nh = s.n_heads, nkv = s.n_kv_heads, hd = s.head_dim;
   AttentionInputs a;
   if (qkv.is_stacked()) {
     Array x = ops::linear(h, qkv.stacked, qkv.stacked_bias);  // [n, (nh + 2 nkv) hd]
-    Array qk = head_view(x, 0, nh + nkv, hd);
-    ops::rope_(qk, positions, inv_freq, interleaved);
     a.q = head_view(x, 0, nh, hd);
     a.k = head_view(x, nh * hd, nkv, hd);
     a.v = head_view(x, (nh + nkv) * hd, nkv, hd);
+    if (t.q_norm.defined()) {
+      ops::head_rms_norm_(a.q, t.q_norm, t.norm_eps, t.norm_unit_offset);
+      ops::head_rms_norm_(a.k, t.k_norm, t.norm_eps, t.norm_unit_offset);
+    }
+    if (t.inv_freq.defined()) {
+      Array qk = head_view(x, 0, nh + nkv, hd);  // q and k heads are adjacent: one launch
+      ops::rope_(qk, positions, t.inv_freq, t.interleaved);
+    }
     if (!a.q.is_contiguous()) a.q = ops::cast(a.q, DType::f32);
     return a;
   }
   a.q = ops::linear(h, qkv.parts[0], qkv.biases[0]).reshape({n, nh, hd});
   a.k = ops::linear(h, qkv.parts[1], qkv.biases[1]).reshape({n, nkv, hd});
   a.v = ops::linear(h, qkv.parts[2], qkv.biases[2]).reshape({n, nkv, hd});
-  ops::rope_(a.q, positions, inv_freq, interleaved);
-  ops::rope_(a.k, positions, inv_freq, interleaved);
+  if (t.q_norm.defined()) {
+    ops::head_rms_norm_(a.q, t.q_norm, t.norm_eps, t.norm_unit_offset);
+    ops::head_rms_norm_(a.k, t.k_norm, t.norm_eps, t.norm_unit_offset);
+  }
+  if (t.inv_freq.defined()) {
+    ops::rope_(a.q, positions, t.inv_freq, t.interleaved);
+    ops::rope_(a.k, positions, t.inv_freq, t.interleaved);
+  }
   return a;
+}
+
+AttentionInputs attention_inputs(const Array& h, const LinearGroup& qkv, const AttentionShape& shape,
+                                 const Array& positions, const Array& inv_freq, bool interleaved) {
+  QKTransform t;
+  t.inv_freq = inv_freq;
+  t.interleaved = interleaved;
+  return attention_inputs(h, qkv, shape, positions, t);
+}
+
+DType kv_rows_dtype(DType weight_dtype) {
+  // The dense cache stores f16 rows only until bf16 rows land; then: bf16 for bf16.
+  (void)weight_dtype;
+  return DType::f16;
 }
 
 Array silu_gate(const Array& h, const LinearGroup& gate_up) {
@@ -46,6 +74,13 @@ Array silu_gate(const Array& h, const LinearGroup& gate_up) {
   if (gate_up.is_stacked()) return ops::silu_mul_split(ops::linear(h, gate_up.stacked, gate_up.stacked_bias));
   return ops::silu_mul(ops::linear(h, gate_up.parts[0], gate_up.biases[0]),
                        ops::linear(h, gate_up.parts[1], gate_up.biases[1]));
+}
+
+Array gelu_gate(const Array& h, const LinearGroup& gate_up) {
+  require_parts(gate_up, 2, "gelu_gate");
+  if (gate_up.is_stacked()) return ops::gelu_tanh_mul_split(ops::linear(h, gate_up.stacked, gate_up.stacked_bias));
+  return ops::gelu_tanh_mul(ops::linear(h, gate_up.parts[0], gate_up.biases[0]),
+                            ops::linear(h, gate_up.parts[1], gate_up.biases[1]));
 }
 
 }  // namespace osprey

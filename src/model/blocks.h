@@ -21,14 +21,37 @@ struct AttentionShape {
   int64_t head_dim = 0;
 };
 
+// What happens to the q and k heads between the projection and attention, in this order.
+struct QKTransform {
+  // Per-head RMSNorm (ops::head_rms_norm_): weights [head_dim] f32, both or neither defined.
+  Array q_norm, k_norm;
+  float norm_eps = 1e-6f;
+  bool norm_unit_offset = false;
+  // Rotary embeddings at the step's positions (ops::rope_); undefined: none (a layer without
+  // position encoding).
+  Array inv_freq;  // [head_dim / 2] f32
+  bool interleaved = false;
+};
+
 // h [n, hidden] f32 through the q, k and v projections `qkv` (three parts, in that order), with
-// rotary embeddings applied to q and k at `positions` (i32 [n]) with `inv_freq`
-// (f32 [head_dim / 2]; see ops::rope_ for `interleaved`).
+// q and k transformed as `t` says at `positions` (i32 [n]).
+AttentionInputs attention_inputs(const Array& h, const LinearGroup& qkv, const AttentionShape& shape,
+                                 const Array& positions, const QKTransform& t);
+// The same with rotary embeddings only: `inv_freq` f32 [head_dim / 2] (see ops::rope_ for
+// `interleaved`).
 AttentionInputs attention_inputs(const Array& h, const LinearGroup& qkv, const AttentionShape& shape,
                                  const Array& positions, const Array& inv_freq, bool interleaved = false);
+
+// The element type of cached K/V rows (KVCacheParams::dtype) for a checkpoint whose weights
+// are `weight_dtype`, for families whose activations may pass float16's range: bf16 for a
+// bf16 checkpoint, f16 otherwise.
+DType kv_rows_dtype(DType weight_dtype);
 
 // silu(h W_gate + b_gate) * (h W_up + b_up): h [n, hidden] f32 through `gate_up` (two parts,
 // gate then up) -> [n, f] f32.
 Array silu_gate(const Array& h, const LinearGroup& gate_up);
+
+// gelu_tanh(h W_gate + b_gate) * (h W_up + b_up) (GeGLU), as silu_gate.
+Array gelu_gate(const Array& h, const LinearGroup& gate_up);
 
 }  // namespace osprey

@@ -50,8 +50,9 @@ class Model {
 
   // tokens [n] i32 (on the CPU or the model's device) at positions cache.offset() .. + n - 1;
   // appends their K/V to `cache`. `positions`, when defined, is an i32 [n] array on the model's
-  // device holding exactly those positions: the step then reads them from device memory (a
-  // captured graph replays it at later positions). Returns logits f32 on the model's device:
+  // device holding exactly those positions: the step then reads them from that array, so the
+  // engine may replay it at later positions (docs/design.md, "Graph capture and replay").
+  // Returns logits f32 on the model's device:
   // [n, vocab] when all_logits, else [1, vocab] for the last token only.
   Array forward(const Array& tokens, const Array& positions, SequenceCache& cache, bool all_logits);
   Array forward(const Array& tokens, SequenceCache& cache, bool all_logits) {

@@ -13,6 +13,8 @@ namespace osprey {
 // Built-in families: one registration function per family file.
 void register_llama_family();
 void register_qwen2_family();
+void register_gemma3_family();
+void register_cohere2_family();
 
 namespace {
 
@@ -26,6 +28,8 @@ const std::map<std::string, FamilyLoader>& families() {
   std::call_once(once, [] {
     register_llama_family();
     register_qwen2_family();
+    register_gemma3_family();
+    register_cohere2_family();
   });
   return table();
 }

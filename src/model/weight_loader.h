@@ -4,6 +4,7 @@
 // the target device, and reports progress.
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -71,6 +72,13 @@ class WeightLoader {
   // A float32 host array placed on the target device (constants a family computes at load).
   Array constant(const Array& host);
 
+  // Marks `name` as deliberately left unread (a vision tower's tensors in a checkpoint whose
+  // language model alone is loaded), so that require_all_read() accepts it.
+  void ignore(const std::string& name);
+  // Throws InvalidInput naming the checkpoint's tensors that were neither read nor ignored
+  // (the first few, and how many), so that no tensor is silently dropped.
+  void require_all_read(const std::string& family) const;
+
   // The setting that covers the most quantized weights loaded so far; nullopt when none.
   std::optional<QuantSetting> dominant_quant() const;
   size_t bytes_loaded() const { return done_; }
@@ -88,6 +96,7 @@ class WeightLoader {
   const SafeTensors& weights_;
   const LoadOptions& options_;
   QuantConfig quant_;
+  std::set<std::string> read_;  // tensors read or ignored
   std::map<std::pair<int, int>, int64_t> quant_weights_;  // (bits, group size) -> weights loaded
   size_t total_ = 0;
   size_t done_ = 0;

@@ -95,8 +95,15 @@ std::optional<SequenceBackend::Begun> DenseSlotBackend::begin(std::span<const in
     if (m.entry) {
       const size_t use = std::min(m.n_common, prompt.size() - 1);
       s.cache.restore(m.entry->states);
-      s.cache.trim(int64_t(m.entry->tokens.size() - use));
-      b.n_cached = int64_t(use);
+      const int64_t drop = int64_t(m.entry->tokens.size() - use);
+      if (s.cache.can_trim(drop)) {
+        s.cache.trim(drop);
+        b.n_cached = int64_t(use);
+      } else {
+        // A sliding-window layer's ring no longer holds the rows before the common prefix's
+        // end: the prompt is computed from the start.
+        s.cache.trim(s.cache.offset());
+      }
     }
     return b;
   }

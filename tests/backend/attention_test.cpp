@@ -32,6 +32,7 @@ double run_and_compare(const AttnCase& s, ThreadPool& pool, uint32_t seed) {
   a.head_dim = s.head_dim;
   a.k = d.k.data();
   a.v = d.v.data();
+  a.bf16 = s.bf16;
   a.n_kv_heads = s.n_kv_heads;
   a.n_keys = s.n_keys;
   a.k_head_stride = a.v_head_stride = d.head_stride;
@@ -167,6 +168,30 @@ TEST(Attention, HeadDimsOffTheVectorWidth) {
   s.n_keys = 700;
   s.q_pos0 = 699;
   expect_close(s, "decode", {72, 40, 256});
+}
+
+// bf16 rows, with keys and values up to 2e5 (past f16's 65504, which would make them inf):
+// q small enough that the logits stay in a range where the softmax is not one-hot.
+TEST(Attention, Bf16RowsBeyondTheF16Range) {
+  AttnCase s;
+  s.bf16 = true;
+  s.kv_range = 2.0e5f;
+  s.q_range = 2.0e-4f;
+  s.n = s.n_keys = 37;
+  expect_close(s, "bf16 prefill");
+  s.n = 5;
+  s.q_pos0 = 130;
+  s.n_keys = 135;
+  s.window = 50;
+  expect_close(s, "bf16 chunk with window");
+  s.window = 0;
+  s.n = 1;
+  s.n_keys = 3000;
+  s.q_pos0 = 2999;
+  expect_close(s, "bf16 decode L=3000");
+  s.softcap = 4.0f;
+  s.window = 100;
+  expect_close(s, "bf16 decode softcap + window", {64, 72});
 }
 
 TEST(Attention, RowWithoutVisibleKeysIsZero) {

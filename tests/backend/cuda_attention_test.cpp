@@ -99,6 +99,7 @@ struct DeviceCase {
     a.head_dim = s.head_dim;
     a.k = k.get();
     a.v = v.get();
+    a.bf16 = s.bf16;
     a.n_kv_heads = s.n_kv_heads;
     a.n_keys = s.n_keys;
     a.k_head_stride = a.v_head_stride = d.head_stride;
@@ -156,6 +157,31 @@ TEST(CudaFlashAttention, PrefillAcrossLengthsHeadDimsAndGroups) {
         EXPECT_LT(host_error(s, seed++), kTol) << describe(s);
       }
     }
+}
+
+// bf16 K and V (q and P rounded to bf16 for the bf16 mma): the tensor-core prefill and decode
+// kernels and the CUDA-core fallback (head_dim 80), with keys and values past f16's range.
+TEST(CudaFlashAttention, Bf16RowsBeyondTheF16Range) {
+  SKIP_WITHOUT_CUDA();
+  // bf16 keeps 8 significant bits where f16 keeps 11.
+  constexpr double kTolBf16 = 1e-2;
+  uint32_t seed = 700;
+  for (int64_t hd : {64, 128, 256, 80})
+    for (int64_t n : {1, 3, 100})
+      for (int window : {0, 40}) {
+        AttnCase s;
+        s.bf16 = true;
+        s.kv_range = 2.0e5f;
+        s.q_range = 2.0e-5f;  // logits of order 1, so rounding q to bf16 moves them by well under 1%
+        s.n = n;
+        s.q_pos0 = 300;
+        s.n_keys = 300 + n;
+        s.head_dim = hd;
+        s.n_heads = 8;
+        s.n_kv_heads = 2;
+        s.window = window;
+        EXPECT_LT(host_error(s, seed++), kTolBf16) << "bf16 " << describe(s);
+      }
 }
 
 TEST(CudaFlashAttention, SlidingWindowAndSoftcap) {

@@ -1,5 +1,6 @@
-// cpu::linear_q, dequantize_rows and dequantize against double-precision references that
-// read the codes back from the packed words with their own bit arithmetic.
+// cpu::linear_q, linear_q_f32, linear_q4_int8 (every instruction set the CPU has),
+// dequantize_rows and dequantize against double-precision references that read the codes back
+// from the packed words with their own bit arithmetic.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,8 +11,10 @@
 #include <iostream>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "backend/cpu/quant_int8.h"
 #include "backend/cpu/quant_kernels.h"
 #include "core/error.h"
 #include "core/half.h"
@@ -136,7 +139,7 @@ double worst_error(const std::vector<float>& y, const std::vector<double>& ref, 
   return worst;
 }
 
-TEST(QuantLinear, MatchesDoubleReference) {
+TEST(QuantLinear, F32ActivationsMatchDoubleReference) {
   ThreadPool pool1(1), pool3(3);
   std::mt19937 rng(2024);
   for (int bits : {2, 3, 4, 6, 8})
@@ -155,7 +158,7 @@ TEST(QuantLinear, MatchesDoubleReference) {
               for (ThreadPool* pool : {&pool1, &pool3})
                 for (const float* b : {static_cast<const float*>(nullptr), bias.data()}) {
                   std::vector<float> y(size_t(n * out), std::nanf(""));
-                  cpu::linear_q(x.data(), n, a, b, y.data(), *pool);
+                  cpu::linear_q_f32(x.data(), n, a, b, y.data(), *pool);
                   EXPECT_LT(worst_error(y, ref, mag, out, b), 2e-6)
                       << "bits=" << bits << " group=" << g << " scales=" << dtype_name(sd) << " n=" << n
                       << " in=" << in << " out=" << out << " threads=" << pool->n_threads()
@@ -165,7 +168,7 @@ TEST(QuantLinear, MatchesDoubleReference) {
           }
 }
 
-TEST(QuantLinear, LargerShapesMatchDoubleReference) {
+TEST(QuantLinear, F32ActivationsLargerShapesMatchDoubleReference) {
   // Many row tiles per thread, several k blocks for every n, an odd row count.
   ThreadPool pool(3);
   std::mt19937 rng(77);
@@ -179,10 +182,168 @@ TEST(QuantLinear, LargerShapesMatchDoubleReference) {
         std::vector<double> ref, mag;
         reference(m, x, n, ref, mag);
         std::vector<float> y(size_t(n * out), std::nanf(""));
-        cpu::linear_q(x.data(), n, m.args(), bias.data(), y.data(), pool);
+        cpu::linear_q_f32(x.data(), n, m.args(), bias.data(), y.data(), pool);
         EXPECT_LT(worst_error(y, ref, mag, out, bias.data()), 2e-6) << "bits=" << bits << " group=" << g << " n=" << n;
       }
     }
+}
+
+// x rounded as linear_q4_int8 documents it, from its definition: per block of 32 values,
+// step = max|x| / 127, h = round(x * (127 / max|x|)), l = round((x - step * h) * (256 * 127 /
+// max|x|)) clamped to [-127, 127] (f32, ties to even), x ~= step / 256 * (256 h + l).
+void round_to_int8(const std::vector<float>& x, int64_t n, int64_t in, std::vector<double>& rounded,
+                   std::vector<double>& half_step) {
+  rounded.assign(x.size(), 0.0);
+  half_step.assign(x.size(), 0.0);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t b = 0; b < in; b += 32) {
+      const float* xb = &x[size_t(i * in + b)];
+      float amax = 0.0f;
+      for (int k = 0; k < 32; ++k) amax = std::max(amax, std::fabs(xb[k]));
+      const float step = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+      for (int k = 0; k < 32; ++k) {
+        const float h = std::nearbyint(xb[k] * inv);
+        const float l = std::clamp(std::nearbyint(std::fma(-step, h, xb[k]) * (inv * 256.0f)), -127.0f, 127.0f);
+        ASSERT_LE(std::fabs(h), 127.0f);
+        rounded[size_t(i * in + b + k)] = double(step) / 256.0 * (256.0 * double(h) + double(l));
+        // The documented bound: step / 512, or step / 256 where l was clamped.
+        half_step[size_t(i * in + b + k)] = double(step) / (std::fabs(l) == 127.0f ? 256.0 : 512.0);
+      }
+    }
+}
+
+// The int8 path's reference: per weight, scale * q times the rounded x plus bias times x itself.
+// ref [n, out], mag [n, out] = sum |terms|, bound [n, out] = sum |scale * q| * (the documented
+// bound of rounding x).
+void int8_reference(const QMatrix& m, const std::vector<float>& x, int64_t n, std::vector<double>& ref,
+                    std::vector<double>& mag, std::vector<double>& bound) {
+  std::vector<double> rounded, half_step;
+  round_to_int8(x, n, m.in, rounded, half_step);
+  ref.assign(size_t(n * m.out), 0.0);
+  mag.assign(size_t(n * m.out), 0.0);
+  bound.assign(size_t(n * m.out), 0.0);
+  const int64_t n_groups = m.in / m.group_size;
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t o = 0; o < m.out; ++o) {
+      double s = 0.0, a = 0.0, e = 0.0;
+      for (int64_t k = 0; k < m.in; ++k) {
+        const size_t g = size_t(o * n_groups + k / m.group_size);
+        const double bias = half_value(m.biases[g], m.scale_dtype);
+        const double sq = m.w[size_t(o * m.in + k)] - bias;  // scale * q, exact in double
+        const size_t xi = size_t(i * m.in + k);
+        const double t1 = sq * rounded[xi], t2 = bias * double(x[xi]);
+        s += t1 + t2;
+        a += std::abs(t1) + std::abs(t2);
+        e += std::abs(sq) * half_step[xi];
+      }
+      ref[size_t(i * m.out + o)] = s;
+      mag[size_t(i * m.out + o)] = a;
+      bound[size_t(i * m.out + o)] = e;
+    }
+}
+
+std::vector<cpu::Int8Isa> supported_isas() {
+  std::vector<cpu::Int8Isa> isas;
+  for (cpu::Int8Isa isa : {cpu::Int8Isa::avx2, cpu::Int8Isa::avx_vnni, cpu::Int8Isa::avx512bw,
+                           cpu::Int8Isa::avx512_vnni})
+    if (cpu::int8_isa_supported(isa)) isas.push_back(isa);
+  return isas;
+}
+
+TEST(QuantLinearInt8, EveryInstructionSetMatchesRoundedActivationReference) {
+  const std::vector<cpu::Int8Isa> isas = supported_isas();
+  if (isas.empty()) GTEST_SKIP() << "this CPU has no AVX2";
+  ThreadPool pool1(1), pool3(3);
+  std::mt19937 rng(808);
+  for (int g : {32, 64, 128})
+    for (DType sd : {DType::f16, DType::bf16})
+      // in: one group, ragged numbers of 64- and 128-code vectors, several k chunks.
+      for (int64_t in : {int64_t(g), int64_t(5) * g, int64_t(13) * g})
+        for (int64_t out : {37, 129}) {
+          const QMatrix m = make_matrix(out, in, 4, g, sd, rng);
+          const std::vector<float> bias = random_vector(size_t(out), rng);
+          for (int64_t n : {1, 2, 5, 17, 40}) {
+            std::vector<float> x = random_vector(size_t(n * in), rng);
+            if (n == 5) std::fill(x.begin(), x.begin() + 32, 0.0f);  // an all-zero block
+            std::vector<double> ref, mag, bound;
+            int8_reference(m, x, n, ref, mag, bound);
+            for (cpu::Int8Isa isa : isas)
+              for (ThreadPool* pool : {&pool1, &pool3})
+                for (const float* b : {static_cast<const float*>(nullptr), bias.data()}) {
+                  std::vector<float> y(size_t(n * out), std::nanf(""));
+                  cpu::linear_q4_int8(x.data(), n, m.args(), b, y.data(), *pool, isa);
+                  EXPECT_LT(worst_error(y, ref, mag, out, b), 2e-6)
+                      << cpu::int8_isa_name(isa) << " group=" << g << " scales=" << dtype_name(sd) << " n=" << n
+                      << " in=" << in << " out=" << out << " threads=" << pool->n_threads()
+                      << " bias=" << (b != nullptr);
+                }
+          }
+        }
+}
+
+TEST(QuantLinearInt8, ErrorAgainstF32ActivationsStaysWithinTheRoundingBound) {
+  // linear_q on 4-bit weights (the int8 path where the CPU has AVX2) against the exact
+  // product: within the largest effect of rounding x to int8, plus f32 rounding.
+  ThreadPool pool(2);
+  std::mt19937 rng(909);
+  for (int g : {32, 64, 128}) {
+    const int64_t out = 301, in = 2048 + 3 * g;
+    const QMatrix m = make_matrix(out, in, 4, g, DType::f16, rng);
+    for (int64_t n : {1, 3, 33}) {
+      std::vector<float> x = random_vector(size_t(n * in), rng);
+      for (size_t k = 0; k < x.size(); k += 97) x[k] *= 8.0f;  // outliers in some blocks
+      std::vector<double> ref, mag, iref, imag, bound;
+      reference(m, x, n, ref, mag);
+      int8_reference(m, x, n, iref, imag, bound);
+      std::vector<float> y(size_t(n * out), std::nanf(""));
+      cpu::linear_q(x.data(), n, m.args(), nullptr, y.data(), pool);
+      double worst_rel = 0.0;
+      for (size_t e = 0; e < y.size(); ++e) {
+        const double err = std::abs(double(y[e]) - ref[e]);
+        ASSERT_LE(err, bound[e] + 2e-6 * mag[e]) << "group=" << g << " n=" << n << " output " << e;
+        worst_rel = std::max(worst_rel, err / mag[e]);
+      }
+      // The measured worst error relative to sum |w x| is about 1e-5 (with 8 bits of x alone it
+      // was 2e-3).
+      ASSERT_LT(worst_rel, 5e-5) << "group=" << g << " n=" << n;
+    }
+  }
+}
+
+TEST(QuantLinearInt8, OtherBitsStayOnF32Activations) {
+  ThreadPool pool(2);
+  std::mt19937 rng(31);
+  for (int bits : {2, 3, 6, 8}) {
+    const QMatrix m = make_matrix(45, 256, bits, 64, DType::bf16, rng);
+    for (int64_t n : {1, 20}) {
+      const std::vector<float> x = random_vector(size_t(n * m.in), rng);
+      std::vector<double> ref, mag;
+      reference(m, x, n, ref, mag);
+      std::vector<float> y(size_t(n * m.out), std::nanf(""));
+      cpu::linear_q(x.data(), n, m.args(), nullptr, y.data(), pool);
+      EXPECT_LT(worst_error(y, ref, mag, m.out, nullptr), 2e-6) << "bits=" << bits << " n=" << n;
+    }
+  }
+}
+
+TEST(QuantLinearInt8, ChoosesAnInstructionSetTheCpuHas) {
+  cpu::Int8Isa best;
+  if (!cpu::int8_isa_best(&best)) {
+    EXPECT_TRUE(supported_isas().empty());
+    GTEST_SKIP() << "this CPU has no AVX2";
+  }
+  EXPECT_TRUE(cpu::int8_isa_supported(best)) << cpu::int8_isa_name(best);
+  // The best one is the last (widest) supported in the order avx2, avx-vnni, avx512bw, avx512-vnni.
+  EXPECT_EQ(int(best), int(supported_isas().back())) << cpu::int8_isa_name(best);
+  std::cout << "int8 kernels: " << cpu::int8_isa_name(best) << "\n";
+}
+
+TEST(QuantLinearInt8, RejectsWhatItDoesNotTake) {
+  ThreadPool pool(1);
+  std::mt19937 rng(2);
+  const QMatrix m = make_matrix(4, 64, 8, 32, DType::f16, rng);
+  std::vector<float> x(64, 1.0f), y(4);
+  EXPECT_THROW(cpu::linear_q4_int8(x.data(), 1, m.args(), nullptr, y.data(), pool, cpu::Int8Isa::avx2), Unsupported);
 }
 
 TEST(QuantLinear, DequantizeRowsMatchesReference) {
@@ -254,8 +415,8 @@ TEST(QuantLinear, RejectsUnsupportedFormats) {
   EXPECT_THROW(cpu::dequantize(m.args(), DType::i32, out.data()), Unsupported);
 }
 
-// Throughput on this machine (run with --gtest_also_run_disabled_tests): a 4-bit g64 f16-scale
-// matvec of out 4096 x in 14336 (rotating over 4 matrices so that w comes from memory), in GB/s
+// Throughput on this machine (run with --gtest_also_run_disabled_tests), with x in f32 and
+// through linear_q (int8 x): a 4-bit g64 f16-scale matvec of out 4096 x in 14336 (rotating over 4 matrices so that w comes from memory), in GB/s
 // of w read (codes, scales and biases), and the same matrix times n = 512 rows, in GFLOP/s.
 double best_seconds(int reps, const std::function<void(int)>& fn) {
   fn(0);
@@ -293,13 +454,17 @@ TEST(QuantLinear, DISABLED_QuantLinearThroughput) {
   std::vector<QMatrix> ms;
   for (int i = 0; i < 4; ++i) ms.push_back(make_bench_matrix(out, in, rng));
   const double w_bytes = double(ms[0].packed.size()) * 4 + double(ms[0].scales.size()) * 4;
+  using Kernel = void (*)(const float*, int64_t, const QuantArgs&, const float*, float*, ThreadPool&);
+  for (const auto& [name, kernel] : {std::pair<const char*, Kernel>{"f32 x", &cpu::linear_q_f32},
+                                     std::pair<const char*, Kernel>{"linear_q", &cpu::linear_q}})
   for (int threads : {1, 2}) {
     ThreadPool pool(threads);
+    std::cout << name << ":\n";
     {
       const std::vector<float> x = random_vector(size_t(in), rng);
       std::vector<float> y(static_cast<size_t>(out));
       const double s = best_seconds(16, [&](int r) {
-        cpu::linear_q(x.data(), 1, ms[size_t(r % 4)].args(), nullptr, y.data(), pool);
+        kernel(x.data(), 1, ms[size_t(r % 4)].args(), nullptr, y.data(), pool);
       });
       std::cout << "q4 g64 matvec " << out << "x" << in << ", " << threads << " threads: " << w_bytes / s / 1e9
                 << " GB/s of w (" << s * 1e3 << " ms)\n";
@@ -308,7 +473,7 @@ TEST(QuantLinear, DISABLED_QuantLinearThroughput) {
       const std::vector<float> x = random_vector(size_t(n * in), rng);
       std::vector<float> y(size_t(n * out));
       const double s = best_seconds(8, [&](int r) {
-        cpu::linear_q(x.data(), n, ms[size_t(r % 4)].args(), nullptr, y.data(), pool);
+        kernel(x.data(), n, ms[size_t(r % 4)].args(), nullptr, y.data(), pool);
       });
       std::cout << "q4 g64 n=" << n << ", " << threads << " threads: " << w_bytes / s / 1e9 << " GB/s of w, "
                 << 2.0 * n * in * out / s / 1e9 << " GFLOP/s\n";
@@ -318,7 +483,7 @@ TEST(QuantLinear, DISABLED_QuantLinearThroughput) {
       const std::vector<float> x = random_vector(size_t(n * in), rng);
       std::vector<float> y(size_t(n * out));
       const double s = best_seconds(1, [&](int) {
-        cpu::linear_q(x.data(), n, ms[0].args(), nullptr, y.data(), pool);
+        kernel(x.data(), n, ms[0].args(), nullptr, y.data(), pool);
       });
       std::cout << "q4 g64 gemm n=" << n << ", " << threads << " threads: " << 2.0 * n * in * out / s / 1e9
                 << " GFLOP/s\n";

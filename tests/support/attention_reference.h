@@ -1,6 +1,6 @@
 #pragma once
-// A naive double-precision causal GQA attention over an fp16 cache, shared by the CPU and
-// CUDA attention tests as their independent reference.
+// A naive double-precision causal GQA attention over an f16 or bf16 cache, shared by the CPU
+// and CUDA attention tests as their independent reference.
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -16,11 +16,14 @@ struct AttnCase {
   float softcap = 0.0f;
   bool row_major_heads = false;  // cache [cap, n_kv_heads, head_dim] instead of [n_kv_heads, cap, head_dim]
   int64_t head_pad = 0;          // extra elements between heads (4: rows not 16-byte aligned)
+  bool bf16 = false;             // the cache holds bf16 (else f16)
+  float q_range = 1.0f;          // q uniform in [-q_range, q_range)
+  float kv_range = 1.0f;         // k and v uniform in [-kv_range, kv_range) before rounding
 };
 
 struct AttnData {
   std::vector<float> q;        // [n, n_heads, head_dim]
-  std::vector<uint16_t> k, v;  // fp16 bits, strided as below
+  std::vector<uint16_t> k, v;  // f16 or bf16 bits (AttnCase::bf16), strided as below
   int64_t head_stride = 0, row_stride = 0;
 };
 

@@ -1,4 +1,4 @@
-// attention(): causal grouped-query attention over an f16 cache, flash-attention style.
+// attention(): causal grouped-query attention over an f16 or bf16 cache, flash-attention style.
 //
 // A work item is (kv head, block of up to kRowsPerItem query rows, range of keys). Its query
 // vectors are every (row, query head of the group) pair, pre-scaled by `scale`, each with a
@@ -13,7 +13,9 @@
 //    [head_dim][kBlockKeys], V to [kBlockKeys][head_dim], shared by all query vectors of the
 //    item; scores are then kBlockKeys-wide vector FMAs with no horizontal sums.
 // When kv heads x row blocks alone leave threads idle (decode), the keys are split into ranges
-// whose partial results are merged at the end.
+// whose partial results are merged at the end. Every kernel is templated on the stored element
+// (simd::F16 or simd::BF16). A ring of rows (a rotating cache) is read as two linear runs:
+// blocks end where the ring's rows wrap.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -64,12 +66,12 @@ struct Scratch {
 };
 
 // kt[d][j0 + t] = k[t][d] for t < kWidth, d < d_vec (rows t >= valid read as zero).
-template <bool kFull>
+template <class L, bool kFull>
 inline void convert_k_columns(const uint16_t* k, int64_t row_stride, int valid, int64_t d_vec, float* kt) {
   for (int64_t d0 = 0; d0 < d_vec; d0 += kWidth) {
     Vec r[kWidth];
 #pragma GCC unroll 16
-    for (int t = 0; t < kWidth; ++t) r[t] = kFull || t < valid ? load_f16(k + t * row_stride + d0) : zero();
+    for (int t = 0; t < kWidth; ++t) r[t] = kFull || t < valid ? L::load(k + t * row_stride + d0) : zero();
     transpose(r);
 #pragma GCC unroll 16
     for (int t = 0; t < kWidth; ++t) store(kt + (d0 + t) * kBlockKeys, r[t]);
@@ -78,27 +80,29 @@ inline void convert_k_columns(const uint16_t* k, int64_t row_stride, int valid, 
 
 // kt[d][j] = k[j][d] for j < nb (rows of k at stride row_stride); lanes j >= nb are left as
 // they are and must be masked by the caller.
+template <class L>
 void convert_k_block(const uint16_t* k, int64_t row_stride, int64_t nb, int64_t head_dim, float* kt) {
   const int64_t d_vec = head_dim - head_dim % kWidth;
   for (int64_t j0 = 0; j0 < nb; j0 += kWidth) {
     const int valid = int(std::min<int64_t>(kWidth, nb - j0));
     if (valid == kWidth)
-      convert_k_columns<true>(k + j0 * row_stride, row_stride, valid, d_vec, kt + j0);
+      convert_k_columns<L, true>(k + j0 * row_stride, row_stride, valid, d_vec, kt + j0);
     else
-      convert_k_columns<false>(k + j0 * row_stride, row_stride, valid, d_vec, kt + j0);
+      convert_k_columns<L, false>(k + j0 * row_stride, row_stride, valid, d_vec, kt + j0);
     for (int64_t d = d_vec; d < head_dim; ++d)
-      for (int t = 0; t < valid; ++t) kt[d * kBlockKeys + j0 + t] = f16_to_f32(k[(j0 + t) * row_stride + d]);
+      for (int t = 0; t < valid; ++t) kt[d * kBlockKeys + j0 + t] = L::scalar(k[(j0 + t) * row_stride + d]);
   }
 }
 
 // vf[j][d] = v[j][d] for j < nb, d < head_dim; vf[j][head_dim..dv) = 0.
+template <class L>
 void convert_v_block(const uint16_t* v, int64_t row_stride, int64_t nb, int64_t head_dim, int64_t dv, float* vf) {
   const int64_t d_vec = head_dim - head_dim % kWidth;
   for (int64_t j = 0; j < nb; ++j) {
     const uint16_t* src = v + j * row_stride;
     float* dst = vf + j * dv;
-    for (int64_t d = 0; d < d_vec; d += kWidth) store(dst + d, load_f16(src + d));
-    for (int64_t d = d_vec; d < dv; ++d) dst[d] = d < head_dim ? f16_to_f32(src[d]) : 0.0f;
+    for (int64_t d = 0; d < d_vec; d += kWidth) store(dst + d, L::load(src + d));
+    for (int64_t d = d_vec; d < dv; ++d) dst[d] = d < head_dim ? L::scalar(src[d]) : 0.0f;
   }
 }
 
@@ -229,7 +233,7 @@ Plan make_plan(const AttentionArgs& a, int n_threads) {
 // Scores of NQ query vectors against keys [0, nb) of a block, straight from the f16 rows:
 // s[t][j] = sum_d q[t][d] * k[j][d]. Lanes j >= nb of s are left undefined.
 // q: [NQ][head_dim]; s: [NQ][kBlockKeys].
-template <int NQ>
+template <class L, int NQ>
 void direct_scores(const float* q, const uint16_t* k, int64_t row_stride, int64_t nb, int64_t head_dim, float* s) {
   // Keys per step: enough independent accumulator chains (NQ * KS) to cover FMA latency.
   constexpr int KS = std::min(kWidth, NQ >= 4 ? 2 : 4);
@@ -249,7 +253,7 @@ void direct_scores(const float* q, const uint16_t* k, int64_t row_stride, int64_
       for (int64_t d = 0; d < d_vec; d += kWidth) {
         Vec kf[KS];
 #pragma GCC unroll 4
-        for (int u = 0; u < KS; ++u) kf[u] = load_f16(kr[u] + d);
+        for (int u = 0; u < KS; ++u) kf[u] = L::load(kr[u] + d);
 #pragma GCC unroll 4
         for (int t = 0; t < NQ; ++t) {
           const Vec qv = load(q + t * head_dim + d);
@@ -267,14 +271,14 @@ void direct_scores(const float* q, const uint16_t* k, int64_t row_stride, int64_
       for (int e = nk; e < kWidth; ++e) dots[t][e] = zero();
       store(s + t * kBlockKeys + j0, sum_rows(dots[t]));
       for (int64_t d = d_vec; d < head_dim; ++d)
-        for (int e = 0; e < nk; ++e) s[t * kBlockKeys + j0 + e] += q[t * head_dim + d] * f16_to_f32(k[(j0 + e) * row_stride + d]);
+        for (int e = 0; e < nk; ++e) s[t * kBlockKeys + j0 + e] += q[t * head_dim + d] * L::scalar(k[(j0 + e) * row_stride + d]);
     }
   }
 }
 
 // acc[t][0:NV*kWidth] += sum_{j in [j0, j1)} p[t][j] * v[j][0:NV*kWidth] for t < NQ, straight
 // from the f16 rows of v (row stride row_stride). p: [NQ][kBlockKeys]; acc row stride ld_acc.
-template <int NQ, int NV>
+template <class L, int NQ, int NV>
 inline void direct_pv(const float* p, const uint16_t* v, int64_t row_stride, int64_t j0, int64_t j1, float* acc,
                       int64_t ld_acc) {
   Vec a[NQ][NV];
@@ -287,7 +291,7 @@ inline void direct_pv(const float* p, const uint16_t* v, int64_t row_stride, int
     Vec vv[NV];
 #pragma GCC unroll 4
     for (int c = 0; c < NV; ++c) {
-      Vec x = load_f16(row + c * kWidth);
+      Vec x = L::load(row + c * kWidth);
       pin(x);
       vv[c] = x;
     }
@@ -304,23 +308,23 @@ inline void direct_pv(const float* p, const uint16_t* v, int64_t row_stride, int
     for (int c = 0; c < NV; ++c) store(acc + t * ld_acc + c * kWidth, a[t][c]);
 }
 
-template <int NQ>
+template <class L, int NQ>
 void direct_pv_all(const float* p, const uint16_t* v, int64_t row_stride, int64_t j0, int64_t j1, int64_t head_dim,
                    float* acc, int64_t dv) {
   const int64_t n_vecs = head_dim / kWidth;
   int64_t c0 = 0;
-  for (; c0 + 4 <= n_vecs; c0 += 4) direct_pv<NQ, 4>(p, v + c0 * kWidth, row_stride, j0, j1, acc + c0 * kWidth, dv);
+  for (; c0 + 4 <= n_vecs; c0 += 4) direct_pv<L, NQ, 4>(p, v + c0 * kWidth, row_stride, j0, j1, acc + c0 * kWidth, dv);
   const uint16_t* vr = v + c0 * kWidth;
   float* ar = acc + c0 * kWidth;
   switch (n_vecs - c0) {
-    case 1: direct_pv<NQ, 1>(p, vr, row_stride, j0, j1, ar, dv); break;
-    case 2: direct_pv<NQ, 2>(p, vr, row_stride, j0, j1, ar, dv); break;
-    case 3: direct_pv<NQ, 3>(p, vr, row_stride, j0, j1, ar, dv); break;
+    case 1: direct_pv<L, NQ, 1>(p, vr, row_stride, j0, j1, ar, dv); break;
+    case 2: direct_pv<L, NQ, 2>(p, vr, row_stride, j0, j1, ar, dv); break;
+    case 3: direct_pv<L, NQ, 3>(p, vr, row_stride, j0, j1, ar, dv); break;
     default: break;
   }
   for (int64_t d = n_vecs * kWidth; d < head_dim; ++d)
     for (int t = 0; t < NQ; ++t)
-      for (int64_t j = j0; j < j1; ++j) acc[t * dv + d] += p[t * kBlockKeys + j] * f16_to_f32(v[j * row_stride + d]);
+      for (int64_t j = j0; j < j1; ++j) acc[t * dv + d] += p[t * kBlockKeys + j] * L::scalar(v[j * row_stride + d]);
 }
 
 // Dispatches fn.template operator()<NQ>() for NQ = nqb in [1, kQBlock].
@@ -373,6 +377,7 @@ inline void softmax_step(const AttentionArgs& a, Scratch& sc, int64_t t, int64_t
 
 // Runs one item; writes normalised rows to a.out when the keys are not split, else the
 // unnormalised partial (acc[dv], m, l per query vector) to `partial`.
+template <class L>
 void run_item(const AttentionArgs& a, const Plan& pl, int64_t hk, int64_t rb, int64_t split, Scratch& sc,
               float* partial) {
   const int64_t D = a.head_dim, dv = pl.dv, G = pl.group;
@@ -408,25 +413,31 @@ void run_item(const AttentionArgs& a, const Plan& pl, int64_t hk, int64_t rb, in
   const bool direct = nq <= kDirectMaxQueries;
   const uint16_t* kh = a.k + hk * a.k_head_stride;
   const uint16_t* vh = a.v + hk * a.v_head_stride;
+  // Key j sits at row(j); in a ring, keys [0, wrap) are rows [ring_base, ring_rows) and keys
+  // [wrap, ..) rows [0, ..), so no block crosses `wrap`.
+  const int64_t R = a.ring_rows, wrap = R > 0 ? R - a.ring_base : k_end;
+  auto row = [&](int64_t j) { return R > 0 ? (j < wrap ? j + a.ring_base : j - wrap) : j; };
+  auto block_keys = [&](int64_t b) { return std::min(kBlockKeys, (b < wrap ? std::min(wrap, k_end) : k_end) - b); };
   alignas(64) float s[kQBlock * kBlockKeys];  // scores, then probabilities
-  for (int64_t b0 = k_begin; b0 < k_end; b0 += kBlockKeys) {
-    const int64_t nb = std::min(kBlockKeys, k_end - b0);
+  for (int64_t b0 = k_begin, nb = 0; b0 < k_end; b0 += nb) {
+    nb = block_keys(b0);
     // NOTE: the next block's rows are requested now, so that memory streams while this block
     // computes (decode reads each cached row exactly once).
-    const int64_t nb_next = std::min(kBlockKeys, k_end - b0 - nb);
+    const int64_t nb_next = b0 + nb < k_end ? block_keys(b0 + nb) : 0;
+    const int64_t next_row = row(b0 + nb);
     for (int64_t j = 0; j < nb_next; ++j) {
-      const char* kr = reinterpret_cast<const char*>(kh + (b0 + nb + j) * a.k_row_stride);
-      const char* vr = reinterpret_cast<const char*>(vh + (b0 + nb + j) * a.v_row_stride);
+      const char* kr = reinterpret_cast<const char*>(kh + (next_row + j) * a.k_row_stride);
+      const char* vr = reinterpret_cast<const char*>(vh + (next_row + j) * a.v_row_stride);
       for (int64_t byte = 0; byte < D * 2; byte += 64) {
         __builtin_prefetch(kr + byte, 0, 2);
         __builtin_prefetch(vr + byte, 0, 2);
       }
     }
-    const uint16_t* kb = kh + b0 * a.k_row_stride;
-    const uint16_t* vb = vh + b0 * a.v_row_stride;
+    const uint16_t* kb = kh + row(b0) * a.k_row_stride;
+    const uint16_t* vb = vh + row(b0) * a.v_row_stride;
     if (!direct) {
-      convert_k_block(kb, a.k_row_stride, nb, D, sc.kt.data());
-      convert_v_block(vb, a.v_row_stride, nb, D, dv, sc.vf.data());
+      convert_k_block<L>(kb, a.k_row_stride, nb, D, sc.kt.data());
+      convert_v_block<L>(vb, a.v_row_stride, nb, D, dv, sc.vf.data());
     }
     for (int64_t t0 = 0; t0 < nq; t0 += kQBlock) {
       const int nqb = int(std::min<int64_t>(kQBlock, nq - t0));
@@ -440,15 +451,15 @@ void run_item(const AttentionArgs& a, const Plan& pl, int64_t hk, int64_t rb, in
       float* acc = sc.acc.data() + t0 * dv;
       with_nq(nqb, [&]<int NQ>() {
         if (direct)
-          direct_scores<NQ>(q, kb, a.k_row_stride, nb, D, s);
+          direct_scores<L, NQ>(q, kb, a.k_row_stride, nb, D, s);
         else
           block_scores<NQ>(q, sc.kt.data(), D, s);
       });
       for (int u = 0; u < nqb; ++u)
-        softmax_step(a, sc, t0 + u, dv, sc.lo[t0 + u] - b0, sc.hi[t0 + u] - b0, s + u * kBlockKeys);
+        softmax_step(a, sc, t0 + u, dv, sc.lo[t0 + u] - b0, std::min(sc.hi[t0 + u] - b0, nb), s + u * kBlockKeys);
       with_nq(nqb, [&]<int NQ>() {
         if (direct)
-          direct_pv_all<NQ>(s, vb, a.v_row_stride, ulo, uhi, D, acc, dv);
+          direct_pv_all<L, NQ>(s, vb, a.v_row_stride, ulo, uhi, D, acc, dv);
         else
           accumulate_pv_all<NQ>(s, sc.vf.data(), dv, ulo, uhi, acc);
       });
@@ -491,7 +502,11 @@ void attention(const AttentionArgs& a, ThreadPool& pool) {
       const int64_t split = item % pl.n_splits;
       const int64_t hk = (item / pl.n_splits) % a.n_kv_heads;
       const int64_t rb = pl.n_row_blocks - 1 - item / (pl.n_splits * a.n_kv_heads);
-      run_item(a, pl, hk, rb, split, sc, pl.n_splits > 1 ? part_base + item * per_item : nullptr);
+      float* partial = pl.n_splits > 1 ? part_base + item * per_item : nullptr;
+      if (a.bf16)
+        run_item<BF16>(a, pl, hk, rb, split, sc, partial);
+      else
+        run_item<F16>(a, pl, hk, rb, split, sc, partial);
     }
   };
   // NOTE: passed through std::ref so that std::function does not allocate (decode path).

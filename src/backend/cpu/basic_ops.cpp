@@ -127,18 +127,58 @@ void silu_mul(const Array& gate, const Array& up, Array& out) {
   });
 }
 
+namespace {
+
+inline float gelu_tanh(float x) {
+  constexpr float kC = 0.7978845608028654f;  // sqrt(2 / pi)
+  return 0.5f * x * (1.0f + std::tanh(kC * (x + 0.044715f * x * x * x)));
+}
+
+}  // namespace
+
 void gelu_tanh_mul(const Array& gate, const Array& up, Array& out) {
   const int64_t cols = gate.dim(-1), rows = gate.numel() / cols;
   const float* g = gate.data<float>();
   const float* u = up.data<float>();
   float* o = out.data<float>();
-  constexpr float kC = 0.7978845608028654f;  // sqrt(2 / pi)
   for_rows(rows, cols, [&](int64_t r) {
-    for (int64_t j = r * cols; j < (r + 1) * cols; ++j) {
-      float x = g[j];
-      o[j] = 0.5f * x * (1.0f + std::tanh(kC * (x + 0.044715f * x * x * x))) * u[j];
+    for (int64_t j = r * cols; j < (r + 1) * cols; ++j) o[j] = gelu_tanh(g[j]) * u[j];
+  });
+}
+
+void gelu_tanh_mul_split(const Array& gu, Array& out) {
+  const int64_t f = out.dim(1), rows = out.dim(0);
+  const float* in = gu.data<float>();
+  float* o = out.data<float>();
+  for_rows(rows, f, [&](int64_t r) {
+    const float* g = in + r * 2 * f;
+    const float* u = g + f;
+    float* orow = o + r * f;
+    for (int64_t j = 0; j < f; ++j) orow[j] = gelu_tanh(g[j]) * u[j];
+  });
+}
+
+void head_rms_norm_(Array& x, const Array& weight, float eps, bool unit_offset) {
+  const int64_t n = x.dim(0), heads = x.dim(1), hd = x.dim(2);
+  const int64_t row_stride = n == 1 ? heads * hd : x.strides()[0];
+  const float* w = weight.data<float>();
+  const float offset = unit_offset ? 1.0f : 0.0f;
+  float* xp = x.data<float>();
+  for_rows(n, heads * hd, [&](int64_t i) {
+    for (int64_t h = 0; h < heads; ++h) {
+      float* v = xp + i * row_stride + h * hd;
+      double ss = 0;
+      for (int64_t j = 0; j < hd; ++j) ss += double(v[j]) * v[j];
+      const float inv = 1.0f / std::sqrt(float(ss / double(hd)) + eps);
+      for (int64_t j = 0; j < hd; ++j) v[j] = v[j] * inv * (w[j] + offset);
     }
   });
+}
+
+void softcap_(Array& x, float cap) {
+  float* a = x.data<float>();
+  const int64_t n = x.numel();
+  for (int64_t i = 0; i < n; ++i) a[i] = cap * std::tanh(a[i] / cap);
 }
 
 void rope_(Array& x, const Array& positions, const Array& inv_freq, bool interleaved, float mscale) {

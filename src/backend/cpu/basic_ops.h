@@ -12,6 +12,9 @@ void add_(Array& x, const Array& y);
 void scale_(Array& x, float s);
 void silu_mul(const Array& gate, const Array& up, Array& out);
 void gelu_tanh_mul(const Array& gate, const Array& up, Array& out);
+void gelu_tanh_mul_split(const Array& gu, Array& out);
+void head_rms_norm_(Array& x, const Array& weight, float eps, bool unit_offset);
+void softcap_(Array& x, float cap);
 void rope_(Array& x, const Array& positions, const Array& inv_freq, bool interleaved, float mscale);
 void copy_into(const Array& dst, const Array& src);
 

@@ -14,10 +14,16 @@
 namespace osprey::cpu {
 
 // y[n, out] = x[n, in] * dequant(w)^T + bias[out] (bias may be nullptr); x, y f32 contiguous.
+// 4-bit weights with n == 1 or n > 16, when the CPU has AVX2 or better: x rounded to two int8
+// parts per block of 32 values and integer dot products (quant_int8.h; each value of x off by
+// at most 1/32512 of its block's largest |x|). Otherwise linear_q_f32. Runs on `pool` and blocks until done
+// (not from inside a task of `pool`).
+void linear_q(const float* x, int64_t n, const QuantArgs& w, const float* bias, float* y, ThreadPool& pool);
+
+// linear_q with x kept in f32, accumulating in f32 over the dequantized weights:
 // n <= 16: a fused dequantize-matvec (w streamed once, rows split across the pool's threads);
 // larger n: dequantize tiles of w to f32 panels and run the blocked GEMM micro-kernel.
-// Accumulates in f32. Runs on `pool` and blocks until done (not from inside a task of `pool`).
-void linear_q(const float* x, int64_t n, const QuantArgs& w, const float* bias, float* y, ThreadPool& pool);
+void linear_q_f32(const float* x, int64_t n, const QuantArgs& w, const float* bias, float* y, ThreadPool& pool);
 
 // out[i, :] = dequant(w)[rows[i], :] * scale, out [n, in] f32 (embedding lookups). rows must
 // lie in [0, w.out). Runs on the calling thread.

@@ -33,6 +33,7 @@
 
 #include "backend/cpu/gemm_panel.h"
 #include "backend/cpu/quant_decode.h"
+#include "backend/cpu/quant_int8.h"
 #include "backend/cpu/quant_kernels.h"
 #include "backend/cpu/quant_simd.h"
 #include "core/error.h"
@@ -478,7 +479,7 @@ void pack_quant_panel(const void* ctx, int64_t j0, int64_t k0, int64_t kc, float
 
 #undef OSPREY_INLINE
 
-void linear_q(const float* x, int64_t n, const QuantArgs& w, const float* bias, float* y, ThreadPool& pool) {
+void linear_q_f32(const float* x, int64_t n, const QuantArgs& w, const float* bias, float* y, ThreadPool& pool) {
   if (!(w.bits == 2 || w.bits == 3 || w.bits == 4 || w.bits == 6 || w.bits == 8))
     throw Unsupported("linear_q: bits " + std::to_string(w.bits) + " (want 2, 3, 4, 6 or 8)");
   if (!(w.group_size == 32 || w.group_size == 64 || w.group_size == 128))
@@ -495,6 +496,15 @@ void linear_q(const float* x, int64_t n, const QuantArgs& w, const float* bias, 
   } else {
     fused_bits<F16>(x, n, w, bias, y, pool);
   }
+}
+
+void linear_q(const float* x, int64_t n, const QuantArgs& w, const float* bias, float* y, ThreadPool& pool) {
+  Int8Isa isa;
+  // NOTE: for 1 < n <= kRowsMaxN the f32 kernels win: the integer GEMM unpacks all of w per call.
+  if ((n == 1 || n > kRowsMaxN) && int8_path_takes(w) && int8_isa_best(&isa))
+    linear_q4_int8(x, n, w, bias, y, pool, isa);
+  else
+    linear_q_f32(x, n, w, bias, y, pool);
 }
 
 }  // namespace osprey::cpu

@@ -14,9 +14,11 @@
 // Only rows inside the block's visible range [k_begin, k_end) are ever loaded (rows >= n_keys
 // never are; tile slots past k_end are zero-filled). When (row blocks x kv heads) would leave
 // SMs idle (decode), keys are split into ranges; each range writes unnormalised partials
-// (acc, m, l) that attention_combine merges.
+// (acc, m, l) that attention_combine merges. Templated like the tensor-core paths on the
+// element type and on the key mapping (attention_impl.cuh).
 #include <atomic>
 #include <climits>
+#include <type_traits>
 
 #include "backend/cuda/attention_impl.cuh"
 
@@ -171,6 +173,7 @@ __device__ __forceinline__ uint4 load8(const uint16_t* p, bool vec) {
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
+template <class Tag, bool kMapped>
 __global__ void __launch_bounds__(kThreads) attention_kernel(const Params p) {
   extern __shared__ __align__(16) unsigned char smem[];
   const AttentionArgs& a = p.a;
@@ -192,7 +195,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const Params p) {
   const int64_t i0 = rb * p.rows_per_block;
   const int64_t n_rows = min(p.rows_per_block, a.n - i0);
   const int64_t nq_used = n_rows * G;
-  const attn::Positions pos = attn::positions(a);
+  const attn::Positions pos = attn::positions<kMapped>(a);
   const int64_t s0 = split * p.split_keys, s1 = min(pos.n_keys, s0 + p.split_keys);
 
   const int Di = int(D), nqi = int(nq), nq_used_i = int(nq_used);
@@ -231,8 +234,8 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const Params p) {
       const int t = c / n_chunks, ch = c % n_chunks;
       uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
       if (t < nt) {
-        kv = load8(kh + (t0 + t) * a.k_row_stride + ch * 8, p.vec);
-        vv = load8(vh + (t0 + t) * a.v_row_stride + ch * 8, p.vec);
+        kv = load8(kh + attn::key_row<kMapped>(a, pos, t0 + t) * a.k_row_stride + ch * 8, p.vec);
+        vv = load8(vh + attn::key_row<kMapped>(a, pos, t0 + t) * a.v_row_stride + ch * 8, p.vec);
       }
       *reinterpret_cast<uint4*>(kt + t * KS + ch * 8) = kv;
       *reinterpret_cast<uint4*>(vt + t * KS + ch * 8) = vv;
@@ -249,7 +252,10 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const Params p) {
         float dot = 0.0f;
         for (int ch = 0; ch < n_chunks; ++ch) {
           float kf[8];
-          unpack8_f16(*reinterpret_cast<const uint4*>(krow + ch * 8), kf);
+          if constexpr (std::is_same_v<Tag, TagBF16>)
+            unpack8_bf16(*reinterpret_cast<const uint4*>(krow + ch * 8), kf);
+          else
+            unpack8_f16(*reinterpret_cast<const uint4*>(krow + ch * 8), kf);
           const float4 qa = *reinterpret_cast<const float4*>(q + ch * 8);
           const float4 qb = *reinterpret_cast<const float4*>(q + ch * 8 + 4);
           dot = fmaf(qa.x, kf[0], dot);
@@ -282,7 +288,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const Params p) {
       const int qv = e / Di, d = e % Di;
       const float* pq = ps + qv * kTile;
       float v = acc[e] * corr[qv];
-      for (int t = 0; t < nt; ++t) v = fmaf(pq[t], f16_bits_to_f32(vt[t * KS + d]), v);
+      for (int t = 0; t < nt; ++t) v = fmaf(pq[t], Tag::load(vt + t * KS + d), v);
       acc[e] = v;
     }
     __syncthreads();
@@ -330,16 +336,19 @@ __global__ void attention_combine_kernel(const Params p) {
 }
 
 // Raises the kernel's dynamic shared-memory limit to `bytes` once (one device per process).
+template <class Tag, bool kMapped>
 void allow_shared(size_t bytes) {
   static std::atomic<size_t> allowed{48 * 1024};
   if (bytes <= allowed.load()) return;
-  OSPREY_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+  OSPREY_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<Tag, kMapped>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         int(bytes)));
   size_t cur = allowed.load();
   while (cur < bytes && !allowed.compare_exchange_weak(cur, bytes)) {
   }
 }
 
 // The CUDA-core kernel for any head_dim (multiple of 8 up to 256) and any 2-byte aligned cache.
+template <class Tag, bool kMapped>
 void attention_fallback(const AttentionArgs& a, int64_t key_bound, cudaStream_t s) {
   const int64_t D = a.head_dim;
   Params p{};
@@ -381,9 +390,9 @@ void attention_fallback(const AttentionArgs& a, int64_t key_bound, cudaStream_t 
     p.partial = static_cast<float*>(
         scratch(size_t(n_row_blocks * a.n_kv_heads * p.n_splits * p.nq * (D + 2)) * sizeof(float)));
 
-  allow_shared(p.lay.total);
+  allow_shared<Tag, kMapped>(p.lay.total);
   const dim3 grid(unsigned(n_row_blocks * p.n_splits), unsigned(a.n_kv_heads));
-  attention_kernel<<<grid, kThreads, p.lay.total, s>>>(p);
+  attention_kernel<Tag, kMapped><<<grid, kThreads, p.lay.total, s>>>(p);
   OSPREY_CUDA_CHECK_LAUNCH();
   if (p.n_splits > 1) {
     if (n_row_blocks * p.nq > INT_MAX) throw Unsupported("attention: too many query rows");
@@ -416,9 +425,22 @@ void attention(const AttentionArgs& a, cudaStream_t s) {
   const bool tensor_cores = (D == 64 || D == 128 || D == 256) && aligned16(a.q) && aligned16(a.out) &&
                             aligned16(a.k) && aligned16(a.v) && a.k_head_stride % 8 == 0 &&
                             a.k_row_stride % 8 == 0 && a.v_head_stride % 8 == 0 && a.v_row_stride % 8 == 0;
-  if (!tensor_cores) return attention_fallback(a, key_bound, s);
-  if (a.n <= kDecodeMaxRows) return attn::launch_decode(a, key_bound, s);
-  attn::launch_prefill(a, key_bound, s);
+  if (a.ring_rows < 0 || (a.ring_rows > 0 && (a.ring_base < 0 || a.ring_base >= a.ring_rows || a.key_pos0 != 0)))
+    throw InvalidInput("attention: ring_rows " + std::to_string(a.ring_rows) + " with ring_base " +
+                       std::to_string(a.ring_base) + " and key_pos0 " + std::to_string(a.key_pos0));
+  if (a.ring_rows > 0 && a.q_pos_dev && a.max_keys < a.ring_rows)
+    throw InvalidInput("attention: max_keys " + std::to_string(a.max_keys) + " below the ring's " +
+                       std::to_string(a.ring_rows) + " rows");
+  const bool mapped = a.ring_rows > 0 || a.key_pos0 != 0;
+  if (!tensor_cores) {
+    if (a.bf16)
+      return mapped ? attention_fallback<TagBF16, true>(a, key_bound, s)
+                    : attention_fallback<TagBF16, false>(a, key_bound, s);
+    return mapped ? attention_fallback<TagF16, true>(a, key_bound, s)
+                  : attention_fallback<TagF16, false>(a, key_bound, s);
+  }
+  if (a.n <= kDecodeMaxRows) return attn::launch_decode(a, key_bound, mapped, s);
+  attn::launch_prefill(a, key_bound, mapped, s);
 }
 
 }  // namespace osprey::cuda

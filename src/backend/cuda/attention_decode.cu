@@ -8,7 +8,8 @@
 // S = Q K^T with m16n8k16 (the 8 vectors are rows 0..7 of A, rows 8..15 zero), the online
 // softmax in f32 (log2 units), O += P V with P rounded to f16; K and V fragments come from
 // ldmatrix / ldmatrix.trans. The four warps merge their states at the end and write either
-// the output (one split) or an unnormalised partial for attention_combine.
+// the output (one split) or an unnormalised partial for attention_combine. With bf16 K and V,
+// q and P are rounded to bf16 and the mma is the bf16 one (attention_impl.cuh, Elem16).
 #include <climits>
 
 #include "backend/cuda/attention_impl.cuh"
@@ -30,7 +31,7 @@ struct Cfg {
   static constexpr size_t kSmem = std::max(kStages * kStage, kMerge);
 };
 
-template <int D>
+template <int D, class E, bool kMapped>
 __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) decode_kernel(const FastParams p) {
   using C = Cfg<D>;
   constexpr int kS = C::kS, kNd = D / 8, kP = D + kPartialPad;
@@ -43,7 +44,7 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) decode_kernel(cons
   const int tile = blockIdx.x % p.n_tiles, split = blockIdx.x / p.n_tiles, hk = blockIdx.y;
   const int G = p.group;
   const int64_t nv = a.n * G, n_vec_all = a.n * a.n_heads;
-  const Positions ps = positions(a);
+  const Positions ps = positions<kMapped>(a);
   const int64_t s0 = int64_t(split) * p.split_keys, s1 = s0 + p.split_keys;
   const int64_t v_first = int64_t(tile) * kVecs, v_last = min(nv, v_first + kVecs) - 1;
 
@@ -81,8 +82,10 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) decode_kernel(cons
       const int r = i / (D / 8), ch = i % (D / 8);
       const int key = t0 + r;
       const bool ok = key < ke;
-      cp_async16(kd + r * kS + ch * 8, ok ? kh + int64_t(key) * a.k_row_stride + ch * 8 : kh, ok);
-      cp_async16(vd + r * kS + ch * 8, ok ? vh + int64_t(key) * a.v_row_stride + ch * 8 : vh, ok);
+      cp_async16(kd + r * kS + ch * 8, ok ? kh + key_row<kMapped>(a, ps, int64_t(key)) * a.k_row_stride + ch * 8 : kh,
+                 ok);
+      cp_async16(vd + r * kS + ch * 8, ok ? vh + key_row<kMapped>(a, ps, int64_t(key)) * a.v_row_stride + ch * 8 : vh,
+                 ok);
     }
   };
 #pragma unroll
@@ -107,8 +110,8 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) decode_kernel(cons
     for (int kk = 0; kk < D / 16; ++kk) {
       const float2 x0 = __ldg(reinterpret_cast<const float2*>(qrow + kk * 16));
       const float2 x1 = __ldg(reinterpret_cast<const float2*>(qrow + kk * 16 + 8));
-      qa[kk][0] = pack_half2(x0.x * sc, x0.y * sc);
-      qa[kk][1] = pack_half2(x1.x * sc, x1.y * sc);
+      qa[kk][0] = E::pack(x0.x * sc, x0.y * sc);
+      qa[kk][1] = E::pack(x1.x * sc, x1.y * sc);
     }
   }
 
@@ -133,8 +136,8 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) decode_kernel(cons
     for (int kk = 0; kk < D / 16; ++kk) {
       uint32_t b[4];
       ldmatrix_x4(b, kt + ((lane >> 4) * 8 + (lane & 7)) * kS + kk * 16 + ((lane >> 3) & 1) * 8);
-      mma_top(s[0][0], s[0][1], qa[kk][0], qa[kk][1], b[0], b[1]);
-      mma_top(s[1][0], s[1][1], qa[kk][0], qa[kk][1], b[2], b[3]);
+      E::mma_top(s[0][0], s[0][1], qa[kk][0], qa[kk][1], b[0], b[1]);
+      E::mma_top(s[1][0], s[1][1], qa[kk][0], qa[kk][1], b[2], b[3]);
     }
     float mx = kNegInf;
 #pragma unroll
@@ -161,14 +164,14 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) decode_kernel(cons
     l = l * corr + sum;
     m = m_new;
 
-    const uint32_t a0 = pack_half2(s[0][0], s[0][1]), a2 = pack_half2(s[1][0], s[1][1]);
+    const uint32_t a0 = E::pack(s[0][0], s[0][1]), a2 = E::pack(s[1][0], s[1][1]);
 #pragma unroll
     for (int nd = 0; nd < kNd; nd += 2) {
       uint32_t b[4];
       ldmatrix_x4_trans(b, vt + (((lane >> 3) & 1) * 8 + (lane & 7)) * kS + nd * 8 + (lane >> 4) * 8);
       o[nd][0] *= corr, o[nd][1] *= corr, o[nd + 1][0] *= corr, o[nd + 1][1] *= corr;
-      mma_top(o[nd][0], o[nd][1], a0, a2, b[0], b[1]);
-      mma_top(o[nd + 1][0], o[nd + 1][1], a0, a2, b[2], b[3]);
+      E::mma_top(o[nd][0], o[nd][1], a0, a2, b[0], b[1]);
+      E::mma_top(o[nd + 1][0], o[nd + 1][1], a0, a2, b[2], b[3]);
     }
   }
   cp_async_wait<0>();
@@ -209,14 +212,15 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) decode_kernel(cons
   }
 }
 
-template <int D>
+template <int D, class E, bool kMapped>
 void launch(const AttentionArgs& a, int64_t key_bound, cudaStream_t s) {
   using C = Cfg<D>;
   static const int blocks_per_sm = [] {
-    OSPREY_CUDA_CHECK(
-        cudaFuncSetAttribute(decode_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kSmem)));
+    OSPREY_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<D, E, kMapped>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           int(C::kSmem)));
     int n = 0;
-    OSPREY_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_kernel<D>, kThreads, C::kSmem));
+    OSPREY_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_kernel<D, E, kMapped>, kThreads, C::kSmem));
     return std::max(n, 1);
   }();
   FastParams p{};
@@ -239,20 +243,27 @@ void launch(const AttentionArgs& a, int64_t key_bound, cudaStream_t s) {
     p.partial = static_cast<float*>(
         scratch(size_t(n_splits * a.n * a.n_heads * (D + kPartialPad)) * sizeof(float)));
   const dim3 grid(unsigned(n_tiles * n_splits), unsigned(a.n_kv_heads));
-  decode_kernel<D><<<grid, kThreads, C::kSmem, s>>>(p);
+  decode_kernel<D, E, kMapped><<<grid, kThreads, C::kSmem, s>>>(p);
   OSPREY_CUDA_CHECK_LAUNCH();
   if (n_splits > 1) launch_combine(a, p.partial, p.n_splits, s);
 }
 
-}  // namespace
-
-void launch_decode(const AttentionArgs& a, int64_t key_bound, cudaStream_t s) {
+template <class E, bool kMapped>
+void launch_for(const AttentionArgs& a, int64_t key_bound, cudaStream_t s) {
   switch (a.head_dim) {
-    case 64: return launch<64>(a, key_bound, s);
-    case 128: return launch<128>(a, key_bound, s);
-    case 256: return launch<256>(a, key_bound, s);
+    case 64: return launch<64, E, kMapped>(a, key_bound, s);
+    case 128: return launch<128, E, kMapped>(a, key_bound, s);
+    case 256: return launch<256, E, kMapped>(a, key_bound, s);
     default: throw Unsupported("attention: decode kernel for head_dim " + std::to_string(a.head_dim));
   }
+}
+
+}  // namespace
+
+void launch_decode(const AttentionArgs& a, int64_t key_bound, bool mapped, cudaStream_t s) {
+  if (a.bf16)
+    return mapped ? launch_for<BF16, true>(a, key_bound, s) : launch_for<BF16, false>(a, key_bound, s);
+  return mapped ? launch_for<F16, true>(a, key_bound, s) : launch_for<F16, false>(a, key_bound, s);
 }
 
 }  // namespace osprey::cuda::attn

@@ -1,8 +1,13 @@
 #pragma once
 // Internals of attention() shared by attention.cu (dispatch, CUDA-core fallback, combine),
 // attention_decode.cu and attention_prefill.cu: the device-side position lookup, the
-// tensor-core fragment helpers (mma.sync m16n8k16 f16 x f16 -> f32, ldmatrix, cp.async) and
-// the launchers of the tensor-core paths.
+// tensor-core fragment helpers (mma.sync m16n8k16 f16 x f16 or bf16 x bf16 -> f32, ldmatrix,
+// cp.async) and the launchers of the tensor-core paths.
+//
+// Every kernel is templated on the element type of K and V (Elem16: F16 or BF16; q and P are
+// rounded to the same type for the mma) and on kMapped: false reads key j at row j (the dense
+// cache, the code of the plain f16 path unchanged); true maps key j to its row through
+// key_row() (a rotating cache's ring, or a linear view whose keys start past position 0).
 //
 // Fragment layout of mma.m16n8k16 (g = lane / 4, t = lane % 4; a 32-bit register holds two
 // f16, the lower index in the low half):
@@ -10,6 +15,7 @@
 //                           a[2] = (row g, cols 2t+8..), a[3] = (row g + 8, cols 2t+8..)
 //   B (16 x 8):             b[0] = (rows 2t..2t+1, col g), b[1] = (rows 2t+8..2t+9, col g)
 //   C (16 x 8, f32):        c[0..1] = (row g, cols 2t..2t+1), c[2..3] = (row g + 8, cols 2t..)
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include "backend/cuda/common.cuh"
@@ -20,17 +26,44 @@ namespace osprey::cuda::attn {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kThreads = 128;  // decode and combine kernels: four warps
 
-// The first query position and the key count of one call: from *q_pos_dev when set (keys
-// clamped to max_keys), else from the arguments.
+// The first query's key index and the key count of one call: from *q_pos_dev when set (keys
+// clamped to max_keys), else from the arguments. Mapped: a ring holds the last
+// min(p + n, ring_rows) positions up to the last query's, key 0 the oldest at row ring_base;
+// a linear view's key 0 sits at position key_pos0.
 struct Positions {
   int64_t q_pos0, n_keys;
+  int64_t ring_base;  // mapped rings only
 };
+template <bool kMapped = false>
 __device__ __forceinline__ Positions positions(const AttentionArgs& a) {
-  if (a.q_pos_dev) {
+  if constexpr (!kMapped) {
+    if (a.q_pos_dev) {
+      const int64_t p = *a.q_pos_dev;
+      return {p, min(p + a.n, a.max_keys), 0};
+    }
+    return {a.q_pos0, a.n_keys, 0};
+  } else {
+    if (!a.q_pos_dev) return {a.q_pos0, a.n_keys, a.ring_base};
     const int64_t p = *a.q_pos_dev;
-    return {p, min(p + a.n, a.max_keys)};
+    if (a.ring_rows > 0) {
+      const int64_t n_keys = min(p + a.n, a.ring_rows), key_lo = p + a.n - n_keys;
+      return {p - key_lo, n_keys, key_lo % a.ring_rows};
+    }
+    const int64_t q = p - a.key_pos0;
+    return {q, min(q + a.n, a.max_keys), 0};
   }
-  return {a.q_pos0, a.n_keys};
+}
+
+// The row of key j (0 <= j < n_keys).
+template <bool kMapped>
+__device__ __forceinline__ int64_t key_row(const AttentionArgs& a, const Positions& ps, int64_t j) {
+  if constexpr (!kMapped) {
+    return j;
+  } else {
+    if (a.ring_rows == 0) return j;
+    const int64_t r = ps.ring_base + j;
+    return r >= a.ring_rows ? r - a.ring_rows : r;
+  }
 }
 
 // Keys visible to query row i, intersected with [s0, s1); empty ranges come out as lo >= hi.
@@ -52,23 +85,54 @@ __device__ __forceinline__ float tanh_exp2(float y) {
   return 1.0f - __fdividef(2.0f, exp2f(y * (2.0f * kLog2e)) + 1.0f);
 }
 
-// d += A B with A's rows 8..15 zero (a[1] = a[3] = 0): only c[0..1] are kept.
-__device__ __forceinline__ void mma_top(float& d0, float& d1, uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
-  asm("{\n"
-      ".reg .f32 z0, z1;\n"
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,z0,z1}, {%2,%6,%3,%6}, {%4,%5}, {%0,%1,%7,%7};\n"
-      "}\n"
-      : "+f"(d0), "+f"(d1)
-      : "r"(a0), "r"(a2), "r"(b0), "r"(b1), "r"(0u), "f"(0.0f));
+// Two f32 to a bf16 pair (x in the low half), rounded to nearest even.
+__device__ __forceinline__ uint32_t pack_bf162(float x, float y) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+  return *reinterpret_cast<const uint32_t*>(&h);
 }
 
-// d += A B, all 16 rows.
-__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+// The 16-bit element types of the tensor-core paths: pack() rounds two f32 into one operand
+// register, mma_top() / mma() are m16n8k16 with f32 accumulators.
+struct F16 {
+  using Tag = TagF16;
+  static __device__ __forceinline__ uint32_t pack(float x, float y) { return pack_half2(x, y); }
+  // d += A B with A's rows 8..15 zero (a[1] = a[3] = 0): only c[0..1] are kept.
+  static __device__ __forceinline__ void mma_top(float& d0, float& d1, uint32_t a0, uint32_t a2, uint32_t b0,
+                                                 uint32_t b1) {
+    asm("{\n"
+        ".reg .f32 z0, z1;\n"
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,z0,z1}, {%2,%6,%3,%6}, {%4,%5}, {%0,%1,%7,%7};\n"
+        "}\n"
+        : "+f"(d0), "+f"(d1)
+        : "r"(a0), "r"(a2), "r"(b0), "r"(b1), "r"(0u), "f"(0.0f));
+  }
+  // d += A B, all 16 rows.
+  static __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+struct BF16 {
+  using Tag = TagBF16;
+  static __device__ __forceinline__ uint32_t pack(float x, float y) { return pack_bf162(x, y); }
+  static __device__ __forceinline__ void mma_top(float& d0, float& d1, uint32_t a0, uint32_t a2, uint32_t b0,
+                                                 uint32_t b1) {
+    asm("{\n"
+        ".reg .f32 z0, z1;\n"
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,z0,z1}, {%2,%6,%3,%6}, {%4,%5}, {%0,%1,%7,%7};\n"
+        "}\n"
+        : "+f"(d0), "+f"(d1)
+        : "r"(a0), "r"(a2), "r"(b0), "r"(b1), "r"(0u), "f"(0.0f));
+  }
+  static __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -127,8 +191,9 @@ int sm_count();  // multiprocessors of the current device (cached)
 
 // The tensor-core paths; head_dim 64, 128 or 256, every pointer and stride 16-byte aligned.
 // key_bound: max_keys when set, else n_keys (>= 1): it alone decides the split count.
-void launch_decode(const AttentionArgs& a, int64_t key_bound, cudaStream_t s);
-void launch_prefill(const AttentionArgs& a, int64_t key_bound, cudaStream_t s);
+// mapped: keys through key_row() (a ring, or a linear view past position 0).
+void launch_decode(const AttentionArgs& a, int64_t key_bound, bool mapped, cudaStream_t s);
+void launch_prefill(const AttentionArgs& a, int64_t key_bound, bool mapped, cudaStream_t s);
 // out = merge of the n_splits partials (see kPartialPad) for every (row, head).
 void launch_combine(const AttentionArgs& a, const float* partial, int n_splits, cudaStream_t s);
 

@@ -9,6 +9,7 @@
 // warp computes S = Q K^T (ldmatrix), the online softmax in f32 (log2 units), and O += P V
 // with P rounded to f16 and V fragments from ldmatrix.trans. Tiles no query of a warp can see
 // are skipped; masks are applied only to tiles that some query of the warp sees in part.
+// With bf16 K and V, q and P are rounded to bf16 and the mma is the bf16 one.
 // NOTE: on H200 (Llama-3.1-8B heads) this runs at ~52 TFLOP/s for 512 causal rows and ~116 for
 // 2048, the same with 64 or 128 vectors per block and 2 or 3 stages: neither L2 traffic nor
 // pipeline depth is what bounds it.
@@ -32,7 +33,7 @@ struct Cfg {
   static constexpr size_t kSmem = size_t(kM + 2 * kStages * kN) * kS * 2;
 };
 
-template <int D>
+template <int D, class E, bool kMapped>
 __global__ void __launch_bounds__(kThreadsP, 1) prefill_kernel(const FastParams p) {
   using C = Cfg<D>;
   constexpr int kN = C::kN, kS = C::kS, kP = D + kPartialPad;
@@ -46,7 +47,7 @@ __global__ void __launch_bounds__(kThreadsP, 1) prefill_kernel(const FastParams 
   const int hk = blockIdx.y;
   const int G = p.group;
   const int64_t nv = a.n * G, n_vec_all = a.n * a.n_heads;
-  const Positions ps = positions(a);
+  const Positions ps = positions<kMapped>(a);
   const int64_t s0 = int64_t(split) * p.split_keys, s1 = s0 + p.split_keys;
   const int64_t v_first = int64_t(tile) * kM, v_last = min(nv, v_first + kM) - 1;
   auto out_index = [&](int64_t v) {  // (row, head) of vector v; the host keeps n * n_heads below 2^31
@@ -82,8 +83,8 @@ __global__ void __launch_bounds__(kThreadsP, 1) prefill_kernel(const FastParams 
       const int r = c / (D / 8), ch = c % (D / 8);
       const int64_t key = t0 + r;
       const bool ok = key < ke;
-      cp_async16(kd + r * kS + ch * 8, ok ? kh + key * a.k_row_stride + ch * 8 : kh, ok);
-      cp_async16(vd + r * kS + ch * 8, ok ? vh + key * a.v_row_stride + ch * 8 : vh, ok);
+      cp_async16(kd + r * kS + ch * 8, ok ? kh + key_row<kMapped>(a, ps, key) * a.k_row_stride + ch * 8 : kh, ok);
+      cp_async16(vd + r * kS + ch * 8, ok ? vh + key_row<kMapped>(a, ps, key) * a.v_row_stride + ch * 8 : vh, ok);
     }
   };
 #pragma unroll
@@ -99,7 +100,7 @@ __global__ void __launch_bounds__(kThreadsP, 1) prefill_kernel(const FastParams 
     if (v <= v_last) x = __ldg(reinterpret_cast<const float4*>(a.q + out_index(v) * D + ch * 4));
     const float sc = p.q_scale;
     *reinterpret_cast<uint2*>(qs + r * kS + ch * 4) =
-        make_uint2(pack_half2(x.x * sc, x.y * sc), pack_half2(x.z * sc, x.w * sc));
+        make_uint2(E::pack(x.x * sc, x.y * sc), E::pack(x.z * sc, x.w * sc));
   }
 
   // This lane's rows of the warp tile (g and g + 8) and the warp's key range.
@@ -159,8 +160,8 @@ __global__ void __launch_bounds__(kThreadsP, 1) prefill_kernel(const FastParams 
         for (int nb = 0; nb < kN / 8; nb += 2) {
           uint32_t b[4];
           ldmatrix_x4(b, kt + (nb * 8 + (lane >> 4) * 8 + (lane & 7)) * kS + kk * 16 + ((lane >> 3) & 1) * 8);
-          mma(s[nb], af, b[0], b[1]);
-          mma(s[nb + 1], af, b[2], b[3]);
+          E::mma(s[nb], af, b[0], b[1]);
+          E::mma(s[nb + 1], af, b[2], b[3]);
         }
       }
 
@@ -203,15 +204,15 @@ __global__ void __launch_bounds__(kThreadsP, 1) prefill_kernel(const FastParams 
 
 #pragma unroll
       for (int kk = 0; kk < kN / 16; ++kk) {
-        const uint32_t pa[4] = {pack_half2(s[2 * kk][0], s[2 * kk][1]), pack_half2(s[2 * kk][2], s[2 * kk][3]),
-                                pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+        const uint32_t pa[4] = {E::pack(s[2 * kk][0], s[2 * kk][1]), E::pack(s[2 * kk][2], s[2 * kk][3]),
+                                E::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                E::pack(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
         for (int nd = 0; nd < D / 8; nd += 2) {
           uint32_t b[4];
           ldmatrix_x4_trans(b, vt + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * kS + nd * 8 + (lane >> 4) * 8);
-          mma(o[nd], pa, b[0], b[1]);
-          mma(o[nd + 1], pa, b[2], b[3]);
+          E::mma(o[nd], pa, b[0], b[1]);
+          E::mma(o[nd + 1], pa, b[2], b[3]);
         }
       }
     }
@@ -244,7 +245,7 @@ __global__ void __launch_bounds__(kThreadsP, 1) prefill_kernel(const FastParams 
   }
 }
 
-template <int D>
+template <int D, class E, bool kMapped>
 void launch(const AttentionArgs& a, int64_t key_bound, cudaStream_t s) {
   using C = Cfg<D>;
   FastParams p{};
@@ -273,25 +274,32 @@ void launch(const AttentionArgs& a, int64_t key_bound, cudaStream_t s) {
         scratch(size_t(n_splits * a.n * a.n_heads * (D + kPartialPad)) * sizeof(float)));
   static const bool smem_set = [] {
     OSPREY_CUDA_CHECK(
-        cudaFuncSetAttribute(prefill_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kSmem)));
+        cudaFuncSetAttribute(prefill_kernel<D, E, kMapped>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kSmem)));
     return true;
   }();
   (void)smem_set;
   const dim3 grid(unsigned(n_tiles * n_splits), unsigned(a.n_kv_heads));
-  prefill_kernel<D><<<grid, kThreadsP, C::kSmem, s>>>(p);
+  prefill_kernel<D, E, kMapped><<<grid, kThreadsP, C::kSmem, s>>>(p);
   OSPREY_CUDA_CHECK_LAUNCH();
   if (n_splits > 1) launch_combine(a, p.partial, p.n_splits, s);
 }
 
-}  // namespace
-
-void launch_prefill(const AttentionArgs& a, int64_t key_bound, cudaStream_t s) {
+template <class E, bool kMapped>
+void launch_for(const AttentionArgs& a, int64_t key_bound, cudaStream_t s) {
   switch (a.head_dim) {
-    case 64: return launch<64>(a, key_bound, s);
-    case 128: return launch<128>(a, key_bound, s);
-    case 256: return launch<256>(a, key_bound, s);
+    case 64: return launch<64, E, kMapped>(a, key_bound, s);
+    case 128: return launch<128, E, kMapped>(a, key_bound, s);
+    case 256: return launch<256, E, kMapped>(a, key_bound, s);
     default: throw Unsupported("attention: prefill kernel for head_dim " + std::to_string(a.head_dim));
   }
+}
+
+}  // namespace
+
+void launch_prefill(const AttentionArgs& a, int64_t key_bound, bool mapped, cudaStream_t s) {
+  if (a.bf16)
+    return mapped ? launch_for<BF16, true>(a, key_bound, s) : launch_for<BF16, false>(a, key_bound, s);
+  return mapped ? launch_for<F16, true>(a, key_bound, s) : launch_for<F16, false>(a, key_bound, s);
 }
 
 }  // namespace osprey::cuda::attn

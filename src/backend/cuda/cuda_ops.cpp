@@ -31,6 +31,14 @@ void add_rms_norm(float* x, const float* y, const float* w, int64_t rows, int64_
 void silu_mul_split(const float* gu, int64_t n, int64_t f, float* out) {
   cuda::silu_mul_split(gu, n, f, out, cuda::stream());
 }
+void gelu_tanh_mul_split(const float* gu, int64_t n, int64_t f, float* out) {
+  cuda::gelu_tanh_mul_split(gu, n, f, out, cuda::stream());
+}
+void head_rms_norm(float* x, int64_t n, int64_t heads, int64_t head_dim, int64_t row_stride, const float* w, float eps,
+                   float w_offset) {
+  cuda::head_rms_norm(x, n, heads, head_dim, row_stride, w, eps, w_offset, cuda::stream());
+}
+void softcap_inplace(float* x, float cap, int64_t n) { cuda::softcap_inplace(x, cap, n, cuda::stream()); }
 void silu_mul(const float* g, const float* u, float* out, int64_t n) { cuda::silu_mul(g, u, out, n, cuda::stream()); }
 void gelu_tanh_mul(const float* g, const float* u, float* out, int64_t n) {
   cuda::gelu_tanh_mul(g, u, out, n, cuda::stream());

@@ -24,10 +24,7 @@ struct SiluMulOp {
   __device__ __forceinline__ float operator()(float g, float u) const { return g / (1.0f + expf(-g)) * u; }
 };
 struct GeluTanhMulOp {
-  __device__ __forceinline__ float operator()(float g, float u) const {
-    constexpr float kC = 0.7978845608028654f;  // sqrt(2 / pi)
-    return 0.5f * g * (1.0f + tanhf(kC * (g + 0.044715f * g * g * g))) * u;
-  }
+  __device__ __forceinline__ float operator()(float g, float u) const { return gelu_tanh(g) * u; }
 };
 
 // out[i] = op(a[i], b[i]); VEC: a, b, out 16-byte aligned, n4 = n / 4 float4 groups first.
@@ -66,6 +63,25 @@ __global__ void scale_kernel(float* x, float f, int64_t n) {
     done = n4 * 4;
   }
   for (int64_t i = done + start; i < n; i += stride) x[i] *= f;
+}
+
+template <bool VEC>
+__global__ void softcap_kernel(float* x, float cap, int64_t n) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t start = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  int64_t done = 0;
+  if constexpr (VEC) {
+    const int64_t n4 = n / 4;
+    float4* x4 = reinterpret_cast<float4*>(x);
+    for (int64_t i = start; i < n4; i += stride) {
+      float4 v = x4[i];
+      v.x = cap * tanhf(v.x / cap), v.y = cap * tanhf(v.y / cap), v.z = cap * tanhf(v.z / cap),
+      v.w = cap * tanhf(v.w / cap);
+      x4[i] = v;
+    }
+    done = n4 * 4;
+  }
+  for (int64_t i = done + start; i < n; i += stride) x[i] = cap * tanhf(x[i] / cap);
 }
 
 template <class Op>
@@ -113,6 +129,17 @@ void scale_inplace(float* x, float f, int64_t n, cudaStream_t s) {
     scale_kernel<true><<<grid, kThreads, 0, s>>>(x, f, n);
   else
     scale_kernel<false><<<grid, kThreads, 0, s>>>(x, f, n);
+  OSPREY_CUDA_CHECK_LAUNCH();
+}
+
+void softcap_inplace(float* x, float cap, int64_t n, cudaStream_t s) {
+  if (n <= 0) return;
+  const bool vec = aligned16(x);
+  const unsigned grid = grid_for(vec ? (n + 3) / 4 : n, kThreads);
+  if (vec)
+    softcap_kernel<true><<<grid, kThreads, 0, s>>>(x, cap, n);
+  else
+    softcap_kernel<false><<<grid, kThreads, 0, s>>>(x, cap, n);
   OSPREY_CUDA_CHECK_LAUNCH();
 }
 

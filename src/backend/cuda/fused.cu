@@ -1,5 +1,5 @@
 // Kernels of the decode path that fuse neighbouring ops: the residual add with the next
-// RMSNorm, SiLU-gating of a fused gate/up projection, and the K/V row write that reads its
+// RMSNorm, SiLU- and GELU-gating of a fused gate/up projection, and the K/V row write that reads its
 // row from device memory (graph-stable).
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
@@ -34,17 +34,34 @@ __global__ void silu_mul_split_kernel(const float* __restrict__ gu, int64_t n, i
   }
 }
 
-// Grid (n, n_kv_heads); each block writes one head's K and V row.
+__global__ void gelu_tanh_mul_split_kernel(const float* __restrict__ gu, int64_t n, int64_t f,
+                                           float* __restrict__ out) {
+  const int64_t total = n * f;
+  for (int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; t < total; t += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t i = t / f, j = t - i * f;
+    out[t] = gelu_tanh(gu[i * 2 * f + j]) * gu[i * 2 * f + f + j];
+  }
+}
+
+// Grid (n, n_kv_heads); each block writes one head's K and V row, rounded to f16 or bf16
+// (kBF16); kRing: the row wraps modulo a.ring_rows.
+template <bool kBF16, bool kRing>
 __global__ void kv_write_kernel(KVWriteArgs a) {
   const int64_t i = blockIdx.x, h = blockIdx.y;
-  const int64_t row = (a.pos_dev ? int64_t(*a.pos_dev) : a.pos0) + i;
+  int64_t row = (a.pos_dev ? int64_t(*a.pos_dev) : a.pos0) + i;
+  if constexpr (kRing) row %= a.ring_rows;
   const float* ks = a.k + i * a.k_row_stride + h * a.head_dim;
   const float* vs = a.v + i * a.v_row_stride + h * a.head_dim;
   uint16_t* kd = a.kbuf + h * a.head_stride + row * a.head_dim;
   uint16_t* vd = a.vbuf + h * a.head_stride + row * a.head_dim;
   for (int64_t d = threadIdx.x; d < a.head_dim; d += blockDim.x) {
-    kd[d] = f32_to_f16_bits(ks[d]);
-    vd[d] = f32_to_f16_bits(vs[d]);
+    if constexpr (kBF16) {
+      kd[d] = f32_to_bf16_bits(ks[d]);
+      vd[d] = f32_to_bf16_bits(vs[d]);
+    } else {
+      kd[d] = f32_to_f16_bits(ks[d]);
+      vd[d] = f32_to_f16_bits(vs[d]);
+    }
   }
 }
 
@@ -77,11 +94,29 @@ void silu_mul_split(const float* gu, int64_t n, int64_t f, float* out, cudaStrea
   OSPREY_CUDA_CHECK_LAUNCH();
 }
 
+void gelu_tanh_mul_split(const float* gu, int64_t n, int64_t f, float* out, cudaStream_t s) {
+  if (n <= 0 || f <= 0) return;
+  const int threads = 256;
+  gelu_tanh_mul_split_kernel<<<grid_for(n * f, threads), threads, 0, s>>>(gu, n, f, out);
+  OSPREY_CUDA_CHECK_LAUNCH();
+}
+
 void kv_write(const KVWriteArgs& a, cudaStream_t s) {
   if (a.n <= 0) return;
   if (a.n > 0x7fffffffLL || a.n_kv_heads > 65535) throw Unsupported("kv_write: too many rows or heads");
   const int threads = int(std::min<int64_t>(256, std::max<int64_t>(32, (a.head_dim + 31) / 32 * 32)));
-  kv_write_kernel<<<dim3(unsigned(a.n), unsigned(a.n_kv_heads)), threads, 0, s>>>(a);
+  const dim3 grid(unsigned(a.n), unsigned(a.n_kv_heads));
+  if (a.ring_rows > 0) {
+    if (a.bf16)
+      kv_write_kernel<true, true><<<grid, threads, 0, s>>>(a);
+    else
+      kv_write_kernel<false, true><<<grid, threads, 0, s>>>(a);
+  } else {
+    if (a.bf16)
+      kv_write_kernel<true, false><<<grid, threads, 0, s>>>(a);
+    else
+      kv_write_kernel<false, false><<<grid, threads, 0, s>>>(a);
+  }
   OSPREY_CUDA_CHECK_LAUNCH();
 }
 

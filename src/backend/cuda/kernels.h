@@ -90,6 +90,19 @@ void add_rms_norm(float* x, const float* y, const float* w, int64_t rows, int64_
 // gu [n, 2f] f32 -> out [n, f] = silu(gu[:, :f]) * gu[:, f:] (a fused gate/up projection).
 void silu_mul_split(const float* gu, int64_t n, int64_t f, float* out, cudaStream_t s);
 
+// gu [n, 2f] f32 -> out [n, f] = gelu_tanh(gu[:, :f]) * gu[:, f:] (GeGLU of a fused gate/up
+// projection).
+void gelu_tanh_mul_split(const float* gu, int64_t n, int64_t f, float* out, cudaStream_t s);
+
+// x [n, heads, head_dim] f32, each head normalised in place: x / rms(x) * (w + w_offset), w
+// [head_dim] f32. Row i starts at x + i * row_stride (row_stride >= heads * head_dim: e.g. the
+// q or the k heads of a fused q/k/v row).
+void head_rms_norm(float* x, int64_t n, int64_t heads, int64_t head_dim, int64_t row_stride, const float* w,
+                   float eps, float w_offset, cudaStream_t s);
+
+// x[i] = cap * tanh(x[i] / cap), i < n
+void softcap_inplace(float* x, float cap, int64_t n, cudaStream_t s);
+
 // Writes n rows of K and V into cache buffers (KVWriteArgs, backend/kernel_args.h).
 void kv_write(const KVWriteArgs& a, cudaStream_t s);
 

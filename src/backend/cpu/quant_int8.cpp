@@ -1,0 +1,348 @@
+// linear_q4_int8 (quant_int8.h): 4-bit weights against x rounded to int8.
+//
+// x is prepared once per call (quantize_row, on the pool's threads for n > 1) as two int8 parts:
+// blocks of 32 values get a step d = max|x| / 127, a high part h = round(x / d) in [-127, 127]
+// and a low part l = round((x - d h) * 256 / d) (clamped to [-127, 127]), so that
+// x ~= (d / 256) (256 h + l) to within d / 512 (d / 256 where clamped); per group, the f32 sum of
+// x for the bias term. Each dot product runs on both parts (the high one shifted left by 8 bits
+// in int32), which keeps 16 bits of x where 8 alone cost too much accuracy for greedy decoding.
+//  - n == 1 (matvec): the 4-bit row is used as stored. A vector of kVecBytes bytes of a row holds
+//    2 * kVecBytes codes, the low nibble of byte b being code 2b and the high one code 2b + 1;
+//    x is stored per 128 codes as its even codes then its odd ones, so that (low nibbles, even
+//    x) and (high nibbles, odd x) meet in u8 x s8 dot products whose 32-bit lane l sums exactly
+//    the 8 codes of word l. Each lane then takes its group's scale times its block's step
+//    (dw: the step per word) in one f32 FMA. Rows go kTileRows at a time (concurrent streams).
+//  - n > 1 (GEMM): per panel of kNR outputs, the codes are unpacked once per call to bytes in
+//    [32-code block][4 codes][output] order, so that one vector load feeds kNR / kLanes outputs
+//    of 4 codes each and one broadcast of 4 int8 values of x feeds them all; the micro-kernel
+//    holds kMR x kNV int32 accumulators for one 32-code block and folds them into f32 ones
+//    with the block's scales and steps; at each group's end the bias times the group's sum of x.
+// Each instruction set's kernels are quant_int8_kernels.inc compiled under its own target; the
+// set is chosen at run time (int8_isa_best), never from the build's flags alone.
+#include "backend/cpu/quant_int8.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/half.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#define OSPREY_INT8_X86 1
+// NOTE: GCC 12 reports its own _mm512_undefined_* placeholders inside these intrinsics as
+// uninitialised (a false positive, GCC bug 105593).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+#endif
+
+namespace osprey::cpu {
+namespace {
+
+constexpr int kBlockCodes = 128;  // the matvec's x layout unit (64 bytes of 4-bit codes)
+constexpr int kXBlock = 32;       // values of x per int8 step
+
+// The rows of w as the kernels see them.
+struct Q4Rows {
+  const QuantArgs& w;
+  int64_t bytes_per_row = w.in / 2;
+  int64_t n_groups = w.in / w.group_size;
+
+  const uint8_t* bytes(int64_t r) const { return reinterpret_cast<const uint8_t*>(w.packed) + r * bytes_per_row; }
+  const uint16_t* scales(int64_t r) const { return static_cast<const uint16_t*>(w.scales) + r * n_groups; }
+  const uint16_t* biases(int64_t r) const { return static_cast<const uint16_t*>(w.biases) + r * n_groups; }
+};
+
+// x of the matvec: q, ql [q_len] the high and low parts (per 128 codes: the 64 even codes, then
+// the 64 odd ones; zero past in), dw [q_len / 8] (the step of each word's block / 256), xsum
+// [n_groups].
+struct MatvecX {
+  const int8_t* q;
+  const int8_t* ql;
+  const float* dw;
+  const float* xsum;
+};
+
+// x of the GEMM, row-major: q, ql [n, q_stride] the high and low parts in code order, d [n,
+// d_stride] (the step per 32 values / 256), xsum [n, xsum_stride] (the sum per group).
+struct GemmX {
+  const int8_t* q;
+  const int8_t* ql;
+  int64_t q_stride;
+  const float* d;
+  int64_t d_stride;
+  const float* xsum;
+  int64_t xsum_stride;
+};
+
+struct Prepared {
+  MatvecX mv;
+  GemmX gm;
+};
+
+// One row of x [in] -> the high and low parts q, ql (in code order, or with interleave in the
+// matvec's layout: per 128 codes the even ones, then the odd ones), d [in / 32] (step / 256),
+// xsum [in / g_size]. Each instruction set's kernels bring one (quant_int8_kernels.inc).
+using QuantizeRow = void (*)(const float* x, int64_t in, int64_t g_size, int8_t* q, int8_t* ql, float* d,
+                             float* xsum, bool interleave);
+
+}  // namespace
+
+#if OSPREY_INT8_X86
+// ---- AVX-512 VNNI -------------------------------------------------------------------------
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
+namespace int8_avx512_vnni {
+namespace {
+constexpr int kLanes = 16;
+constexpr int kMR = 4, kNV = 2;
+using IV = __m512i;
+using FV = __m512;
+using Acc = __m512i;
+inline IV load_i(const void* p) { return _mm512_loadu_si512(p); }
+inline IV set1_i32(int32_t v) { return _mm512_set1_epi32(v); }
+inline IV low_nibbles(IV w) { return _mm512_and_si512(w, _mm512_set1_epi8(0x0f)); }
+inline IV high_nibbles(IV w) { return _mm512_and_si512(_mm512_srli_epi16(w, 4), _mm512_set1_epi8(0x0f)); }
+inline Acc acc_zero() { return _mm512_setzero_si512(); }
+inline Acc acc_add(Acc a, IV u, IV s) { return _mm512_dpbusd_epi32(a, u, s); }
+inline IV acc_finish(Acc a) { return a; }
+inline IV combine(IV hi, IV lo) { return _mm512_add_epi32(_mm512_slli_epi32(hi, 8), lo); }
+inline FV zero_f() { return _mm512_setzero_ps(); }
+inline FV set1_f(float f) { return _mm512_set1_ps(f); }
+inline FV load_f(const float* p) { return _mm512_loadu_ps(p); }
+inline void store_f(float* p, FV v) { _mm512_storeu_ps(p, v); }
+inline FV fma_f(FV a, FV b, FV c) { return _mm512_fmadd_ps(a, b, c); }
+inline FV mul_f(FV a, FV b) { return _mm512_mul_ps(a, b); }
+inline FV add_f(FV a, FV b) { return _mm512_add_ps(a, b); }
+inline FV to_f(IV v) { return _mm512_cvtepi32_ps(v); }
+inline FV permute_f(const float* p, IV idx) { return _mm512_permutexvar_ps(idx, _mm512_loadu_ps(p)); }
+inline float reduce_f(FV v) { return _mm512_reduce_add_ps(v); }
+template <bool BF16>
+inline FV load_halves(const uint16_t* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  if constexpr (BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  return _mm512_cvtph_ps(h);
+}
+#include "backend/cpu/quant_int8_kernels.inc"
+}  // namespace
+}  // namespace int8_avx512_vnni
+#pragma GCC pop_options
+
+// ---- AVX-512BW (vpmaddubsw) ---------------------------------------------------------------
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+namespace int8_avx512bw {
+namespace {
+constexpr int kLanes = 16;
+constexpr int kMR = 4, kNV = 2;
+using IV = __m512i;
+using FV = __m512;
+using Acc = __m512i;  // 16-bit sums of pairs
+inline IV load_i(const void* p) { return _mm512_loadu_si512(p); }
+inline IV set1_i32(int32_t v) { return _mm512_set1_epi32(v); }
+inline IV low_nibbles(IV w) { return _mm512_and_si512(w, _mm512_set1_epi8(0x0f)); }
+inline IV high_nibbles(IV w) { return _mm512_and_si512(_mm512_srli_epi16(w, 4), _mm512_set1_epi8(0x0f)); }
+inline Acc acc_zero() { return _mm512_setzero_si512(); }
+// NOTE: 16-bit lanes: at most 8 adds of two products 15 * 127 each (30480) before acc_finish.
+inline Acc acc_add(Acc a, IV u, IV s) { return _mm512_add_epi16(a, _mm512_maddubs_epi16(u, s)); }
+inline IV acc_finish(Acc a) { return _mm512_madd_epi16(a, _mm512_set1_epi16(1)); }
+inline IV combine(IV hi, IV lo) { return _mm512_add_epi32(_mm512_slli_epi32(hi, 8), lo); }
+inline FV zero_f() { return _mm512_setzero_ps(); }
+inline FV set1_f(float f) { return _mm512_set1_ps(f); }
+inline FV load_f(const float* p) { return _mm512_loadu_ps(p); }
+inline void store_f(float* p, FV v) { _mm512_storeu_ps(p, v); }
+inline FV fma_f(FV a, FV b, FV c) { return _mm512_fmadd_ps(a, b, c); }
+inline FV mul_f(FV a, FV b) { return _mm512_mul_ps(a, b); }
+inline FV add_f(FV a, FV b) { return _mm512_add_ps(a, b); }
+inline FV to_f(IV v) { return _mm512_cvtepi32_ps(v); }
+inline FV permute_f(const float* p, IV idx) { return _mm512_permutexvar_ps(idx, _mm512_loadu_ps(p)); }
+inline float reduce_f(FV v) { return _mm512_reduce_add_ps(v); }
+template <bool BF16>
+inline FV load_halves(const uint16_t* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  if constexpr (BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  return _mm512_cvtph_ps(h);
+}
+#include "backend/cpu/quant_int8_kernels.inc"
+}  // namespace
+}  // namespace int8_avx512bw
+#pragma GCC pop_options
+
+// ---- 256-bit: AVX-VNNI and AVX2 -----------------------------------------------------------
+#define OSPREY_INT8_AVX256_COMMON                                                                        \
+  constexpr int kLanes = 8;                                                                              \
+  constexpr int kMR = 2, kNV = 2;                                                                        \
+  using IV = __m256i;                                                                                    \
+  using FV = __m256;                                                                                     \
+  using Acc = __m256i;                                                                                   \
+  inline IV load_i(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }         \
+  inline IV set1_i32(int32_t v) { return _mm256_set1_epi32(v); }                                         \
+  inline IV low_nibbles(IV w) { return _mm256_and_si256(w, _mm256_set1_epi8(0x0f)); }                    \
+  inline IV high_nibbles(IV w) { return _mm256_and_si256(_mm256_srli_epi16(w, 4), _mm256_set1_epi8(0x0f)); } \
+  inline Acc acc_zero() { return _mm256_setzero_si256(); }                                               \
+  inline IV combine(IV hi, IV lo) { return _mm256_add_epi32(_mm256_slli_epi32(hi, 8), lo); }             \
+  inline FV zero_f() { return _mm256_setzero_ps(); }                                                     \
+  inline FV set1_f(float f) { return _mm256_set1_ps(f); }                                                \
+  inline FV load_f(const float* p) { return _mm256_loadu_ps(p); }                                       \
+  inline void store_f(float* p, FV v) { _mm256_storeu_ps(p, v); }                                        \
+  inline FV fma_f(FV a, FV b, FV c) { return _mm256_fmadd_ps(a, b, c); }                                 \
+  inline FV mul_f(FV a, FV b) { return _mm256_mul_ps(a, b); }                                            \
+  inline FV add_f(FV a, FV b) { return _mm256_add_ps(a, b); }                                            \
+  inline FV to_f(IV v) { return _mm256_cvtepi32_ps(v); }                                                 \
+  inline FV permute_f(const float* p, IV idx) { return _mm256_permutevar8x32_ps(_mm256_loadu_ps(p), idx); } \
+  inline float reduce_f(FV v) {                                                                          \
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));                       \
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));                                                              \
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));                                                               \
+    return _mm_cvtss_f32(s);                                                                             \
+  }                                                                                                      \
+  template <bool BF16>                                                                                   \
+  inline FV load_halves(const uint16_t* p) {                                                             \
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));                              \
+    if constexpr (BF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));     \
+    return _mm256_cvtph_ps(h);                                                                           \
+  }
+
+#pragma GCC push_options
+#pragma GCC target("avxvnni,avx2,fma,f16c")
+namespace int8_avx_vnni {
+namespace {
+OSPREY_INT8_AVX256_COMMON
+inline Acc acc_add(Acc a, IV u, IV s) { return _mm256_dpbusd_avx_epi32(a, u, s); }
+inline IV acc_finish(Acc a) { return a; }
+#include "backend/cpu/quant_int8_kernels.inc"
+}  // namespace
+}  // namespace int8_avx_vnni
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+namespace int8_avx2 {
+namespace {
+OSPREY_INT8_AVX256_COMMON
+// NOTE: 16-bit lanes: at most 8 adds of two products 15 * 127 each (30480) before acc_finish.
+inline Acc acc_add(Acc a, IV u, IV s) { return _mm256_add_epi16(a, _mm256_maddubs_epi16(u, s)); }
+inline IV acc_finish(Acc a) { return _mm256_madd_epi16(a, _mm256_set1_epi16(1)); }
+#include "backend/cpu/quant_int8_kernels.inc"
+}  // namespace
+}  // namespace int8_avx2
+#pragma GCC pop_options
+#undef OSPREY_INT8_AVX256_COMMON
+#endif  // OSPREY_INT8_X86
+
+const char* int8_isa_name(Int8Isa isa) {
+  switch (isa) {
+    case Int8Isa::avx2: return "avx2";
+    case Int8Isa::avx_vnni: return "avx-vnni";
+    case Int8Isa::avx512bw: return "avx512bw";
+    case Int8Isa::avx512_vnni: return "avx512-vnni";
+  }
+  return "?";
+}
+
+bool int8_isa_supported(Int8Isa isa) {
+#if OSPREY_INT8_X86
+  __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  switch (isa) {
+    case Int8Isa::avx2: return avx2;
+    case Int8Isa::avx_vnni: return avx2 && __builtin_cpu_supports("avxvnni");
+    case Int8Isa::avx512bw: return avx512;
+    case Int8Isa::avx512_vnni: return avx512 && __builtin_cpu_supports("avx512vnni");
+  }
+#endif
+  return false;
+}
+
+bool int8_isa_best(Int8Isa* isa) {
+  static const int best = [] {
+    for (Int8Isa i : {Int8Isa::avx512_vnni, Int8Isa::avx512bw, Int8Isa::avx_vnni, Int8Isa::avx2})
+      if (int8_isa_supported(i)) return int(i);
+    return -1;
+  }();
+  if (best < 0) return false;
+  *isa = Int8Isa(best);
+  return true;
+}
+
+bool int8_path_takes(const QuantArgs& w) {
+  return w.bits == 4 && (w.group_size == 32 || w.group_size == 64 || w.group_size == 128) &&
+         (w.scale_dtype == DType::f16 || w.scale_dtype == DType::bf16) && w.in % w.group_size == 0;
+}
+
+void linear_q4_int8(const float* x, int64_t n, const QuantArgs& w, const float* bias, float* y, ThreadPool& pool,
+                    Int8Isa isa) {
+  if (!int8_path_takes(w))
+    throw Unsupported("linear_q4_int8: bits " + std::to_string(w.bits) + ", group_size " +
+                      std::to_string(w.group_size) + " (want 4 bits, group 32, 64 or 128, f16 or bf16 scales)");
+  if (!int8_isa_supported(isa))
+    throw Unsupported(std::string("linear_q4_int8: this CPU lacks ") + int8_isa_name(isa));
+  if (n <= 0 || w.out <= 0) return;
+  const Q4Rows rows{w};
+  const int64_t in = w.in, n_groups = rows.n_groups;
+  QuantizeRow quantize_row = nullptr;
+#if OSPREY_INT8_X86
+  switch (isa) {
+    case Int8Isa::avx512_vnni: quantize_row = &int8_avx512_vnni::quantize_row; break;
+    case Int8Isa::avx512bw: quantize_row = &int8_avx512bw::quantize_row; break;
+    case Int8Isa::avx_vnni: quantize_row = &int8_avx_vnni::quantize_row; break;
+    case Int8Isa::avx2: quantize_row = &int8_avx2::quantize_row; break;
+  }
+#endif
+  Prepared px{};
+  // NOTE: thread_local of the calling thread; workers reach it through `px` only.
+  thread_local std::vector<int8_t> q_buf, ql_buf;
+  thread_local std::vector<float> d_buf, dw_buf, xsum_buf;
+  if (n == 1) {
+    const int64_t q_len = (in + kBlockCodes - 1) / kBlockCodes * kBlockCodes;
+    if (int64_t(q_buf.size()) < q_len) q_buf.resize(size_t(q_len));
+    if (int64_t(ql_buf.size()) < q_len) ql_buf.resize(size_t(q_len));
+    if (int64_t(d_buf.size()) < in / kXBlock) d_buf.resize(size_t(in / kXBlock));
+    if (int64_t(dw_buf.size()) < q_len / 8) dw_buf.resize(size_t(q_len / 8));
+    if (int64_t(xsum_buf.size()) < n_groups) xsum_buf.resize(size_t(n_groups));
+    // The last 128-code block's codes past in stay zero.
+    const int64_t last = in / kBlockCodes * kBlockCodes;
+    std::fill(q_buf.begin() + last, q_buf.begin() + q_len, int8_t(0));
+    std::fill(ql_buf.begin() + last, ql_buf.begin() + q_len, int8_t(0));
+    quantize_row(x, in, w.group_size, q_buf.data(), ql_buf.data(), d_buf.data(), xsum_buf.data(), true);
+    for (int64_t word = 0; word < q_len / 8; ++word)
+      dw_buf[size_t(word)] = word * 8 < in ? d_buf[size_t(word * 8 / kXBlock)] : 0.0f;
+    px.mv = {q_buf.data(), ql_buf.data(), dw_buf.data(), xsum_buf.data()};
+  } else {
+    const int64_t d_stride = in / kXBlock;
+    if (int64_t(q_buf.size()) < n * in) q_buf.resize(size_t(n * in));
+    if (int64_t(ql_buf.size()) < n * in) ql_buf.resize(size_t(n * in));
+    if (int64_t(d_buf.size()) < n * d_stride) d_buf.resize(size_t(n * d_stride));
+    if (int64_t(xsum_buf.size()) < n * n_groups) xsum_buf.resize(size_t(n * n_groups));
+    int8_t* q = q_buf.data();
+    int8_t* ql = ql_buf.data();
+    float* d = d_buf.data();
+    float* xsum = xsum_buf.data();
+    const auto prep = [&](int64_t i0, int64_t i1, int) {
+      for (int64_t i = i0; i < i1; ++i)
+        quantize_row(x + i * in, in, w.group_size, q + i * in, ql + i * in, d + i * d_stride, xsum + i * n_groups,
+                     false);
+    };
+    pool.parallel_for(n, 4, std::ref(prep));
+    px.gm = {q, ql, in, d, d_stride, xsum, n_groups};
+  }
+#if OSPREY_INT8_X86
+  switch (isa) {
+    case Int8Isa::avx512_vnni: int8_avx512_vnni::run(rows, px, n, bias, y, pool); return;
+    case Int8Isa::avx512bw: int8_avx512bw::run(rows, px, n, bias, y, pool); return;
+    case Int8Isa::avx_vnni: int8_avx_vnni::run(rows, px, n, bias, y, pool); return;
+    case Int8Isa::avx2: int8_avx2::run(rows, px, n, bias, y, pool); return;
+  }
+#endif
+}
+
+}  // namespace osprey::cpu

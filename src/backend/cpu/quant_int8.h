@@ -1,0 +1,41 @@
+#pragma once
+// The 4-bit quantized linear layer over integer activations: x is rounded once per call, per
+// block of 32 values with step d = max|x| / 127, to two int8 parts h and l with
+// x ~= (d / 256) (256 h + l), and the 4-bit codes meet both in integer dot products (u8 x s8).
+// Internal to src/backend/cpu; linear_q (quant_kernels.h) calls it for 4-bit weights, and tests
+// and benchmarks pin an instruction set through it.
+//
+// Per group g of a row (codes q, scale s, bias b) and block j of x:
+//   sum_k w_k x_k  ~=  s * sum_j (d_j / 256) * sum_{k in j} q_k * (256 h_k + l_k)  +  b * sum_{k in g} x_k,
+// the inner sums exact in int32, the bias term with the f32 sum of x itself. Each value of x is
+// off by at most d_j / 512 (d_j / 256 in the rare case where l is clamped to 127), about 16 bits.
+#include <cstdint>
+
+#include "backend/quant_args.h"
+#include "core/thread_pool.h"
+
+namespace osprey::cpu {
+
+// The instruction sets of the integer kernels, chosen at run time from the CPU's features.
+enum class Int8Isa {
+  avx2,         // AVX2 vpmaddubsw + vpmaddwd
+  avx_vnni,     // AVX-VNNI vpdpbusd on 256 bits
+  avx512bw,     // AVX-512BW vpmaddubsw + vpmaddwd
+  avx512_vnni,  // AVX-512 VNNI vpdpbusd
+};
+
+const char* int8_isa_name(Int8Isa isa);
+// Whether the running CPU (and the build's compiler) has `isa`.
+bool int8_isa_supported(Int8Isa isa);
+// The fastest supported one, or false when the CPU has none of them (no AVX2).
+bool int8_isa_best(Int8Isa* isa);
+
+// Whether linear_q4_int8 takes w: 4 bits, group 32, 64 or 128, f16 or bf16 scales.
+bool int8_path_takes(const QuantArgs& w);
+
+// y[n, out] = x[n, in] * dequant(w)^T + bias[out] (bias may be nullptr), x rounded as above; n == 1 runs the matvec kernel, n > 1 the blocked integer GEMM. w must satisfy
+// int8_path_takes and isa int8_isa_supported (callers check). Runs on `pool` and blocks.
+void linear_q4_int8(const float* x, int64_t n, const QuantArgs& w, const float* bias, float* y, ThreadPool& pool,
+                    Int8Isa isa);
+
+}  // namespace osprey::cpu

@@ -1,0 +1,230 @@
+#include "kv/rotating_cache.h"
+
+#include <algorithm>
+
+#include "backend/ops.h"
+#include "core/error.h"
+
+namespace osprey {
+namespace {
+
+// Rows [row0, row0 + n) of a [heads, rows, head_dim] array, as a view (a new identity).
+Array rows_view(const Array& a, int64_t row0, int64_t n) {
+  const Shape& s = a.strides();
+  return Array::strided(a.buffer(), a.byte_offset() + size_t(row0 * s[1]) * a.itemsize(), {a.dim(0), n, a.dim(2)}, s,
+                        a.dtype());
+}
+
+}  // namespace
+
+RotatingKVCache::RotatingKVCache(const KVCacheParams& params) : params_(params), rows_(params.window) {
+  if (params.n_kv_heads <= 0 || params.head_dim <= 0 || params.window <= 0)
+    throw InvalidInput("rotating KV cache needs positive n_kv_heads, head_dim and window");
+  if (params.dtype != DType::f16 && params.dtype != DType::bf16)
+    throw Unsupported(std::string("a ") + dtype_name(params.dtype) + " KV cache is not supported (f16 or bf16)");
+}
+
+bool RotatingKVCache::owns_current_state() const {
+  return keys_.id() == own_keys_.id() && values_.id() == own_values_.id() && offset_ == own_length_;
+}
+
+bool RotatingKVCache::sole_holder() const {
+  // keys_ and own_keys_ are one handle (owns_current_state): any other holder of the buffer is
+  // a snapshot, a restored or detached state, or a view handed out earlier.
+  return keys_.buffer().use_count() == 1 && values_.buffer().use_count() == 1;
+}
+
+bool RotatingKVCache::next_write_in_place(int64_t n) const {
+  if (!params_.inplace || n != 1 || !keys_.defined() || !owns_current_state()) return false;
+  // Row offset % R holds position offset - R once the ring has wrapped.
+  return offset_ < rows_ || sole_holder();
+}
+
+void RotatingKVCache::arm_guard() {
+  own_keys_ = keys_;
+  own_values_ = values_;
+  own_length_ = offset_;
+}
+
+KVView RotatingKVCache::ring_view(int64_t pos0, const Array& positions) const {
+  KVView view;
+  view.keys = rows_view(keys_, 0, rows_);
+  view.values = rows_view(values_, 0, rows_);
+  view.pos0 = pos0;
+  view.positions = positions;
+  view.max_keys = rows_;
+  view.ring_rows = rows_;
+  return view;
+}
+
+KVView RotatingKVCache::update_and_fetch(const Array& k, const Array& v, const Array& positions) {
+  if (k.ndim() != 3 || k.dim(1) != params_.n_kv_heads || k.dim(2) != params_.head_dim || !(k.shape() == v.shape()) ||
+      k.dtype() != DType::f32 || v.dtype() != DType::f32)
+    throw InvalidInput("KV cache write: k " + describe(k) + " and v " + describe(v) + " must be float32 [n, " +
+                       std::to_string(params_.n_kv_heads) + ", " + std::to_string(params_.head_dim) + "]");
+  const int64_t n = k.dim(0), pos0 = offset_;
+  if (n < 1) throw InvalidInput("KV cache write: no rows");
+  if (positions.defined() && (positions.dtype() != DType::i32 || positions.numel() != n))
+    throw InvalidInput("KV cache write: positions " + describe(positions) + " must be int32 [" + std::to_string(n) +
+                       "]");
+  KVView view;
+  if (next_write_in_place(n)) {
+    ops::write_kv_rows(keys_, values_, k, v, offset_, positions, rows_);
+    adopt_inplace();
+    view = ring_view(pos0, positions);
+  } else if (n == 1) {
+    copying_write_row(k, v);
+    view = ring_view(pos0, positions);
+  } else {
+    view = copying_write_chunk(k, v, positions);
+  }
+  // Every write, copying or in place, re-arms the guard.
+  arm_guard();
+  return view;
+}
+
+void RotatingKVCache::adopt_inplace() {
+  // The outputs adopt the same buffers as new arrays.
+  keys_ = Array::strided(keys_.buffer(), keys_.byte_offset(), keys_.shape(), keys_.strides(), keys_.dtype());
+  values_ = Array::strided(values_.buffer(), values_.byte_offset(), values_.shape(), values_.strides(), values_.dtype());
+  ++offset_;
+  held_lo_ = std::max<int64_t>(held_lo_, offset_ - rows_);
+  ++counters_.n_inplace_writes;
+}
+
+void RotatingKVCache::commit_replayed_write() {
+  if (!next_write_in_place(1)) throw InvalidInput("KV cache: a replayed write needs the in-place path");
+  adopt_inplace();
+  arm_guard();
+}
+
+std::pair<const void*, const void*> RotatingKVCache::buffers() const {
+  return {keys_.defined() ? keys_.buffer().get() : nullptr, values_.defined() ? values_.buffer().get() : nullptr};
+}
+
+void RotatingKVCache::copy_positions(const Array& dst, int64_t dst_row0, const Array& src, int64_t p0, int64_t n) {
+  if (n <= 0) return;
+  const int64_t r0 = p0 % rows_, first = std::min(n, rows_ - r0);
+  ops::copy_into(rows_view(dst, dst_row0, first), rows_view(src, r0, first));
+  if (first < n) ops::copy_into(rows_view(dst, dst_row0 + first, n - first), rows_view(src, 0, n - first));
+}
+
+void RotatingKVCache::copying_write_row(const Array& k, const Array& v) {
+  // The positions the new row's query sees before it, into a new ring at the same rows.
+  const int64_t keep_lo = std::max<int64_t>(0, offset_ - rows_ + 1), keep = offset_ - keep_lo;
+  const Shape shape{params_.n_kv_heads, rows_, params_.head_dim};
+  Array nk = Array::empty(shape, params_.dtype, params_.device);
+  Array nv = Array::empty(shape, params_.dtype, params_.device);
+  if (keep > 0) {
+    const int64_t r0 = keep_lo % rows_;
+    const int64_t first = std::min(keep, rows_ - r0);
+    ops::copy_into(rows_view(nk, r0, first), rows_view(keys_, r0, first));
+    ops::copy_into(rows_view(nv, r0, first), rows_view(values_, r0, first));
+    if (first < keep) {
+      ops::copy_into(rows_view(nk, 0, keep - first), rows_view(keys_, 0, keep - first));
+      ops::copy_into(rows_view(nv, 0, keep - first), rows_view(values_, 0, keep - first));
+    }
+    counters_.bytes_copied += 2 * uint64_t(keep * params_.n_kv_heads * params_.head_dim) * dtype_size(params_.dtype);
+  }
+  ops::write_kv_rows(nk, nv, k, v, offset_, {}, rows_);
+  keys_ = std::move(nk);
+  values_ = std::move(nv);
+  ++offset_;
+  held_lo_ = keep_lo;
+  ++counters_.n_copying_writes;
+}
+
+KVView RotatingKVCache::copying_write_chunk(const Array& k, const Array& v, const Array& positions) {
+  const int64_t n = k.dim(0), L = offset_;
+  // [m old positions | n new ones]: the first query (at L) sees L - window + 1 .. L.
+  const int64_t m = std::min(L, rows_ - 1), lin_pos0 = L - m;
+  const Shape lin_shape{params_.n_kv_heads, m + n, params_.head_dim};
+  Array lk = Array::empty(lin_shape, params_.dtype, params_.device);
+  Array lv = Array::empty(lin_shape, params_.dtype, params_.device);
+  if (m > 0) {
+    copy_positions(lk, 0, keys_, lin_pos0, m);
+    copy_positions(lv, 0, values_, lin_pos0, m);
+    counters_.bytes_copied += 2 * uint64_t(m * params_.n_kv_heads * params_.head_dim) * dtype_size(params_.dtype);
+  }
+  ops::write_kv_rows(lk, lv, k, v, m);
+
+  // The new ring: the last R positions, each at row p % R.
+  const int64_t end = L + n, ring_lo = std::max<int64_t>(0, end - rows_);
+  const Shape shape{params_.n_kv_heads, rows_, params_.head_dim};
+  Array nk = Array::empty(shape, params_.dtype, params_.device);
+  Array nv = Array::empty(shape, params_.dtype, params_.device);
+  for (int64_t p = ring_lo; p < end;) {
+    const int64_t r = p % rows_, run = std::min(end - p, rows_ - r);
+    ops::copy_into(rows_view(nk, r, run), rows_view(lk, p - lin_pos0, run));
+    ops::copy_into(rows_view(nv, r, run), rows_view(lv, p - lin_pos0, run));
+    p += run;
+  }
+  keys_ = std::move(nk);
+  values_ = std::move(nv);
+  offset_ = end;
+  held_lo_ = ring_lo;
+  ++counters_.n_copying_writes;
+
+  KVView view;
+  view.keys = std::move(lk);
+  view.values = std::move(lv);
+  view.pos0 = L;
+  view.positions = positions;
+  view.max_keys = m + n;
+  view.key_pos0 = lin_pos0;
+  return view;
+}
+
+bool RotatingKVCache::can_trim(int64_t n) const {
+  const int64_t to = std::max<int64_t>(0, offset_ - std::max<int64_t>(0, n));
+  return to == 0 || to == offset_ || std::max<int64_t>(0, to - params_.window + 1) >= held_lo_;
+}
+
+void RotatingKVCache::trim(int64_t n) {
+  if (!can_trim(n))
+    throw InvalidInput("rotating KV cache: cannot trim " + std::to_string(n) + " of " + std::to_string(offset_) +
+                       " positions: the ring of " + std::to_string(rows_) + " rows no longer holds position " +
+                       std::to_string(std::max<int64_t>(0, offset_ - n - params_.window + 1)));
+  offset_ = std::max<int64_t>(0, offset_ - std::max<int64_t>(0, n));
+  if (offset_ == 0) held_lo_ = 0;
+}
+
+void RotatingKVCache::rewind_own_write(int64_t n) {
+  const bool own = keys_.defined() && owns_current_state();
+  trim(n);
+  if (own) own_length_ = offset_;
+}
+
+KVState RotatingKVCache::snapshot() const {
+  // New views of the buffers: they count as holders, so the wrap's in-place writes spare them.
+  if (!keys_.defined()) return {Array(), Array(), offset_};
+  return {rows_view(keys_, 0, rows_), rows_view(values_, 0, rows_), offset_};
+}
+
+void RotatingKVCache::restore(const KVState& state) {
+  if (state.keys.defined() &&
+      (state.keys.ndim() != 3 || state.keys.dim(0) != params_.n_kv_heads || state.keys.dim(1) != rows_ ||
+       state.keys.dim(2) != params_.head_dim || state.keys.dtype() != params_.dtype ||
+       !(state.keys.shape() == state.values.shape()) || state.values.dtype() != params_.dtype || state.offset < 0))
+    throw InvalidInput("rotating KV cache restore: state " + describe(state.keys) + " at offset " +
+                       std::to_string(state.offset) + " does not fit a ring of " + std::to_string(rows_) + " rows");
+  keys_ = state.keys;
+  values_ = state.values;
+  offset_ = state.keys.defined() ? state.offset : 0;
+  // A state holds at least the positions its next query sees: (offset - R, offset).
+  held_lo_ = std::max<int64_t>(0, offset_ - rows_ + 1);
+}
+
+KVState RotatingKVCache::detach() {
+  KVState s{std::move(keys_), std::move(values_), offset_};
+  keys_ = Array();
+  values_ = Array();
+  own_keys_ = Array();
+  own_values_ = Array();
+  own_length_ = -1;
+  offset_ = 0;
+  held_lo_ = 0;
+  return s;
+}
+
+}  // namespace osprey

@@ -1,0 +1,61 @@
+#pragma once
+// Tiny random Gemma 3 and Cohere2 checkpoints written by the tests, and plain double-precision
+// forward passes of both families written from their definitions (independent of src/model):
+// the references for tests/model/gemma3_test.cpp and cohere2_test.cpp.
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/dtype.h"
+
+namespace osprey::testing {
+
+// Weights by tensor name, as the exact values the checkpoint stores (rounded to bf16).
+struct RefTensor {
+  std::vector<int64_t> shape;
+  std::vector<double> v;
+};
+using RefWeights = std::map<std::string, RefTensor>;
+
+// Draws a [shape] tensor of offset + std * N(0, 1), rounded to bf16, into `w`.
+void add_random(RefWeights& w, std::mt19937& rng, const std::string& name, std::vector<int64_t> shape, double std,
+                double offset = 0.0);
+// config.json and model.safetensors (bf16) in `dir`.
+void write_checkpoint(const std::filesystem::path& dir, const nlohmann::json& config, const RefWeights& w);
+
+// Gemma 3 as config.json says (the keys the tests write: vocab_size, hidden_size,
+// intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim,
+// rms_norm_eps, query_pre_attn_scalar, sliding_window, layer_types, rope_theta, rope_scaling
+// (linear), rope_local_base_freq, final_logit_softcapping, tie_word_embeddings), weights
+// named as in `prefix` ("model."). Returns logits [T][vocab] at every position.
+struct RefStats {
+  double max_abs_residual = 0;        // over the residual stream, every layer
+  double max_abs_down_proj_input = 0;  // the GeGLU product
+};
+std::vector<std::vector<double>> gemma3_reference(const nlohmann::json& config, const RefWeights& w,
+                                                  const std::vector<int32_t>& tokens,
+                                                  const std::string& prefix = "model.", RefStats* stats = nullptr);
+// Scales of the random weights: the defaults keep activations of order one; larger ones push
+// the residual stream and the GeGLU product past float16's range.
+struct Gemma3Scales {
+  double embed_std = 1.0;
+  double pre_ffn_norm = 1.0;  // the pre-feedforward norms' scale (1 + w) is about this
+  double post_norm = 1.0;     // the post-attention and post-feedforward norms' likewise
+};
+// Random weights for such a config, named from `prefix`.
+RefWeights gemma3_weights(const nlohmann::json& config, uint32_t seed, const Gemma3Scales& scales = {},
+                          const std::string& prefix = "model.");
+
+// Cohere2 likewise (vocab_size, hidden_size, intermediate_size, num_hidden_layers,
+// num_attention_heads, num_key_value_heads, layer_norm_eps, logit_scale, sliding_window,
+// layer_types, rope_theta).
+std::vector<std::vector<double>> cohere2_reference(const nlohmann::json& config, const RefWeights& w,
+                                                   const std::vector<int32_t>& tokens);
+RefWeights cohere2_weights(const nlohmann::json& config, uint32_t seed);
+
+}  // namespace osprey::testing
