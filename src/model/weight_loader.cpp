@@ -217,7 +217,9 @@ std::optional<QuantSetting> WeightLoader::dominant_quant() const {
 void WeightLoader::finish() {
   // A checkpoint of another family relabelled (a Qwen2 one as llama runs without its q/k/v
   // biases) shows as tensors the family never read: name them.
-  const std::vector<std::string> unused = weights_.unused_names();
+  std::vector<std::string> unused;
+  for (const std::string& name : weights_.names())
+    if (!read_.count(name)) unused.push_back(name);
   if (!unused.empty()) {
     std::string names;
     for (size_t i = 0; i < unused.size() && i < 8; ++i) names += (i ? ", " : "") + unused[i];

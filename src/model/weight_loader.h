@@ -85,7 +85,8 @@ class WeightLoader {
   // Weights loaded so far (a quantized matrix counts the weights it encodes).
   uint64_t params_loaded() const { return params_; }
   // Reports completion to the progress callback and returns the device memory that loading
-  // left cached (parts of stacked weights) to the system.
+  // left cached (parts of stacked weights) to the system. Tensors neither read nor ignored
+  // are named in a warning (a family that must read every tensor calls require_all_read).
   void finish();
 
  private:

@@ -153,13 +153,4 @@ TEST(SafeTensors, WriteToAFullDiskIsAnIoErrorNamingTheCause) {
   EXPECT_NE(msg.find("/dev/full: write failed: No space left on device"), std::string::npos) << msg;
 }
 
-TEST(SafeTensors, UnusedNamesAreTheTensorsNotRead) {
-  TempDir dir;
-  write_safetensors(dir / "model.safetensors", {{"a", Array::zeros({2}, DType::f32)}, {"b", Array::zeros({2}, DType::f32)}});
-  const SafeTensors st = SafeTensors::open(dir.path());
-  EXPECT_EQ(st.unused_names(), (std::vector<std::string>{"a", "b"}));
-  st.get("b");
-  EXPECT_EQ(st.unused_names(), (std::vector<std::string>{"a"}));
-}
-
 }  // namespace osprey
