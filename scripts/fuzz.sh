@@ -19,8 +19,9 @@ cxx=${CXX:-clang++-14}
 command -v "$cxx" >/dev/null || { echo "fuzz: $cxx not found (scripts/setup.sh installs clang-14)" >&2; exit 1; }
 
 t0=$(date +%s)
+# The same folder and flags as scripts/sanitize.sh (which adds the unit tests).
 cmake -S . -B "$build" -G Ninja -DCMAKE_CXX_COMPILER="$cxx" -DOSPREY_FUZZ=ON -DOSPREY_CUDA=OFF \
-  -DOSPREY_BUILD_TESTS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" ${OSPREY_FUZZ_CMAKE_ARGS:-} >/dev/null
 cmake --build "$build" --target osprey_fuzzers -j"$(nproc)"
 t1=$(date +%s)

@@ -37,6 +37,8 @@ int64_t inum(const Value& v) { return v.kind == Value::Kind::kInt ? v.i : v.b; }
 class Interp {
  public:
   explicit Interp(std::string& out) : out_(&out) {}
+  // Scopes are shared by the values that refer to them; the interpreter holds every scope a
+  // macro was defined in for as long as it runs (see make_macro).
 
   Flow exec(const Body& body, const ScopePtr& scope) {
     for (const StmtPtr& s : body) {
@@ -267,9 +269,14 @@ class Interp {
 
   Value make_macro(const Stmt& s, const ScopePtr& defined_in, const std::string& name) {
     const Stmt* def = &s;
-    return Value::function([this, def, defined_in, name](CallArgs& args) -> Value {
+    // The macro is stored in the scope it was defined in: holding that scope by a weak
+    // pointer keeps the two from owning each other (a leak per render); macro_scopes_ keeps
+    // it alive until the render ends.
+    macro_scopes_.push_back(defined_in);
+    std::weak_ptr<Scope> where = defined_in;
+    return Value::function([this, def, where, name](CallArgs& args) -> Value {
       auto scope = std::make_shared<Scope>();
-      scope->parent = defined_in;
+      scope->parent = where.lock();
       const auto& params = def->params;
       if (args.pos.size() > params.size())
         fail(def->line, "macro '" + name + "' takes not more than " + std::to_string(params.size()) + " argument(s)");
@@ -399,6 +406,8 @@ class Interp {
   }
 
   std::string* out_;
+
+  std::vector<ScopePtr> macro_scopes_;
 };
 
 Value global_range(CallArgs& a) {

@@ -22,6 +22,7 @@
 #include "cli/progress.h"
 #include "core/env.h"
 #include "core/error.h"
+#include "core/file_read.h"
 #include "core/thread_pool.h"
 #include "engine/generator.h"
 #include "model/model.h"
@@ -102,11 +103,10 @@ class Chat {
   }
 
   void load(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw IoError(path + ": cannot open file");
+    const std::string text = read_regular_file(path);
     ordered_json j;
     try {
-      j = ordered_json::parse(in);
+      j = ordered_json::parse(text);
     } catch (const nlohmann::json::parse_error& e) {
       throw InvalidInput(path + ": malformed JSON: " + e.what());
     }

@@ -9,6 +9,7 @@
 #include "chat/chat_template.h"
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/file_read.h"
 
 namespace osprey::cli {
 namespace {
@@ -27,9 +28,7 @@ int run_template(const TemplateOptions& o) {
   if (o.request == "-") {
     text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
   } else {
-    std::ifstream in(o.request, std::ios::binary);
-    if (!in) throw IoError(o.request + ": cannot open file");
-    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    text = read_regular_file(o.request);
   }
   nlohmann::ordered_json request;
   try {

@@ -4,7 +4,6 @@
 #include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
-#include <mutex>
 #include <set>
 
 #include "backend/ops.h"
@@ -58,17 +57,11 @@ json parse_unique_keys(const char* begin, const char* end, const std::string& wh
 
 }  // namespace
 
-struct SafeTensors::Usage {
-  std::mutex mu;
-  std::set<std::string> used;
-};
-
 SafeTensors SafeTensors::open(const fs::path& dir) {
   std::error_code ec;
   if (!fs::exists(dir, ec)) throw IoError("model folder " + dir.string() + " does not exist");
   if (!fs::is_directory(dir, ec)) throw IoError(dir.string() + " is not a folder");
   SafeTensors st;
-  st.usage_ = std::make_shared<Usage>();
   st.source_ = dir;
   fs::path index = dir / "model.safetensors.index.json";
   if (regular_file_exists(index)) {
@@ -116,7 +109,6 @@ SafeTensors SafeTensors::open(const fs::path& dir) {
 
 SafeTensors SafeTensors::open_file(const fs::path& file) {
   SafeTensors st;
-  st.usage_ = std::make_shared<Usage>();
   st.source_ = file;
   st.add_file(file);
   return st;
@@ -185,7 +177,7 @@ void SafeTensors::add_file(const fs::path& path) {
     const auto nbytes = mul_u64(numel, dtype_size(*dtype));
     if (overflow || !nbytes || *nbytes > uint64_t(INT64_MAX))
       throw InvalidInput(what + ": shape " + shape_j.dump() + " of " + dtype_name(*dtype) +
-                         " is too large (its size in bytes overflows 64 bits)");
+                         " is too large (its size in bytes does not fit in 63 bits)");
     uint64_t begin = off_j[0].get<uint64_t>(), end = off_j[1].get<uint64_t>();
     if (begin > end || end > data_size)
       throw InvalidInput(what + ": data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
@@ -234,10 +226,6 @@ const TensorInfo& SafeTensors::info(const std::string& name) const {
 
 Array SafeTensors::get(const std::string& name) const {
   const TensorInfo& ti = info(name);
-  if (usage_) {
-    std::lock_guard<std::mutex> lock(usage_->mu);
-    usage_->used.insert(name);
-  }
   return Array::from_buffer(buffers_[ti.file_index], ti.byte_offset, ti.shape, ti.dtype);
 }
 
@@ -254,21 +242,6 @@ std::vector<std::string> SafeTensors::names() const {
   std::vector<std::string> out;
   out.reserve(tensors_.size());
   for (const auto& [k, v] : tensors_) out.push_back(k);
-  return out;
-}
-
-void SafeTensors::mark_used(const std::string& name) const {
-  if (!usage_) return;
-  std::lock_guard<std::mutex> lock(usage_->mu);
-  usage_->used.insert(name);
-}
-
-std::vector<std::string> SafeTensors::unused_names() const {
-  if (!usage_) return names();
-  std::vector<std::string> out;
-  std::lock_guard<std::mutex> lock(usage_->mu);
-  for (const auto& [name, ti] : tensors_)
-    if (!usage_->used.count(name)) out.push_back(name);
   return out;
 }
 

@@ -44,11 +44,6 @@ class SafeTensors {
   const std::filesystem::path& source() const { return source_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   size_t total_bytes() const;
-  // The tensors no get() has returned so far, sorted (after loading: the ones the family does
-  // not use, such as q/k/v biases of a Qwen2 checkpoint labelled llama).
-  std::vector<std::string> unused_names() const;
-  // Counts `name` as used without reading it (a tensor a family skips on purpose).
-  void mark_used(const std::string& name) const;
 
  private:
   void add_file(const std::filesystem::path& path);
@@ -58,8 +53,6 @@ class SafeTensors {
   std::vector<std::shared_ptr<Buffer>> buffers_;  // one per file, over the whole mapping
   std::map<std::string, TensorInfo> tensors_;
   std::map<std::string, std::string> metadata_;
-  struct Usage;
-  std::shared_ptr<Usage> usage_;  // the names get() returned; shared by copies
 };
 
 // Writes `tensors` (CPU arrays, any strides) as one safetensors file, in the given order,

