@@ -75,7 +75,6 @@ const std::vector<std::vector<Turn>> kScript = {
     // The very prompt of a3x again: its entry holds it and more, in a wrapped ring.
     {{"a2", "a3x-again", {305}, 4, true, Expect::kFallBack, ""}},
 };
-constexpr int kFallBacks = 5;
 
 struct Reply {
   std::vector<std::string> tokens;
@@ -190,14 +189,16 @@ void replay(const std::string& fixture, const std::string& tokenizer) {
   // The same prompt twice gives the same reply, whether or not its prefix was reusable.
   EXPECT_EQ(with_inplace.at("a3x-again").tokens, with_inplace.at("a3x").tokens);
 
-  int n_reused = 0, n_missed = 0;
+  int n_reused = 0, n_missed = 0, n_fallbacks = 0;
   for (const auto& group : kScript)
     for (const Turn& t : group) {
       n_reused += t.expect == Expect::kReuse;
       n_missed += t.expect == Expect::kMiss;
+      n_fallbacks += t.expect == Expect::kFallBack;
     }
+  ASSERT_EQ(n_fallbacks, 5);
   for (testing::TestServer* s : {&inplace, &copying}) {
-    EXPECT_EQ(s->metric("osprey:prompt_cache_unusable_total"), kFallBacks);
+    EXPECT_EQ(s->metric("osprey:prompt_cache_unusable_total"), n_fallbacks);
     EXPECT_EQ(s->metric("osprey:prompt_cache_hits_total"), n_reused);
     EXPECT_EQ(s->metric("osprey:prompt_cache_misses_total"), n_missed);
     double restored = 0;
