@@ -103,6 +103,7 @@ std::optional<SequenceBackend::Begun> DenseSlotBackend::begin(std::span<const in
         // A sliding-window layer's ring no longer holds the rows before the common prefix's
         // end: the prompt is computed from the start.
         s.cache.trim(s.cache.offset());
+        prompt_cache_.unusable(use);
       }
     }
     return b;

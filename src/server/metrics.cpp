@@ -77,6 +77,10 @@ std::string render_metrics(const MetricsInput& in) {
            double(pc.n_hits));
   p.metric("osprey:prompt_cache_misses_total", "counter", "Prompt cache lookups that found nothing to restore.",
            double(pc.n_misses));
+  p.metric("osprey:prompt_cache_unusable_total", "counter",
+           "Prompt cache lookups whose match could not be used: a sliding-window layer could not rewind to the "
+           "common prefix, so the prompt was computed from the start.",
+           double(pc.n_unusable));
   p.metric("osprey:prompt_cache_restored_tokens_total", "counter", "Tokens restored from the prompt cache.",
            double(pc.n_restored_tokens));
   p.metric("osprey:prompt_cache_stores_total", "counter", "Snapshots stored in the prompt cache.", double(pc.n_stored));

@@ -22,9 +22,11 @@ void fnv(uint64_t& h, const uint8_t* p, size_t n) {
   }
 }
 
-// Hashes the rows [0, n) of a [heads, capacity, head_dim] cache array.
+// Hashes the rows [0, n) of a [heads, capacity, head_dim] cache array. A rotating cache's ring
+// holds fewer rows than its offset once it has wrapped: then every row is hashed.
 void hash_rows(uint64_t& h, const Array& a, int64_t n) {
   if (!a.device().is_cpu()) throw Unsupported("prompt cache checksums read CPU caches only");
+  n = std::min(n, a.dim(1));
   const size_t row = size_t(a.dim(2)) * a.itemsize();
   const auto* base = static_cast<const uint8_t*>(a.raw());
   for (int64_t head = 0; head < a.dim(0); ++head)
@@ -77,6 +79,15 @@ PromptCache::Match PromptCache::lookup(std::span<const int32_t> tokens, size_t m
   ++stats_.n_hits;
   stats_.n_restored_tokens += use;
   return m;
+}
+
+void PromptCache::unusable(size_t n_use) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stats_.n_hits == 0 || stats_.n_restored_tokens < n_use)
+    throw InvalidInput("prompt cache: an unusable match that no lookup returned");
+  --stats_.n_hits;
+  stats_.n_restored_tokens -= n_use;
+  ++stats_.n_unusable;
 }
 
 void PromptCache::store(std::vector<int32_t> tokens, std::vector<KVState> states) {

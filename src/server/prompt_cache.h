@@ -21,8 +21,9 @@
 namespace osprey {
 
 struct PromptCacheStats {
-  uint64_t n_hits = 0;             // lookups that found a common prefix
+  uint64_t n_hits = 0;             // lookups that found a common prefix (and used it)
   uint64_t n_misses = 0;
+  uint64_t n_unusable = 0;         // lookups whose match the cache could not rewind to (see unusable())
   uint64_t n_restored_tokens = 0;  // tokens reused by hits
   uint64_t n_stored = 0;
   uint64_t n_evictions = 0;
@@ -53,6 +54,11 @@ class PromptCache {
   // a tie), marked as used. Counts a hit or a miss; `n_use` (<= n_common) is what the caller
   // restores, counted as restored tokens.
   Match lookup(std::span<const int32_t> tokens, size_t max_use);
+  // The caller could not use the match a lookup returned (a sliding-window layer's ring no
+  // longer holds the rows before the common prefix's end, so the prompt is computed from the
+  // start): that lookup counts as unusable instead of as a hit, and its `n_use` tokens are
+  // no longer counted as restored.
+  void unusable(size_t n_use);
   // Stores `states` under `tokens`. An entry whose tokens are a prefix of `tokens` is
   // replaced; when `tokens` is a prefix of an entry's (or equals one), nothing is stored.
   // Evicts the least recently used entries past the budget; an entry larger than the whole

