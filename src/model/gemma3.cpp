@@ -216,13 +216,7 @@ class Gemma3Model final : public Model {
     info_.hidden_size = h;
     info_.n_layers = cfg.n_layers;
     info_.max_position_embeddings = cfg.max_position_embeddings;
-    info_.weight_dtype = dt;
-    info_.weight_bytes = w.bytes_loaded();
-    info_.n_params = w.params_loaded();
-    if (auto q = w.dominant_quant()) {
-      info_.quant_bits = q->bits;
-      info_.quant_group_size = q->group_size;
-    }
+    w.record_weights(info_, dt);
     w.finish();
   }
 

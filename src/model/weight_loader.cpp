@@ -214,6 +214,16 @@ std::optional<QuantSetting> WeightLoader::dominant_quant() const {
   return best;
 }
 
+void WeightLoader::record_weights(ModelInfo& info, DType dt) const {
+  info.weight_dtype = dt;
+  info.weight_bytes = bytes_loaded();
+  info.n_params = params_loaded();
+  if (auto q = dominant_quant()) {
+    info.quant_bits = q->bits;
+    info.quant_group_size = q->group_size;
+  }
+}
+
 void WeightLoader::finish() {
   // A checkpoint of another family relabelled (a Qwen2 one as llama runs without its q/k/v
   // biases) shows as tensors the family never read: name them.

@@ -84,6 +84,9 @@ class WeightLoader {
   size_t bytes_loaded() const { return done_; }
   // Weights loaded so far (a quantized matrix counts the weights it encodes).
   uint64_t params_loaded() const { return params_; }
+  // Sets info's weight facts from what was loaded: dtype `dt`, bytes, parameters and the
+  // dominant quantization setting.
+  void record_weights(ModelInfo& info, DType dt) const;
   // Reports completion to the progress callback and returns the device memory that loading
   // left cached (parts of stacked weights) to the system. Tensors neither read nor ignored
   // are named in a warning (a family that must read every tensor calls require_all_read).
