@@ -2,8 +2,10 @@
 // Blocks that families build their layers from. Each takes its weights as loaded
 // (model/linear_group.h), in whichever form the loader chose, and gives the same result.
 #include <cstdint>
+#include <memory>
 
 #include "core/array.h"
+#include "kv/kv_cache.h"
 #include "model/linear_group.h"
 
 namespace osprey {
@@ -46,6 +48,11 @@ AttentionInputs attention_inputs(const Array& h, const LinearGroup& qkv, const A
 // are `weight_dtype`, for families whose activations may pass float16's range: bf16 for a
 // bf16 checkpoint, f16 otherwise.
 DType kv_rows_dtype(DType weight_dtype);
+
+// A layer's cache (make_layer_cache): `params` with the family's K/V geometry, row type and
+// window (0 for a full-attention layer) filled in.
+std::unique_ptr<KVCache> layer_kv_cache(KVCacheParams params, int64_t n_kv_heads, int64_t head_dim, DType rows,
+                                        int64_t window);
 
 // silu(h W_gate + b_gate) * (h W_up + b_up): h [n, hidden] f32 through `gate_up` (two parts,
 // gate then up) -> [n, f] f32.

@@ -108,10 +108,7 @@ class LlamaModel final : public Model {
 
  protected:
   std::unique_ptr<KVCache> make_layer_cache(int64_t, const KVCacheParams& params) const override {
-    KVCacheParams p = params;
-    p.n_kv_heads = cfg_.n_kv_heads;
-    p.head_dim = cfg_.head_dim;
-    return make_kv_cache(p);
+    return layer_kv_cache(params, cfg_.n_kv_heads, cfg_.head_dim, DType::f16, 0);
   }
 
   Array forward_tokens(const Array& tokens, const Array& positions, SequenceCache& cache, bool all_logits) override {

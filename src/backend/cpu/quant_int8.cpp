@@ -33,7 +33,7 @@
 #include "core/half.h"
 
 #if defined(__x86_64__) || defined(__i386__)
-#define OSPREY_INT8_X86 1
+#define INT8_X86 1
 // NOTE: GCC 12 reports its own _mm512_undefined_* placeholders inside these intrinsics as
 // uninitialised (a false positive, GCC bug 105593).
 #pragma GCC diagnostic push
@@ -96,7 +96,7 @@ using QuantizeRow = void (*)(const float* x, int64_t in, int64_t g_size, int8_t*
 
 }  // namespace
 
-#if OSPREY_INT8_X86
+#if INT8_X86
 // ---- AVX-512 VNNI -------------------------------------------------------------------------
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
@@ -189,7 +189,7 @@ inline FV load_halves(const uint16_t* p) {
 #pragma GCC pop_options
 
 // ---- 256-bit: AVX-VNNI and AVX2 -----------------------------------------------------------
-#define OSPREY_INT8_AVX256_COMMON                                                                        \
+#define INT8_AVX256_COMMON                                                                        \
   constexpr int kLanes = 8;                                                                              \
   constexpr int kMR = 2, kNV = 2;                                                                        \
   using IV = __m256i;                                                                                    \
@@ -230,7 +230,7 @@ inline FV load_halves(const uint16_t* p) {
 #endif
 namespace int8_avx_vnni {
 namespace {
-OSPREY_INT8_AVX256_COMMON
+INT8_AVX256_COMMON
 inline Acc acc_add(Acc a, IV u, IV s) { return _mm256_dpbusd_avx_epi32(a, u, s); }
 inline IV acc_finish(Acc a) { return a; }
 #include "backend/cpu/quant_int8_kernels.inc"
@@ -248,7 +248,7 @@ inline IV acc_finish(Acc a) { return a; }
 #endif
 namespace int8_avx2 {
 namespace {
-OSPREY_INT8_AVX256_COMMON
+INT8_AVX256_COMMON
 // NOTE: 16-bit lanes: at most 8 adds of two products 15 * 127 each (30480) before acc_finish.
 inline Acc acc_add(Acc a, IV u, IV s) { return _mm256_add_epi16(a, _mm256_maddubs_epi16(u, s)); }
 inline IV acc_finish(Acc a) { return _mm256_madd_epi16(a, _mm256_set1_epi16(1)); }
@@ -259,8 +259,8 @@ inline IV acc_finish(Acc a) { return _mm256_madd_epi16(a, _mm256_set1_epi16(1));
 #pragma clang attribute pop
 #endif
 #pragma GCC pop_options
-#undef OSPREY_INT8_AVX256_COMMON
-#endif  // OSPREY_INT8_X86
+#undef INT8_AVX256_COMMON
+#endif  // INT8_X86
 
 const char* int8_isa_name(Int8Isa isa) {
   switch (isa) {
@@ -273,7 +273,7 @@ const char* int8_isa_name(Int8Isa isa) {
 }
 
 bool int8_isa_supported(Int8Isa isa) {
-#if OSPREY_INT8_X86
+#if INT8_X86
   __builtin_cpu_init();
   // f16c and avxvnni by CPUID: clang 14's __builtin_cpu_supports does not know them.
   auto cpuid_bit = [](unsigned leaf, unsigned subleaf, int reg, int bit) {
@@ -323,7 +323,7 @@ void linear_q4_int8(const float* x, int64_t n, const QuantArgs& w, const float* 
   const Q4Rows rows{w};
   const int64_t in = w.in, n_groups = rows.n_groups;
   QuantizeRow quantize_row = nullptr;
-#if OSPREY_INT8_X86
+#if INT8_X86
   switch (isa) {
     case Int8Isa::avx512_vnni: quantize_row = &int8_avx512_vnni::quantize_row; break;
     case Int8Isa::avx512bw: quantize_row = &int8_avx512bw::quantize_row; break;
@@ -368,7 +368,7 @@ void linear_q4_int8(const float* x, int64_t n, const QuantArgs& w, const float* 
     pool.parallel_for(n, 4, std::ref(prep));
     px.gm = {q, ql, in, d, d_stride, xsum, n_groups};
   }
-#if OSPREY_INT8_X86
+#if INT8_X86
   switch (isa) {
     case Int8Isa::avx512_vnni: int8_avx512_vnni::run(rows, px, n, bias, y, pool); return;
     case Int8Isa::avx512bw: int8_avx512bw::run(rows, px, n, bias, y, pool); return;
