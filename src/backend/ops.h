@@ -99,8 +99,46 @@ struct AttentionParams {
   // and k.dim(1) == ring_rows. Errors name a violation.
   int64_t key_pos0 = 0;
   int64_t ring_rows = 0;
+  // Paged keys (a batch of sequences decoding one token each over a paged pool, kv/paged_pool.h).
+  // When `block_tables` is defined, k and v are the pool's [n_blocks, n_kv_heads, block_size,
+  // head_dim] arrays (f16 or bf16), q holds one query row per sequence (n sequences), and:
+  //   block_tables i32 [n, max_blocks] on q's device: sequence i's key position j sits at row
+  //     j % block_size of block block_tables[i, j / block_size];
+  //   seq_lens i32 [n] on q's device: sequence i has seq_lens[i] >= 1 keys (positions
+  //     0 .. seq_lens[i] - 1, the last one just written), and its query sits at position
+  //     seq_lens[i] - 1 (window applies; q_pos0, positions, key_pos0 and ring_rows are unused).
+  // The launch shape depends on n and max_blocks only (a captured graph stays valid while the
+  // lengths grow), and each sequence's result is the same bit for bit whatever the other rows
+  // of the batch are (the reduction over keys is split at fixed key positions).
+  Array block_tables;
+  Array seq_lens;
 };
 Array attention(const Array& q, const Array& k, const Array& v, const AttentionParams& p);
+
+// Paged KV rows: k, v [n, n_kv_heads, head_dim] f32 (rows may be strided, heads contiguous),
+// rounded to nearest even in the pool's type, written into the pool's keys, values
+// [n_blocks, n_kv_heads, block_size, head_dim] (f16 or bf16, contiguous): row i goes to block
+// slots[i] / block_size, row slots[i] % block_size. slots i32 [n] on the pool's device; a slot
+// below 0 skips its row (a padded batch entry).
+void write_kv_paged(const Array& keys, const Array& values, const Array& k, const Array& v, const Array& slots);
+
+// The rows of one sequence from a paged pool, made contiguous: pool [n_blocks, n_kv_heads,
+// block_size, head_dim] (f16 or bf16), block_ids i32 [>= ceil(n_rows / block_size)] on the
+// pool's device -> [n_kv_heads, n_rows, head_dim] in the pool's type, row j from block
+// block_ids[j / block_size], row j % block_size.
+Array gather_kv_blocks(const Array& pool, const Array& block_ids, int64_t n_rows);
+
+// Batch invariance (process-wide, off by default): while on, every op that works row by row
+// (linear layers dense or quantized, norms, activations, rotary embedding, embedding) computes
+// each row of its output bit for bit as it would for that row alone (n == 1), whatever the
+// number of rows and their neighbours; the paged attention is so always. Costs speed.
+void set_batch_invariant(bool on);
+bool batch_invariant();
+
+// Greedy token choice for each row on the device: logits [n, vocab] f32 -> out i32 [n] (the
+// lowest id on ties); a row with a NaN or an infinity sets nonfinite[i] to 1 (else 0), i32 [n].
+// Both outputs on the logits' device.
+void argmax_rows(const Array& logits, Array& out, Array& nonfinite);
 
 // Every element of a (i32, contiguous) set to `value`. On CUDA the value travels with the
 // launch, so the host may change it for the next call at once.

@@ -132,7 +132,7 @@ class KVCache {
 
 // The cache for one layer as `params` describe it: the dense cache (kv/dense_cache.h) when
 // params.window == 0; for a sliding-window layer, the rotating cache (kv/rotating_cache.h),
-// which holds only the rows its window still sees. Families call this from make_layer_cache.
+// which holds only the rows its window still sees. Model::make_cache calls it with what the family's layer_cache_params says.
 std::unique_ptr<KVCache> make_kv_cache(const KVCacheParams& params);
 
 // All layers' caches of one sequence.

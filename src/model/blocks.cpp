@@ -79,13 +79,13 @@ Array gelu_gate(const Array& h, const LinearGroup& gate_up) {
                             ops::linear(h, gate_up.parts[1], gate_up.biases[1]));
 }
 
-std::unique_ptr<KVCache> layer_kv_cache(KVCacheParams params, int64_t n_kv_heads, int64_t head_dim, DType rows,
-                                        int64_t window) {
+KVCacheParams layer_kv_params(KVCacheParams params, int64_t n_kv_heads, int64_t head_dim, DType rows,
+                              int64_t window) {
   params.n_kv_heads = n_kv_heads;
   params.head_dim = head_dim;
   params.dtype = rows;
   params.window = window;
-  return make_kv_cache(params);
+  return params;
 }
 
 }  // namespace osprey

@@ -49,10 +49,10 @@ AttentionInputs attention_inputs(const Array& h, const LinearGroup& qkv, const A
 // bf16 checkpoint, f16 otherwise.
 DType kv_rows_dtype(DType weight_dtype);
 
-// A layer's cache (make_layer_cache): `params` with the family's K/V geometry, row type and
-// window (0 for a full-attention layer) filled in.
-std::unique_ptr<KVCache> layer_kv_cache(KVCacheParams params, int64_t n_kv_heads, int64_t head_dim, DType rows,
-                                        int64_t window);
+// A layer's cache parameters (layer_cache_params): `params` with the family's K/V geometry,
+// row type and window (0 for a full-attention layer) filled in.
+KVCacheParams layer_kv_params(KVCacheParams params, int64_t n_kv_heads, int64_t head_dim, DType rows,
+                              int64_t window);
 
 // silu(h W_gate + b_gate) * (h W_up + b_up): h [n, hidden] f32 through `gate_up` (two parts,
 // gate then up) -> [n, f] f32.

@@ -221,9 +221,9 @@ class Gemma3Model final : public Model {
   }
 
  protected:
-  std::unique_ptr<KVCache> make_layer_cache(int64_t layer, const KVCacheParams& params) const override {
-    return layer_kv_cache(params, cfg_.n_kv_heads, cfg_.head_dim, kv_dtype_,
-                          cfg_.sliding[size_t(layer)] ? cfg_.sliding_window : 0);
+  KVCacheParams layer_cache_params(int64_t layer, const KVCacheParams& params) const override {
+    return layer_kv_params(params, cfg_.n_kv_heads, cfg_.head_dim, kv_dtype_,
+                           cfg_.sliding[size_t(layer)] ? cfg_.sliding_window : 0);
   }
 
   Array forward_tokens(const Array& tokens, const Array& positions, SequenceCache& cache, bool all_logits) override {

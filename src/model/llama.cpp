@@ -107,8 +107,8 @@ class LlamaModel final : public Model {
   }
 
  protected:
-  std::unique_ptr<KVCache> make_layer_cache(int64_t, const KVCacheParams& params) const override {
-    return layer_kv_cache(params, cfg_.n_kv_heads, cfg_.head_dim, DType::f16, 0);
+  KVCacheParams layer_cache_params(int64_t, const KVCacheParams& params) const override {
+    return layer_kv_params(params, cfg_.n_kv_heads, cfg_.head_dim, DType::f16, 0);
   }
 
   Array forward_tokens(const Array& tokens, const Array& positions, SequenceCache& cache, bool all_logits) override {

@@ -24,8 +24,16 @@ SequenceCache Model::make_cache(const KVCacheParams& options) const {
   KVCacheParams p = options;
   p.device = info_.device;
   std::vector<std::unique_ptr<KVCache>> layers;
-  for (int64_t i = 0; i < info_.n_layers; ++i) layers.push_back(make_layer_cache(i, p));
+  for (int64_t i = 0; i < info_.n_layers; ++i) layers.push_back(make_kv_cache(layer_cache_params(i, p)));
   return SequenceCache(std::move(layers));
+}
+
+KVCacheParams Model::kv_params(int64_t layer, const KVCacheParams& options) const {
+  if (layer < 0 || layer >= info_.n_layers)
+    throw InvalidInput("layer " + std::to_string(layer) + " is outside [0, " + std::to_string(info_.n_layers) + ")");
+  KVCacheParams p = options;
+  p.device = info_.device;
+  return layer_cache_params(layer, p);
 }
 
 }  // namespace osprey

@@ -58,17 +58,21 @@ class Model {
   Array forward(const Array& tokens, SequenceCache& cache, bool all_logits) {
     return forward(tokens, Array(), cache, all_logits);
   }
-  // One cache per layer, each chosen by the family (make_layer_cache) from `options` (step and
+  // One cache per layer, each as the family says (layer_cache_params) from `options` (step and
   // inplace; the rest is filled in) on the model's device.
   SequenceCache make_cache(const KVCacheParams& options) const;
+  // What layer `layer`'s cache holds (K/V heads, head size, row type, window), for caches made
+  // outside make_cache (the paged pool).
+  KVCacheParams kv_params(int64_t layer, const KVCacheParams& options = {}) const;
 
  protected:
   // The family's forward pass: tokens [n] i32 and positions [n] i32 (cache.offset() + i), both
   // on the model's device, n >= 1. Same contract as forward() otherwise.
   virtual Array forward_tokens(const Array& tokens, const Array& positions, SequenceCache& cache,
                                bool all_logits) = 0;
-  // The cache of layer `layer`; `params` has step, inplace and the device set.
-  virtual std::unique_ptr<KVCache> make_layer_cache(int64_t layer, const KVCacheParams& params) const = 0;
+  // The cache parameters of layer `layer` (make_kv_cache picks the cache type from them);
+  // `params` has step, inplace and the device set.
+  virtual KVCacheParams layer_cache_params(int64_t layer, const KVCacheParams& params) const = 0;
 
   ModelInfo info_;
 };

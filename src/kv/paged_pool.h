@@ -1,0 +1,118 @@
+#pragma once
+// The paged KV pool of batched serving (docs/design.md, "The paged pool"): every layer's K/V
+// rows in fixed-size blocks of one device pool, per-sequence block tables, reference counts,
+// copy-on-write of a shared block, and automatic prefix caching of full blocks.
+//
+// Ownership carries over from the dense cache: rows are written in place into a block only
+// while one sequence holds it and the prefix cache does not; a write into any other block
+// first copies that block alone (copy-on-write) into a fresh one the sequence then owns.
+//
+// Used from one thread (the engine's).
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "core/array.h"
+#include "kv/kv_cache.h"
+
+namespace osprey {
+
+struct PagedPoolParams {
+  // One entry per layer: n_kv_heads, head_dim, dtype and device are read (a window is ignored:
+  // a paged sliding-window layer keeps every row and attention masks the old ones).
+  std::vector<KVCacheParams> layers;
+  int64_t block_size = 16;  // rows per block
+  int64_t n_blocks = 0;     // blocks in the pool (each holds block_size rows of every layer)
+};
+
+// Bytes one block takes over all layers (keys and values).
+int64_t paged_block_bytes(const PagedPoolParams& params);
+
+struct PagedPoolStats {
+  int64_t n_blocks = 0;
+  int64_t n_free = 0;        // held by nothing
+  int64_t n_cached = 0;      // held by the prefix cache only (evictable)
+  int64_t n_in_use = 0;      // held by at least one sequence
+  uint64_t n_cow = 0;        // copy-on-write block copies
+  uint64_t n_evicted = 0;    // cached blocks evicted to make room
+  uint64_t n_prefix_hits = 0;     // blocks found again by match_prefix
+  uint64_t n_prefix_queries = 0;  // full blocks match_prefix looked for
+};
+
+class PagedPool {
+ public:
+  using SeqId = int32_t;
+
+  // Allocates every layer's keys and values, [n_blocks, n_kv_heads, block_size, head_dim] in
+  // the layer's dtype on its device. Throws InvalidInput for bad sizes (naming them).
+  explicit PagedPool(const PagedPoolParams& params);
+  virtual ~PagedPool() = default;
+  PagedPool(const PagedPool&) = delete;
+  PagedPool& operator=(const PagedPool&) = delete;
+
+  const Array& keys(size_t layer) const;
+  const Array& values(size_t layer) const;
+  size_t n_layers() const;
+  int64_t block_size() const;
+  int64_t n_blocks() const;
+
+  // A new, empty sequence.
+  SeqId create();
+  // Drops the sequence's hold on its blocks; full blocks the prefix cache holds stay there.
+  void free(SeqId seq);
+  // A new sequence sharing every block of `seq` (its length and table), each block's reference
+  // count raised.
+  SeqId fork(SeqId seq);
+
+  int64_t length(SeqId seq) const;
+  // Block ids of the sequence, in order (ceil(length / block_size) of them after reserve()'s
+  // rows are committed; reserve() may add blocks ahead of the length).
+  const std::vector<int32_t>& block_table(SeqId seq) const;
+
+  // Attaches to an empty sequence the longest run of cached full blocks whose tokens equal
+  // tokens[0 ..), looking them up by a chain key over (parent block, the block's token ids) and
+  // verifying each block's stored token ids (a key alone never decides). At most max_tokens
+  // tokens are matched (rounded down to whole blocks). Returns the number of tokens the
+  // sequence now holds (its length).
+  int64_t match_prefix(SeqId seq, std::span<const int32_t> tokens, int64_t max_tokens);
+
+  // Makes rows [length, length + n) of the sequence writable by it alone: allocates blocks
+  // (evicting the least recently used cached blocks when none is free) and copies a shared
+  // partial last block first. Returns false, changing nothing, when the pool cannot hold them.
+  bool reserve(SeqId seq, int64_t n);
+  // The pool slots (block * block_size + row % block_size) of rows [row0, row0 + n) of the
+  // sequence, written to out[0 .. n). The rows must be reserved.
+  void slots(SeqId seq, int64_t row0, int64_t n, int32_t* out) const;
+  // Advances the length by n rows (written through slots()) and counts the writes: each row
+  // in every layer is one in-place write.
+  void commit(SeqId seq, int64_t n);
+  // Rewinds the sequence to `length` rows, freeing its blocks past the new end.
+  void truncate(SeqId seq, int64_t length);
+
+  // Puts the sequence's full blocks, whose tokens are tokens[0 .. length), in the prefix
+  // cache (blocks already there stay; the first block of each new chain key wins).
+  void cache_prefix(SeqId seq, std::span<const int32_t> tokens);
+  // Drops every cached block no sequence holds (they become free).
+  void clear_prefix_cache();
+
+  // Blocks that reserve() could take now (free plus evictable cached ones).
+  int64_t n_available() const;
+  PagedPoolStats stats() const;
+  // Writes counted as the dense cache counts them: in-place row writes and copy-on-write
+  // block copies per layer, bytes copied.
+  KVCounters counters() const;
+
+ protected:
+  // Whether `block` may be written by `seq` in place: the sequence is its only holder and the
+  // prefix cache does not hold it. The copy-on-write rule's only seam (a test subclass that
+  // answers true proves the tests of shared blocks can fail).
+  virtual bool writable_in_place(SeqId seq, int32_t block) const;
+
+ private:
+  struct Impl;
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace osprey
