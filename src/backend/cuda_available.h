@@ -1,6 +1,7 @@
 #pragma once
 // Whether this build has the CUDA backend and the machine has a device for it. No CUDA
 // headers here: callers anywhere may include it.
+#include <cstddef>
 #include <string>
 
 namespace osprey {
@@ -10,5 +11,8 @@ bool cuda_available();  // built with CUDA and at least one device is present
 int cuda_device_count();
 // "NVIDIA H200, driver 580.x, CUDA 13.0" or a reason it is unavailable.
 std::string cuda_description(int device = 0);
+// Bytes of device memory free now (cudaMemGetInfo; memory the allocator caches counts as used).
+// Throws Unsupported without the backend.
+size_t cuda_free_memory(int device = 0);
 
 }  // namespace osprey

@@ -17,6 +17,8 @@
 #include "core/env.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "backend/ops.h"
+#include "engine/batched_bench.h"
 #include "engine/bench.h"
 #include "model/model.h"
 #include "model/safetensors.h"
@@ -38,6 +40,10 @@ struct BenchOptions {
   int threads = -1;
   std::string device;
   uint64_t seed = 1234;
+  std::string batch_arg;  // --batch: batch sizes of the batched test ("" : the llama-bench tests)
+  std::vector<int64_t> batch;
+  int64_t block_size = 16;
+  bool batch_invariant = false;
 };
 
 struct Header {
@@ -176,9 +182,46 @@ void print_md(const Header& h, const BenchOptions& o, const std::vector<BenchRes
   }
 }
 
+// llama-batched-bench's table: PP, TG and B, rows held, prompt and generation seconds and
+// tokens per second (aggregate), and the generation rate of one sequence.
+void print_batched(const Header& h, const std::vector<BatchedBenchResult>& results, bool invariant,
+                   const std::string& output) {
+  if (output == "json") {
+    nlohmann::json j;
+    j["build_commit"] = h.commit;
+    j["backend"] = h.backend;
+    j["model"] = h.model_path;
+    j["model_type"] = h.model_type;
+    j["weight_dtype"] = h.weight_dtype;
+    j["batch_invariant"] = invariant;
+    for (const BatchedBenchResult& r : results)
+      j["results"].push_back({{"pp", r.n_prompt}, {"tg", r.n_gen}, {"b", r.batch}, {"n_kv", r.n_kv},
+                              {"t_pp", r.t_prompt}, {"s_pp", r.prompt_tps()}, {"t_tg", r.t_gen},
+                              {"s_tg", r.gen_tps()}, {"s_tg_per_seq", r.gen_tps_per_sequence()},
+                              {"t", r.t_prompt + r.t_gen}, {"s", r.total_tps()},
+                              {"peak_reserved_bytes", r.peak_reserved_bytes}, {"kv_pool_bytes", r.pool_bytes}});
+    std::printf("%s\n", j.dump(2).c_str());
+    return;
+  }
+  std::printf("osprey %s (%s) | %s | model: %s (%s, %s) | batch invariant: %s\n\n", h.version.c_str(),
+              h.commit.c_str(), h.backend.c_str(), h.model_path.c_str(), h.model_type.c_str(), h.weight_dtype.c_str(),
+              invariant ? "on" : "off");
+  std::printf("| PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s | S_TG per seq t/s | T s | S t/s | KV pool | "
+              "peak reserved |\n");
+  std::printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  for (const BatchedBenchResult& r : results)
+    std::printf("| %lld | %lld | %d | %lld | %.3f | %.2f | %.3f | %.2f | %.2f | %.3f | %.2f | %s | %s |\n",
+                (long long)r.n_prompt, (long long)r.n_gen, r.batch, (long long)r.n_kv, r.t_prompt, r.prompt_tps(),
+                r.t_gen, r.gen_tps(), r.gen_tps_per_sequence(), r.t_prompt + r.t_gen, r.total_tps(),
+                human_bytes(double(r.pool_bytes)).c_str(), human_bytes(double(r.peak_reserved_bytes)).c_str());
+}
+
 int run_bench_cmd(const BenchOptions& o) {
   const std::vector<BenchTest> tests = make_bench_tests(o.n_prompt, o.n_gen, o.depths);
   if (tests.empty()) throw UsageError("bench: no tests (every -p and -n value is 0)");
+  if (!o.batch.empty() && (o.n_prompt.size() != 1 || o.n_gen.size() != 1 || o.n_prompt[0] < 1 || o.n_gen[0] < 1 ||
+                           o.depths.size() != 1 || o.depths[0] != 0))
+    throw UsageError("bench --batch: give one prompt size (-p) and one generation length (-n), both >= 1, and no depth");
   if (o.threads >= 0) set_cpu_threads(o.threads);
   const std::string dir = o.model.empty() ? default_model_dir() : o.model;
   if (!fs::exists(dir)) throw IoError("model folder " + dir + " does not exist");
@@ -205,6 +248,18 @@ int run_bench_cmd(const BenchOptions& o) {
   h.n_params = info.n_params;
   h.kv_inplace = env.kv_inplace_write;
   h.kv_step = env.kv_step;
+
+  if (!o.batch.empty()) {
+    BatchedBenchParams bb;
+    bb.n_prompt = o.n_prompt[0];
+    bb.n_gen = o.n_gen[0];
+    bb.batch_sizes.assign(o.batch.begin(), o.batch.end());
+    bb.block_size = o.block_size;
+    bb.seed = o.seed;
+    ops::set_batch_invariant(o.batch_invariant);
+    print_batched(h, run_batched_bench(*model, bb), o.batch_invariant, o.output);
+    return 0;
+  }
 
   BenchParams bp;
   bp.repetitions = o.repetitions;
@@ -250,7 +305,13 @@ Command add_bench(CLI::App& app) {
   app.add_option("--device", o->device, "cpu, cuda or cuda:N (default: OSPREY_DEVICE, else cuda when present)");
   add_threads_option(app, o->threads);
   app.add_option("--seed", o->seed, "Seed of the random prompt tokens")->check(unsigned_u64())->capture_default_str();
+  app.add_option("--batch", o->batch_arg,
+                 "Batch sizes to time as llama-batched-bench does (e.g. 1,4,16,64): each decodes that many sequences "
+                 "of -p prompt and -n generated tokens together");
+  app.add_option("--block-size", o->block_size, "--batch: rows per KV block")->check(CLI::Range(1, 1024))->capture_default_str();
+  app.add_flag("--batch-invariant", o->batch_invariant, "--batch: batch-invariant kernels (docs/design.md)");
   return [o] {
+    if (!o->batch_arg.empty()) o->batch = parse_int_list("--batch", o->batch_arg, 1, 4096);
     o->n_prompt = parse_int_list("--n-prompt", o->n_prompt_arg, 0, kMaxSize);
     o->n_gen = parse_int_list("--n-gen", o->n_gen_arg, 0, kMaxSize);
     o->depths = parse_int_list("--n-depth", o->depths_arg, 0, kMaxSize);

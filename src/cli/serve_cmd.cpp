@@ -1,6 +1,7 @@
 #include <CLI/CLI.hpp>
 #include <csignal>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <pthread.h>
 #include <thread>
@@ -81,6 +82,20 @@ Command add_serve(CLI::App& app) {
   app.add_option("--port", s.port, "Port to listen on (0: any free port)")->check(CLI::Range(0, 65535))->capture_default_str();
   app.add_option("-c,--ctx-size", s.ctx_size, "Context per sequence (0: the model's)")->check(CLI::NonNegativeNumber);
   app.add_option("--parallel", s.n_slots, "Sequences running at once (also -np)")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--kv-layout", s.kv_layout,
+                 "paged: one paged KV pool, every running sequence decoded in one batch; dense: a dense cache "
+                 "per slot, decoded in turn")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, KVLayout>{{"paged", KVLayout::paged},
+                                                                          {"dense", KVLayout::dense}}))
+      ->default_str("paged");
+  app.add_option("--block-size", s.block_size, "Paged layout: rows per KV block")->check(CLI::Range(1, 1024))->capture_default_str();
+  app.add_option("--kv-cache-mib", s.kv_cache_mib,
+                 "Paged layout: the KV pool in MiB (0: every sequence's full context, on CUDA at most 90% of the free "
+                 "memory)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_flag("--batch-invariant", s.batch_invariant,
+               "Every row of a batch computed bit for bit as alone: a greedy request's tokens do not depend on "
+               "what else runs (slower)");
   app.add_option("--api-key", s.api_key, "Require Authorization: Bearer KEY on every route but /health");
   app.add_option("--alias", s.alias, "The model's id in the API (default: the folder's name)");
   app.add_option("--prompt-cache-mib", s.prompt_cache_mib, "Prompt cache budget in MiB (0: off)")->capture_default_str();

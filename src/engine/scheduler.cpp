@@ -64,9 +64,19 @@ struct Scheduler::Sequence {
   int64_t n_generated = 0;
   bool decoding = false;        // the prompt is in; the last token waits to be fed
   bool ended = false;
+  bool resumed = false;         // preempted once: tokens holds prompt and output so far
+  bool preempted = false;       // this step: goes back to the queue
+  bool greedy = false;          // the backend may choose the token (DecodeInput::greedy)
 
-  Sequence(SequenceRequest r) : request(std::move(r)), sampler(request.params.sampler), tokens(request.prompt) {}
+  Sequence(SequenceRequest r) : request(std::move(r)), sampler(request.params.sampler), tokens(request.prompt) {
+    const SamplerParams& sp = request.params.sampler;
+    greedy = sp.temperature <= 0 && !uses_history(sp) && request.params.n_top_logprobs < 0;
+  }
   int64_t n_prompt() const { return int64_t(request.prompt.size()); }
+  // Tokens the cache must hold before the next token is decoded: the prompt (whose last
+  // logits choose the first token), or after a preemption everything but the last token,
+  // which the next decode step feeds.
+  int64_t n_target() const { return resumed ? int64_t(tokens.size()) - 1 : n_prompt(); }
 };
 
 Scheduler::Scheduler(SequenceBackend& backend, const SchedulerOptions& options) : backend_(backend), options_(options) {
@@ -229,9 +239,9 @@ void Scheduler::fail(Sequence& s, const std::string& error) {
   ++stats_.n_failed;
 }
 
-bool Scheduler::emit(Sequence& s, std::span<const float> logits) {
+bool Scheduler::emit(Sequence& s, std::span<const float> logits, int32_t chosen) {
   SequenceEvent e;
-  e.token = s.sampler.sample(logits, s.tokens);
+  e.token = chosen >= 0 ? chosen : s.sampler.sample(logits, s.tokens);
   const SequenceParams& p = s.request.params;
   if (p.n_top_logprobs >= 0) {
     // log-softmax of the raw logits, in double
@@ -273,26 +283,88 @@ bool Scheduler::emit(Sequence& s, std::span<const float> logits) {
   return true;
 }
 
+void Scheduler::preempt(Sequence& s) {
+  try {
+    backend_.end(s.handle, std::span<const int32_t>(s.tokens).first(size_t(s.n_in_cache)));
+  } catch (const std::exception& e) {
+    log_warn("request " + std::to_string(s.request.id) + ": releasing a preempted sequence failed: " + e.what());
+  }
+  s.handle = -1;
+  s.n_in_cache = 0;
+  s.decoding = false;
+  s.preempted = true;
+  // With output so far, the next admission computes prompt and output and goes on decoding.
+  s.resumed = s.n_generated > 0;
+  std::lock_guard<std::mutex> lock(mu_);
+  ++stats_.n_preempted;
+}
+
+bool Scheduler::make_room(Sequence& s, int64_t n) {
+  while (!backend_.reserve(s.handle, n)) {
+    Sequence* victim = nullptr;
+    int n_live = 0;
+    for (auto& r : running_)
+      if (!r->ended && !r->preempted) {
+        victim = r.get();
+        ++n_live;
+      }
+    if (victim == &s && n_live == 1) {
+      fail(s, "the KV pool cannot hold this sequence (" + std::to_string(s.n_in_cache + n) +
+                  " tokens); give the server more KV memory (--kv-cache-mib) or a smaller request");
+      return false;
+    }
+    preempt(*victim);
+    if (victim == &s) return false;
+  }
+  return true;
+}
+
+void Scheduler::requeue_preempted() {
+  std::vector<std::unique_ptr<Sequence>> back;
+  for (auto& r : running_)
+    if (r->preempted && !r->ended) back.push_back(std::move(r));
+  if (back.empty()) return;
+  std::erase_if(running_, [](const auto& r) { return !r; });
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = back.rbegin(); it != back.rend(); ++it) {
+    (*it)->preempted = false;
+    waiting_.push_front(std::move(*it));
+  }
+}
+
 void Scheduler::step() {
   for (auto& s : running_)
     if (s->request.channel->cancelled()) finish(*s, "cancelled");
+
+  // Room for one more row of every decoding sequence, oldest first (preempting the newest).
+  for (auto& s : running_)
+    if (!s->ended && !s->preempted && s->decoding) make_room(*s, 1);
 
   // Decode one token for every running sequence whose prompt is in.
   std::vector<SequenceBackend::DecodeInput> inputs;
   std::vector<Sequence*> decoding;
   for (auto& s : running_)
-    if (!s->ended && s->decoding) {
-      inputs.push_back({s->handle, s->tokens.back()});
+    if (!s->ended && !s->preempted && s->decoding) {
+      inputs.push_back({s->handle, s->tokens.back(), s->greedy});
       decoding.push_back(s.get());
     }
   if (!inputs.empty()) {
-    std::vector<std::vector<float>> logits;
+    std::vector<SequenceBackend::DecodeOutput> outputs;
     const auto t0 = Clock::now();
     try {
-      backend_.decode(inputs, logits);
+      backend_.decode(inputs, outputs);
       for (size_t i = 0; i < decoding.size(); ++i) {
         ++decoding[i]->n_in_cache;
-        emit(*decoding[i], logits[i]);
+        const SequenceBackend::DecodeOutput& o = outputs[i];
+        if (!o.error.empty()) {
+          fail(*decoding[i], "decode failed: " + o.error);
+          continue;
+        }
+        try {
+          emit(*decoding[i], o.logits, o.token);
+        } catch (const std::exception& e) {
+          fail(*decoding[i], std::string("decode failed: ") + e.what());
+        }
       }
     } catch (const std::exception& e) {
       for (Sequence* s : decoding) fail(*s, std::string("decode failed: ") + e.what());
@@ -307,7 +379,7 @@ void Scheduler::step() {
   while (budget > 0) {
     Sequence* s = nullptr;
     for (auto& r : running_)
-      if (!r->ended && !r->decoding) {
+      if (!r->ended && !r->preempted && !r->decoding) {
         s = r.get();
         break;
       }
@@ -316,43 +388,53 @@ void Scheduler::step() {
       {
         std::lock_guard<std::mutex> lock(mu_);
         int n_live = 0;
-        for (auto& r : running_) n_live += r->ended ? 0 : 1;
+        for (auto& r : running_) n_live += r->ended || r->preempted ? 0 : 1;
         if (waiting_.empty() || n_live >= backend_.max_running()) break;
         next = std::move(waiting_.front());
         waiting_.pop_front();
       }
       try {
-        auto begun = backend_.begin(next->request.prompt);
+        // A resumed sequence hands over every token: the backend reuses at most all but the
+        // last, which the next decode step feeds.
+        auto begun = backend_.begin(next->resumed ? std::span<const int32_t>(next->tokens)
+                                                  : std::span<const int32_t>(next->request.prompt));
         if (!begun) {
           std::lock_guard<std::mutex> lock(mu_);
           waiting_.push_front(std::move(next));
           break;
         }
         next->handle = begun->handle;
-        next->n_cached = next->n_in_cache = begun->n_cached;
+        next->n_in_cache = begun->n_cached;
+        if (!next->resumed) next->n_cached = begun->n_cached;
       } catch (const std::exception& e) {
         fail(*next, e.what());
         continue;
       }
       {
         std::lock_guard<std::mutex> lock(mu_);
-        stats_.n_cached_tokens += uint64_t(next->n_cached);
+        stats_.n_cached_tokens += uint64_t(next->resumed ? 0 : next->n_cached);
       }
       running_.push_back(std::move(next));
       s = running_.back().get();
+      if (s->resumed && s->n_in_cache == s->n_target()) {
+        s->decoding = true;
+        continue;
+      }
     }
-    const int64_t remaining = s->n_prompt() - s->n_in_cache;
+    const int64_t remaining = s->n_target() - s->n_in_cache;
     const int64_t n = std::min(budget, remaining);
     const bool last = n == remaining;
+    if (!make_room(*s, n)) break;
     const auto t0 = Clock::now();
     try {
-      backend_.prefill(s->handle, std::span<const int32_t>(s->request.prompt).subspan(size_t(s->n_in_cache), size_t(n)),
-                       last, logits);
+      const std::span<const int32_t> all = s->resumed ? std::span<const int32_t>(s->tokens)
+                                                      : std::span<const int32_t>(s->request.prompt);
+      backend_.prefill(s->handle, all.subspan(size_t(s->n_in_cache), size_t(n)), last && !s->resumed, logits);
       s->n_in_cache += n;
       budget -= n;
       if (last) {
         s->decoding = true;
-        emit(*s, logits);
+        if (!s->resumed) emit(*s, logits);
       }
     } catch (const std::exception& e) {
       fail(*s, std::string("prefill failed: ") + e.what());
@@ -361,6 +443,7 @@ void Scheduler::step() {
     stats_.prefill_seconds += seconds_since(t0);
     stats_.n_prompt_tokens += uint64_t(n);
   }
+  requeue_preempted();
   std::erase_if(running_, [](const auto& s) { return s->ended; });
 }
 

@@ -6,8 +6,14 @@
 // Each step of the engine (Scheduler::step) decodes one token for every running sequence, then
 // admits waiting prompts in chunks while the step's prompt-token budget allows, so a long prompt
 // delays the running decodes by at most one chunk per step. The model work goes through a
-// SequenceBackend: the dense batch-1 backend runs the sequences of a step one after another; a
-// paged, batched backend runs them as one batch behind the same interface.
+// SequenceBackend: the dense batch-1 backend runs the sequences of a step one after another; the
+// paged backend (engine/paged_backend.h) runs them as one batch behind the same interface.
+//
+// When the backend's KV pool cannot hold the next rows of a sequence, the most recently admitted
+// running sequence is preempted: its cache is given back (the backend may keep its full blocks
+// as a cached prefix) and it returns to the front of the queue with every token it has so far,
+// to be computed again when it is admitted (vLLM's recompute preemption). Its client sees
+// nothing but a pause.
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -105,8 +111,23 @@ class SequenceBackend {
   struct DecodeInput {
     int handle = -1;
     int32_t token = 0;
+    // The sequence samples greedily with nothing else to compute from the logits: the backend
+    // may choose the token itself (argmax, the lowest id on ties) and return no logits.
+    bool greedy = false;
   };
-  virtual void decode(std::span<const DecodeInput> inputs, std::vector<std::vector<float>>& logits) = 0;
+  struct DecodeOutput {
+    int32_t token = -1;         // >= 0: the token the backend chose (greedy inputs only)
+    std::vector<float> logits;  // otherwise the next-token logits, [vocab] on the host
+    std::string error;          // non-empty: this sequence failed (e.g. non-finite logits)
+  };
+  virtual void decode(std::span<const DecodeInput> inputs, std::vector<DecodeOutput>& outputs) = 0;
+  // Makes room in the KV pool for n more rows of the sequence (before prefill or decode
+  // writes them); false when the pool cannot, which the scheduler answers by preempting.
+  virtual bool reserve(int handle, int64_t n) {
+    (void)handle;
+    (void)n;
+    return true;
+  }
   // Ends the sequence. `tokens` are the tokens its cache holds, in order (prompt and reply);
   // the backend may keep the cache under them for later prompts.
   virtual void end(int handle, std::span<const int32_t> tokens) = 0;
@@ -129,6 +150,7 @@ struct SchedulerStats {
   uint64_t n_generated_tokens = 0;
   double prefill_seconds = 0, decode_seconds = 0;
   uint64_t n_finished = 0, n_cancelled = 0, n_failed = 0;
+  uint64_t n_preempted = 0;  // sequences sent back to the queue for want of KV blocks
   double kv_usage = 0;
   KVCounters kv;
 };
@@ -160,8 +182,15 @@ class Scheduler {
   void drop_cancelled_waiting();
   void finish(Sequence& s, const std::string& reason);
   void fail(Sequence& s, const std::string& error);
-  // Samples the next token of `s` from `logits` and emits it; returns false when `s` ended.
-  bool emit(Sequence& s, std::span<const float> logits);
+  // Samples the next token of `s` from `logits` (or takes `chosen`, when >= 0) and emits it;
+  // returns false when `s` ended.
+  bool emit(Sequence& s, std::span<const float> logits, int32_t chosen = -1);
+  // Reserves n rows for `s`, preempting the most recently admitted sequences while the backend
+  // cannot; false when `s` itself was preempted or failed.
+  bool make_room(Sequence& s, int64_t n);
+  void preempt(Sequence& s);
+  // Moves the sequences preempted during this step back to the front of the queue.
+  void requeue_preempted();
   void wake();
 
   SequenceBackend& backend_;

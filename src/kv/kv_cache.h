@@ -75,6 +75,10 @@ struct KVView {
   // the last ring_rows positions).
   int64_t key_pos0 = 0;
   int64_t ring_rows = 0;
+  // A paged pool's decode step (kv/paged_cache.h): keys and values are the pool's blocks, and
+  // these say where each sequence's rows are and how many it has (ops::AttentionParams).
+  Array block_tables;
+  Array seq_lens;
 
   // The attention parameters these facts fix (the caller adds scale, window, softcap).
   ops::AttentionParams attention_params() const {
@@ -84,6 +88,8 @@ struct KVView {
     p.max_keys = max_keys;
     p.key_pos0 = key_pos0;
     p.ring_rows = ring_rows;
+    p.block_tables = block_tables;
+    p.seq_lens = seq_lens;
     return p;
   }
 };

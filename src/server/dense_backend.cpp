@@ -119,13 +119,13 @@ void DenseSlotBackend::prefill(int handle, std::span<const int32_t> tokens, bool
   if (want_logits) last_row(out, logits);
 }
 
-void DenseSlotBackend::decode(std::span<const DecodeInput> inputs, std::vector<std::vector<float>>& logits) {
-  logits.resize(inputs.size());
+void DenseSlotBackend::decode(std::span<const DecodeInput> inputs, std::vector<DecodeOutput>& outputs) {
+  outputs.assign(inputs.size(), {});
   for (size_t i = 0; i < inputs.size(); ++i) {
     Slot& s = slot(inputs[i].handle);
     if (s.cache.offset() + 1 > context_) throw InvalidInput("the sequence would exceed the context of " + std::to_string(context_));
     ops::fill_i32_(s.decoder->token(), inputs[i].token);
-    last_row(s.decoder->step(), logits[i]);
+    last_row(s.decoder->step(), outputs[i].logits);
   }
 }
 

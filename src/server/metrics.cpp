@@ -90,6 +90,19 @@ std::string render_metrics(const MetricsInput& in) {
   p.metric("osprey:prompt_cache_bytes", "gauge", "Bytes of KV buffers the prompt cache holds.", double(pc.bytes));
   p.metric("osprey:prompt_cache_budget_bytes", "gauge", "The prompt cache's byte budget (--prompt-cache-mib).",
            double(pc.budget_bytes));
+  p.metric("osprey:preemptions_total", "counter",
+           "Running sequences sent back to the queue because the KV pool was full (computed again on admission).",
+           double(s.n_preempted));
+  if (in.has_pool) {
+    const PagedPoolStats& kp = in.pool;
+    p.metric("osprey:kv_pool_blocks", "gauge", "Blocks in the paged KV pool.", double(kp.n_blocks));
+    p.metric("osprey:kv_pool_blocks_in_use", "gauge", "Blocks held by running sequences.", double(kp.n_in_use));
+    p.metric("osprey:kv_pool_blocks_cached", "gauge", "Blocks held by the prefix cache alone (evictable).",
+             double(kp.n_cached));
+    p.metric("osprey:kv_pool_blocks_free", "gauge", "Blocks held by nothing.", double(kp.n_free));
+    p.metric("osprey:kv_pool_cow_copies_total", "counter", "Shared blocks copied before a write (copy-on-write).",
+             double(kp.n_cow));
+  }
   // The names an inference gateway's endpoint picker scrapes by default.
   p.metric("vllm:num_requests_waiting", "gauge", "Alias of osprey:num_requests_waiting.", double(s.n_waiting));
   p.metric("vllm:kv_cache_usage_perc", "gauge", "Alias of osprey:kv_cache_usage_perc.", s.kv_usage);

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "engine/scheduler.h"
+#include "kv/paged_pool.h"
 #include "server/prompt_cache.h"
 
 namespace osprey {
@@ -31,6 +32,8 @@ struct MetricsInput {
   double uptime_seconds = 0;
   SchedulerStats scheduler;
   PromptCacheStats prompt_cache;
+  bool has_pool = false;  // the paged layout: pool is set
+  PagedPoolStats pool;
   std::map<std::pair<std::string, int>, uint64_t> http;
 };
 

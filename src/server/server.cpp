@@ -20,6 +20,8 @@
 #include "engine/scheduler.h"
 #include "server/api_error.h"
 #include "server/completion_request.h"
+#include "backend/ops.h"
+#include "engine/paged_backend.h"
 #include "server/dense_backend.h"
 #include "server/metrics.h"
 #include "server/stop_matcher.h"
@@ -209,7 +211,8 @@ struct Server::Impl {
   std::optional<Tokenizer> tokenizer;
   std::unique_ptr<Model> model;
   std::unique_ptr<PromptCache> prompt_cache;
-  std::unique_ptr<DenseSlotBackend> backend;
+  std::unique_ptr<SequenceBackend> backend;
+  PagedBackend* paged = nullptr;  // backend, when the layout is paged
   std::unique_ptr<Scheduler> scheduler;
   std::vector<int32_t> eos_ids;
   std::optional<ChatTemplate> chat_template;
@@ -649,6 +652,21 @@ struct Server::Impl {
     if (ready) {
       in.scheduler = scheduler->stats();
       in.prompt_cache = prompt_cache->stats();
+      if (paged) {
+        // The prefix cache is the prompt cache of the paged layout: entries are blocks.
+        const PrefixCacheStats ps = paged->prefix_stats();
+        PromptCacheStats& pc = in.prompt_cache;
+        pc.n_hits = ps.n_hits;
+        pc.n_misses = ps.n_misses;
+        pc.n_restored_tokens = ps.n_restored_tokens;
+        pc.n_stored = ps.n_stored_blocks;
+        pc.n_evictions = ps.n_evicted_blocks;
+        pc.n_entries = uint64_t(ps.n_cached_blocks);
+        pc.bytes = uint64_t(ps.cached_bytes);
+        pc.budget_bytes = uint64_t(ps.pool_bytes);
+        in.pool = paged->pool_stats();
+        in.has_pool = true;
+      }
     }
     in.http = http_counters.snapshot();
     return render_metrics(in);
@@ -690,21 +708,36 @@ void Server::load() {
     m.chat_template_error = e.what();
     log_warn("chat completions are off: " + m.chat_template_error);
   }
-  m.prompt_cache = std::make_unique<PromptCache>(m.opt.prompt_cache_mib << 20, m.opt.keep_prompt_cache_checksums);
-  DenseBackendOptions bo;
-  bo.n_slots = m.opt.n_slots;
-  bo.context_size = m.opt.ctx_size;
-  bo.cache = m.opt.cache;
-  bo.make_cache = m.opt.make_cache;
-  bo.graphs = m.opt.graphs;
-  m.backend = std::make_unique<DenseSlotBackend>(*m.model, *m.prompt_cache, bo);
+  m.prompt_cache = std::make_unique<PromptCache>(
+      m.opt.kv_layout == KVLayout::dense ? m.opt.prompt_cache_mib << 20 : 0, m.opt.keep_prompt_cache_checksums);
+  ops::set_batch_invariant(m.opt.batch_invariant);
+  if (m.opt.kv_layout == KVLayout::paged) {
+    PagedBackendOptions po;
+    po.max_sequences = m.opt.n_slots;
+    po.context_size = m.opt.ctx_size;
+    po.block_size = m.opt.block_size;
+    po.kv_cache_bytes = m.opt.kv_cache_mib << 20;
+    po.prefix_cache = m.opt.prompt_cache_mib > 0;
+    auto b = std::make_unique<PagedBackend>(*m.model, po);
+    m.paged = b.get();
+    m.backend = std::move(b);
+  } else {
+    DenseBackendOptions bo;
+    bo.n_slots = m.opt.n_slots;
+    bo.context_size = m.opt.ctx_size;
+    bo.cache = m.opt.cache;
+    bo.make_cache = m.opt.make_cache;
+    bo.graphs = m.opt.graphs;
+    m.backend = std::make_unique<DenseSlotBackend>(*m.model, *m.prompt_cache, bo);
+  }
   SchedulerOptions so;
   so.max_queue = m.opt.max_queue;
   so.prefill_chunk = m.opt.prefill_chunk;
   m.scheduler = std::make_unique<Scheduler>(*m.backend, so);
   m.ready = true;
   log_info("serving " + m.model_id + " on http://" + m.opt.host + ":" + std::to_string(m.opt.port) + " (" +
-           std::to_string(m.opt.n_slots) + " slots, context " + std::to_string(m.backend->context_size()) + ")");
+           std::to_string(m.opt.n_slots) + (m.paged ? " batched sequences" : " slots") + ", context " +
+           std::to_string(m.backend->context_size()) + ")");
 }
 
 void Server::stop() {

@@ -17,6 +17,12 @@
 
 namespace osprey {
 
+// Where running sequences keep their K/V rows.
+enum class KVLayout {
+  paged,  // one paged pool; decode steps batch every running sequence (engine/paged_backend.h)
+  dense,  // one dense cache per slot, decoded in turn; the prompt cache keeps whole snapshots
+};
+
 struct ServerOptions {
   std::filesystem::path model_dir;
   std::string host = "127.0.0.1";
@@ -25,12 +31,16 @@ struct ServerOptions {
   std::string alias;                  // the model's id in the API ("" : the folder's name)
   int n_slots = 1;                    // -np: sequences running at once
   int64_t ctx_size = 0;               // per sequence; 0: the model's max_position_embeddings
-  uint64_t prompt_cache_mib = 1024;   // 0 disables the prompt cache
+  uint64_t prompt_cache_mib = 1024;   // 0 disables the prompt cache (paged: the prefix cache)
   int max_queue = 64;                 // waiting requests past this get 429
   size_t max_body_bytes = 8u << 20;   // larger request bodies get 413
   int n_http_threads = 0;             // 0: 4 * n_slots + 16
   int timeout_s = 30;                 // socket read and write timeout
   int64_t prefill_chunk = 512;
+  KVLayout kv_layout = KVLayout::paged;
+  int64_t block_size = 16;            // paged: rows per block
+  int64_t kv_cache_mib = 0;           // paged: the pool's size; 0: see PagedBackendOptions
+  bool batch_invariant = false;       // ops::set_batch_invariant for the server's lifetime
   Device device = Device::cpu();
   KVCacheParams cache;
   std::function<SequenceCache()> make_cache;  // tests: see DenseBackendOptions

@@ -131,6 +131,13 @@ int cuda_device_count() {
 
 bool cuda_available() { return cuda_device_count() > 0; }
 
+size_t cuda_free_memory(int device) {
+  cuda::select_device(device);
+  size_t free = 0, total = 0;
+  OSPREY_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  return free;
+}
+
 std::string cuda_description(int device) {
   int n = cuda_device_count();
   if (n == 0) return "no CUDA device is present";

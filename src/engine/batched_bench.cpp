@@ -1,0 +1,93 @@
+#include "engine/batched_bench.h"
+
+#include <chrono>
+#include <random>
+
+#include "backend/ops.h"
+#include "core/buffer.h"
+#include "core/error.h"
+#include "engine/paged_backend.h"
+#include "engine/sampler.h"
+
+namespace osprey {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+BatchedBenchResult run_one(Model& model, const BatchedBenchParams& p, int batch, std::mt19937_64& rng) {
+  const ModelInfo& info = model.info();
+  PagedBackendOptions o;
+  o.max_sequences = batch;
+  o.context_size = p.n_prompt + p.n_gen + 1;
+  o.block_size = p.block_size;
+  o.prefix_cache = false;
+  Allocator& alloc = allocator_for(info.device);
+  ops::synchronize(info.device);
+  alloc.reset_peak();
+  PagedBackend backend(model, o);
+
+  BatchedBenchResult r;
+  r.n_prompt = p.n_prompt;
+  r.n_gen = p.n_gen;
+  r.batch = batch;
+  r.pool_bytes = size_t(backend.prefix_stats().pool_bytes);
+  std::uniform_int_distribution<int32_t> token(0, int32_t(info.vocab_size - 1));
+  const size_t nb = static_cast<size_t>(batch);
+  std::vector<std::vector<int32_t>> prompts(nb);
+  for (auto& pr : prompts) {
+    pr.resize(size_t(p.n_prompt));
+    for (auto& t : pr) t = token(rng);
+  }
+
+  std::vector<SequenceBackend::DecodeInput> inputs(nb);
+  std::vector<float> logits;
+  const auto t0 = Clock::now();
+  for (int i = 0; i < batch; ++i) {
+    auto begun = backend.begin(prompts[size_t(i)]);
+    if (!begun) throw InvalidInput("batched bench: the KV pool cannot hold " + std::to_string(batch) + " sequences");
+    backend.prefill(begun->handle, prompts[size_t(i)], true, logits);
+    inputs[size_t(i)] = {begun->handle, argmax(logits), true};
+  }
+  ops::synchronize(info.device);
+  const auto t1 = Clock::now();
+  std::vector<SequenceBackend::DecodeOutput> outputs;
+  for (int64_t step = 0; step < p.n_gen; ++step) {
+    backend.decode(inputs, outputs);
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const auto& out = outputs[i];
+      if (!out.error.empty()) throw InvalidInput("batched bench: " + out.error);
+      inputs[i].token = out.token >= 0 ? out.token : argmax(out.logits);
+    }
+  }
+  ops::synchronize(info.device);
+  const auto t2 = Clock::now();
+  r.t_prompt = std::chrono::duration<double>(t1 - t0).count();
+  r.t_gen = std::chrono::duration<double>(t2 - t1).count();
+  r.n_kv = int64_t(batch) * (p.n_prompt + p.n_gen);
+  r.peak_reserved_bytes = alloc.stats().peak_reserved_bytes;
+  return r;
+}
+
+}  // namespace
+
+std::vector<BatchedBenchResult> run_batched_bench(Model& model, const BatchedBenchParams& params) {
+  if (params.n_prompt < 1 || params.n_gen < 1) throw InvalidInput("batched bench: prompt and generation sizes must be >= 1");
+  for (int b : params.batch_sizes)
+    if (b < 1) throw InvalidInput("--batch: sizes must be >= 1, got " + std::to_string(b));
+  const int64_t ctx = model.info().max_position_embeddings;
+  if (ctx > 0 && params.n_prompt + params.n_gen + 1 > ctx)
+    throw InvalidInput("batched bench: " + std::to_string(params.n_prompt + params.n_gen) +
+                       " tokens per sequence exceed the model's context of " + std::to_string(ctx));
+  std::mt19937_64 rng(params.seed);
+  {
+    BatchedBenchParams warm = params;
+    warm.n_prompt = std::min<int64_t>(params.n_prompt, 32);
+    warm.n_gen = 4;
+    run_one(model, warm, 2, rng);
+  }
+  std::vector<BatchedBenchResult> out;
+  for (int b : params.batch_sizes) out.push_back(run_one(model, params, b, rng));
+  return out;
+}
+
+}  // namespace osprey

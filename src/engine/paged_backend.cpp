@@ -1,0 +1,260 @@
+#include "engine/paged_backend.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "backend/cuda_available.h"
+#include "backend/ops.h"
+#include "core/error.h"
+#include "core/log.h"
+
+namespace osprey {
+namespace {
+
+constexpr int64_t kCpuDefaultPoolBytes = int64_t(4) << 30;
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// An i32 array of `values` on `device`.
+Array i32_array(const std::vector<int32_t>& values, const Shape& shape, Device device) {
+  Array a = Array::empty(shape, DType::i32);
+  std::copy(values.begin(), values.end(), a.data<int32_t>());
+  return ops::to_device(a, device);
+}
+
+}  // namespace
+
+PagedBackend::PagedBackend(Model& model, const PagedBackendOptions& options) : model_(model), options_(options) {
+  if (options.max_sequences < 1)
+    throw InvalidInput("--parallel must be >= 1, got " + std::to_string(options.max_sequences));
+  if (options.block_size < 1 || options.block_size > 1024)
+    throw InvalidInput("--block-size must be in [1, 1024], got " + std::to_string(options.block_size));
+  if (options.kv_cache_bytes < 0) throw InvalidInput("--kv-cache-mib must be >= 0");
+  if (!(options.kv_memory_fraction > 0 && options.kv_memory_fraction <= 1))
+    throw InvalidInput("the KV memory fraction must be in (0, 1]");
+  const ModelInfo& info = model.info();
+  const int64_t model_ctx = info.max_position_embeddings;
+  context_ = options.context_size > 0 ? options.context_size : model_ctx;
+  if (model_ctx > 0 && context_ > model_ctx)
+    throw InvalidInput("--ctx-size " + std::to_string(context_) + " exceeds the model's max_position_embeddings (" +
+                       std::to_string(model_ctx) + ")");
+  if (context_ < 2) throw InvalidInput("--ctx-size must be >= 2");
+
+  PagedPoolParams pp;
+  for (int64_t l = 0; l < info.n_layers; ++l) pp.layers.push_back(model.kv_params(l));
+  pp.block_size = options.block_size;
+  const int64_t block_bytes = paged_block_bytes(pp);
+  block_bytes_ = block_bytes;
+  int64_t bytes = options.kv_cache_bytes;
+  const char* sized_by = "--kv-cache-mib";
+  if (bytes == 0) {
+    bytes = int64_t(options.max_sequences) * ceil_div(context_, options.block_size) * block_bytes;
+    sized_by = "room for every sequence's full context";
+    if (!info.device.is_cpu()) {
+      const int64_t cap = int64_t(double(cuda_free_memory(info.device.index)) * options.kv_memory_fraction);
+      if (bytes > cap) {
+        bytes = cap;
+        sized_by = "a fraction of the free device memory";
+      }
+    } else if (bytes > kCpuDefaultPoolBytes) {
+      bytes = kCpuDefaultPoolBytes;
+      sized_by = "the CPU default of 4 GiB";
+    }
+  }
+  pp.n_blocks = bytes / block_bytes;
+  if (pp.n_blocks < 1)
+    throw InvalidInput("the KV pool (" + std::to_string(bytes >> 20) + " MiB) cannot hold one block of " +
+                       std::to_string(block_bytes) + " bytes");
+  pool_ = std::make_unique<PagedPool>(pp);
+  const int64_t rows = pp.n_blocks * pp.block_size;
+  log_info("KV pool: " + std::to_string(pp.n_blocks) + " blocks of " + std::to_string(pp.block_size) + " rows (" +
+           std::to_string((pp.n_blocks * block_bytes) >> 20) + " MiB, " + std::to_string(rows) + " tokens; " +
+           sized_by + ")");
+  if (rows < context_)
+    log_warn("the KV pool holds " + std::to_string(rows) + " tokens, fewer than one full context of " +
+             std::to_string(context_) + ": longer sequences fail");
+  step_cache_ = make_paged_step_cache(*pool_, step_);
+  seqs_.resize(size_t(options.max_sequences));
+  publish_stats();
+}
+
+PagedBackend::~PagedBackend() = default;
+
+int64_t PagedBackend::n_blocks() const { return pool_->n_blocks(); }
+
+PagedBackend::Seq& PagedBackend::seq(int handle) {
+  if (handle < 0 || size_t(handle) >= seqs_.size() || !seqs_[size_t(handle)].busy)
+    throw InvalidInput("paged backend: no running sequence " + std::to_string(handle));
+  return seqs_[size_t(handle)];
+}
+
+std::optional<SequenceBackend::Begun> PagedBackend::begin(std::span<const int32_t> prompt) {
+  if (prompt.empty()) throw InvalidInput("the prompt is empty");
+  if (int64_t(prompt.size()) > context_)
+    throw InvalidInput("the prompt (" + std::to_string(prompt.size()) + " tokens) exceeds the context of " +
+                       std::to_string(context_));
+  ops::check_token_ids(prompt, model_.info().vocab_size, "prompt token id");
+  const int64_t bs = options_.block_size;
+  if (ceil_div(int64_t(prompt.size()), bs) > pool_->n_blocks())
+    throw InvalidInput("the prompt (" + std::to_string(prompt.size()) + " tokens) needs more KV blocks than the pool has (" +
+                       std::to_string(pool_->n_blocks()) + " of " + std::to_string(bs) + " rows)");
+  auto free_slot = std::find_if(seqs_.begin(), seqs_.end(), [](const Seq& s) { return !s.busy; });
+  if (free_slot == seqs_.end()) return std::nullopt;
+
+  const PagedPool::SeqId id = pool_->create();
+  // At least the last prompt token is computed again: its logits choose the next token.
+  const int64_t n_cached = options_.prefix_cache ? pool_->match_prefix(id, prompt, int64_t(prompt.size()) - 1) : 0;
+  // Admit only when the rest of the prompt fits now, so that prefill rarely preempts.
+  const int64_t need = ceil_div(int64_t(prompt.size()), bs) - n_cached / bs;
+  if (need > pool_->n_available()) {
+    pool_->free(id);
+    publish_stats();
+    return std::nullopt;
+  }
+  free_slot->busy = true;
+  free_slot->id = id;
+  {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    if (options_.prefix_cache) ++(n_cached > 0 ? prefix_.n_hits : prefix_.n_misses);
+    prefix_.n_restored_tokens += uint64_t(n_cached);
+  }
+  publish_stats();
+  return Begun{int(free_slot - seqs_.begin()), n_cached};
+}
+
+bool PagedBackend::reserve(int handle, int64_t n) {
+  const bool ok = pool_->reserve(seq(handle).id, n);
+  publish_stats();
+  return ok;
+}
+
+void PagedBackend::prefill(int handle, std::span<const int32_t> tokens, bool want_logits, std::vector<float>& logits) {
+  const Seq& s = seq(handle);
+  const int64_t n = int64_t(tokens.size()), pos0 = pool_->length(s.id);
+  if (n < 1) throw InvalidInput("paged backend: an empty prefill chunk");
+  if (pos0 + n > context_) throw InvalidInput("the sequence would exceed the context of " + std::to_string(context_));
+  if (!pool_->reserve(s.id, n)) throw InvalidInput("the KV pool has no room for " + std::to_string(n) + " more rows");
+  const Device dev = model_.info().device;
+  std::vector<int32_t> host(static_cast<size_t>(n), 0);
+  pool_->slots(s.id, pos0, n, host.data());
+  step_.slots = i32_array(host, {n}, dev);
+  step_.decode = false;
+  const std::vector<int32_t>& table = pool_->block_table(s.id);
+  step_.block_ids = i32_array(table, {int64_t(table.size())}, dev);
+  step_.pos0 = pos0;
+  step_.n_rows = pos0 + n;
+  for (int64_t i = 0; i < n; ++i) host[size_t(i)] = int32_t(pos0 + i);
+  Array positions = i32_array(host, {n}, dev);
+  Array ids = i32_array(std::vector<int32_t>(tokens.begin(), tokens.end()), {n}, dev);
+  Array out = model_.forward(ids, positions, step_cache_, false);
+  pool_->commit(s.id, n);
+  publish_stats();
+  if (want_logits) {
+    Array h = ops::to_device(out, Device::cpu());
+    const int64_t vocab = h.dim(-1);
+    const float* row = h.data<float>() + (h.numel() - vocab);
+    logits.assign(row, row + vocab);
+  }
+}
+
+void PagedBackend::decode(std::span<const DecodeInput> inputs, std::vector<DecodeOutput>& outputs) {
+  const int64_t b = int64_t(inputs.size());
+  outputs.assign(inputs.size(), {});
+  if (b == 0) return;
+  const Device dev = model_.info().device;
+  const size_t nb = static_cast<size_t>(b);
+  std::vector<int32_t> tokens(nb, 0), positions(nb, 0), slots(nb, 0), lens(nb, 0);
+  int64_t max_blocks = 1;
+  for (int64_t i = 0; i < b; ++i) {
+    const Seq& s = seq(inputs[size_t(i)].handle);
+    const int64_t len = pool_->length(s.id);
+    if (len + 1 > context_) throw InvalidInput("the sequence would exceed the context of " + std::to_string(context_));
+    if (!pool_->reserve(s.id, 1)) throw InvalidInput("the KV pool has no room for the next row");
+    tokens[size_t(i)] = inputs[size_t(i)].token;
+    positions[size_t(i)] = int32_t(len);
+    lens[size_t(i)] = int32_t(len + 1);
+    pool_->slots(s.id, len, 1, &slots[size_t(i)]);
+    max_blocks = std::max(max_blocks, ceil_div(len + 1, options_.block_size));
+  }
+  ops::check_token_ids(tokens, model_.info().vocab_size);
+  std::vector<int32_t> tables(size_t(b * max_blocks), 0);
+  for (int64_t i = 0; i < b; ++i) {
+    const std::vector<int32_t>& t = pool_->block_table(seq(inputs[size_t(i)].handle).id);
+    std::copy_n(t.begin(), std::min<int64_t>(max_blocks, int64_t(t.size())), tables.begin() + i * max_blocks);
+  }
+  step_.decode = true;
+  step_.slots = i32_array(slots, {b}, dev);
+  step_.block_tables = i32_array(tables, {b, max_blocks}, dev);
+  step_.seq_lens = i32_array(lens, {b}, dev);
+  Array logits = model_.forward(i32_array(tokens, {b}, dev), i32_array(positions, {b}, dev), step_cache_, true);
+  for (int64_t i = 0; i < b; ++i) pool_->commit(seq(inputs[size_t(i)].handle).id, 1);
+  publish_stats();
+
+  const bool all_greedy = std::all_of(inputs.begin(), inputs.end(), [](const DecodeInput& in) { return in.greedy; });
+  if (all_greedy && !dev.is_cpu()) {
+    // Only the tokens cross to the host, not b rows of logits.
+    Array chosen = Array::empty({b}, DType::i32, dev), nonfinite = Array::empty({b}, DType::i32, dev);
+    ops::argmax_rows(logits, chosen, nonfinite);
+    Array hc = ops::to_device(chosen, Device::cpu()), hn = ops::to_device(nonfinite, Device::cpu());
+    for (int64_t i = 0; i < b; ++i) {
+      if (hn.data<int32_t>()[i])
+        outputs[size_t(i)].error = "the model computed non-finite logits (NaN or Inf)";
+      else
+        outputs[size_t(i)].token = hc.data<int32_t>()[i];
+    }
+    return;
+  }
+  Array h = ops::to_device(logits, Device::cpu());
+  const int64_t vocab = h.dim(-1);
+  for (int64_t i = 0; i < b; ++i) {
+    const float* row = h.data<float>() + i * vocab;
+    outputs[size_t(i)].logits.assign(row, row + vocab);
+  }
+}
+
+void PagedBackend::end(int handle, std::span<const int32_t> tokens) {
+  Seq& s = seq(handle);
+  s.busy = false;
+  if (options_.prefix_cache && !tokens.empty() && pool_->length(s.id) == int64_t(tokens.size())) {
+    pool_->cache_prefix(s.id, tokens);
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    prefix_.n_stored_blocks += uint64_t(int64_t(tokens.size()) / options_.block_size);
+  }
+  pool_->free(s.id);
+  s.id = -1;
+  publish_stats();
+}
+
+void PagedBackend::publish_stats() {
+  PagedPoolStats ps = pool_->stats();
+  KVCounters c = pool_->counters();
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  pool_stats_ = ps;
+  counters_ = c;
+  prefix_.n_evicted_blocks = ps.n_evicted;
+  prefix_.n_cached_blocks = ps.n_cached;
+  prefix_.cached_bytes = ps.n_cached * block_bytes_;
+  prefix_.pool_bytes = ps.n_blocks * block_bytes_;
+}
+
+double PagedBackend::kv_usage() const {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  return pool_stats_.n_blocks > 0 ? double(pool_stats_.n_in_use) / double(pool_stats_.n_blocks) : 0.0;
+}
+
+KVCounters PagedBackend::kv_counters() const {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  return counters_;
+}
+
+PrefixCacheStats PagedBackend::prefix_stats() const {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  return prefix_;
+}
+
+PagedPoolStats PagedBackend::pool_stats() const {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  return pool_stats_;
+}
+
+}  // namespace osprey

@@ -1,0 +1,87 @@
+#pragma once
+// The batched backend of the scheduler (docs/design.md, "Batched serving"): every running
+// sequence's K/V rows live in one paged pool (kv/paged_pool.h), and a decode step runs all of
+// them as one batch through the model: one row per sequence in every linear layer, and the
+// paged attention kernel reading each sequence's blocks. Prompts are prefilled a chunk at a
+// time, one sequence per forward pass. Full blocks of ended sequences stay in the pool as an
+// automatic prefix cache, found again by their tokens.
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "engine/scheduler.h"
+#include "kv/paged_cache.h"
+#include "kv/paged_pool.h"
+#include "model/model.h"
+
+namespace osprey {
+
+struct PagedBackendOptions {
+  int max_sequences = 1;     // -np: sequences decoding at once
+  int64_t context_size = 0;  // 0: the model's max_position_embeddings
+  int64_t block_size = 16;   // rows per block
+  // The pool's size in bytes. 0: room for max_sequences full contexts, and on CUDA at most
+  // kv_memory_fraction of the device memory free once the weights are in.
+  int64_t kv_cache_bytes = 0;
+  double kv_memory_fraction = 0.9;
+  bool prefix_cache = true;  // keep ended sequences' full blocks for later prompts
+};
+
+// What the prefix cache did, in the terms of the server's prompt cache metrics.
+struct PrefixCacheStats {
+  uint64_t n_hits = 0;             // admissions that found at least one cached block
+  uint64_t n_misses = 0;
+  uint64_t n_restored_tokens = 0;  // prompt tokens taken from cached blocks
+  uint64_t n_stored_blocks = 0;    // blocks handed to the prefix cache as sequences ended
+  uint64_t n_evicted_blocks = 0;
+  int64_t n_cached_blocks = 0;     // held by the prefix cache alone now
+  int64_t cached_bytes = 0;
+  int64_t pool_bytes = 0;
+};
+
+class PagedBackend final : public SequenceBackend {
+ public:
+  // `model` must outlive the backend. Throws InvalidInput for a bad size (naming the option).
+  PagedBackend(Model& model, const PagedBackendOptions& options);
+  ~PagedBackend() override;
+
+  int max_running() const override { return int(seqs_.size()); }
+  int64_t context_size() const override { return context_; }
+  std::optional<Begun> begin(std::span<const int32_t> prompt) override;
+  void prefill(int handle, std::span<const int32_t> tokens, bool want_logits, std::vector<float>& logits) override;
+  void decode(std::span<const DecodeInput> inputs, std::vector<DecodeOutput>& outputs) override;
+  bool reserve(int handle, int64_t n) override;
+  void end(int handle, std::span<const int32_t> tokens) override;
+  double kv_usage() const override;
+  KVCounters kv_counters() const override;
+
+  // Thread-safe.
+  PrefixCacheStats prefix_stats() const;
+  PagedPoolStats pool_stats() const;
+  int64_t block_size() const { return options_.block_size; }
+  int64_t n_blocks() const;
+
+ private:
+  struct Seq {
+    bool busy = false;
+    PagedPool::SeqId id = -1;
+  };
+  Seq& seq(int handle);
+  void publish_stats();
+
+  Model& model_;
+  PagedBackendOptions options_;
+  int64_t context_ = 0;
+  int64_t block_bytes_ = 0;
+  std::unique_ptr<PagedPool> pool_;
+  PagedStep step_;
+  SequenceCache step_cache_;  // views of pool_ reading step_
+  std::vector<Seq> seqs_;
+  mutable std::mutex stats_mu_;
+  PrefixCacheStats prefix_;      // guarded by stats_mu_
+  PagedPoolStats pool_stats_;    // guarded by stats_mu_
+  KVCounters counters_;          // guarded by stats_mu_
+};
+
+}  // namespace osprey
