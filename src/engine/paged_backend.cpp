@@ -7,6 +7,7 @@
 #include "backend/ops.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "engine/sampler.h"
 
 namespace osprey {
 namespace {
@@ -74,6 +75,8 @@ PagedBackend::PagedBackend(Model& model, const PagedBackendOptions& options) : m
     log_warn("the KV pool holds " + std::to_string(rows) + " tokens, fewer than one full context of " +
              std::to_string(context_) + ": longer sequences fail");
   step_cache_ = make_paged_step_cache(*pool_, step_);
+  table_width_ = ceil_div(context_, pp.block_size);
+  if (info.device.is_cpu()) options_.graphs = false;
   seqs_.resize(size_t(options.max_sequences));
   publish_stats();
 }
@@ -157,38 +160,83 @@ void PagedBackend::prefill(int handle, std::span<const int32_t> tokens, bool wan
   }
 }
 
+PagedBackend::Bucket& PagedBackend::bucket_for(int64_t b) {
+  // Graphs want few shapes; the CPU runs every step eagerly and pads nothing.
+  int64_t size = 1;
+  while (size < b) size *= 2;
+  size = std::min<int64_t>(size, int64_t(seqs_.size()));
+  if (!options_.graphs) size = b;
+  for (auto& bk : buckets_)
+    if (bk->size == size) return *bk;
+  auto bk = std::make_unique<Bucket>();
+  bk->size = size;
+  const int64_t n = 4 * size + size * table_width_;
+  const Device dev = model_.info().device;
+  bk->host = Array::empty({n}, DType::i32);
+  bk->device = dev.is_cpu() ? bk->host : Array::empty({n}, DType::i32, dev);
+  bk->tokens = bk->device.slice_rows(0, size);
+  bk->positions = bk->device.slice_rows(size, 2 * size);
+  bk->slots = bk->device.slice_rows(2 * size, 3 * size);
+  bk->lens = bk->device.slice_rows(3 * size, 4 * size);
+  bk->tables = bk->device.slice_rows(4 * size, n).reshape({size, table_width_});
+  buckets_.push_back(std::move(bk));
+  return *buckets_.back();
+}
+
 void PagedBackend::decode(std::span<const DecodeInput> inputs, std::vector<DecodeOutput>& outputs) {
   const int64_t b = int64_t(inputs.size());
   outputs.assign(inputs.size(), {});
   if (b == 0) return;
   const Device dev = model_.info().device;
-  const size_t nb = static_cast<size_t>(b);
-  std::vector<int32_t> tokens(nb, 0), positions(nb, 0), slots(nb, 0), lens(nb, 0);
-  int64_t max_blocks = 1;
+  // Padded to the bucket's size: a padded row writes nothing (slot -1) and reads one key of
+  // block 0; its output is not looked at.
+  Bucket& bk = bucket_for(b);
+  const int64_t size = bk.size;
+  int32_t* h = bk.host.data<int32_t>();
+  std::fill(h, h + bk.host.numel(), 0);
+  int32_t *tok = h, *pos = h + size, *slot = h + 2 * size, *len = h + 3 * size, *table = h + 4 * size;
+  for (int64_t i = 0; i < size; ++i) {
+    slot[i] = -1;
+    len[i] = 1;
+  }
   for (int64_t i = 0; i < b; ++i) {
     const Seq& s = seq(inputs[size_t(i)].handle);
-    const int64_t len = pool_->length(s.id);
-    if (len + 1 > context_) throw InvalidInput("the sequence would exceed the context of " + std::to_string(context_));
+    const int64_t n = pool_->length(s.id);
+    if (n + 1 > context_) throw InvalidInput("the sequence would exceed the context of " + std::to_string(context_));
     if (!pool_->reserve(s.id, 1)) throw InvalidInput("the KV pool has no room for the next row");
-    tokens[size_t(i)] = inputs[size_t(i)].token;
-    positions[size_t(i)] = int32_t(len);
-    lens[size_t(i)] = int32_t(len + 1);
-    pool_->slots(s.id, len, 1, &slots[size_t(i)]);
-    max_blocks = std::max(max_blocks, ceil_div(len + 1, options_.block_size));
+    tok[i] = inputs[size_t(i)].token;
+    pos[i] = int32_t(n);
+    len[i] = int32_t(n + 1);
+    pool_->slots(s.id, n, 1, &slot[i]);
+    const std::vector<int32_t>& t = pool_->block_table(s.id);
+    std::copy_n(t.begin(), std::min<int64_t>(table_width_, int64_t(t.size())), table + i * table_width_);
   }
-  ops::check_token_ids(tokens, model_.info().vocab_size);
-  std::vector<int32_t> tables(size_t(b * max_blocks), 0);
-  for (int64_t i = 0; i < b; ++i) {
-    const std::vector<int32_t>& t = pool_->block_table(seq(inputs[size_t(i)].handle).id);
-    std::copy_n(t.begin(), std::min<int64_t>(max_blocks, int64_t(t.size())), tables.begin() + i * max_blocks);
-  }
+  ops::check_token_ids(std::span<const int32_t>(tok, size_t(b)), model_.info().vocab_size);
+  if (!dev.is_cpu()) ops::copy_into(bk.device, bk.host);
   step_.decode = true;
-  step_.slots = i32_array(slots, {b}, dev);
-  step_.block_tables = i32_array(tables, {b, max_blocks}, dev);
-  step_.seq_lens = i32_array(lens, {b}, dev);
-  Array logits = model_.forward(i32_array(tokens, {b}, dev), i32_array(positions, {b}, dev), step_cache_, true);
+  step_.slots = bk.slots;
+  step_.block_tables = bk.tables;
+  step_.seq_lens = bk.lens;
+
+  Array logits;
+  if (options_.graphs && !dev.is_cpu() && bk.graph && bk.memory_generation == CapturedGraph::memory_generation(dev)) {
+    bk.graph->replay();
+    logits = bk.logits;
+    ++n_graph_replays_;
+  } else if (options_.graphs && !dev.is_cpu() && bk.warm) {
+    bk.graph.reset();
+    bk.graph = CapturedGraph::capture(dev, [&] { bk.logits = model_.forward(bk.tokens, bk.positions, step_cache_, true); });
+    bk.memory_generation = CapturedGraph::memory_generation(dev);
+    bk.graph->replay();
+    logits = bk.logits;
+    ++n_graph_captures_;
+  } else {
+    logits = model_.forward(bk.tokens, bk.positions, step_cache_, true);
+    bk.warm = true;
+  }
   for (int64_t i = 0; i < b; ++i) pool_->commit(seq(inputs[size_t(i)].handle).id, 1);
   publish_stats();
+  if (size > b) logits = logits.slice_rows(0, b);
 
   const bool all_greedy = std::all_of(inputs.begin(), inputs.end(), [](const DecodeInput& in) { return in.greedy; });
   if (all_greedy && !dev.is_cpu()) {
@@ -198,16 +246,16 @@ void PagedBackend::decode(std::span<const DecodeInput> inputs, std::vector<Decod
     Array hc = ops::to_device(chosen, Device::cpu()), hn = ops::to_device(nonfinite, Device::cpu());
     for (int64_t i = 0; i < b; ++i) {
       if (hn.data<int32_t>()[i])
-        outputs[size_t(i)].error = "the model computed non-finite logits (NaN or Inf)";
+        outputs[size_t(i)].error = non_finite_logits_message("NaN or Inf");
       else
         outputs[size_t(i)].token = hc.data<int32_t>()[i];
     }
     return;
   }
-  Array h = ops::to_device(logits, Device::cpu());
-  const int64_t vocab = h.dim(-1);
+  Array hl = ops::to_device(logits, Device::cpu());
+  const int64_t vocab = hl.dim(-1);
   for (int64_t i = 0; i < b; ++i) {
-    const float* row = h.data<float>() + i * vocab;
+    const float* row = hl.data<float>() + i * vocab;
     outputs[size_t(i)].logits.assign(row, row + vocab);
   }
 }

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <vector>
 
+#include "backend/graph.h"
 #include "engine/scheduler.h"
 #include "kv/paged_cache.h"
 #include "kv/paged_pool.h"
@@ -26,6 +27,9 @@ struct PagedBackendOptions {
   int64_t kv_cache_bytes = 0;
   double kv_memory_fraction = 0.9;
   bool prefix_cache = true;  // keep ended sequences' full blocks for later prompts
+  // CUDA: decode steps run as graphs, one captured per batch-size bucket (1, 2, 4, ... up to
+  // max_sequences) and replayed with the step's inputs uploaded into the bucket's arrays.
+  bool graphs = true;
 };
 
 // What the prefix cache did, in the terms of the server's prompt cache metrics.
@@ -61,12 +65,27 @@ class PagedBackend final : public SequenceBackend {
   PagedPoolStats pool_stats() const;
   int64_t block_size() const { return options_.block_size; }
   int64_t n_blocks() const;
+  uint64_t n_graph_replays() const { return n_graph_replays_; }
+  uint64_t n_graph_captures() const { return n_graph_captures_; }
 
  private:
   struct Seq {
     bool busy = false;
     PagedPool::SeqId id = -1;
   };
+  // A decode step's inputs for batches of up to `size` sequences, in device arrays that stay
+  // put (views of one buffer uploaded per step), and the step captured over them.
+  struct Bucket {
+    int64_t size = 0;
+    Array host;  // i32 [4 * size + size * max_blocks] on the CPU: tokens, positions, slots, lens, tables
+    Array device;
+    Array tokens, positions, slots, lens, tables;  // views of `device`
+    std::unique_ptr<CapturedGraph> graph;
+    uint64_t memory_generation = 0;
+    Array logits;  // [size, vocab], what the graph writes
+    bool warm = false;  // ran eagerly once: every scratch buffer has its size
+  };
+  Bucket& bucket_for(int64_t b);
   Seq& seq(int handle);
   void publish_stats();
 
@@ -78,6 +97,9 @@ class PagedBackend final : public SequenceBackend {
   PagedStep step_;
   SequenceCache step_cache_;  // views of pool_ reading step_
   std::vector<Seq> seqs_;
+  std::vector<std::unique_ptr<Bucket>> buckets_;
+  int64_t table_width_ = 0;  // blocks of one full context: every bucket's table row
+  uint64_t n_graph_replays_ = 0, n_graph_captures_ = 0;
   mutable std::mutex stats_mu_;
   PrefixCacheStats prefix_;      // guarded by stats_mu_
   PagedPoolStats pool_stats_;    // guarded by stats_mu_
