@@ -63,7 +63,9 @@ class PagedPool {
   // Drops the sequence's hold on its blocks; full blocks the prefix cache holds stay there.
   void free(SeqId seq);
   // A new sequence sharing every block of `seq` (its length and table), each block's reference
-  // count raised.
+  // count raised. Rows reserved past the length are not shared, and `seq` loses its own
+  // reservation of them: both reserve() again before writing (the shared partial block then
+  // goes through copy-on-write).
   SeqId fork(SeqId seq);
 
   int64_t length(SeqId seq) const;
@@ -73,9 +75,10 @@ class PagedPool {
 
   // Attaches to an empty sequence the longest run of cached full blocks whose tokens equal
   // tokens[0 ..), looking them up by a chain key over (parent block, the block's token ids) and
-  // verifying each block's stored token ids (a key alone never decides). At most max_tokens
-  // tokens are matched (rounded down to whole blocks). Returns the number of tokens the
-  // sequence now holds (its length).
+  // verifying each block's stored token ids and parent (a key alone never decides). At most
+  // max_tokens tokens are matched (rounded down to whole blocks; a caller that must compute the
+  // last prompt token passes tokens.size() - 1). Returns the number of tokens the sequence now
+  // holds (its length). Throws InvalidInput for a sequence that is not empty.
   int64_t match_prefix(SeqId seq, std::span<const int32_t> tokens, int64_t max_tokens);
 
   // Makes rows [length, length + n) of the sequence writable by it alone: allocates blocks
@@ -83,7 +86,8 @@ class PagedPool {
   // partial last block first. Returns false, changing nothing, when the pool cannot hold them.
   bool reserve(SeqId seq, int64_t n);
   // The pool slots (block * block_size + row % block_size) of rows [row0, row0 + n) of the
-  // sequence, written to out[0 .. n). The rows must be reserved.
+  // sequence, written to out[0 .. n). The rows must be reserved and not yet committed
+  // (length <= row0, row0 + n <= length + the rows reserve() granted).
   void slots(SeqId seq, int64_t row0, int64_t n, int32_t* out) const;
   // Advances the length by n rows (written through slots()) and counts the writes: each row
   // in every layer is one in-place write.
@@ -109,6 +113,11 @@ class PagedPool {
   // prefix cache does not hold it. The copy-on-write rule's only seam (a test subclass that
   // answers true proves the tests of shared blocks can fail).
   virtual bool writable_in_place(SeqId seq, int32_t block) const;
+  // The prefix cache's chain key of a full block: a hash of the parent's key (kRootChainKey for
+  // a sequence's first block) and the block's token ids. Lookups verify what it finds, so a
+  // collision costs a miss, never a wrong block (a test subclass answers a constant to prove it).
+  virtual uint64_t chain_key(uint64_t parent_key, std::span<const int32_t> tokens) const;
+  static constexpr uint64_t kRootChainKey = 0x243f6a8885a308d3ull;
 
  private:
   struct Impl;

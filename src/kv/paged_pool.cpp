@@ -1,0 +1,402 @@
+#include "kv/paged_pool.h"
+
+#include <algorithm>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <utility>
+
+#include "backend/ops.h"
+#include "core/error.h"
+
+namespace osprey {
+namespace {
+
+uint64_t mix64(uint64_t x) {
+  // splitmix64's finaliser: every input bit reaches every output bit.
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ull;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebull;
+  x ^= x >> 31;
+  return x;
+}
+
+void validate(const PagedPoolParams& params) {
+  if (params.block_size < 1)
+    throw InvalidInput("paged pool: block_size " + std::to_string(params.block_size) + " must be at least 1");
+  if (params.n_blocks < 1)
+    throw InvalidInput("paged pool: n_blocks " + std::to_string(params.n_blocks) + " must be at least 1");
+  if (params.n_blocks > (int64_t(1) << 31) / params.block_size)
+    throw InvalidInput("paged pool: n_blocks " + std::to_string(params.n_blocks) + " * block_size " +
+                       std::to_string(params.block_size) + " slots do not fit int32 slot ids");
+  if (params.layers.empty()) throw InvalidInput("paged pool: no layers");
+  for (size_t i = 0; i < params.layers.size(); ++i) {
+    const KVCacheParams& l = params.layers[i];
+    if (l.n_kv_heads <= 0 || l.head_dim <= 0)
+      throw InvalidInput("paged pool: layer " + std::to_string(i) + " has n_kv_heads " + std::to_string(l.n_kv_heads) +
+                         " and head_dim " + std::to_string(l.head_dim) + " (both must be positive)");
+    if (l.dtype != DType::f16 && l.dtype != DType::bf16)
+      throw InvalidInput("paged pool: layer " + std::to_string(i) + " stores " + dtype_name(l.dtype) +
+                         " (float16 or bfloat16 only)");
+  }
+}
+
+}  // namespace
+
+int64_t paged_block_bytes(const PagedPoolParams& params) {
+  int64_t bytes = 0;
+  for (const KVCacheParams& l : params.layers)
+    bytes += 2 * l.n_kv_heads * params.block_size * l.head_dim * int64_t(dtype_size(l.dtype));
+  return bytes;
+}
+
+struct PagedPool::Impl {
+  // One block's holders and, while the prefix cache holds it, its cache entry.
+  struct Block {
+    int32_t n_seq = 0;      // sequences whose table holds it
+    bool cached = false;    // the prefix cache holds it (then it is full and never written again)
+    uint64_t key = 0;       // chain key it is cached under
+    int32_t parent = -1;    // the cached block before it in its chain (-1: a sequence's first block)
+    uint64_t last_use = 0;  // recency for eviction: registered, matched or released last at this tick
+    std::vector<int32_t> tokens;    // [block_size] the token ids of its rows
+    std::vector<int32_t> children;  // cached blocks whose parent it is
+  };
+  struct Seq {
+    std::vector<int32_t> table;
+    int64_t length = 0;
+    int64_t reserved = 0;  // rows [length, reserved) are reserved for writing
+  };
+
+  PagedPoolParams params;
+  std::vector<Array> keys, values;  // per layer [n_blocks, n_kv_heads, block_size, head_dim]
+  std::vector<Block> blocks;
+  std::vector<int32_t> free_list;  // blocks held by nothing, taken from the back
+  // Cached blocks no sequence holds, least recently used first.
+  std::set<std::pair<uint64_t, int32_t>> evictable;
+  std::unordered_map<uint64_t, int32_t> by_key;  // chain key -> cached block
+  std::unordered_map<SeqId, Seq> seqs;
+  SeqId next_seq = 0;
+  uint64_t clock = 0;
+  int64_t n_in_use = 0;
+  int64_t block_bytes = 0;
+  PagedPoolStats stats;
+  KVCounters counters;
+
+  const Seq& seq(SeqId id, const char* what) const {
+    auto it = seqs.find(id);
+    if (it == seqs.end())
+      throw InvalidInput(std::string("paged pool ") + what + ": sequence " + std::to_string(id) +
+                         " is unknown or freed");
+    return it->second;
+  }
+  Seq& seq(SeqId id, const char* what) { return const_cast<Seq&>(std::as_const(*this).seq(id, what)); }
+
+  int64_t blocks_for(int64_t rows) const { return (rows + params.block_size - 1) / params.block_size; }
+
+  void touch(int32_t b) {
+    Block& blk = blocks[b];
+    const bool was_evictable = blk.cached && blk.n_seq == 0;
+    if (was_evictable) evictable.erase({blk.last_use, b});
+    blk.last_use = ++clock;
+    if (was_evictable) evictable.insert({blk.last_use, b});
+  }
+
+  // A sequence takes a hold on b (b is free only when it was just taken from the free list).
+  void acquire(int32_t b) {
+    Block& blk = blocks[b];
+    if (blk.n_seq++ == 0) {
+      ++n_in_use;
+      if (blk.cached) evictable.erase({blk.last_use, b});
+    }
+  }
+
+  // A sequence drops its hold on b: the last one leaves it to the prefix cache or frees it.
+  void release(int32_t b) {
+    Block& blk = blocks[b];
+    if (--blk.n_seq > 0) return;
+    --n_in_use;
+    if (blk.cached) {
+      blk.last_use = ++clock;
+      evictable.insert({blk.last_use, b});
+    } else {
+      free_list.push_back(b);
+    }
+  }
+
+  // The prefix cache lets go of b and of every cached block below it, so that no child is ever
+  // found under a parent whose block was reused. Returns the number of blocks it let go.
+  uint64_t uncache_subtree(int32_t root) {
+    if (blocks[root].parent >= 0) {
+      std::vector<int32_t>& siblings = blocks[blocks[root].parent].children;
+      siblings.erase(std::find(siblings.begin(), siblings.end(), root));
+    }
+    uint64_t n = 0;
+    std::vector<int32_t> stack{root};
+    while (!stack.empty()) {
+      const int32_t b = stack.back();
+      stack.pop_back();
+      Block& blk = blocks[b];
+      stack.insert(stack.end(), blk.children.begin(), blk.children.end());
+      by_key.erase(blk.key);
+      if (blk.n_seq == 0) {
+        evictable.erase({blk.last_use, b});
+        free_list.push_back(b);
+      }
+      blk.cached = false;
+      blk.parent = -1;
+      blk.tokens.clear();
+      blk.children.clear();
+      ++n;
+    }
+    return n;
+  }
+
+  // A block no one holds: a free one, else the least recently used evictable one. The caller
+  // has checked that one exists and acquires it.
+  int32_t take_block() {
+    if (free_list.empty()) stats.n_evicted += uncache_subtree(evictable.begin()->second);
+    const int32_t b = free_list.back();
+    free_list.pop_back();
+    return b;
+  }
+
+  // Copies block `src` into block `dst` in every layer (keys and values).
+  void copy_block(int32_t dst, int32_t src) {
+    for (size_t l = 0; l < keys.size(); ++l) {
+      ops::copy_into(keys[l].slice_rows(dst, dst + 1), keys[l].slice_rows(src, src + 1));
+      ops::copy_into(values[l].slice_rows(dst, dst + 1), values[l].slice_rows(src, src + 1));
+    }
+    ++stats.n_cow;
+    counters.n_copying_writes += keys.size();
+    counters.bytes_copied += uint64_t(block_bytes);
+  }
+};
+
+PagedPool::PagedPool(const PagedPoolParams& params) : impl_(std::make_shared<Impl>()) {
+  validate(params);
+  Impl& m = *impl_;
+  m.params = params;
+  m.block_bytes = paged_block_bytes(params);
+  for (const KVCacheParams& l : params.layers) {
+    const Shape shape{params.n_blocks, l.n_kv_heads, params.block_size, l.head_dim};
+    m.keys.push_back(Array::empty(shape, l.dtype, l.device));
+    m.values.push_back(Array::empty(shape, l.dtype, l.device));
+  }
+  m.blocks.resize(size_t(params.n_blocks));
+  // Taken from the back: block 0 first.
+  for (int64_t b = params.n_blocks - 1; b >= 0; --b) m.free_list.push_back(int32_t(b));
+  m.stats.n_blocks = params.n_blocks;
+}
+
+const Array& PagedPool::keys(size_t layer) const { return impl_->keys.at(layer); }
+const Array& PagedPool::values(size_t layer) const { return impl_->values.at(layer); }
+size_t PagedPool::n_layers() const { return impl_->keys.size(); }
+int64_t PagedPool::block_size() const { return impl_->params.block_size; }
+int64_t PagedPool::n_blocks() const { return impl_->params.n_blocks; }
+
+PagedPool::SeqId PagedPool::create() {
+  const SeqId id = impl_->next_seq++;
+  impl_->seqs.emplace(id, Impl::Seq{});
+  return id;
+}
+
+void PagedPool::free(SeqId seq) {
+  Impl& m = *impl_;
+  Impl::Seq& s = m.seq(seq, "free");
+  // Released last block first, so that a chain's tail is evicted before its head (the head
+  // is the part other prompts share).
+  for (auto it = s.table.rbegin(); it != s.table.rend(); ++it) m.release(*it);
+  m.seqs.erase(seq);
+}
+
+PagedPool::SeqId PagedPool::fork(SeqId seq) {
+  Impl& m = *impl_;
+  Impl::Seq& s = m.seq(seq, "fork");
+  Impl::Seq child;
+  child.length = child.reserved = s.length;
+  child.table.assign(s.table.begin(), s.table.begin() + m.blocks_for(s.length));
+  for (int32_t b : child.table) m.acquire(b);
+  // The partial last block is shared now: a write into it must go through reserve() again.
+  s.reserved = s.length;
+  const SeqId id = m.next_seq++;
+  m.seqs.emplace(id, std::move(child));
+  return id;
+}
+
+int64_t PagedPool::length(SeqId seq) const { return impl_->seq(seq, "length").length; }
+
+const std::vector<int32_t>& PagedPool::block_table(SeqId seq) const { return impl_->seq(seq, "block_table").table; }
+
+int64_t PagedPool::match_prefix(SeqId seq, std::span<const int32_t> tokens, int64_t max_tokens) {
+  Impl& m = *impl_;
+  Impl::Seq& s = m.seq(seq, "match_prefix");
+  if (s.length != 0 || !s.table.empty())
+    throw InvalidInput("paged pool match_prefix: sequence " + std::to_string(seq) + " holds " +
+                       std::to_string(s.length) + " rows (it must be empty)");
+  if (max_tokens < 0) throw InvalidInput("paged pool match_prefix: max_tokens " + std::to_string(max_tokens) + " < 0");
+  const int64_t bs = m.params.block_size;
+  const int64_t n_full = std::min<int64_t>(int64_t(tokens.size()), max_tokens) / bs;
+  m.stats.n_prefix_queries += uint64_t(n_full);
+  uint64_t key = kRootChainKey;
+  int32_t parent = -1;
+  for (int64_t i = 0; i < n_full; ++i) {
+    const std::span<const int32_t> t = tokens.subspan(size_t(i * bs), size_t(bs));
+    key = chain_key(key, t);
+    auto it = m.by_key.find(key);
+    if (it == m.by_key.end()) break;
+    const int32_t b = it->second;
+    const Impl::Block& blk = m.blocks[b];
+    // The key only proposes: the block must continue the chain accepted so far with these tokens.
+    if (blk.parent != parent || !std::equal(t.begin(), t.end(), blk.tokens.begin())) break;
+    m.acquire(b);
+    m.touch(b);
+    s.table.push_back(b);
+    parent = b;
+    ++m.stats.n_prefix_hits;
+  }
+  s.length = s.reserved = int64_t(s.table.size()) * bs;
+  return s.length;
+}
+
+bool PagedPool::reserve(SeqId seq, int64_t n) {
+  Impl& m = *impl_;
+  Impl::Seq& s = m.seq(seq, "reserve");
+  if (n < 0) throw InvalidInput("paged pool reserve: n " + std::to_string(n) + " < 0");
+  if (n == 0) return true;
+  const int64_t bs = m.params.block_size;
+  // The block holding row `length` holds committed rows when the length is not on a block
+  // boundary; any other block the new rows land in is this sequence's own (fork and the
+  // prefix cache share committed blocks only).
+  const bool partial = s.length % bs != 0;
+  const size_t last = size_t(s.length / bs);
+  const bool copy = partial && !writable_in_place(seq, s.table[last]);
+  const int64_t grow = std::max<int64_t>(0, m.blocks_for(s.length + n) - int64_t(s.table.size()));
+  if (grow + (copy ? 1 : 0) > n_available()) return false;
+
+  if (copy) {
+    const int32_t old = s.table[last];
+    // The old block stays held while it is copied, so taking the new one cannot evict it.
+    const int32_t b = m.take_block();
+    m.acquire(b);
+    m.copy_block(b, old);
+    s.table[last] = b;
+    m.release(old);
+  }
+  for (int64_t i = 0; i < grow; ++i) {
+    const int32_t b = m.take_block();
+    m.acquire(b);
+    s.table.push_back(b);
+  }
+  s.reserved = std::max(s.reserved, s.length + n);
+  return true;
+}
+
+void PagedPool::slots(SeqId seq, int64_t row0, int64_t n, int32_t* out) const {
+  const Impl& m = *impl_;
+  const Impl::Seq& s = m.seq(seq, "slots");
+  if (n < 0 || row0 < s.length || row0 + n > s.reserved)
+    throw InvalidInput("paged pool slots: rows [" + std::to_string(row0) + ", " + std::to_string(row0 + n) +
+                       ") of sequence " + std::to_string(seq) + " are not reserved (reserved rows: [" +
+                       std::to_string(s.length) + ", " + std::to_string(s.reserved) + "))");
+  if (n > 0 && out == nullptr) throw InvalidInput("paged pool slots: null output for " + std::to_string(n) + " slots");
+  const int64_t bs = m.params.block_size;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t row = row0 + i;
+    out[i] = int32_t(int64_t(s.table[size_t(row / bs)]) * bs + row % bs);
+  }
+}
+
+void PagedPool::commit(SeqId seq, int64_t n) {
+  Impl& m = *impl_;
+  Impl::Seq& s = m.seq(seq, "commit");
+  if (n < 0 || s.length + n > s.reserved)
+    throw InvalidInput("paged pool commit: " + std::to_string(n) + " rows of sequence " + std::to_string(seq) +
+                       " at length " + std::to_string(s.length) + " (rows reserved up to " +
+                       std::to_string(s.reserved) + ")");
+  s.length += n;
+  m.counters.n_inplace_writes += uint64_t(n) * m.keys.size();
+}
+
+void PagedPool::truncate(SeqId seq, int64_t length) {
+  Impl& m = *impl_;
+  Impl::Seq& s = m.seq(seq, "truncate");
+  if (length < 0 || length > s.length)
+    throw InvalidInput("paged pool truncate: sequence " + std::to_string(seq) + " to " + std::to_string(length) +
+                       " rows (it holds " + std::to_string(s.length) + ")");
+  const size_t keep = size_t(m.blocks_for(length));
+  while (s.table.size() > keep) {
+    m.release(s.table.back());
+    s.table.pop_back();
+  }
+  s.length = s.reserved = length;
+}
+
+void PagedPool::cache_prefix(SeqId seq, std::span<const int32_t> tokens) {
+  Impl& m = *impl_;
+  const Impl::Seq& s = m.seq(seq, "cache_prefix");
+  const int64_t bs = m.params.block_size;
+  const int64_t n_full = std::min<int64_t>(s.length, int64_t(tokens.size())) / bs;
+  uint64_t key = kRootChainKey;
+  int32_t parent = -1;  // the cached block the chain resolved to so far
+  for (int64_t i = 0; i < n_full; ++i) {
+    const std::span<const int32_t> t = tokens.subspan(size_t(i * bs), size_t(bs));
+    key = chain_key(key, t);
+    const int32_t b = s.table[size_t(i)];
+    auto it = m.by_key.find(key);
+    if (it != m.by_key.end()) {
+      const int32_t e = it->second;
+      const Impl::Block& blk = m.blocks[e];
+      // The block already there stays (it may be this one): the chain goes on through it when
+      // it holds these tokens after this parent, and stops at a key collision.
+      if (blk.parent != parent || !std::equal(t.begin(), t.end(), blk.tokens.begin())) break;
+      m.touch(e);
+      parent = e;
+      continue;
+    }
+    // A block cached under another key holds other tokens than the caller says: stop.
+    if (m.blocks[b].cached) break;
+    Impl::Block& blk = m.blocks[b];
+    blk.cached = true;
+    blk.key = key;
+    blk.parent = parent;
+    blk.tokens.assign(t.begin(), t.end());
+    blk.last_use = ++m.clock;
+    if (parent >= 0) m.blocks[parent].children.push_back(b);
+    m.by_key.emplace(key, b);
+    parent = b;
+  }
+}
+
+void PagedPool::clear_prefix_cache() {
+  Impl& m = *impl_;
+  // A cached block that sequences still hold stays unless its parent goes (with the parent).
+  while (!m.evictable.empty()) m.uncache_subtree(m.evictable.begin()->second);
+}
+
+int64_t PagedPool::n_available() const { return int64_t(impl_->free_list.size() + impl_->evictable.size()); }
+
+PagedPoolStats PagedPool::stats() const {
+  const Impl& m = *impl_;
+  PagedPoolStats st = m.stats;
+  st.n_free = int64_t(m.free_list.size());
+  st.n_cached = int64_t(m.evictable.size());
+  st.n_in_use = m.n_in_use;
+  return st;
+}
+
+KVCounters PagedPool::counters() const { return impl_->counters; }
+
+bool PagedPool::writable_in_place(SeqId seq, int32_t block) const {
+  (void)seq;
+  const Impl::Block& blk = impl_->blocks[size_t(block)];
+  return blk.n_seq == 1 && !blk.cached;
+}
+
+uint64_t PagedPool::chain_key(uint64_t parent_key, std::span<const int32_t> tokens) const {
+  uint64_t h = mix64(parent_key ^ uint64_t(tokens.size()));
+  for (int32_t t : tokens) h = mix64(h ^ (uint64_t(uint32_t(t)) + 0x9e3779b97f4a7c15ull));
+  return h;
+}
+
+}  // namespace osprey
