@@ -108,6 +108,7 @@ class Replayer {
 TEST(PromptCacheReplay, RepliesAreIdenticalWithAndWithoutTheCacheAndSnapshotsNeverChange) {
   // A snapshot of the demo model's cache under 256 rows holds 1 MiB: three fit in the budget.
   ServerOptions o = testing::demo_server_options();
+  o.kv_layout = KVLayout::dense;
   o.n_slots = 2;
   o.keep_prompt_cache_checksums = true;
 
@@ -154,6 +155,46 @@ TEST(PromptCacheReplay, RepliesAreIdenticalWithAndWithoutTheCacheAndSnapshotsNev
   EXPECT_GT(r2.n_checked_, 10u);
 }
 
+// The same script over the paged layout: the prefix cache restores whole blocks of the pool,
+// two branches decode in one batch, and a pool of 2 MiB (32 blocks of 16 rows of the demo
+// model) makes the cache evict. With batch invariance on, every reply is token for token the
+// one without the prefix cache (the pool's own tests prove that no cached block is written:
+// tests/kv/paged_pool_test.cpp).
+TEST(PromptCacheReplay, PagedPrefixCacheRepliesAreIdenticalWithAndWithoutIt) {
+  ServerOptions o = testing::demo_server_options();
+  o.kv_layout = KVLayout::paged;
+  o.n_slots = 2;
+  o.kv_cache_mib = 2;
+  o.batch_invariant = true;
+  testing::TestServer cached(o);
+  Replayer r1(cached, false);
+  const auto with_cache = r1.run();
+
+  o.prompt_cache_mib = 0;
+  testing::TestServer uncached(o);
+  Replayer r2(uncached, false);
+  const auto without_cache = r2.run();
+
+  ASSERT_EQ(with_cache.size(), 12u);
+  int64_t n_cached = 0;
+  for (const auto& [key, rep] : without_cache) {
+    SCOPED_TRACE(key);
+    EXPECT_FALSE(rep.tokens.empty());
+    EXPECT_EQ(rep.cached, 0);
+    EXPECT_EQ(with_cache.at(key).tokens, rep.tokens);
+    EXPECT_EQ(with_cache.at(key).text, rep.text);
+    EXPECT_EQ(with_cache.at(key).cached % 16, 0) << "whole blocks";
+    n_cached += with_cache.at(key).cached;
+  }
+  EXPECT_GT(n_cached, 0);
+  EXPECT_GE(cached.metric("osprey:prompt_cache_hits_total"), 8);
+  EXPECT_GT(cached.metric("osprey:prompt_cache_restored_tokens_total"), 200);
+  EXPECT_GE(cached.metric("osprey:prompt_cache_evictions_total"), 1);
+  EXPECT_EQ(cached.metric("osprey:kv_pool_blocks_in_use"), 0);
+  EXPECT_EQ(uncached.metric("osprey:prompt_cache_hits_total"), 0);
+  EXPECT_EQ(uncached.metric("osprey:kv_pool_blocks_cached"), 0);
+}
+
 // The dense cache without the guard's identity and length rules (the cache's test seam): every
 // single-row write that fits goes in place, whoever else holds the buffers.
 class UnguardedKVCache final : public DenseKVCache {
@@ -184,6 +225,7 @@ TEST(PromptCacheReplay, TheSnapshotCheckSeesWritesThatBypassTheGuard) {
   for (bool unsafe : {false, true}) {
     SCOPED_TRACE(unsafe ? "guard off" : "guard on");
     ServerOptions o = testing::demo_server_options();
+    o.kv_layout = KVLayout::dense;
     o.keep_prompt_cache_checksums = true;
     if (unsafe) o.make_cache = unguarded_demo_cache;
     testing::TestServer s(o);

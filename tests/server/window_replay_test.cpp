@@ -146,6 +146,7 @@ void replay(const std::string& fixture, const std::string& tokenizer) {
   windowed_folder(dir.path(), fixture, tokenizer);
   ServerOptions o = testing::demo_server_options();
   o.model_dir = dir.path();
+  o.kv_layout = KVLayout::dense;
   o.n_slots = 2;
   o.keep_prompt_cache_checksums = true;
 
