@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 import urllib.parse
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 # Words for text prompts (--prompt-format text): common English words, mostly one token each.
 WORDS = (
@@ -88,12 +88,15 @@ class Target:
             conn.close()
 
     def get_text(self, path: str, timeout: float = 10.0) -> str:
+        """The body of a GET, or "" when it fails (the caller only reads what it can)."""
         conn = self.connect(timeout)
         try:
             conn.request("GET", self.base + path, headers=self.headers)
             r = conn.getresponse()
             body = r.read()
             return body.decode("utf-8", "replace") if r.status == 200 else ""
+        except (OSError, http.client.HTTPException):
+            return ""
         finally:
             conn.close()
 
@@ -129,6 +132,8 @@ def stream_completion(target: Target, body: dict, timeout: float) -> RequestResu
     try:
         conn = target.connect(timeout)
         conn.request("POST", target.base + "/v1/completions", body=payload, headers=target.headers)
+        if conn.sock is not None:
+            conn.sock.settimeout(max(deadline - time.perf_counter(), 0.001))
         resp = conn.getresponse()
         if resp.status != 200:
             text = resp.read(4096).decode("utf-8", "replace")
@@ -136,7 +141,7 @@ def stream_completion(target: Target, body: dict, timeout: float) -> RequestResu
         while True:
             left = deadline - time.perf_counter()
             if left <= 0:
-                return fail("timeout", f"no [DONE] within {timeout:g} s")
+                return fail("timeout", f"no [DONE] within --timeout {timeout:g} s")
             if conn.sock is not None:
                 conn.sock.settimeout(left)
             line = resp.readline()
@@ -180,7 +185,7 @@ def stream_completion(target: Target, body: dict, timeout: float) -> RequestResu
         res.ok = True
         return res
     except (socket.timeout, TimeoutError):
-        return fail("timeout", f"a socket operation passed {timeout:g} s")
+        return fail("timeout", f"no reply within --timeout {timeout:g} s")
     except (ConnectionError, OSError, http.client.HTTPException) as e:
         return fail("connection", f"{type(e).__name__}: {e}")
     except Exception as e:  # noqa: BLE001: a benchmark counts every failure and goes on
@@ -421,27 +426,26 @@ def server_metric(text: str, name: str) -> float:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--url", default="http://127.0.0.1:8080", help="the server's base URL")
-    ap.add_argument("--api-key", default=os.environ.get("OSPREY_API_KEY", ""), help="bearer token, if the server wants one")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--url", default="http://127.0.0.1:8080", help="the server's base URL (default: %(default)s)")
+    ap.add_argument("--api-key", default="", help="bearer token, if the server wants one")
     ap.add_argument("--model", default="", help="the model id to send (default: the server's first, from /v1/models)")
-    ap.add_argument("--concurrency", type=positive_ints, default=[1, 4, 16, 64],
-                    help="comma-separated numbers of concurrent clients, one level each")
+    ap.add_argument("--concurrency", type=positive_ints, default="1,4,16,64",
+                    help="comma-separated numbers of concurrent clients, one level each (default: %(default)s)")
     ap.add_argument("--requests", type=int, default=0, help="requests per level (0: max(4 x concurrency, 16))")
-    ap.add_argument("--prompt-tokens", type=int, default=512, help="prompt length in tokens")
+    ap.add_argument("--prompt-tokens", type=int, default=512, help="prompt length in tokens (default: %(default)s)")
     ap.add_argument("--shared-prefix-tokens", type=int, default=0,
                     help="leading prompt tokens that every request shares (to exercise prefix caching)")
-    ap.add_argument("--max-tokens", type=int, default=128, help="tokens generated per request")
+    ap.add_argument("--max-tokens", type=int, default=128, help="tokens generated per request (default: %(default)s)")
     ap.add_argument("--prompt-format", choices=["ids", "text"], default="ids",
-                    help="token-id prompts (exact lengths) or text prompts (about one token a word)")
+                    help="token-id prompts (exact lengths; the default) or text prompts (about one token a word)")
     ap.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
                     help="let replies end at an end-of-sequence token (default: run to --max-tokens)")
-    ap.add_argument("--temperature", type=float, default=0.0, help="sampling temperature")
-    ap.add_argument("--warmup", type=int, default=1, help="requests sent (and not measured) before the first level")
-    ap.add_argument("--timeout", type=float, default=300.0, help="seconds one request may take, end to end")
-    ap.add_argument("--wait-ready", type=float, default=60.0, help="seconds to wait for GET /health to answer 200")
-    ap.add_argument("--seed", type=int, default=0, help="seed of the prompt generator")
+    ap.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default: %(default)s)")
+    ap.add_argument("--warmup", type=int, default=1, help="requests sent (and not measured) before the first level (default: %(default)s)")
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds one request may take, end to end (default: %(default)s)")
+    ap.add_argument("--wait-ready", type=float, default=60.0, help="seconds to wait for GET /health to answer 200 (default: %(default)s)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the prompt generator (default: %(default)s)")
     ap.add_argument("--out", default="", help="write the per-level numbers (and raw samples) here as JSON")
     ap.add_argument("--plot", default="", metavar="DIR",
                     help="write a gnuplot script and its data here (and the PNG, when gnuplot is installed)")
