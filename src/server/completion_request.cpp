@@ -141,6 +141,10 @@ CompletionRequest read_completion_fields(const json& body, bool chat) {
       if (s1.empty()) throw bad_request("'stop' strings must not be empty", "stop");
   }
 
+  // As vLLM's and llama.cpp's: the reply runs to max_tokens (or the context) whatever the
+  // model says, so a benchmark's request lengths are the ones it asked for.
+  r.ignore_eos = bool_field(body, "ignore_eos").value_or(false);
+
   r.stream = bool_field(body, "stream").value_or(false);
   if (const json* so = field(body, "stream_options")) {
     if (!so->is_object()) throw bad_request("'stream_options' must be an object", "stream_options");

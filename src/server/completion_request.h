@@ -21,6 +21,7 @@ struct CompletionRequest {
   std::optional<int64_t> max_tokens;          // max_tokens / max_completion_tokens
   SequenceParams params;                      // max_tokens filled per prompt by the server
   std::vector<std::string> stop;
+  bool ignore_eos = false;                    // generate past end-of-sequence tokens (benchmarks)
   bool stream = false;
   bool include_usage = false;                 // stream_options.include_usage
   bool logprobs = false;                      // completions: logprobs given; chat: logprobs true

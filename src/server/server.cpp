@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
@@ -76,6 +77,32 @@ bool peer_gone(int fd) {
   const ssize_t n = ::recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
   if (n == 0) return true;
   return n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
+}
+
+// cpp-httplib listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG, compiled into the shared
+// library). A burst of clients connecting at once overflows that accept queue: the kernel drops
+// their handshakes, and a connection accepted late may bring its request only after httplib's
+// keep-alive wait, to be closed unanswered. listen() again on the bound socket raises the
+// backlog (Linux allows it on a listening socket); the socket is the listening one on `port`.
+void widen_listen_backlog(int port) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+    const std::string name = e.path().filename().string();
+    char* end = nullptr;
+    const long fd = std::strtol(name.c_str(), &end, 10);
+    if (*end != '\0') continue;
+    int listening = 0;
+    socklen_t len = sizeof listening;
+    if (::getsockopt(int(fd), SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || !listening) continue;
+    sockaddr_storage local{};
+    socklen_t ll = sizeof local;
+    if (::getsockname(int(fd), reinterpret_cast<sockaddr*>(&local), &ll) != 0) continue;
+    int local_port = -1;
+    if (local.ss_family == AF_INET) local_port = ntohs(reinterpret_cast<const sockaddr_in&>(local).sin_port);
+    if (local.ss_family == AF_INET6) local_port = ntohs(reinterpret_cast<const sockaddr_in6&>(local).sin6_port);
+    if (local_port == port && ::listen(int(fd), SOMAXCONN) != 0)
+      log_warn("cannot raise the listen backlog of port " + std::to_string(port) + ": " + std::strerror(errno));
+  }
 }
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
@@ -529,7 +556,7 @@ struct Server::Impl {
       sr.prompt = p;
       sr.params = r.params;
       sr.params.max_tokens = r.max_tokens.value_or(chat ? ctx : 16);
-      sr.params.stop_ids = eos_ids;
+      if (!r.ignore_eos) sr.params.stop_ids = eos_ids;
       sr.channel = c->channel;
       st->choices.push_back(std::move(c));
       switch (scheduler->submit(std::move(sr))) {
@@ -686,6 +713,7 @@ int Server::bind() {
     port = -1;
   if (port <= 0) throw IoError("cannot listen on " + m.opt.host + ":" + std::to_string(m.opt.port));
   m.opt.port = port;
+  widen_listen_backlog(port);
   return port;
 }
 

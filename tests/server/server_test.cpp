@@ -5,9 +5,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <thread>
 
@@ -196,6 +198,51 @@ TEST(Server, MaxTokensEndsWithLength) {
   EXPECT_EQ(r["usage"]["completion_tokens"], 5);
 }
 
+// The demo model never ends a reply by itself, so the test serves a copy of it whose config
+// names an ordinary token of a greedy reply as an end-of-sequence id: without ignore_eos the
+// reply ends before that token, with it the reply is the demo model's whole greedy reply.
+TEST(Server, IgnoreEosRunsToMaxTokens) {
+  constexpr int kMaxTokens = 24;
+  const std::vector<int32_t> prompt = demo_tokenizer().encode("Mr. Knightley was", true);
+  const std::vector<int32_t> ref = greedy_reference(prompt, kMaxTokens);
+  ASSERT_EQ(ref.size(), size_t(kMaxTokens));
+  size_t k = 3;  // the first position past 2 whose token has not come before
+  while (k < ref.size() && std::find(ref.begin(), ref.begin() + k, ref[k]) != ref.begin() + k) ++k;
+  ASSERT_LT(k, ref.size());
+
+  testing::TempDir dir;
+  const std::filesystem::path demo = testing::source_dir() / "models" / "demo";
+  for (const char* f : {"model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json"})
+    std::filesystem::copy_file(demo / f, dir / f);
+  json config = json::parse(testing::read_file(demo / "config.json"));
+  config["eos_token_id"] = json::array({1, ref[k]});
+  testing::write_file(dir / "config.json", config.dump());
+  ServerOptions o = testing::demo_server_options();
+  o.model_dir = dir.path();
+  TestServer s(o);
+
+  const json body = greedy({{"prompt", prompt}, {"max_tokens", kMaxTokens}});
+  auto [st1, stopped] = s.post_json("/v1/completions", body);
+  ASSERT_EQ(st1, 200) << stopped.dump();
+  EXPECT_EQ(stopped["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(stopped["usage"]["completion_tokens"], k);
+  EXPECT_EQ(stopped["choices"][0]["text"],
+            demo_tokenizer().decode(std::vector<int32_t>(ref.begin(), ref.begin() + k), true));
+
+  json forced = body;
+  forced["ignore_eos"] = true;
+  auto [st2, full] = s.post_json("/v1/completions", forced);
+  ASSERT_EQ(st2, 200) << full.dump();
+  EXPECT_EQ(full["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(full["usage"]["completion_tokens"], kMaxTokens);
+  EXPECT_EQ(full["choices"][0]["text"], demo_tokenizer().decode(ref, true));
+
+  forced["ignore_eos"] = false;
+  auto [st3, again] = s.post_json("/v1/completions", forced);
+  ASSERT_EQ(st3, 200) << again.dump();
+  EXPECT_EQ(again["usage"]["completion_tokens"], k);
+}
+
 TEST(Server, SeedMakesSamplingRepeatable) {
   TestServer s;
   json body = {{"prompt", "Emma"}, {"max_tokens", 20}, {"temperature", 1.2}, {"top_k", 40}, {"top_p", 0.95},
@@ -254,6 +301,7 @@ TEST(Server, BadRequestsGetOpenAIErrors) {
   check({{"prompt", "a"}, {"n", 2}}, 400, "n");
   check({{"prompt", "a"}, {"stop", 3}}, 400, "stop");
   check({{"prompt", "a"}, {"stream", "yes"}}, 400, "stream");
+  check({{"prompt", "a"}, {"ignore_eos", 1}}, 400, "ignore_eos");
   check({{"prompt", "a"}, {"model", "gpt-4"}}, 404, "");
   auto [c2, r2] = s.post_json("/v1/completions", {{"prompt", json(std::vector<int32_t>(600, 5))}});
   expect_error(c2, r2, 400, "prompt");
