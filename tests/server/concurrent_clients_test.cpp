@@ -130,13 +130,15 @@ std::vector<Reply> send_all_at_once(const TestServer& s, const std::vector<Reque
   return replies;
 }
 
-void expect_idle(TestServer& s, const std::string& when) {
+void expect_idle(TestServer& s, KVLayout layout, const std::string& when) {
   SCOPED_TRACE(when);
   // A task on the engine thread runs after the step that ended the last sequence has
   // published its statistics, so /metrics is settled from here on. The task itself checks
   // that no sequence wrote into a stored prompt-cache snapshot.
   const auto checksums = s.server().prompt_cache_checksums();
-  EXPECT_FALSE(checksums.empty());
+  // The paged layout's prefix cache keeps blocks, not snapshots (tests/kv/paged_pool_test.cpp
+  // proves no cached block is written).
+  EXPECT_EQ(checksums.empty(), layout == KVLayout::paged);
   for (const auto& c : checksums) EXPECT_EQ(c.now, c.at_store) << "an entry of " << c.n_tokens << " tokens";
   auto [status, page] = s.get("/metrics");
   ASSERT_EQ(status, 200);
@@ -148,17 +150,29 @@ void expect_idle(TestServer& s, const std::string& when) {
   EXPECT_EQ(m.at("osprey:num_requests_waiting"), 0);
   EXPECT_EQ(m.at("osprey:kv_cache_usage_perc"), 0);
   EXPECT_EQ(m.at("osprey:requests_failed_total"), 0);
+  if (layout == KVLayout::paged) {
+    ASSERT_TRUE(m.count("osprey:kv_pool_blocks_in_use")) << page;
+    EXPECT_EQ(m.at("osprey:kv_pool_blocks_in_use"), 0) << "the pool is back to empty but for the prefix cache";
+  }
 }
+
+class ServerConcurrentClients : public ::testing::TestWithParam<KVLayout> {};
 
 }  // namespace
 
-TEST(ServerConcurrentClients, SixtyFourAtOnceEqualTheirSerialReplies) {
+// The paged layout decodes the 64 as batches of changing size and composition; with batch
+// invariance on, each reply is bit for bit its serial run. The dense layout decodes its 64
+// slots one after another.
+TEST_P(ServerConcurrentClients, SixtyFourAtOnceEqualTheirSerialReplies) {
+  const KVLayout layout = GetParam();
   const std::vector<Request> requests = make_requests();
 
   // The reference: each request alone, on a server with one slot and no prompt cache.
   std::vector<Reply> serial;
   {
     ServerOptions o = testing::demo_server_options();
+    o.kv_layout = layout;
+    o.batch_invariant = layout == KVLayout::paged;
     o.n_slots = 1;
     o.ctx_size = 128;
     o.prompt_cache_mib = 0;
@@ -171,6 +185,8 @@ TEST(ServerConcurrentClients, SixtyFourAtOnceEqualTheirSerialReplies) {
   }
 
   ServerOptions o = testing::demo_server_options();
+  o.kv_layout = layout;
+  o.batch_invariant = layout == KVLayout::paged;
   o.n_slots = kClients;
   o.ctx_size = 128;
   o.n_http_threads = kClients + 16;
@@ -192,7 +208,7 @@ TEST(ServerConcurrentClients, SixtyFourAtOnceEqualTheirSerialReplies) {
       EXPECT_EQ(got.completion_tokens, want.completion_tokens);
       EXPECT_EQ(got.finish_reason, want.finish_reason);
     }
-    expect_idle(s, "after round " + std::to_string(round));
+    expect_idle(s, layout, "after round " + std::to_string(round));
   }
   auto [status, page] = s.get("/metrics");
   ASSERT_EQ(status, 200);
@@ -201,5 +217,10 @@ TEST(ServerConcurrentClients, SixtyFourAtOnceEqualTheirSerialReplies) {
   // The second round's prompts were all seen in the first: each restores a prefix.
   EXPECT_GE(m.at("osprey:prompt_cache_hits_total"), kClients);
 }
+
+INSTANTIATE_TEST_SUITE_P(Layouts, ServerConcurrentClients, ::testing::Values(KVLayout::paged, KVLayout::dense),
+                         [](const ::testing::TestParamInfo<KVLayout>& i) {
+                           return std::string(i.param == KVLayout::paged ? "paged" : "dense");
+                         });
 
 }  // namespace osprey
