@@ -39,7 +39,7 @@ namespace cuda_ops {
 void embedding(const void* table, DType dt, const int32_t* ids, int64_t n, int64_t d, float scale, float* out) { no_backend(); }
 void rms_norm(const float* x, const float* w, int64_t rows, int64_t d, float eps, float w_offset, float* out) { no_backend(); }
 void layer_norm(const float* x, const float* w, const float* b, int64_t rows, int64_t d, float eps, float* out) { no_backend(); }
-void linear(const float* x, int64_t n, int64_t in, const void* w, DType wdt, int64_t out, const float* bias, float* y) { no_backend(); }
+void linear(const float* x, int64_t n, int64_t in, const void* w, DType wdt, int64_t out, const float* bias, float* y, bool batch_invariant) { no_backend(); }
 void add_inplace(float* x, const float* y, int64_t n) { no_backend(); }
 void scale_inplace(float* x, float f, int64_t n) { no_backend(); }
 void add_rms_norm(float* x, const float* y, const float* w, int64_t rows, int64_t d, float eps, float w_offset, float* out) { no_backend(); }
@@ -55,8 +55,9 @@ void attention(const AttentionArgs& a) { no_backend(); }
 void copy_strided(void* dst, DType ddt, const int64_t dst_strides[4], const void* src, DType sdt, const int64_t src_strides[4], const int64_t shape[4]) { no_backend(); }
 void fill_i32(int32_t* p, int32_t value, int64_t n) { no_backend(); }
 void argmax(const float* x, int64_t n, int32_t* out) { no_backend(); }
+void argmax_rows(const float* logits, int64_t n, int64_t vocab, int32_t* out, int32_t* nonfinite) { no_backend(); }
 void sample(const float* logits, int64_t vocab, const SampleArgs& a, int32_t* out_token) { no_backend(); }
-void linear_q(const float* x, int64_t n, const QuantArgs& w, const float* bias, float* y) { no_backend(); }
+void linear_q(const float* x, int64_t n, const QuantArgs& w, const float* bias, float* y, bool batch_invariant) { no_backend(); }
 void embedding_q(const QuantArgs& w, const int32_t* ids, int64_t n, float scale, float* out) { no_backend(); }
 void dequantize(const QuantArgs& w, DType out_dtype, void* out) { no_backend(); }
 void copy_to_device(void* dst, const void* src, size_t bytes) { no_backend(); }

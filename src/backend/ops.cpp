@@ -1,7 +1,9 @@
 #include "backend/ops.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 
 #include "backend/cpu/basic_ops.h"
@@ -33,7 +35,14 @@ void require_f32(const char* op, const char* name, const Array& a) {
           std::string(name) + " must be float32 on CUDA (load converts it), got " + describe(a));
 }
 
+// NOTE: relaxed is enough: the mode is set between steps by the thread that runs them (ops
+// read it on the calling thread), not raced against running ops.
+std::atomic<bool> g_batch_invariant{false};
+
 }  // namespace
+
+void set_batch_invariant(bool on) { g_batch_invariant.store(on, std::memory_order_relaxed); }
+bool batch_invariant() { return g_batch_invariant.load(std::memory_order_relaxed); }
 
 void check_token_ids(std::span<const int32_t> ids, int64_t vocab, const char* what) {
   for (int32_t id : ids)
@@ -105,11 +114,15 @@ Array linear(const Array& x, const Array& w, const Array& bias) {
   const int64_t n = x.numel() / in;
   Array y = Array::empty({n, out_features}, DType::f32, x.device());
   const float* b = bias.defined() ? bias.data<float>() : nullptr;
+  const bool invariant = batch_invariant();
   if (gpu) {
-    cuda_ops::linear(x.data<float>(), n, in, w.raw(), w.dtype(), out_features, b, y.data<float>());
+    cuda_ops::linear(x.data<float>(), n, in, w.raw(), w.dtype(), out_features, b, y.data<float>(), invariant);
     return y;
   }
-  cpu::linear(x.data<float>(), n, in, w.raw(), w.dtype(), out_features, b, y.data<float>(), cpu_pool());
+  if (invariant)
+    cpu::linear_invariant(x.data<float>(), n, in, w.raw(), w.dtype(), out_features, b, y.data<float>(), cpu_pool());
+  else
+    cpu::linear(x.data<float>(), n, in, w.raw(), w.dtype(), out_features, b, y.data<float>(), cpu_pool());
   return y;
 }
 
@@ -481,6 +494,46 @@ void sample_into(const Array& logits, const DeviceSampling& p, uint64_t counter,
       cuda_ops::sample(row, vocab, a, out.data<int32_t>());
     }
   }
+}
+
+void argmax_rows(const Array& logits, Array& out, Array& nonfinite) {
+  const bool gpu = on_cuda("argmax_rows", {&logits, &out, &nonfinite});
+  require(logits.defined() && logits.dtype() == DType::f32 && logits.is_contiguous() && logits.ndim() == 2 &&
+              logits.dim(1) >= 1,
+          "argmax_rows", "logits must be contiguous float32 [n, vocab] with vocab >= 1, got " + describe(logits));
+  const int64_t n = logits.dim(0), vocab = logits.dim(1);
+  require(vocab <= INT32_MAX, "argmax_rows", "logits has " + std::to_string(vocab) + " columns, more than int32 ids reach");
+  auto check_out = [&](const char* name, const Array& a) {
+    require(a.defined() && a.dtype() == DType::i32 && a.is_contiguous() && a.ndim() == 1 && a.dim(0) == n, "argmax_rows",
+            std::string(name) + " must be contiguous int32 [" + std::to_string(n) + "], got " + describe(a));
+  };
+  check_out("out", out);
+  check_out("nonfinite", nonfinite);
+  if (n == 0) return;
+  if (gpu) {
+    cuda_ops::argmax_rows(logits.data<float>(), n, vocab, out.data<int32_t>(), nonfinite.data<int32_t>());
+    return;
+  }
+  // As the device's argmax: NaN ranks as -inf, the lowest id wins a tie (a row without a
+  // value above -inf gives 0).
+  const float* lp = logits.data<float>();
+  int32_t* op = out.data<int32_t>();
+  int32_t* fp = nonfinite.data<int32_t>();
+  cpu_pool().parallel_for(n, 1, [&](int64_t r0, int64_t r1, int) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* row = lp + r * vocab;
+      int64_t best = 0;
+      float best_v = -INFINITY;
+      bool bad = false;
+      for (int64_t i = 0; i < vocab; ++i) {
+        const float v = row[i];
+        bad |= !std::isfinite(v);
+        if (v > best_v) best = i, best_v = v;  // false for NaN
+      }
+      op[r] = int32_t(best);
+      fp[r] = bad ? 1 : 0;
+    }
+  });
 }
 
 Array cast(const Array& src, DType dtype) {

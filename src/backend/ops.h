@@ -25,7 +25,8 @@ Array rms_norm(const Array& x, const Array& weight, float eps, bool unit_offset 
 Array layer_norm(const Array& x, const Array& weight, const Array& bias, float eps);
 
 // x [n, in] f32, w [out, in] (f32|f16|bf16), bias [out] or undefined -> [n, out] f32.
-// n == 1 runs a multi-threaded SIMD matvec; larger n a blocked GEMM. Accumulates in f32.
+// n == 1 runs a multi-threaded SIMD matvec; larger n a blocked GEMM (every n the matvec's
+// arithmetic in batch-invariant mode, set_batch_invariant). Accumulates in f32.
 Array linear(const Array& x, const Array& w, const Array& bias = {});
 
 // x += y, both f32 of equal shape.

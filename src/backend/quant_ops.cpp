@@ -68,8 +68,17 @@ Array linear(const Array& x, const QuantizedMatrix& w, const Array& bias) {
   const int64_t n = x.numel() / a.in;
   Array y = Array::empty({n, a.out}, DType::f32, x.device());
   const float* b = bias.defined() ? bias.data<float>() : nullptr;
+  const bool invariant = batch_invariant();
   if (gpu) {
-    cuda_ops::linear_q(x.data<float>(), n, a, b, y.data<float>());
+    cuda_ops::linear_q(x.data<float>(), n, a, b, y.data<float>(), invariant);
+    return y;
+  }
+  if (invariant) {
+    // Batch-invariant mode: each row through the n == 1 kernels (the int8 matvec for 4 bits,
+    // else the fused f32 matvec), whose arithmetic differs from the many-row kernels'. Costs
+    // one pass over w per row.
+    for (int64_t j = 0; j < n; ++j)
+      cpu::linear_q(x.data<float>() + j * a.in, 1, a, b, y.data<float>() + j * a.out, cpu_pool());
     return y;
   }
   cpu::linear_q(x.data<float>(), n, a, b, y.data<float>(), cpu_pool());

@@ -28,6 +28,12 @@ void linear_rows(const float* x, int64_t n, int64_t in, const void* w, DType w_d
 void linear_gemm(const float* x, int64_t n, int64_t in, const void* w, DType w_dtype, int64_t out,
                  const float* bias, float* y, ThreadPool& pool);
 
+// linear() in batch-invariant mode (ops::set_batch_invariant): row j of y is bit for bit what
+// linear(x + j * in, 1, ...) gives, for any n (each row takes the n == 1 matvec's accumulators
+// and reduction order; w is still streamed once per tile of rows for all rows of x).
+void linear_invariant(const float* x, int64_t n, int64_t in, const void* w, DType w_dtype, int64_t out,
+                      const float* bias, float* y, ThreadPool& pool);
+
 using osprey::AttentionArgs;  // backend/kernel_args.h
 
 // Causal grouped-query attention: query head h reads kv head h / (n_heads / n_kv_heads).

@@ -27,16 +27,21 @@ constexpr int kMatvecAcc = kRegisters >= 32 ? 2 : 1;
 template <class WF>
 constexpr int64_t kPrefetchElems = 2048 / int64_t(sizeof(typename WF::T));
 
-// y[r + i] = bias[r + i] + sum_k x[k] * w[r + i, k] for i < NW.
-template <class WF, int NW>
+// y[j * ldy + r + i] = bias[r + i] + sum_k x[j * in + k] * w[r + i, k] for i < NW, j < NX.
+// Each (j, i) pair has its own accumulators and its own reduction, in an order that depends on
+// `in` alone: its result is the same bit for bit whatever NW and NX are (linear_invariant
+// relies on it; n == 1 runs NX = 1).
+template <class WF, int NW, int NX = 1>
 inline void matvec_tile(const float* x, int64_t in, const typename WF::T* w, int64_t r, const float* bias,
-                        float* y) {
+                        float* y, int64_t ldy = 0) {
   constexpr int NA = kMatvecAcc;
-  Vec acc[NA][NW];
+  Vec acc[NX][NA][NW];
+#pragma GCC unroll 4
+  for (int j = 0; j < NX; ++j)
 #pragma GCC unroll 2
-  for (int a = 0; a < NA; ++a)
+    for (int a = 0; a < NA; ++a)
 #pragma GCC unroll 16
-    for (int i = 0; i < NW; ++i) acc[a][i] = zero();
+      for (int i = 0; i < NW; ++i) acc[j][a][i] = zero();
   const typename WF::T* wr[NW];
 #pragma GCC unroll 16
   for (int i = 0; i < NW; ++i) wr[i] = w + (r + i) * in;
@@ -49,23 +54,30 @@ inline void matvec_tile(const float* x, int64_t in, const typename WF::T* w, int
       for (int64_t b = 0; b < int64_t(NA * kWidth * sizeof(typename WF::T)); b += 64)
         __builtin_prefetch(reinterpret_cast<const char*>(wr[i] + k + kPrefetchElems<WF>) + b, 0, 3);
 #pragma GCC unroll 2
-    for (int a = 0; a < NA; ++a) {
-      const Vec xv = load(x + k + a * kWidth);
+    for (int a = 0; a < NA; ++a)
+#pragma GCC unroll 4
+      for (int j = 0; j < NX; ++j) {
+        const Vec xv = load(x + j * in + k + a * kWidth);
 #pragma GCC unroll 16
-      for (int i = 0; i < NW; ++i) acc[a][i] = fma(WF::load(wr[i] + k + a * kWidth), xv, acc[a][i]);
+        for (int i = 0; i < NW; ++i) acc[j][a][i] = fma(WF::load(wr[i] + k + a * kWidth), xv, acc[j][a][i]);
+      }
+  }
+  for (; k + kWidth <= in; k += kWidth)
+#pragma GCC unroll 4
+    for (int j = 0; j < NX; ++j) {
+      const Vec xv = load(x + j * in + k);
+#pragma GCC unroll 16
+      for (int i = 0; i < NW; ++i) acc[j][0][i] = fma(WF::load(wr[i] + k), xv, acc[j][0][i]);
     }
-  }
-  for (; k + kWidth <= in; k += kWidth) {
-    const Vec xv = load(x + k);
-#pragma GCC unroll 16
-    for (int i = 0; i < NW; ++i) acc[0][i] = fma(WF::load(wr[i] + k), xv, acc[0][i]);
-  }
-  for (int i = 0; i < NW; ++i) {
-    Vec t = acc[0][i];
-    for (int a = 1; a < NA; ++a) t = add(t, acc[a][i]);
-    float sum = reduce_add(t);
-    for (int64_t kk = k; kk < in; ++kk) sum += x[kk] * WF::scalar(wr[i][kk]);
-    y[r + i] = bias ? sum + bias[r + i] : sum;
+  for (int j = 0; j < NX; ++j) {
+    const float* xj = x + j * in;
+    for (int i = 0; i < NW; ++i) {
+      Vec t = acc[j][0][i];
+      for (int a = 1; a < NA; ++a) t = add(t, acc[j][a][i]);
+      float sum = reduce_add(t);
+      for (int64_t kk = k; kk < in; ++kk) sum += xj[kk] * WF::scalar(wr[i][kk]);
+      y[j * ldy + r + i] = bias ? sum + bias[r + i] : sum;
+    }
   }
 }
 
@@ -140,6 +152,41 @@ void matvec_impl(const float* x, int64_t in, const typename WF::T* w, int64_t ou
   pool.parallel_for(n_groups, 16, std::ref(body));
 }
 
+// Batch-invariant mode, any n: every row of x gets exactly matvec_impl's arithmetic (matvec_tile
+// with the same accumulators and reduction order), while a tile of kInvTileW rows of w is read
+// from memory once for all rows of x (kInvGroupX at a time, from cache after the first group).
+constexpr int kInvTileW = 2;
+constexpr int kInvGroupX = 4;
+
+template <class WF, int NW>
+inline void matvec_tile_rows(const float* x, int64_t n, int64_t in, const typename WF::T* w, int64_t r,
+                             const float* bias, float* y, int64_t out) {
+  int64_t j = 0;
+  for (; j + kInvGroupX <= n; j += kInvGroupX)
+    matvec_tile<WF, NW, kInvGroupX>(x + j * in, in, w, r, bias, y + j * out, out);
+  switch (n - j) {
+    case 1: matvec_tile<WF, NW, 1>(x + j * in, in, w, r, bias, y + j * out, out); break;
+    case 2: matvec_tile<WF, NW, 2>(x + j * in, in, w, r, bias, y + j * out, out); break;
+    case 3: matvec_tile<WF, NW, 3>(x + j * in, in, w, r, bias, y + j * out, out); break;
+    default: break;
+  }
+  static_assert(kInvGroupX == 4, "the switch covers remainders up to 3");
+}
+
+template <class WF>
+void invariant_impl(const float* x, int64_t n, int64_t in, const typename WF::T* w, int64_t out, const float* bias,
+                    float* y, ThreadPool& pool) {
+  if (n == 1) return matvec_impl<WF>(x, in, w, out, bias, y, pool);
+  const int64_t n_groups = (out + kInvTileW - 1) / kInvTileW;
+  const auto body = [&](int64_t g0, int64_t g1, int) {
+    const int64_t r_end = std::min(out, g1 * kInvTileW);
+    int64_t r = g0 * kInvTileW;
+    for (; r + kInvTileW <= r_end; r += kInvTileW) matvec_tile_rows<WF, kInvTileW>(x, n, in, w, r, bias, y, out);
+    for (; r < r_end; ++r) matvec_tile_rows<WF, 1>(x, n, in, w, r, bias, y, out);
+  };
+  pool.parallel_for(n_groups, 16, std::ref(body));
+}
+
 // n > 1: k in blocks small enough that the block of every row of x stays in L1 while the
 // rows of w stream past; rows of x in groups of kGroupX (the last group padded by repeating
 // its last row, results discarded).
@@ -175,6 +222,17 @@ void linear_rows(const float* x, int64_t n, int64_t in, const void* w, DType w_d
     case DType::f32: rows_impl<F32>(x, n, in, static_cast<const float*>(w), out, bias, y, pool); break;
     case DType::f16: rows_impl<F16>(x, n, in, static_cast<const uint16_t*>(w), out, bias, y, pool); break;
     case DType::bf16: rows_impl<BF16>(x, n, in, static_cast<const uint16_t*>(w), out, bias, y, pool); break;
+    default: throw Unsupported(std::string("linear: weight dtype ") + dtype_name(w_dtype) + " (want f32, f16 or bf16)");
+  }
+}
+
+void linear_invariant(const float* x, int64_t n, int64_t in, const void* w, DType w_dtype, int64_t out,
+                      const float* bias, float* y, ThreadPool& pool) {
+  if (n <= 0 || out <= 0) return;
+  switch (w_dtype) {
+    case DType::f32: invariant_impl<F32>(x, n, in, static_cast<const float*>(w), out, bias, y, pool); break;
+    case DType::f16: invariant_impl<F16>(x, n, in, static_cast<const uint16_t*>(w), out, bias, y, pool); break;
+    case DType::bf16: invariant_impl<BF16>(x, n, in, static_cast<const uint16_t*>(w), out, bias, y, pool); break;
     default: throw Unsupported(std::string("linear: weight dtype ") + dtype_name(w_dtype) + " (want f32, f16 or bf16)");
   }
 }

@@ -5,6 +5,7 @@
 
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/quant_kernels.h"
+#include "backend/cuda/quant_linear.h"
 #include "backend/cuda/runtime.h"
 #include "backend/cuda/sample.h"
 
@@ -19,8 +20,15 @@ void rms_norm(const float* x, const float* w, int64_t rows, int64_t d, float eps
 void layer_norm(const float* x, const float* w, const float* b, int64_t rows, int64_t d, float eps, float* out) {
   cuda::layer_norm(x, w, b, rows, d, eps, out, cuda::stream());
 }
-void linear(const float* x, int64_t n, int64_t in, const void* w, DType wdt, int64_t out, const float* bias, float* y) {
-  cuda::linear(x, n, in, w, wdt, out, bias, y, cuda::stream());
+void linear(const float* x, int64_t n, int64_t in, const void* w, DType wdt, int64_t out, const float* bias, float* y,
+            bool batch_invariant) {
+  // NOTE: the GEMV gives each row of x its own accumulators, summed in an order fixed by `in`
+  // alone (linear.cu); cuBLAS (n > 8 otherwise) rounds x to 16 bits and picks its reduction by
+  // shape, so a row's result would change with the batch.
+  if (batch_invariant)
+    cuda::linear_gemv(x, n, in, w, wdt, out, bias, y, cuda::stream());
+  else
+    cuda::linear(x, n, in, w, wdt, out, bias, y, cuda::stream());
 }
 void add_inplace(float* x, const float* y, int64_t n) { cuda::add_inplace(x, y, n, cuda::stream()); }
 void scale_inplace(float* x, float f, int64_t n) { cuda::scale_inplace(x, f, n, cuda::stream()); }
@@ -55,12 +63,20 @@ void copy_strided(void* dst, DType ddt, const int64_t dst_strides[4], const void
 }
 void fill_i32(int32_t* p, int32_t value, int64_t n) { cuda::fill_i32(p, value, n, cuda::stream()); }
 void argmax(const float* x, int64_t n, int32_t* out) { cuda::argmax(x, n, out, cuda::stream()); }
+void argmax_rows(const float* logits, int64_t n, int64_t vocab, int32_t* out, int32_t* nonfinite) {
+  cuda::argmax_rows(logits, n, vocab, out, nonfinite, cuda::stream());
+}
 void sample(const float* logits, int64_t vocab, const SampleArgs& a, int32_t* out_token) {
   cuda::sample(logits, vocab, a, out_token, cuda::stream());
 }
 
-void linear_q(const float* x, int64_t n, const QuantArgs& w, const float* bias, float* y) {
-  cuda::linear_q(x, n, w, bias, y, cuda::stream());
+void linear_q(const float* x, int64_t n, const QuantArgs& w, const float* bias, float* y, bool batch_invariant) {
+  // NOTE: as for linear: the fused GEMV's per-row arithmetic is independent of the chunk of x
+  // rows it runs in (quant_gemv.cuh), the dequantize-then-cuBLAS path's is not.
+  if (batch_invariant)
+    cuda::linear_q_gemv(x, n, w, bias, y, cuda::stream());
+  else
+    cuda::linear_q(x, n, w, bias, y, cuda::stream());
 }
 void embedding_q(const QuantArgs& w, const int32_t* ids, int64_t n, float scale, float* out) {
   cuda::embedding_q(w, ids, n, scale, out, cuda::stream());

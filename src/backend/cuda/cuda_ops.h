@@ -17,7 +17,10 @@ namespace osprey::cuda_ops {
 void embedding(const void* table, DType dt, const int32_t* ids, int64_t n, int64_t d, float scale, float* out);
 void rms_norm(const float* x, const float* w, int64_t rows, int64_t d, float eps, float w_offset, float* out);
 void layer_norm(const float* x, const float* w, const float* b, int64_t rows, int64_t d, float eps, float* out);
-void linear(const float* x, int64_t n, int64_t in, const void* w, DType wdt, int64_t out, const float* bias, float* y);
+// batch_invariant: every n through the GEMV kernels, whose result for a row of x does not
+// depend on the other rows (ops::set_batch_invariant).
+void linear(const float* x, int64_t n, int64_t in, const void* w, DType wdt, int64_t out, const float* bias, float* y,
+            bool batch_invariant = false);
 void add_inplace(float* x, const float* y, int64_t n);
 void scale_inplace(float* x, float f, int64_t n);
 void add_rms_norm(float* x, const float* y, const float* w, int64_t rows, int64_t d, float eps, float w_offset,
@@ -37,9 +40,10 @@ void copy_strided(void* dst, DType ddt, const int64_t dst_strides[4], const void
                   const int64_t src_strides[4], const int64_t shape[4]);
 void fill_i32(int32_t* p, int32_t value, int64_t n);
 void argmax(const float* x, int64_t n, int32_t* out);
+void argmax_rows(const float* logits, int64_t n, int64_t vocab, int32_t* out, int32_t* nonfinite);
 void sample(const float* logits, int64_t vocab, const SampleArgs& a, int32_t* out_token);
 
-void linear_q(const float* x, int64_t n, const QuantArgs& w, const float* bias, float* y);
+void linear_q(const float* x, int64_t n, const QuantArgs& w, const float* bias, float* y, bool batch_invariant = false);
 void embedding_q(const QuantArgs& w, const int32_t* ids, int64_t n, float scale, float* out);
 void dequantize(const QuantArgs& w, DType out_dtype, void* out);
 

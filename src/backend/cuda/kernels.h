@@ -112,6 +112,10 @@ void fill_i32(int32_t* p, int32_t value, int64_t n, cudaStream_t s);
 // out[0] = index of the maximum of x[0, n) (the lowest index on ties; NaN ranks as -inf).
 // n >= 1. Sets the device's non-finite flag when x holds a NaN or an Inf, as sample() does.
 void argmax(const float* x, int64_t n, int32_t* out, cudaStream_t s);
+// argmax() of each row of logits [rows, vocab] (one block a row): out[i] the lowest index of
+// the row's maximum (NaN ranks as -inf), nonfinite[i] 1 when the row holds a NaN or an Inf,
+// else 0. The device's non-finite flag is left alone. vocab >= 1.
+void argmax_rows(const float* logits, int64_t rows, int64_t vocab, int32_t* out, int32_t* nonfinite, cudaStream_t s);
 
 // The current device's non-finite flag (device memory, int32): 1 when the logits of the last
 // argmax() or sample() on the device held a NaN or an Inf, else 0. The token readback copies

@@ -5,6 +5,13 @@
 // loads per lane are in flight; every chunk of w is multiplied by all NX (<= 8) rows of x, which are
 // read through L1 (they are small and shared by all warps). Partial sums are reduced with
 // warp shuffles. R is chosen so that the grid still has about two blocks per SM.
+//
+// Batch invariance (ops::set_batch_invariant runs every n through linear_gemv): the result for
+// one row of x must not depend on NX, R, U or the row's place in its chunk. It does not: the
+// (w row, x row) pair has its own accumulator, fed by lane l with chunks l, l + 32, ... in
+// increasing order (whatever U), element by element with fmaf; warp_sum's xor butterfly gives
+// every lane the same tree sum. Keep it so: no accumulator shared between rows of x, no
+// reduction whose shape follows NX.
 #include <climits>
 #include <type_traits>
 

@@ -20,6 +20,13 @@
 // at 1.5 (4-bit: shifts, masks and a byte permute) or 2 (8-bit: a shift and a mask) integer
 // ops and one FMA per weight. Generic path (every bit width, any 4-byte alignment): a chunk is
 // a 32-code unit of `bits` words, codes extracted with funnel shifts into exact floats.
+//
+// Batch invariance (ops::set_batch_invariant runs every n through linear_q_gemv): a row of x
+// gets the same bits whatever NX, R, U and its place in the chunk. Per (w row, x row) pair,
+// dq and sx take the chunk's codes in the order sb, e (both loop nests), acc takes thread t's
+// chunks t, t + 128, ... in increasing order (whatever U), the warp reduction always pairs
+// lanes 16, 8, 4, 2, 1 apart (warp_fold then the xor steps; IEEE addition commutes, so which
+// lane keeps which half does not matter), and the four warps are summed in order. Keep it so.
 #include <algorithm>
 #include <type_traits>
 

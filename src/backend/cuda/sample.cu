@@ -27,8 +27,11 @@ __device__ __forceinline__ bool better(float v, int64_t i, float bv, int64_t bi)
 
 __device__ __forceinline__ float key(float v) { return v != v ? kNegInf : v; }
 
-// One block scans the row; each thread keeps its best, then a warp / block reduction.
-__global__ void argmax_kernel(const float* __restrict__ x, int64_t n, int32_t* out) {
+// One block scans the row x[0, n); each thread keeps its best, then a warp / block reduction.
+// Thread 0 writes the lowest index of the maximum to *idx (NaN ranking as -inf, so a row of
+// NaN gives 0) and whether the row held a NaN or an Inf to *bad_out. Call from all threads of
+// the block (barriers).
+__device__ __forceinline__ void block_argmax(const float* __restrict__ x, int64_t n, int32_t* idx, int* bad_out) {
   __shared__ float sv[32];
   __shared__ int64_t si[32];
   float bv = kNegInf;
@@ -61,10 +64,26 @@ __global__ void argmax_kernel(const float* __restrict__ x, int64_t n, int32_t* o
       if (better(ov, oi, bv, bi)) bv = ov, bi = oi;
     }
     if (lane == 0) {
-      out[0] = int32_t(bi < n ? bi : 0);
-      g_non_finite_logits = bad;
+      *idx = int32_t(bi < n ? bi : 0);
+      *bad_out = bad;
     }
   }
+}
+
+__global__ void argmax_kernel(const float* __restrict__ x, int64_t n, int32_t* out) {
+  int bad = 0;
+  block_argmax(x, n, out, &bad);
+  if (threadIdx.x == 0) g_non_finite_logits = bad;
+}
+
+// Block i: row i of logits [rows, vocab] -> out[i], nonfinite[i]. The device's flag is left
+// alone (the caller reads the per-row flags).
+__global__ void argmax_rows_kernel(const float* __restrict__ logits, int64_t vocab, int32_t* __restrict__ out,
+                                   int32_t* __restrict__ nonfinite) {
+  const int64_t row = blockIdx.x;
+  int bad = 0;
+  block_argmax(logits + row * vocab, vocab, out + row, &bad);
+  if (threadIdx.x == 0) nonfinite[row] = bad;
 }
 
 }  // namespace
@@ -79,6 +98,17 @@ void argmax(const float* x, int64_t n, int32_t* out, cudaStream_t s) {
   if (n <= 0) throw InvalidInput("argmax: empty row");
   if (n > 0x7fffffffLL) throw Unsupported("argmax: row longer than 2^31 - 1");
   argmax_kernel<<<1, kThreads, 0, s>>>(x, n, out);
+  OSPREY_CUDA_CHECK_LAUNCH();
+}
+
+void argmax_rows(const float* logits, int64_t rows, int64_t vocab, int32_t* out, int32_t* nonfinite, cudaStream_t s) {
+  if (rows <= 0) return;
+  if (vocab <= 0) throw InvalidInput("argmax_rows: empty rows (vocab " + std::to_string(vocab) + ")");
+  if (vocab > 0x7fffffffLL) throw Unsupported("argmax_rows: rows longer than 2^31 - 1");
+  if (rows > 0x7fffffffLL) throw Unsupported("argmax_rows: more than 2^31 - 1 rows");
+  // NOTE: 256 threads a row: a batch of decode rows fills the SMs with blocks, and a row of a
+  // large vocabulary is still a few dozen loads per thread.
+  argmax_rows_kernel<<<unsigned(rows), 256, 0, s>>>(logits, vocab, out, nonfinite);
   OSPREY_CUDA_CHECK_LAUNCH();
 }
 
