@@ -52,6 +52,9 @@ void gelu_tanh_mul(const float* g, const float* u, float* out, int64_t n) { no_b
 void rope_inplace(float* x, int64_t n, int64_t heads, int64_t head_dim, int64_t row_stride, const int32_t* positions, const float* inv_freq, bool interleaved, float mscale) { no_backend(); }
 void kv_write(const KVWriteArgs& a) { no_backend(); }
 void attention(const AttentionArgs& a) { no_backend(); }
+void paged_attention(const PagedAttentionArgs& a) { no_backend(); }
+void kv_write_paged(const PagedKVWriteArgs& a) { no_backend(); }
+void gather_kv_blocks(const PagedGatherArgs& a) { no_backend(); }
 void copy_strided(void* dst, DType ddt, const int64_t dst_strides[4], const void* src, DType sdt, const int64_t src_strides[4], const int64_t shape[4]) { no_backend(); }
 void fill_i32(int32_t* p, int32_t value, int64_t n) { no_backend(); }
 void argmax(const float* x, int64_t n, int32_t* out) { no_backend(); }

@@ -39,6 +39,63 @@ struct AttentionArgs {
   bool bf16 = false;  // k and v hold bf16 (else f16)
 };
 
+// Keys per split of the paged attention, on every device. The reduction over a sequence's keys
+// is cut at multiples of this position (never at a point derived from the batch or the
+// device), and the splits' partial results are merged in order, so that a sequence's output
+// does not depend on the other rows of the batch.
+constexpr int64_t kPagedSplitKeys = 512;
+
+// Paged decode attention: one query row per sequence against that sequence's keys in a paged
+// pool. Sequence i has len = seq_lens[i] keys (positions 0 .. len - 1); its query sits at
+// position len - 1 and sees key j iff j <= len - 1 and, when window > 0, j > len - 1 - window.
+// Key j of sequence i, kv head h, is row j % block_size of block b = block_tables[i *
+// max_blocks + j / block_size]: k[((b * n_kv_heads + h) * block_size + j % block_size) *
+// head_dim + d] (likewise v). A CUDA kernel reads block_tables and seq_lens on the device; its
+// launch shape depends on n, n_heads, n_kv_heads, head_dim, max_blocks and block_size only.
+struct PagedAttentionArgs {
+  const float* q;         // [n, n_heads, head_dim], row i at q + i * q_row_stride (heads contiguous)
+  int64_t q_row_stride;   // elements between query rows (>= n_heads * head_dim)
+  int64_t n, n_heads, head_dim;
+  const uint16_t* k;      // [n_blocks, n_kv_heads, block_size, head_dim] f16 or bf16 bits, contiguous
+  const uint16_t* v;      // likewise
+  int64_t n_blocks, n_kv_heads, block_size;
+  const int32_t* block_tables;  // [n, max_blocks]
+  const int32_t* seq_lens;      // [n]
+  int64_t max_blocks;
+  float scale;     // multiplies q.k
+  int window;      // > 0: sliding window
+  float softcap;   // > 0: logit = softcap * tanh(logit / softcap) (applied after scale)
+  float* out;      // [n, n_heads * head_dim] contiguous
+  bool bf16 = false;  // the pool holds bf16 (else f16)
+};
+
+// Paged K/V rows: row i of k, v (k[i * k_row_stride + h * head_dim + d], f32) goes, rounded to
+// nearest even, to pool row slot = slots[i] (block slot / block_size, row slot % block_size):
+// kpool[((slot / block_size * n_kv_heads + h) * block_size + slot % block_size) * head_dim + d].
+// A slot below 0 skips the row. slots are read on the device by a CUDA kernel.
+struct PagedKVWriteArgs {
+  uint16_t* kpool;
+  uint16_t* vpool;
+  int64_t n_blocks, n_kv_heads, block_size, head_dim;
+  const float* k;
+  const float* v;
+  int64_t k_row_stride, v_row_stride;  // elements between source rows
+  const int32_t* slots;                // [n]
+  int64_t n;
+  bool bf16 = false;  // store bf16 (else f16)
+};
+
+// One sequence's rows from a paged pool, made contiguous: out [n_kv_heads, n_rows, head_dim]
+// (the pool's type), row j of head h from block block_ids[j / block_size], row j % block_size.
+// A CUDA kernel reads block_ids on the device and writes zeros for an id outside the pool.
+struct PagedGatherArgs {
+  const uint16_t* pool;  // [n_blocks, n_kv_heads, block_size, head_dim]
+  int64_t n_blocks, n_kv_heads, block_size, head_dim;
+  const int32_t* block_ids;  // [>= ceil(n_rows / block_size)]
+  int64_t n_rows;
+  uint16_t* out;
+};
+
 // Writes n rows of K and V (f32 -> f16 or bf16) into cache buffers [n_kv_heads, capacity, head_dim].
 // Source element (i, h, d) is at k[i * k_row_stride + h * head_dim + d] (likewise v); it goes to
 // kbuf[h * head_stride + row * head_dim + d], row = row0 + i, or (row0 + i) % ring_rows when

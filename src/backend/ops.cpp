@@ -39,6 +39,97 @@ void require_f32(const char* op, const char* name, const Array& a) {
 // read it on the calling thread), not raced against running ops.
 std::atomic<bool> g_batch_invariant{false};
 
+// A pool array of the paged KV cache: contiguous f16 or bf16 [n_blocks, n_kv_heads,
+// block_size, head_dim].
+void require_pool(const char* op, const char* name, const Array& a) {
+  require(a.defined() && a.ndim() == 4 && (a.dtype() == DType::f16 || a.dtype() == DType::bf16) && a.is_contiguous(),
+          op, std::string(name) + " must be a contiguous float16 or bfloat16 pool [n_blocks, n_kv_heads, block_size, "
+                                  "head_dim], got " + describe(a));
+}
+
+// An int32 array of `ndim` dimensions, contiguous, whose first dimension is n (n < 0: any).
+void require_i32(const char* op, const char* name, const Array& a, int ndim, int64_t n, const std::string& shape) {
+  require(a.defined() && a.dtype() == DType::i32 && a.ndim() == ndim && a.is_contiguous() && (n < 0 || a.dim(0) == n),
+          op, std::string(name) + " must be contiguous int32 " + shape + ", got " + describe(a));
+}
+
+// f32 [n, heads, head_dim] with contiguous heads; rows may be strided.
+bool strided_rows(const Array& a, int64_t heads, int64_t head_dim) {
+  return a.ndim() == 3 && a.dtype() == DType::f32 && a.dim(1) == heads && a.dim(2) == head_dim &&
+         a.strides()[2] == 1 && (heads == 1 || a.strides()[1] == head_dim) &&
+         (a.dim(0) <= 1 || a.strides()[0] >= heads * head_dim);
+}
+int64_t row_stride(const Array& a) { return a.dim(0) <= 1 ? a.dim(1) * a.dim(2) : a.strides()[0]; }
+
+// The block of `table` (host memory) that holds row j, checked against the pool.
+int64_t checked_block(const char* op, const char* name, const int32_t* table, int64_t at, int64_t n_blocks) {
+  const int64_t b = table[at];
+  require(b >= 0 && b < n_blocks, op,
+          std::string(name) + " entry " + std::to_string(at) + " is block " + std::to_string(b) +
+              ", outside the pool's " + std::to_string(n_blocks) + " blocks");
+  return b;
+}
+
+Array paged_attention(const Array& q, const Array& k, const Array& v, const AttentionParams& p) {
+  const char* op = "attention (paged)";
+  const bool gpu = on_cuda(op, {&q, &k, &v, &p.block_tables, &p.seq_lens});
+  require(q.ndim() == 3 && q.dtype() == DType::f32, op, "q must be float32 [n, n_heads, head_dim], got " + describe(q));
+  const int64_t n = q.dim(0), n_heads = q.dim(1), hd = q.dim(2);
+  require(strided_rows(q, n_heads, hd), op, "q must have contiguous heads (rows may be strided), got " + describe(q));
+  require_pool(op, "k", k);
+  require_pool(op, "v", v);
+  require(v.shape() == k.shape() && v.dtype() == k.dtype(), op,
+          "k and v pools differ: " + describe(k) + " and " + describe(v));
+  const int64_t n_blocks = k.dim(0), n_kv = k.dim(1), bs = k.dim(2);
+  require(k.dim(3) == hd, op, "q " + describe(q) + " and the pool " + describe(k) + " disagree on head_dim");
+  require(n_kv > 0 && bs > 0 && n_heads % n_kv == 0, op,
+          "n_heads " + std::to_string(n_heads) + " must be a multiple of the pool's n_kv_heads " + std::to_string(n_kv) +
+              " (and block_size > 0)");
+  require_i32(op, "block_tables", p.block_tables, 2, n, "[" + std::to_string(n) + ", max_blocks]");
+  require(p.block_tables.dim(1) >= 1, op, "block_tables must have at least one column, got " + describe(p.block_tables));
+  require_i32(op, "seq_lens", p.seq_lens, 1, n, "[" + std::to_string(n) + "]");
+  require(p.window >= 0 && p.softcap >= 0.0f, op,
+          "window " + std::to_string(p.window) + " and softcap " + std::to_string(p.softcap) + " must be >= 0");
+  const int64_t max_blocks = p.block_tables.dim(1);
+  Array out = Array::empty({n, n_heads * hd}, DType::f32, q.device());
+  if (n == 0) return out;
+  PagedAttentionArgs a;
+  a.q = q.data<float>();
+  a.q_row_stride = row_stride(q);
+  a.n = n;
+  a.n_heads = n_heads;
+  a.head_dim = hd;
+  a.k = k.data<uint16_t>();
+  a.v = v.data<uint16_t>();
+  a.n_blocks = n_blocks;
+  a.n_kv_heads = n_kv;
+  a.block_size = bs;
+  a.block_tables = p.block_tables.data<int32_t>();
+  a.seq_lens = p.seq_lens.data<int32_t>();
+  a.max_blocks = max_blocks;
+  a.scale = p.scale;
+  a.window = p.window;
+  a.softcap = p.softcap;
+  a.out = out.data<float>();
+  a.bf16 = k.dtype() == DType::bf16;
+  if (gpu) {
+    // NOTE: the tables and lengths stay on the device (a captured step replays with new
+    // ones); the kernel reads no block outside the pool and clamps lengths to the table.
+    cuda_ops::paged_attention(a);
+    return out;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t len = a.seq_lens[i];
+    require(len >= 0 && len <= max_blocks * bs, op,
+            "seq_lens[" + std::to_string(i) + "] = " + std::to_string(len) + " is outside [0, " +
+                std::to_string(max_blocks * bs) + "] (max_blocks " + std::to_string(max_blocks) + " x block_size " +
+                std::to_string(bs) + ")");
+    for (int64_t b = 0; b * bs < len; ++b) checked_block(op, "block_tables", a.block_tables, i * max_blocks + b, n_blocks);
+  }
+  cpu::paged_attention(a, cpu_pool());
+  return out;
+}
+
 }  // namespace
 
 void set_batch_invariant(bool on) { g_batch_invariant.store(on, std::memory_order_relaxed); }
@@ -300,6 +391,106 @@ void write_kv_rows(const Array& keys, const Array& values, const Array& k, const
   if (m0 < n) write_run(m0, 0, n - m0);
 }
 
+void write_kv_paged(const Array& keys, const Array& values, const Array& k, const Array& v, const Array& slots) {
+  const char* op = "write_kv_paged";
+  const bool gpu = on_cuda(op, {&keys, &values, &k, &v, &slots});
+  require_pool(op, "keys", keys);
+  require_pool(op, "values", values);
+  require(values.shape() == keys.shape() && values.dtype() == keys.dtype(), op,
+          "keys and values differ: " + describe(keys) + " and " + describe(values));
+  const int64_t n_blocks = keys.dim(0), n_kv = keys.dim(1), bs = keys.dim(2), hd = keys.dim(3);
+  auto check_rows = [&](const char* name, const Array& a) {
+    require(strided_rows(a, n_kv, hd), op,
+            std::string(name) + " must be float32 [n, " + std::to_string(n_kv) + ", " + std::to_string(hd) +
+                "] with contiguous heads, got " + describe(a));
+  };
+  check_rows("k", k);
+  check_rows("v", v);
+  const int64_t n = k.dim(0);
+  require(v.dim(0) == n, op, "k and v row counts differ: " + describe(k) + " and " + describe(v));
+  require_i32(op, "slots", slots, 1, n, "[" + std::to_string(n) + "]");
+  if (n == 0) return;
+  PagedKVWriteArgs a;
+  a.kpool = keys.data<uint16_t>();
+  a.vpool = values.data<uint16_t>();
+  a.n_blocks = n_blocks;
+  a.n_kv_heads = n_kv;
+  a.block_size = bs;
+  a.head_dim = hd;
+  a.k = k.data<float>();
+  a.v = v.data<float>();
+  a.k_row_stride = row_stride(k);
+  a.v_row_stride = row_stride(v);
+  a.slots = slots.data<int32_t>();
+  a.n = n;
+  a.bf16 = keys.dtype() == DType::bf16;
+  if (gpu) {
+    // NOTE: slots stay on the device; the kernel skips a slot outside the pool like a negative one.
+    cuda_ops::kv_write_paged(a);
+    return;
+  }
+  const int64_t cap = n_blocks * bs;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t slot = a.slots[i];
+    require(slot < cap, op,
+            "slots[" + std::to_string(i) + "] = " + std::to_string(slot) + " is past the pool's " + std::to_string(cap) +
+                " rows");
+  }
+  // Row i: [n_kv, hd] of the source -> [n_kv, hd] at stride block_size * hd in its block,
+  // through the element conversion that write_kv_rows uses.
+  const Shape dst_shape{n_kv, hd}, dst_strides{bs * hd, 1}, src_shape{n_kv, hd}, src_strides{hd, 1};
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t slot = a.slots[i];
+    if (slot < 0) continue;
+    const size_t off = size_t(((slot / bs) * n_kv * bs + slot % bs) * hd) * 2;
+    auto src_row = [&](const Array& x, int64_t stride) {
+      return Array::strided(x.buffer(), x.byte_offset() + size_t(i * stride) * 4, src_shape, src_strides, DType::f32);
+    };
+    cpu::copy_into(Array::strided(keys.buffer(), keys.byte_offset() + off, dst_shape, dst_strides, keys.dtype()),
+                   src_row(k, a.k_row_stride));
+    cpu::copy_into(Array::strided(values.buffer(), values.byte_offset() + off, dst_shape, dst_strides, keys.dtype()),
+                   src_row(v, a.v_row_stride));
+  }
+}
+
+Array gather_kv_blocks(const Array& pool, const Array& block_ids, int64_t n_rows) {
+  const char* op = "gather_kv_blocks";
+  const bool gpu = on_cuda(op, {&pool, &block_ids});
+  require_pool(op, "pool", pool);
+  const int64_t n_blocks = pool.dim(0), n_kv = pool.dim(1), bs = pool.dim(2), hd = pool.dim(3);
+  require(n_rows >= 0 && bs > 0, op, "n_rows " + std::to_string(n_rows) + " must be >= 0");
+  const int64_t need = (n_rows + bs - 1) / bs;
+  require_i32(op, "block_ids", block_ids, 1, -1, "[>= " + std::to_string(need) + "]");
+  require(block_ids.dim(0) >= need, op,
+          "block_ids " + describe(block_ids) + " holds fewer than the " + std::to_string(need) + " blocks of " +
+              std::to_string(n_rows) + " rows");
+  Array out = Array::empty({n_kv, n_rows, hd}, pool.dtype(), pool.device());
+  if (n_rows == 0 || n_kv == 0 || hd == 0) return out;
+  if (gpu) {
+    PagedGatherArgs a;
+    a.pool = pool.data<uint16_t>();
+    a.n_blocks = n_blocks;
+    a.n_kv_heads = n_kv;
+    a.block_size = bs;
+    a.head_dim = hd;
+    a.block_ids = block_ids.data<int32_t>();
+    a.n_rows = n_rows;
+    a.out = out.data<uint16_t>();
+    cuda_ops::gather_kv_blocks(a);
+    return out;
+  }
+  const int32_t* ids = block_ids.data<int32_t>();
+  for (int64_t jb = 0; jb < need; ++jb) {
+    const int64_t b = checked_block(op, "block_ids", ids, jb, n_blocks), m = std::min(bs, n_rows - jb * bs);
+    const Shape shape{n_kv, m, hd};
+    cpu::copy_into(Array::strided(out.buffer(), out.byte_offset() + size_t(jb * bs * hd) * 2, shape,
+                                  {n_rows * hd, hd, 1}, pool.dtype()),
+                   Array::strided(pool.buffer(), pool.byte_offset() + size_t(b * n_kv * bs * hd) * 2, shape,
+                                  {bs * hd, hd, 1}, pool.dtype()));
+  }
+  return out;
+}
+
 Array silu_mul(const Array& gate, const Array& up) {
   const bool gpu = on_cuda("silu_mul", {&gate, &up});
   require_f32_contiguous("silu_mul", "gate", gate);
@@ -349,6 +540,7 @@ void rope_(Array& x, const Array& positions, const Array& inv_freq, bool interle
 }
 
 Array attention(const Array& q, const Array& k, const Array& v, const AttentionParams& p) {
+  if (p.block_tables.defined() || p.seq_lens.defined()) return paged_attention(q, k, v, p);
   const bool gpu = on_cuda("attention", {&q, &k, &v});
   require_f32_contiguous("attention", "q", q);
   require(q.ndim() == 3, "attention", "q must be [n, n_heads, head_dim], got " + describe(q));

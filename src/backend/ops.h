@@ -108,6 +108,11 @@ struct AttentionParams {
   //   seq_lens i32 [n] on q's device: sequence i has seq_lens[i] >= 1 keys (positions
   //     0 .. seq_lens[i] - 1, the last one just written), and its query sits at position
   //     seq_lens[i] - 1 (window applies; q_pos0, positions, key_pos0 and ring_rows are unused).
+  //     A length of 0 (a padded batch entry) gives a row of zeros.
+  //   q's rows may be strided (heads contiguous). The CPU checks lengths (<= max_blocks *
+  //   block_size) and the block ids they use, and throws InvalidInput; a CUDA kernel cannot
+  //   (they stay on the device): it clamps lengths to the table and reads zeros for an id
+  //   outside the pool. CUDA takes head_dim 32, 64, 128 or 256.
   // The launch shape depends on n and max_blocks only (a captured graph stays valid while the
   // lengths grow), and each sequence's result is the same bit for bit whatever the other rows
   // of the batch are (the reduction over keys is split at fixed key positions).
@@ -120,13 +125,15 @@ Array attention(const Array& q, const Array& k, const Array& v, const AttentionP
 // rounded to nearest even in the pool's type, written into the pool's keys, values
 // [n_blocks, n_kv_heads, block_size, head_dim] (f16 or bf16, contiguous): row i goes to block
 // slots[i] / block_size, row slots[i] % block_size. slots i32 [n] on the pool's device; a slot
-// below 0 skips its row (a padded batch entry).
+// below 0 skips its row (a padded batch entry). A slot past the pool throws InvalidInput on the
+// CPU and writes nothing on CUDA (read on the device).
 void write_kv_paged(const Array& keys, const Array& values, const Array& k, const Array& v, const Array& slots);
 
 // The rows of one sequence from a paged pool, made contiguous: pool [n_blocks, n_kv_heads,
 // block_size, head_dim] (f16 or bf16), block_ids i32 [>= ceil(n_rows / block_size)] on the
 // pool's device -> [n_kv_heads, n_rows, head_dim] in the pool's type, row j from block
-// block_ids[j / block_size], row j % block_size.
+// block_ids[j / block_size], row j % block_size. An id outside the pool throws InvalidInput on
+// the CPU and gives zero rows on CUDA (one kernel, ids read on the device).
 Array gather_kv_blocks(const Array& pool, const Array& block_ids, int64_t n_rows);
 
 // Batch invariance (process-wide, off by default): while on, every op that works row by row

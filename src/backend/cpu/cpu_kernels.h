@@ -42,4 +42,13 @@ using osprey::AttentionArgs;  // backend/kernel_args.h
 // keys when that alone leaves threads idle (decode).
 void attention(const AttentionArgs& a, ThreadPool& pool);
 
+using osprey::PagedAttentionArgs;  // backend/kernel_args.h
+
+// Paged decode attention (PagedAttentionArgs): parallel over (sequence, kv head, split of
+// kPagedSplitKeys keys), each kv head's group of query heads served by one pass over its keys;
+// the splits of a sequence merge in ascending order, so a sequence's output is the same bit
+// for bit whatever the rest of the batch and the thread count. A sequence of length 0 gets
+// zeros. The caller has checked the block ids and lengths.
+void paged_attention(const PagedAttentionArgs& a, ThreadPool& pool);
+
 }  // namespace osprey::cpu

@@ -57,6 +57,9 @@ void rope_inplace(float* x, int64_t n, int64_t heads, int64_t head_dim, int64_t 
 }
 void kv_write(const KVWriteArgs& a) { cuda::kv_write(a, cuda::stream()); }
 void attention(const AttentionArgs& a) { cuda::attention(a, cuda::stream()); }
+void paged_attention(const PagedAttentionArgs& a) { cuda::paged_attention(a, cuda::stream()); }
+void kv_write_paged(const PagedKVWriteArgs& a) { cuda::kv_write_paged(a, cuda::stream()); }
+void gather_kv_blocks(const PagedGatherArgs& a) { cuda::gather_kv_blocks(a, cuda::stream()); }
 void copy_strided(void* dst, DType ddt, const int64_t dst_strides[4], const void* src, DType sdt,
                   const int64_t src_strides[4], const int64_t shape[4]) {
   cuda::copy_strided(dst, ddt, dst_strides, src, sdt, src_strides, shape, cuda::stream());

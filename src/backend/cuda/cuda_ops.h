@@ -36,6 +36,9 @@ void rope_inplace(float* x, int64_t n, int64_t heads, int64_t head_dim, int64_t 
                   const float* inv_freq, bool interleaved, float mscale);
 void kv_write(const KVWriteArgs& a);
 void attention(const AttentionArgs& a);
+void paged_attention(const PagedAttentionArgs& a);
+void kv_write_paged(const PagedKVWriteArgs& a);
+void gather_kv_blocks(const PagedGatherArgs& a);
 void copy_strided(void* dst, DType ddt, const int64_t dst_strides[4], const void* src, DType sdt,
                   const int64_t src_strides[4], const int64_t shape[4]);
 void fill_i32(int32_t* p, int32_t value, int64_t n);

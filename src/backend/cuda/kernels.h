@@ -77,6 +77,22 @@ void linear_gemm(const float* x, int64_t n, int64_t in, const void* w, DType wdt
 // Split partials live in scratch(), sized by the launch shape only; a combine kernel merges them.
 void attention(const AttentionArgs& a, cudaStream_t s);
 
+using osprey::PagedAttentionArgs;
+using osprey::PagedGatherArgs;
+using osprey::PagedKVWriteArgs;
+
+// Paged decode attention (PagedAttentionArgs, paged_attention.cu): split-K flash decoding on
+// tensor cores, one block per (split of kPagedSplitKeys keys, tile of 8 query heads of a kv
+// head, kv head, sequence), then a merge of each sequence's splits in ascending order. Block
+// tables and lengths are read on the device; the launch shape (and the scratch() size of the
+// partials) depends on n, n_heads, n_kv_heads, head_dim, max_blocks and block_size only.
+// head_dim 32, 64, 128 or 256, pool 16-byte aligned; Unsupported otherwise.
+void paged_attention(const PagedAttentionArgs& a, cudaStream_t s);
+// Writes paged K/V rows (PagedKVWriteArgs); slots read on the device.
+void kv_write_paged(const PagedKVWriteArgs& a, cudaStream_t s);
+// One sequence's rows of a paged pool made contiguous (PagedGatherArgs), one launch.
+void gather_kv_blocks(const PagedGatherArgs& a, cudaStream_t s);
+
 // dst[i0, i1, i2, i3] = cast(src[i0, i1, i2, i3]) over `shape`; strides in elements (may be 0
 // or any sign-free layout); dtypes f32, f16, bf16, i32 (same dtypes copy bits exactly;
 // float -> i32 truncates toward zero).

@@ -1,0 +1,150 @@
+// paged_attention(): one decode query per sequence against its keys in a paged f16 or bf16 pool.
+//
+// A work item is (sequence, kv head, split of kPagedSplitKeys key positions). Its query vectors
+// are the G query heads that read the kv head, pre-scaled by `scale`; each keeps a running max,
+// sum and f32 accumulator (online softmax) while the item walks its visible keys in order, one
+// pool row at a time (each K and V row is read once for the whole group). Items write
+// unnormalised partials (acc, m, l); a sequence's partials are then merged split by split in
+// ascending order. Nothing in an item or in the merge depends on the batch, the thread count or
+// the order in which items run, so each sequence's output is bit for bit the one it gets alone.
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <vector>
+
+#include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/gemm_simd.h"
+
+namespace osprey::cpu {
+namespace {
+
+using namespace simd;
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// The keys sequence i's query sees: [lo, hi) (empty when hi <= lo).
+inline void visible_keys(const PagedAttentionArgs& a, int64_t i, int64_t* lo, int64_t* hi) {
+  const int64_t len = a.seq_lens[i];
+  *hi = len;
+  *lo = a.window > 0 ? std::max<int64_t>(0, len - a.window) : 0;
+}
+
+// sum_d q[d] * row[d]
+template <class L>
+inline float dot_row(const float* q, const uint16_t* row, int64_t head_dim) {
+  const int64_t d_vec = head_dim - head_dim % kWidth;
+  Vec acc = zero();
+  for (int64_t d = 0; d < d_vec; d += kWidth) acc = fma(load(q + d), L::load(row + d), acc);
+  float s = reduce_add(acc);
+  for (int64_t d = d_vec; d < head_dim; ++d) s += q[d] * L::scalar(row[d]);
+  return s;
+}
+
+// acc[d] = acc[d] * c + p * row[d]
+template <class L>
+inline void scale_add_row(float* acc, float c, float p, const uint16_t* row, int64_t head_dim) {
+  const int64_t d_vec = head_dim - head_dim % kWidth;
+  const Vec cv = set1(c), pv = set1(p);
+  for (int64_t d = 0; d < d_vec; d += kWidth) store(acc + d, fma(pv, L::load(row + d), mul(load(acc + d), cv)));
+  for (int64_t d = d_vec; d < head_dim; ++d) acc[d] = acc[d] * c + p * L::scalar(row[d]);
+}
+
+// One item. partial: [G][head_dim + 2] = acc, m, l per query vector (m = -inf: nothing seen).
+template <class L>
+void run_item(const PagedAttentionArgs& a, int64_t i, int64_t hk, int64_t split, std::vector<float>& qs,
+              float* partial) {
+  const int64_t D = a.head_dim, G = a.n_heads / a.n_kv_heads, P = D + 2;
+  int64_t lo, hi;
+  visible_keys(a, i, &lo, &hi);
+  lo = std::max(lo, split * kPagedSplitKeys);
+  hi = std::min(hi, (split + 1) * kPagedSplitKeys);
+  for (int64_t g = 0; g < G; ++g) {
+    float* part = partial + g * P;
+    std::fill_n(part, D, 0.0f);
+    part[D] = kNegInf;
+    part[D + 1] = 0.0f;
+  }
+  if (lo >= hi) return;
+
+  if (int64_t(qs.size()) < G * D) qs.resize(size_t(G * D));
+  for (int64_t g = 0; g < G; ++g) {
+    const float* q = a.q + i * a.q_row_stride + (hk * G + g) * D;
+    for (int64_t d = 0; d < D; ++d) qs[size_t(g * D + d)] = q[d] * a.scale;
+  }
+  const int32_t* table = a.block_tables + i * a.max_blocks;
+  const int64_t bs = a.block_size, row_stride_block = a.n_kv_heads * bs * D;
+  for (int64_t j = lo; j < hi; ++j) {
+    const int64_t row = int64_t(table[j / bs]) * row_stride_block + (hk * bs + j % bs) * D;
+    const uint16_t* kr = a.k + row;
+    const uint16_t* vr = a.v + row;
+    for (int64_t g = 0; g < G; ++g) {
+      float* part = partial + g * P;
+      float s = dot_row<L>(qs.data() + g * D, kr, D);
+      if (a.softcap > 0.0f) s = a.softcap * std::tanh(s / a.softcap);
+      const float m_old = part[D], m_new = std::max(m_old, s);
+      const float c = std::exp(m_old - m_new);  // 0 when m_old is -inf
+      const float p = std::exp(s - m_new);
+      part[D] = m_new;
+      part[D + 1] = part[D + 1] * c + p;
+      scale_add_row<L>(part, c, p, vr, D);
+    }
+  }
+}
+
+}  // namespace
+
+void paged_attention(const PagedAttentionArgs& a, ThreadPool& pool) {
+  if (a.n <= 0 || a.n_heads <= 0) return;
+  const int64_t D = a.head_dim, G = a.n_heads / a.n_kv_heads, P = D + 2;
+  const int64_t max_keys = a.max_blocks * a.block_size;
+  const int64_t n_splits = std::max<int64_t>(1, (max_keys + kPagedSplitKeys - 1) / kPagedSplitKeys);
+  const int64_t n_items = a.n * a.n_kv_heads * n_splits;
+  // NOTE: thread_local of the calling thread; workers reach it through `part_base` only.
+  thread_local std::vector<float> partials;
+  if (int64_t(partials.size()) < n_items * G * P) partials.resize(size_t(n_items * G * P));
+  float* part_base = partials.data();
+
+  // Items of splits past a sequence's length return at once; a sequence's items are adjacent,
+  // so threads take the live ones of all sequences in turn.
+  std::atomic<int64_t> next{0};
+  auto work = [&](int64_t, int64_t, int) {
+    thread_local std::vector<float> qs;
+    for (int64_t item = next.fetch_add(1); item < n_items; item = next.fetch_add(1)) {
+      const int64_t split = item % n_splits, hk = (item / n_splits) % a.n_kv_heads, i = item / (n_splits * a.n_kv_heads);
+      float* partial = part_base + item * G * P;
+      if (a.bf16)
+        run_item<BF16>(a, i, hk, split, qs, partial);
+      else
+        run_item<F16>(a, i, hk, split, qs, partial);
+    }
+  };
+  // NOTE: passed through std::ref so that std::function does not allocate (decode path).
+  pool.parallel_for(std::min<int64_t>(pool.n_threads(), n_items), 1, std::ref(work));
+
+  // Merge each (sequence, head) over its splits in ascending order:
+  // out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M).
+  for (int64_t i = 0; i < a.n; ++i)
+    for (int64_t h = 0; h < a.n_heads; ++h) {
+      const int64_t hk = h / G, g = h % G;
+      const float* first = part_base + ((i * a.n_kv_heads + hk) * n_splits) * G * P + g * P;
+      float* dst = a.out + (i * a.n_heads + h) * D;
+      std::fill_n(dst, D, 0.0f);
+      float m = kNegInf;
+      for (int64_t sp = 0; sp < n_splits; ++sp) m = std::max(m, first[sp * G * P + D]);
+      if (m == kNegInf) continue;  // no visible key (an empty sequence)
+      float l = 0.0f;
+      for (int64_t sp = 0; sp < n_splits; ++sp) {
+        const float* part = first + sp * G * P;
+        if (part[D] == kNegInf) continue;
+        const float w = std::exp(part[D] - m);
+        l += part[D + 1] * w;
+        for (int64_t d = 0; d < D; ++d) dst[d] += part[d] * w;
+      }
+      const float inv = 1.0f / l;
+      for (int64_t d = 0; d < D; ++d) dst[d] *= inv;
+    }
+}
+
+}  // namespace osprey::cpu
