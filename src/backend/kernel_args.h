@@ -37,6 +37,10 @@ struct AttentionArgs {
   int64_t ring_rows = 0, ring_base = 0;
   int64_t key_pos0 = 0;
   bool bf16 = false;  // k and v hold bf16 (else f16)
+  // ops::batch_invariant(): each query row's result must not depend on the other rows or on
+  // where its chunk starts, so the kernels neither split the keys by the work at hand nor
+  // change their arithmetic with the number of rows.
+  bool batch_invariant = false;
 };
 
 // Keys per split of the paged attention, on every device. The reduction over a sequence's keys

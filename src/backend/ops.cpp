@@ -607,6 +607,7 @@ Array attention(const Array& q, const Array& k, const Array& v, const AttentionP
   a.window = p.window;
   a.softcap = p.softcap;
   a.out = out.data<float>();
+  a.batch_invariant = batch_invariant();
   if (gpu) {
     if (p.positions.defined()) {
       a.q_pos_dev = p.positions.data<int32_t>();

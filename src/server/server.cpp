@@ -240,6 +240,7 @@ struct Server::Impl {
   std::unique_ptr<PromptCache> prompt_cache;
   std::unique_ptr<SequenceBackend> backend;
   PagedBackend* paged = nullptr;  // backend, when the layout is paged
+  bool set_invariant = false, invariant_before = false;
   std::unique_ptr<Scheduler> scheduler;
   std::vector<int32_t> eos_ids;
   std::optional<ChatTemplate> chat_template;
@@ -738,6 +739,9 @@ void Server::load() {
   }
   m.prompt_cache = std::make_unique<PromptCache>(
       m.opt.kv_layout == KVLayout::dense ? m.opt.prompt_cache_mib << 20 : 0, m.opt.keep_prompt_cache_checksums);
+  // NOTE: the mode is process-wide; the server sets it for its lifetime and puts it back.
+  m.invariant_before = ops::batch_invariant();
+  m.set_invariant = true;
   ops::set_batch_invariant(m.opt.batch_invariant);
   if (m.opt.kv_layout == KVLayout::paged) {
     PagedBackendOptions po;
@@ -776,6 +780,7 @@ void Server::stop() {
     m.stopped = true;
   }
   if (m.scheduler) m.scheduler->stop();
+  if (m.set_invariant) ops::set_batch_invariant(m.invariant_before);
   m.http.stop();
   if (m.http_thread.joinable()) m.http_thread.join();
   {

@@ -52,7 +52,7 @@ class InvariantScope {
 
 std::vector<int32_t> random_prompt(std::mt19937& rng, int64_t n, int64_t vocab) {
   std::uniform_int_distribution<int32_t> d(0, int32_t(vocab - 1));
-  std::vector<int32_t> p(size_t(n));
+  std::vector<int32_t> p(static_cast<size_t>(n), 0);
   for (auto& t : p) t = d(rng);
   return p;
 }
@@ -86,7 +86,7 @@ class PagedBackendTest : public ::testing::TestWithParam<Case> {
       out.emplace_back(row, row + vocab_);
     };
     last_row(model_->forward(testing::tokens_of({tokens.begin(), tokens.begin() + long(n_prompt)}), cache, false));
-    for (size_t i = n_prompt; i < tokens.size(); ++i) last_row(model_->forward(testing::tokens_of({tokens[i]}), cache, false));
+    for (size_t i = n_prompt; i + 1 < tokens.size(); ++i) last_row(model_->forward(testing::tokens_of({tokens[i]}), cache, false));
     return out;
   }
 
@@ -153,7 +153,7 @@ TEST_P(PagedBackendTest, ABatchComputesWhatEachSequenceComputesAlone) {
   ASSERT_EQ(run.logits.size(), prompts.size());
   // f32 activations and f16/bf16 rows in both paths; the CUDA kernels differ (paged split-K
   // against the dense decode kernel, GEMMs over 8 rows against GEMVs).
-  const double tol = GetParam().cuda ? 2e-2 : 1e-4;
+  const double tol = GetParam().cuda ? 2e-2 : 1e-3;
   for (size_t s = 0; s < prompts.size(); ++s) {
     const auto ref = dense_reference(run.tokens[s], prompts[s].size());
     ASSERT_EQ(ref.size(), run.logits[s].size());
@@ -224,7 +224,7 @@ TEST_P(PagedBackendTest, ForkedBlocksAreCopiedBeforeTheyAreWritten) {
   EXPECT_EQ(second.n_cached[0], 8);
   const BatchRun third = run_batch(backend, {p}, 6);
   EXPECT_EQ(third.n_cached[0], 8);
-  const double tol = GetParam().cuda ? 2e-2 : 1e-4;
+  const double tol = GetParam().cuda ? 2e-2 : 1e-3;
   for (size_t i = 0; i < first.logits[0].size(); ++i) {
     EXPECT_LT(testing::relative_row_error(second.logits[0][i].data(), first.logits[0][i].data(), vocab_), tol);
     EXPECT_LT(testing::relative_row_error(third.logits[0][i].data(), first.logits[0][i].data(), vocab_), tol);

@@ -156,15 +156,16 @@ TEST(PromptCacheReplay, RepliesAreIdenticalWithAndWithoutTheCacheAndSnapshotsNev
 }
 
 // The same script over the paged layout: the prefix cache restores whole blocks of the pool,
-// two branches decode in one batch, and a pool of 2 MiB (32 blocks of 16 rows of the demo
-// model) makes the cache evict. With batch invariance on, every reply is token for token the
+// two branches decode in one batch, and a pool of 1 MiB (16 blocks of 16 rows of the demo
+// model: two branches may not fit at once, and then one is preempted) makes the cache evict.
+// With batch invariance on, every reply is token for token the
 // one without the prefix cache (the pool's own tests prove that no cached block is written:
 // tests/kv/paged_pool_test.cpp).
 TEST(PromptCacheReplay, PagedPrefixCacheRepliesAreIdenticalWithAndWithoutIt) {
   ServerOptions o = testing::demo_server_options();
   o.kv_layout = KVLayout::paged;
   o.n_slots = 2;
-  o.kv_cache_mib = 2;
+  o.kv_cache_mib = 1;
   o.batch_invariant = true;
   testing::TestServer cached(o);
   Replayer r1(cached, false);

@@ -214,7 +214,11 @@ Plan make_plan(const AttentionArgs& a, int n_threads) {
   pl.group = a.n_heads / a.n_kv_heads;
   pl.dv = round_up(a.head_dim, kWidth);
   pl.rows_per_item = std::min<int64_t>(kRowsPerItem, a.n);
-  const int64_t want = n_threads > 1 ? 3 * int64_t(n_threads) : 1;
+  // Batch invariance: one query row per item and no key splits, so a row's blocks start where
+  // its own visible keys do and it always takes the same path (direct or blocked: nq is the
+  // group) whatever the other rows of the call are.
+  const int64_t want = a.batch_invariant ? 0 : n_threads > 1 ? 3 * int64_t(n_threads) : 1;
+  if (a.batch_invariant) pl.rows_per_item = 1;
   while (pl.rows_per_item > 1 && a.n_kv_heads * ((a.n + pl.rows_per_item - 1) / pl.rows_per_item) < want)
     pl.rows_per_item = (pl.rows_per_item + 1) / 2;
   pl.n_row_blocks = (a.n + pl.rows_per_item - 1) / pl.rows_per_item;

@@ -223,6 +223,8 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const Params p) {
     attn::visible_keys(a, pos, i0 + r, s0, s1, &lo, &hi);
     if (lo < hi) k_begin = min(k_begin, lo), k_end = max(k_end, hi);
   }
+  // Batch invariance: tiles at multiples of kTile from key 0 (see the prefill kernel).
+  if (a.batch_invariant && k_begin < k_end) k_begin = k_begin / kTile * kTile;
   __syncthreads();
 
   const uint16_t* kh = a.k + hk * a.k_head_stride;
@@ -377,7 +379,7 @@ void attention_fallback(const AttentionArgs& a, int64_t key_bound, cudaStream_t 
   const int64_t want = 2 * int64_t(attn::sm_count());
   p.n_splits = 1;
   p.split_keys = key_bound;
-  if (base < want && key_bound >= 2 * kMinSplitKeys) {
+  if (!a.batch_invariant && base < want && key_bound >= 2 * kMinSplitKeys) {
     const int64_t splits = std::min((want + base - 1) / base, key_bound / kMinSplitKeys);
     p.split_keys = (key_bound + splits - 1) / splits;
     p.split_keys = (p.split_keys + kTile - 1) / kTile * kTile;
@@ -439,7 +441,9 @@ void attention(const AttentionArgs& a, cudaStream_t s) {
     return mapped ? attention_fallback<TagF16, true>(a, key_bound, s)
                   : attention_fallback<TagF16, false>(a, key_bound, s);
   }
-  if (a.n <= kDecodeMaxRows) return attn::launch_decode(a, key_bound, mapped, s);
+  // Batch invariance: the prefill kernel (without key splits) for any number of rows, so that a
+  // row computes the same whether its chunk holds one row or many.
+  if (a.n <= kDecodeMaxRows && !a.batch_invariant) return attn::launch_decode(a, key_bound, mapped, s);
   attn::launch_prefill(a, key_bound, mapped, s);
 }
 

@@ -72,6 +72,10 @@ __global__ void __launch_bounds__(kThreadsP, 1) prefill_kernel(const FastParams 
     return;
   }
 
+  // Batch invariance: key tiles at multiples of kN from key 0, wherever this tile's first row
+  // starts seeing keys (a sliding window), so a row meets the same tiles in any chunk; keys
+  // before a row's window are masked in its scores.
+  if (a.batch_invariant) kb = kb / kN * kN;
   const uint16_t* kh = a.k + hk * a.k_head_stride;
   const uint16_t* vh = a.v + hk * a.v_head_stride;
   const int64_t n_kt = (ke - kb + kN - 1) / kN;
@@ -256,7 +260,7 @@ void launch(const AttentionArgs& a, int64_t key_bound, cudaStream_t s) {
   const int64_t base = n_tiles * a.n_kv_heads;
   const int64_t sms = sm_count();
   int64_t split_keys = key_bound, n_splits = 1;
-  if (2 * base <= sms && key_bound >= 4 * C::kN) {
+  if (!a.batch_invariant && 2 * base <= sms && key_bound >= 4 * C::kN) {
     // Fewer blocks than half the SMs (short chunks after a long cache): about one block per SM,
     // each split at least two key tiles long.
     const int64_t want = (sms + base - 1) / base;
