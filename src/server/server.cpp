@@ -768,7 +768,7 @@ void Server::load() {
   m.scheduler = std::make_unique<Scheduler>(*m.backend, so);
   m.ready = true;
   log_info("serving " + m.model_id + " on http://" + m.opt.host + ":" + std::to_string(m.opt.port) + " (" +
-           std::to_string(m.opt.n_slots) + (m.paged ? " batched sequences" : " slots") + ", context " +
+           std::to_string(m.opt.n_slots) + (m.paged ? " sequences batched" : " slots") + ", context " +
            std::to_string(m.backend->context_size()) + ")");
 }
 
