@@ -43,10 +43,11 @@ struct AttentionArgs {
   bool batch_invariant = false;
 };
 
-// Keys per split of the paged attention, on every device. The reduction over a sequence's keys
-// is cut at multiples of this position (never at a point derived from the batch or the
-// device), and the splits' partial results are merged in order, so that a sequence's output
-// does not depend on the other rows of the batch.
+// Keys per split of the paged attention by default, on every device. The reduction over a
+// sequence's keys is cut at multiples of the split size (never at a point derived from the
+// batch or the device), and the splits' partial results are merged in order, so that a
+// sequence's output does not depend on the other rows of the batch as long as the caller keeps
+// the split size (AttentionParams::paged_split_keys) fixed.
 constexpr int64_t kPagedSplitKeys = 512;
 
 // Paged decode attention: one query row per sequence against that sequence's keys in a paged
@@ -71,6 +72,9 @@ struct PagedAttentionArgs {
   float softcap;   // > 0: logit = softcap * tanh(logit / softcap) (applied after scale)
   float* out;      // [n, n_heads * head_dim] contiguous
   bool bf16 = false;  // the pool holds bf16 (else f16)
+  // Keys per split: split s covers key positions [s * split_keys, (s + 1) * split_keys). A
+  // positive multiple of 64 (kPagedSplitKeys by default).
+  int64_t split_keys = kPagedSplitKeys;
 };
 
 // Paged K/V rows: row i of k, v (k[i * k_row_stride + h * head_dim + d], f32) goes, rounded to

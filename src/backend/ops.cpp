@@ -112,6 +112,9 @@ Array paged_attention(const Array& q, const Array& k, const Array& v, const Atte
   a.softcap = p.softcap;
   a.out = out.data<float>();
   a.bf16 = k.dtype() == DType::bf16;
+  if (p.paged_split_keys != 0) a.split_keys = p.paged_split_keys;
+  require(a.split_keys >= 64 && a.split_keys % 64 == 0 && a.split_keys <= (int64_t(1) << 24), op,
+          "paged_split_keys " + std::to_string(a.split_keys) + " must be a positive multiple of 64");
   if (gpu) {
     // NOTE: the tables and lengths stay on the device (a captured step replays with new
     // ones); the kernel reads no block outside the pool and clamps lengths to the table.

@@ -118,6 +118,10 @@ struct AttentionParams {
   // of the batch are (the reduction over keys is split at fixed key positions).
   Array block_tables;
   Array seq_lens;
+  // Keys per split of the paged kernel (0: the default, 512): a positive multiple of 64. The
+  // result of a sequence depends on it; keep it fixed for batch invariance. Smaller splits
+  // spread a few short sequences over more of the device.
+  int64_t paged_split_keys = 0;
 };
 Array attention(const Array& q, const Array& k, const Array& v, const AttentionParams& p);
 

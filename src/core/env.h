@@ -17,6 +17,7 @@ struct EnvOptions {
   std::string device;              // OSPREY_DEVICE: cpu, cuda or cuda:N (empty: choose)
   bool force_sync = false;         // OSPREY_FORCE_SYNC: 1 turns pipelined decode off (CUDA)
   bool cuda_graphs = true;         // OSPREY_CUDA_GRAPHS: 0 turns decode-step graph replay off
+  int paged_split_keys = 0;        // OSPREY_PAGED_SPLIT_KEYS: keys per split of paged attention (0: chosen)
 };
 
 // Read once, on first use; later changes to the environment are not seen.

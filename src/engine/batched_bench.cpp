@@ -21,6 +21,8 @@ BatchedBenchResult run_one(Model& model, const BatchedBenchParams& p, int batch,
   o.context_size = p.n_prompt + p.n_gen + 1;
   o.block_size = p.block_size;
   o.prefix_cache = false;
+  o.graphs = p.graphs;
+  o.split_keys = p.split_keys;
   Allocator& alloc = allocator_for(info.device);
   ops::synchronize(info.device);
   alloc.reset_peak();

@@ -18,6 +18,8 @@ struct BatchedBenchParams {
   std::vector<int> batch_sizes{1, 4, 16, 64};
   int64_t block_size = 16;
   uint64_t seed = 1234;
+  bool graphs = true;       // PagedBackendOptions::graphs
+  int64_t split_keys = 0;   // PagedBackendOptions::split_keys
 };
 
 struct BatchedBenchResult {

@@ -31,6 +31,8 @@ PagedBackend::PagedBackend(Model& model, const PagedBackendOptions& options) : m
   if (options.block_size < 1 || options.block_size > 1024)
     throw InvalidInput("--block-size must be in [1, 1024], got " + std::to_string(options.block_size));
   if (options.kv_cache_bytes < 0) throw InvalidInput("--kv-cache-mib must be >= 0");
+  if (options.split_keys < 0 || options.split_keys % 64 != 0)
+    throw InvalidInput("the paged attention's split size must be a multiple of 64, got " + std::to_string(options.split_keys));
   if (!(options.kv_memory_fraction > 0 && options.kv_memory_fraction <= 1))
     throw InvalidInput("the KV memory fraction must be in (0, 1]");
   const ModelInfo& info = model.info();
@@ -213,6 +215,14 @@ void PagedBackend::decode(std::span<const DecodeInput> inputs, std::vector<Decod
   }
   ops::check_token_ids(std::span<const int32_t>(tok, size_t(b)), model_.info().vocab_size);
   if (!dev.is_cpu()) ops::copy_into(bk.device, bk.host);
+  // Batch invariance needs one split size for every batch; otherwise small batches split finer.
+  const bool invariant = ops::batch_invariant();
+  int64_t split = options_.split_keys;
+  if (split == 0) split = invariant ? 128 : size <= 2 ? 64 : size <= 8 ? 128 : size <= 32 ? 256 : 512;
+  if (bk.graph && (bk.split_keys != split || bk.invariant != invariant)) bk.graph.reset();
+  bk.split_keys = split;
+  bk.invariant = invariant;
+  step_.split_keys = split;
   step_.decode = true;
   step_.slots = bk.slots;
   step_.block_tables = bk.tables;

@@ -30,6 +30,9 @@ struct PagedBackendOptions {
   // CUDA: decode steps run as graphs, one captured per batch-size bucket (1, 2, 4, ... up to
   // max_sequences) and replayed with the step's inputs uploaded into the bucket's arrays.
   bool graphs = true;
+  // Keys per split of the paged attention (a multiple of 64). 0: 128 with batch invariance on,
+  // else by bucket (64 for buckets of 1 and 2, 128 up to 8, 256 up to 32, 512 beyond).
+  int64_t split_keys = 0;
 };
 
 // What the prefix cache did, in the terms of the server's prompt cache metrics.
@@ -83,6 +86,8 @@ class PagedBackend final : public SequenceBackend {
     std::unique_ptr<CapturedGraph> graph;
     uint64_t memory_generation = 0;
     Array logits;  // [size, vocab], what the graph writes
+    int64_t split_keys = 0;   // of the paged attention, fixed per bucket
+    bool invariant = false;   // ops::batch_invariant() when the graph was captured
     bool warm = false;  // ran eagerly once: every scratch buffer has its size
   };
   Bucket& bucket_for(int64_t b);

@@ -79,6 +79,7 @@ struct KVView {
   // these say where each sequence's rows are and how many it has (ops::AttentionParams).
   Array block_tables;
   Array seq_lens;
+  int64_t paged_split_keys = 0;
 
   // The attention parameters these facts fix (the caller adds scale, window, softcap).
   ops::AttentionParams attention_params() const {
@@ -90,6 +91,7 @@ struct KVView {
     p.ring_rows = ring_rows;
     p.block_tables = block_tables;
     p.seq_lens = seq_lens;
+    p.paged_split_keys = paged_split_keys;
     return p;
   }
 };

@@ -22,6 +22,7 @@ struct PagedStep {
   bool decode = true;
   Array block_tables;  // i32 [n, max_blocks]
   Array seq_lens;      // i32 [n]: each sequence's length after the write
+  int64_t split_keys = 0;  // the paged attention's keys per split (0: its default)
   // A prefill chunk of one sequence: its rows [pos0, pos0 + n) are written, and attention
   // reads rows [0, pos0 + n) gathered from block_ids (i32, on the device).
   Array block_ids;

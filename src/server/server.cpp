@@ -22,6 +22,7 @@
 #include "server/api_error.h"
 #include "server/completion_request.h"
 #include "backend/ops.h"
+#include "core/env.h"
 #include "engine/paged_backend.h"
 #include "server/dense_backend.h"
 #include "server/metrics.h"
@@ -750,6 +751,8 @@ void Server::load() {
     po.block_size = m.opt.block_size;
     po.kv_cache_bytes = m.opt.kv_cache_mib << 20;
     po.prefix_cache = m.opt.prompt_cache_mib > 0;
+    po.graphs = m.opt.graphs;
+    po.split_keys = env_options().paged_split_keys;
     auto b = std::make_unique<PagedBackend>(*m.model, po);
     m.paged = b.get();
     m.backend = std::move(b);

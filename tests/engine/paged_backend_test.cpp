@@ -280,8 +280,12 @@ std::vector<Collected> serve_all(Model& model, const PagedBackendOptions& o, con
       EXPECT_EQ(sched.submit(std::move(r)), Scheduler::Submit::accepted);
     }
     for (size_t i = 0; i < prompts.size(); ++i) out[i] = collect(*chans[i]);
+    // A task on the engine thread runs after the step that ended the last sequence has
+    // published its statistics.
+    sched.run_on_engine([&] {
+      if (pool_out) *pool_out = backend.pool_stats();
+    });
     if (stats_out) *stats_out = sched.stats();
-    if (pool_out) sched.run_on_engine([&] { *pool_out = backend.pool_stats(); });
   }
   return out;
 }

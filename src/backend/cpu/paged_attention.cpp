@@ -58,8 +58,8 @@ void run_item(const PagedAttentionArgs& a, int64_t i, int64_t hk, int64_t split,
   const int64_t D = a.head_dim, G = a.n_heads / a.n_kv_heads, P = D + 2;
   int64_t lo, hi;
   visible_keys(a, i, &lo, &hi);
-  lo = std::max(lo, split * kPagedSplitKeys);
-  hi = std::min(hi, (split + 1) * kPagedSplitKeys);
+  lo = std::max(lo, split * a.split_keys);
+  hi = std::min(hi, (split + 1) * a.split_keys);
   for (int64_t g = 0; g < G; ++g) {
     float* part = partial + g * P;
     std::fill_n(part, D, 0.0f);
@@ -99,7 +99,7 @@ void paged_attention(const PagedAttentionArgs& a, ThreadPool& pool) {
   if (a.n <= 0 || a.n_heads <= 0) return;
   const int64_t D = a.head_dim, G = a.n_heads / a.n_kv_heads, P = D + 2;
   const int64_t max_keys = a.max_blocks * a.block_size;
-  const int64_t n_splits = std::max<int64_t>(1, (max_keys + kPagedSplitKeys - 1) / kPagedSplitKeys);
+  const int64_t n_splits = std::max<int64_t>(1, (max_keys + a.split_keys - 1) / a.split_keys);
   const int64_t n_items = a.n * a.n_kv_heads * n_splits;
   // NOTE: thread_local of the calling thread; workers reach it through `part_base` only.
   thread_local std::vector<float> partials;

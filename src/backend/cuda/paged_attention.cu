@@ -3,7 +3,7 @@
 //
 // Attention is split-K flash decoding on tensor cores, the scheme of attention_decode.cu with
 // keys fetched through a block table. Grid: (split x tile of 8 query heads, kv head, sequence).
-// Split s covers the key positions [s * kPagedSplitKeys, (s + 1) * kPagedSplitKeys) of its
+// Split s covers the key positions [s * split_keys, (s + 1) * split_keys) of its
 // sequence, fixed positions that no batch size or device count moves. A block reads its
 // sequence's length and block table from device memory (so a captured graph replays while
 // they change), clips its split to the keys the query sees, and returns at once when nothing
@@ -32,7 +32,6 @@ constexpr int kVecs = 8;                // query heads per block (rows 0..7 of t
 constexpr int kStep = 16;               // keys per warp and chunk
 constexpr int kChunk = kWarps * kStep;  // keys per chunk
 constexpr int kStages = 3;              // chunks in flight
-constexpr int kSplit = int(kPagedSplitKeys);
 static_assert(kPagedSplitKeys % kChunk == 0, "a split is whole chunks");
 
 template <int D>
@@ -76,7 +75,8 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) paged_decode_kerne
   const int tile = blockIdx.x % p.n_tiles, split = blockIdx.x / p.n_tiles, hk = blockIdx.y, seq = blockIdx.z;
   const int G = p.group;
   const Range r = seq_range(a, seq);
-  const int kb = max(r.lo, split * kSplit), ke = min(r.hi, (split + 1) * kSplit);
+  const int split_keys = int(a.split_keys);
+  const int kb = max(r.lo, split * split_keys), ke = min(r.hi, (split + 1) * split_keys);
   if (kb >= ke) return;  // nothing of this split is visible: the combine skips it
   const int v_first = tile * kVecs, n_vecs = min(G - v_first, kVecs);
 
@@ -232,7 +232,7 @@ __global__ void __launch_bounds__(kThreads) paged_combine_kernel(const Params p)
     for (int d = threadIdx.x; d < D; d += blockDim.x) dst[d] = 0.0f;
     return;
   }
-  const int s_first = r.lo / kSplit, s_last = (r.hi - 1) / kSplit;
+  const int s_first = r.lo / int(a.split_keys), s_last = (r.hi - 1) / int(a.split_keys);
   const float* src = p.partial + vec * p.n_splits * kP;
   float mx = kNegInf;
   for (int sp = s_first; sp <= s_last; ++sp) mx = fmaxf(mx, src[sp * kP + D]);
@@ -272,8 +272,11 @@ void launch(const PagedAttentionArgs& a, cudaStream_t s) {
     p.q_scale = a.scale * attn::kLog2e;
     p.cap_in = p.cap_out = 0.0f;
   }
+  if (a.split_keys < kChunk || a.split_keys % kChunk != 0 || a.split_keys > (int64_t(1) << 24))
+    throw InvalidInput("attention (paged): split_keys " + std::to_string(a.split_keys) + " must be a positive multiple of " +
+                       std::to_string(kChunk));
   const int64_t max_keys = a.max_blocks * a.block_size;
-  const int64_t n_splits = (max_keys + kSplit - 1) / kSplit;
+  const int64_t n_splits = (max_keys + a.split_keys - 1) / a.split_keys;
   const int64_t n_tiles = (p.group + kVecs - 1) / kVecs;
   if (n_splits * n_tiles > INT_MAX) throw Unsupported("attention (paged): too many key splits");
   p.n_splits = int(n_splits);
