@@ -162,17 +162,24 @@ void PagedBackend::prefill(int handle, std::span<const int32_t> tokens, bool wan
   }
 }
 
-PagedBackend::Bucket& PagedBackend::bucket_for(int64_t b) {
+PagedBackend::Bucket& PagedBackend::bucket_for(int64_t b, int64_t blocks) {
   // Graphs want few shapes; the CPU runs every step eagerly and pads nothing.
   int64_t size = 1;
   while (size < b) size *= 2;
   size = std::min<int64_t>(size, int64_t(seqs_.size()));
   if (!options_.graphs) size = b;
+  // Table rows as wide as the longest sequence needs, rounded up to a power of two (so the
+  // attention's grid and a graph cover short sequences cheaply however long the context),
+  // at most one full context.
+  int64_t width = 8;
+  while (width < blocks) width *= 2;
+  width = std::min(width, table_width_);
   for (auto& bk : buckets_)
-    if (bk->size == size) return *bk;
+    if (bk->size == size && bk->width == width) return *bk;
   auto bk = std::make_unique<Bucket>();
   bk->size = size;
-  const int64_t n = 4 * size + size * table_width_;
+  bk->width = width;
+  const int64_t n = 4 * size + size * width;
   const Device dev = model_.info().device;
   bk->host = Array::empty({n}, DType::i32);
   bk->device = dev.is_cpu() ? bk->host : Array::empty({n}, DType::i32, dev);
@@ -180,7 +187,7 @@ PagedBackend::Bucket& PagedBackend::bucket_for(int64_t b) {
   bk->positions = bk->device.slice_rows(size, 2 * size);
   bk->slots = bk->device.slice_rows(2 * size, 3 * size);
   bk->lens = bk->device.slice_rows(3 * size, 4 * size);
-  bk->tables = bk->device.slice_rows(4 * size, n).reshape({size, table_width_});
+  bk->tables = bk->device.slice_rows(4 * size, n).reshape({size, width});
   buckets_.push_back(std::move(bk));
   return *buckets_.back();
 }
@@ -192,8 +199,10 @@ void PagedBackend::decode(std::span<const DecodeInput> inputs, std::vector<Decod
   const Device dev = model_.info().device;
   // Padded to the bucket's size: a padded row writes nothing (slot -1) and reads one key of
   // block 0; its output is not looked at.
-  Bucket& bk = bucket_for(b);
-  const int64_t size = bk.size;
+  int64_t need = 1;
+  for (const DecodeInput& in : inputs) need = std::max(need, ceil_div(pool_->length(seq(in.handle).id) + 1, options_.block_size));
+  Bucket& bk = bucket_for(b, need);
+  const int64_t size = bk.size, width = bk.width;
   int32_t* h = bk.host.data<int32_t>();
   std::fill(h, h + bk.host.numel(), 0);
   int32_t *tok = h, *pos = h + size, *slot = h + 2 * size, *len = h + 3 * size, *table = h + 4 * size;
@@ -211,7 +220,7 @@ void PagedBackend::decode(std::span<const DecodeInput> inputs, std::vector<Decod
     len[i] = int32_t(n + 1);
     pool_->slots(s.id, n, 1, &slot[i]);
     const std::vector<int32_t>& t = pool_->block_table(s.id);
-    std::copy_n(t.begin(), std::min<int64_t>(table_width_, int64_t(t.size())), table + i * table_width_);
+    std::copy_n(t.begin(), std::min<int64_t>(width, int64_t(t.size())), table + i * width);
   }
   ops::check_token_ids(std::span<const int32_t>(tok, size_t(b)), model_.info().vocab_size);
   if (!dev.is_cpu()) ops::copy_into(bk.device, bk.host);
@@ -251,14 +260,17 @@ void PagedBackend::decode(std::span<const DecodeInput> inputs, std::vector<Decod
   const bool all_greedy = std::all_of(inputs.begin(), inputs.end(), [](const DecodeInput& in) { return in.greedy; });
   if (all_greedy && !dev.is_cpu()) {
     // Only the tokens cross to the host, not b rows of logits.
-    Array chosen = Array::empty({b}, DType::i32, dev), nonfinite = Array::empty({b}, DType::i32, dev);
+    // Tokens and non-finite flags side by side in one array: one readback.
+    Array both = Array::empty({2 * b}, DType::i32, dev);
+    Array chosen = both.slice_rows(0, b), nonfinite = both.slice_rows(b, 2 * b);
     ops::argmax_rows(logits, chosen, nonfinite);
-    Array hc = ops::to_device(chosen, Device::cpu()), hn = ops::to_device(nonfinite, Device::cpu());
+    const Array host = ops::to_device(both, Device::cpu());
+    const int32_t* h_tok = host.data<int32_t>();
     for (int64_t i = 0; i < b; ++i) {
-      if (hn.data<int32_t>()[i])
+      if (h_tok[b + i])
         outputs[size_t(i)].error = non_finite_logits_message("NaN or Inf");
       else
-        outputs[size_t(i)].token = hc.data<int32_t>()[i];
+        outputs[size_t(i)].token = h_tok[i];
     }
     return;
   }

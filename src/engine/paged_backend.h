@@ -27,8 +27,9 @@ struct PagedBackendOptions {
   int64_t kv_cache_bytes = 0;
   double kv_memory_fraction = 0.9;
   bool prefix_cache = true;  // keep ended sequences' full blocks for later prompts
-  // CUDA: decode steps run as graphs, one captured per batch-size bucket (1, 2, 4, ... up to
-  // max_sequences) and replayed with the step's inputs uploaded into the bucket's arrays.
+  // CUDA: decode steps run as graphs, one captured per bucket (batch size 1, 2, 4, ... up to
+  // max_sequences, by table width 8, 16, 32, ... blocks up to one context) and replayed with the
+  // step's inputs uploaded into the bucket's arrays.
   bool graphs = true;
   // Keys per split of the paged attention (a multiple of 64). 0: 128 with batch invariance on,
   // else by bucket (64 for buckets of 1 and 2, 128 up to 8, 256 up to 32, 512 beyond).
@@ -80,7 +81,8 @@ class PagedBackend final : public SequenceBackend {
   // put (views of one buffer uploaded per step), and the step captured over them.
   struct Bucket {
     int64_t size = 0;
-    Array host;  // i32 [4 * size + size * max_blocks] on the CPU: tokens, positions, slots, lens, tables
+    int64_t width = 0;  // blocks per table row
+    Array host;  // i32 [4 * size + size * width] on the CPU: tokens, positions, slots, lens, tables
     Array device;
     Array tokens, positions, slots, lens, tables;  // views of `device`
     std::unique_ptr<CapturedGraph> graph;
@@ -90,7 +92,8 @@ class PagedBackend final : public SequenceBackend {
     bool invariant = false;   // ops::batch_invariant() when the graph was captured
     bool warm = false;  // ran eagerly once: every scratch buffer has its size
   };
-  Bucket& bucket_for(int64_t b);
+  // The bucket for b sequences whose longest needs `blocks` blocks.
+  Bucket& bucket_for(int64_t b, int64_t blocks);
   Seq& seq(int handle);
   void publish_stats();
 

@@ -295,7 +295,7 @@ void check_device_positions(AttnCase s, std::initializer_list<int64_t> lengths, 
     host.max_keys = max_keys;
     EXPECT_EQ(count_bit_differences(dc.run(host), got), 0u) << describe(s) << " host vs device position";
     host.max_keys = 0;  // launch shape from n_keys
-    EXPECT_LT(rel_error(dc.run(host), ref), kTol) << describe(s) << " host position";
+    EXPECT_LT(rel_error(dc.run(host), ref), s.bf16 ? 1e-2 : kTol) << describe(s) << " host position";
   }
   if (exec) cudaGraphExecDestroy(exec);
   if (g) cudaGraphDestroy(g);
