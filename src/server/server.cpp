@@ -46,29 +46,41 @@ struct RequestLog {
 };
 thread_local RequestLog t_log;
 
-// The socket of the connection a request came on: the one whose peer and local ports are
-// the request's (the pair is unique while the connection lives). httplib does not hand
-// handlers their socket; -1 when not found.
-int find_socket(const httplib::Request& req) {
+// Calls fn(fd) for each open file descriptor of the process until it returns true.
+template <class Fn>
+void for_each_fd(Fn fn) {
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
     // The name outlives the parse: `end` points into it.
     const std::string name = e.path().filename().string();
     char* end = nullptr;
     const long fd = std::strtol(name.c_str(), &end, 10);
-    if (*end != '\0') continue;
+    if (*end == '\0' && fn(int(fd))) return;
+  }
+}
+
+// The port of an IPv4 or IPv6 address; -1 for another family.
+int port_of(const sockaddr_storage& a) {
+  if (a.ss_family == AF_INET) return int(ntohs(reinterpret_cast<const sockaddr_in&>(a).sin_port));
+  if (a.ss_family == AF_INET6) return int(ntohs(reinterpret_cast<const sockaddr_in6&>(a).sin6_port));
+  return -1;
+}
+
+// The socket of the connection a request came on: the one whose peer and local ports are
+// the request's (the pair is unique while the connection lives). httplib does not hand
+// handlers their socket; -1 when not found.
+int find_socket(const httplib::Request& req) {
+  int found = -1;
+  for_each_fd([&](int fd) {
     sockaddr_storage peer{}, local{};
     socklen_t pl = sizeof peer, ll = sizeof local;
-    if (::getpeername(int(fd), reinterpret_cast<sockaddr*>(&peer), &pl) != 0) continue;
-    if (::getsockname(int(fd), reinterpret_cast<sockaddr*>(&local), &ll) != 0) continue;
-    auto port_of = [](const sockaddr_storage& a) {
-      if (a.ss_family == AF_INET) return int(ntohs(reinterpret_cast<const sockaddr_in&>(a).sin_port));
-      if (a.ss_family == AF_INET6) return int(ntohs(reinterpret_cast<const sockaddr_in6&>(a).sin6_port));
-      return -1;
-    };
-    if (port_of(peer) == req.remote_port && port_of(local) == req.local_port) return int(fd);
-  }
-  return -1;
+    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0) return false;
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0) return false;
+    if (port_of(peer) != req.remote_port || port_of(local) != req.local_port) return false;
+    found = fd;
+    return true;
+  });
+  return found;
 }
 
 // Whether the peer closed the connection (a read would return end of file or an error).
@@ -86,24 +98,17 @@ bool peer_gone(int fd) {
 // keep-alive wait, to be closed unanswered. listen() again on the bound socket raises the
 // backlog (Linux allows it on a listening socket); the socket is the listening one on `port`.
 void widen_listen_backlog(int port) {
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
-    const std::string name = e.path().filename().string();
-    char* end = nullptr;
-    const long fd = std::strtol(name.c_str(), &end, 10);
-    if (*end != '\0') continue;
+  for_each_fd([&](int fd) {
     int listening = 0;
     socklen_t len = sizeof listening;
-    if (::getsockopt(int(fd), SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || !listening) continue;
+    if (::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || !listening) return false;
     sockaddr_storage local{};
     socklen_t ll = sizeof local;
-    if (::getsockname(int(fd), reinterpret_cast<sockaddr*>(&local), &ll) != 0) continue;
-    int local_port = -1;
-    if (local.ss_family == AF_INET) local_port = ntohs(reinterpret_cast<const sockaddr_in&>(local).sin_port);
-    if (local.ss_family == AF_INET6) local_port = ntohs(reinterpret_cast<const sockaddr_in6&>(local).sin6_port);
-    if (local_port == port && ::listen(int(fd), SOMAXCONN) != 0)
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0 || port_of(local) != port) return false;
+    if (::listen(fd, SOMAXCONN) != 0)
       log_warn("cannot raise the listen backlog of port " + std::to_string(port) + ": " + std::strerror(errno));
-  }
+    return false;
+  });
 }
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }

@@ -212,24 +212,29 @@ TEST_P(PagedBackendTest, GreedyOutputIsTheSameAloneInABatchAndFromThePrefixCache
   }
 }
 
-TEST_P(PagedBackendTest, ForkedBlocksAreCopiedBeforeTheyAreWritten) {
-  // Two sequences with the same 10-token prompt: the second restores two full blocks from the
-  // first's cached prefix and writes its own rows after them; the cached blocks keep their
-  // contents (a third sequence restoring them computes what the first did).
+TEST_P(PagedBackendTest, CachedBlocksKeepTheirRowsWhileOthersWriteAfterThem) {
+  // Three sequences with the same 10-token prompt, one after another: the first's full blocks
+  // go to the prefix cache; the second restores two of them and writes its own rows after them
+  // (the cache holds the first's third block, which it must not write into); the third
+  // restores the same two. With batch invariance on, the second and third compute the first's
+  // logits bit for bit, which a changed row of a cached block would break. (Without it, the
+  // restored runs prefill 2 rows where the first prefilled 10, through other GEMM kernels on
+  // CUDA; the Gemma 3 fixture, whose activations pass 1e5, turns that rounding into large
+  // logit differences.)
+  InvariantScope invariant(true);
   std::mt19937 rng(5);
   const std::vector<int32_t> p = random_prompt(rng, 10, vocab_);
   PagedBackend backend(*model_, options(4));
   const BatchRun first = run_batch(backend, {p}, 6);
-  const auto ref = dense_reference(first.tokens[0], p.size());
   const BatchRun second = run_batch(backend, {p}, 6);
   EXPECT_EQ(second.n_cached[0], 8);
   const BatchRun third = run_batch(backend, {p}, 6);
   EXPECT_EQ(third.n_cached[0], 8);
-  const double tol = GetParam().cuda ? 2e-2 : 1e-3;
+  EXPECT_EQ(second.tokens[0], first.tokens[0]);
+  EXPECT_EQ(third.tokens[0], first.tokens[0]);
   for (size_t i = 0; i < first.logits[0].size(); ++i) {
-    EXPECT_LT(testing::relative_row_error(first.logits[0][i].data(), ref[i].data(), vocab_), tol) << "first, step " << i;
-    EXPECT_LT(testing::relative_row_error(second.logits[0][i].data(), ref[i].data(), vocab_), tol) << "second, step " << i;
-    EXPECT_LT(testing::relative_row_error(third.logits[0][i].data(), ref[i].data(), vocab_), tol) << "third, step " << i;
+    EXPECT_EQ(std::memcmp(second.logits[0][i].data(), first.logits[0][i].data(), size_t(vocab_) * 4), 0) << "second, step " << i;
+    EXPECT_EQ(std::memcmp(third.logits[0][i].data(), first.logits[0][i].data(), size_t(vocab_) * 4), 0) << "third, step " << i;
   }
   EXPECT_EQ(backend.pool_stats().n_in_use, 0);
 }
