@@ -147,4 +147,46 @@ TEST(CliBench, BadFlagsExitNonZero) {
   EXPECT_NE(deep.err.find("context of 512"), std::string::npos) << deep.err;
 }
 
+// --batch: one row per batch size, the token counts and rows held as the table defines them,
+// and the rates their quotients (recomputed here from the raw times).
+TEST(CliBench, BatchedTableAndItsArithmetic) {
+  TempDir d;
+  write_tiny_llama(d.path(), tiny_llama_config());
+  const json j = bench_json(d, "--batch 1,3 -p 8 -n 4");
+  ASSERT_EQ(j["results"].size(), 2u) << j.dump();
+  for (size_t i = 0; i < 2; ++i) {
+    const json& r = j["results"][i];
+    const int b = i == 0 ? 1 : 3;
+    EXPECT_EQ(r["b"], b);
+    EXPECT_EQ(r["pp"], 8);
+    EXPECT_EQ(r["tg"], 4);
+    EXPECT_EQ(r["n_kv"], b * 12);
+    const double t_pp = r["t_pp"], t_tg = r["t_tg"];
+    ASSERT_GT(t_pp, 0);
+    ASSERT_GT(t_tg, 0);
+    EXPECT_NEAR(double(r["s_pp"]), b * 8 / t_pp, 1e-6 * double(r["s_pp"]));
+    EXPECT_NEAR(double(r["s_tg"]), b * 4 / t_tg, 1e-6 * double(r["s_tg"]));
+    EXPECT_NEAR(double(r["s_tg_per_seq"]), 4 / t_tg, 1e-6 * double(r["s_tg_per_seq"]));
+  }
+  auto md = run_osprey("bench -m " + d.path().string() + " --batch 2 -p 8 -n 4");
+  ASSERT_EQ(md.exit_code, 0) << md.err;
+  EXPECT_NE(md.out.find("| PP | TG | B | N_KV |"), std::string::npos) << md.out;
+  EXPECT_NE(md.out.find("| 8 | 4 | 2 | 24 |"), std::string::npos) << md.out;
+}
+
+TEST(CliBench, BatchedBadFlagsExitNonZero) {
+  TempDir d;
+  write_tiny_llama(d.path(), tiny_llama_config());
+  const std::string m = "bench -m " + d.path().string();
+  auto zero = run_osprey(m + " --batch 0,4 -p 8 -n 4");
+  EXPECT_EQ(zero.exit_code, 2);
+  EXPECT_NE(zero.err.find("--batch"), std::string::npos) << zero.err;
+  auto two = run_osprey(m + " --batch 2 -p 8,16 -n 4");
+  EXPECT_EQ(two.exit_code, 2);
+  EXPECT_NE(two.err.find("one prompt size"), std::string::npos) << two.err;
+  auto deep = run_osprey(m + " --batch 2 -p 500 -n 40");
+  EXPECT_EQ(deep.exit_code, 1);
+  EXPECT_NE(deep.err.find("context of 512"), std::string::npos) << deep.err;
+}
+
 }  // namespace osprey
