@@ -76,15 +76,58 @@ __global__ void argmax_kernel(const float* __restrict__ x, int64_t n, int32_t* o
   if (threadIdx.x == 0) g_non_finite_logits = bad;
 }
 
-// Block i: row i of logits [rows, vocab] -> out[i], nonfinite[i]. The device's flag is left
-// alone (the caller reads the per-row flags).
-__global__ void argmax_rows_kernel(const float* __restrict__ logits, int64_t vocab, int32_t* __restrict__ out,
-                                   int32_t* __restrict__ nonfinite) {
-  const int64_t row = blockIdx.x;
+// argmax_rows in two passes, so that one row (a batch of one) still spreads over the device:
+// block (part, row) takes the argmax of its slice of the row, then one warp per row merges the
+// parts in order. The maximum and its lowest index do not depend on the slicing. The device's
+// flag is left alone (the caller reads the per-row flags).
+constexpr int kRowParts = 32;
+constexpr int kRowThreads = 256;
+
+struct RowPart {
+  float value;
+  int32_t index;  // the row's length when the slice is empty
+  int32_t bad;
+};
+
+__global__ void argmax_row_parts_kernel(const float* __restrict__ logits, int64_t vocab, RowPart* __restrict__ parts) {
+  const int64_t row = blockIdx.y, part = blockIdx.x;
+  const int64_t per = (vocab + kRowParts - 1) / kRowParts;
+  const int64_t lo = min(vocab, part * per), hi = min(vocab, lo + per);
+  int32_t idx = 0;
   int bad = 0;
-  block_argmax(logits + row * vocab, vocab, out + row, &bad);
-  if (threadIdx.x == 0) nonfinite[row] = bad;
+  if (lo < hi) block_argmax(logits + row * vocab + lo, hi - lo, &idx, &bad);
+  if (threadIdx.x == 0) {
+    RowPart& p = parts[row * kRowParts + part];
+    p.value = lo < hi ? key(logits[row * vocab + lo + idx]) : kNegInf;
+    p.index = lo < hi ? int32_t(lo + idx) : int32_t(vocab);
+    p.bad = bad;
+  }
 }
+
+__global__ void argmax_row_merge_kernel(const RowPart* __restrict__ parts, int64_t vocab, int32_t* __restrict__ out,
+                                        int32_t* __restrict__ nonfinite) {
+  const int64_t row = blockIdx.x;
+  const int lane = threadIdx.x;
+  float bv = kNegInf;
+  int64_t bi = vocab;
+  int bad = 0;
+  if (lane < kRowParts) {
+    const RowPart p = parts[row * kRowParts + lane];
+    bv = p.value, bi = p.index, bad = p.bad;
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+    const int64_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (better(ov, oi, bv, bi)) bv = ov, bi = oi;
+  }
+  bad = __any_sync(0xffffffffu, bad);
+  if (lane == 0) {
+    out[row] = int32_t(bi < vocab ? bi : 0);
+    nonfinite[row] = bad;
+  }
+}
+static_assert(kRowParts == 32, "one lane per part in the merge");
 
 }  // namespace
 
@@ -106,9 +149,11 @@ void argmax_rows(const float* logits, int64_t rows, int64_t vocab, int32_t* out,
   if (vocab <= 0) throw InvalidInput("argmax_rows: empty rows (vocab " + std::to_string(vocab) + ")");
   if (vocab > 0x7fffffffLL) throw Unsupported("argmax_rows: rows longer than 2^31 - 1");
   if (rows > 0x7fffffffLL) throw Unsupported("argmax_rows: more than 2^31 - 1 rows");
-  // NOTE: 256 threads a row: a batch of decode rows fills the SMs with blocks, and a row of a
-  // large vocabulary is still a few dozen loads per thread.
-  argmax_rows_kernel<<<unsigned(rows), 256, 0, s>>>(logits, vocab, out, nonfinite);
+  if (rows > 65535) throw Unsupported("argmax_rows: more than 65535 rows");
+  auto* parts = static_cast<RowPart*>(scratch(size_t(rows) * kRowParts * sizeof(RowPart)));
+  argmax_row_parts_kernel<<<dim3(kRowParts, unsigned(rows)), kRowThreads, 0, s>>>(logits, vocab, parts);
+  OSPREY_CUDA_CHECK_LAUNCH();
+  argmax_row_merge_kernel<<<unsigned(rows), 32, 0, s>>>(parts, vocab, out, nonfinite);
   OSPREY_CUDA_CHECK_LAUNCH();
 }
 
