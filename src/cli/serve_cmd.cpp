@@ -88,6 +88,11 @@ Command add_serve(CLI::App& app) {
       ->transform(CLI::CheckedTransformer(std::map<std::string, KVLayout>{{"paged", KVLayout::paged},
                                                                           {"dense", KVLayout::dense}}))
       ->default_str("paged");
+  app.add_option("--prefill-chunk", s.prefill_chunk,
+                 "Prompt tokens the engine prefills per step, between decode steps (larger: faster admission of "
+                 "many prompts, longer pauses for running replies)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 20))
+      ->capture_default_str();
   app.add_option("--block-size", s.block_size, "Paged layout: rows per KV block")->check(CLI::Range(1, 1024))->capture_default_str();
   app.add_option("--kv-cache-mib", s.kv_cache_mib,
                  "Paged layout: the KV pool in MiB (0: every sequence's full context, on CUDA at most 90% of the free "
