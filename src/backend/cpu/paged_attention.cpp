@@ -98,8 +98,13 @@ void run_item(const PagedAttentionArgs& a, int64_t i, int64_t hk, int64_t split,
 void paged_attention(const PagedAttentionArgs& a, ThreadPool& pool) {
   if (a.n <= 0 || a.n_heads <= 0) return;
   const int64_t D = a.head_dim, G = a.n_heads / a.n_kv_heads, P = D + 2;
-  const int64_t max_keys = a.max_blocks * a.block_size;
-  const int64_t n_splits = std::max<int64_t>(1, (max_keys + a.split_keys - 1) / a.split_keys);
+  // Splits past the longest sequence hold nothing: the host reads the lengths, so the items
+  // and partials cover only the live key range (a split's bounds stay multiples of
+  // split_keys, so a sequence's result does not depend on the others).
+  int64_t max_len = 1;
+  for (int64_t i = 0; i < a.n; ++i) max_len = std::max<int64_t>(max_len, a.seq_lens[i]);
+  max_len = std::min(max_len, a.max_blocks * a.block_size);
+  const int64_t n_splits = std::max<int64_t>(1, (max_len + a.split_keys - 1) / a.split_keys);
   const int64_t n_items = a.n * a.n_kv_heads * n_splits;
   // NOTE: thread_local of the calling thread; workers reach it through `part_base` only.
   thread_local std::vector<float> partials;
