@@ -166,8 +166,18 @@ std::string repr_string(const std::string& s) {
   std::string out(1, quote);
   std::size_t i = 0;
   while (i < s.size()) {
-    uint32_t cp = utf8::next(s, i);
     char buf[16];
+    // A template's own bytes need not be UTF-8: a byte that starts no complete sequence is
+    // written as \xNN, never read past.
+    const utf8::Scan sc = utf8::scan(reinterpret_cast<const unsigned char*>(s.data()) + i, s.size() - i);
+    if (sc.kind != utf8::Scan::kComplete) {
+      std::snprintf(buf, sizeof(buf), "\\x%02x", unsigned(static_cast<unsigned char>(s[i])));
+      out += buf;
+      ++i;
+      continue;
+    }
+    const uint32_t cp = sc.cp;
+    i += sc.len;
     if (cp == '\\') out += "\\\\";
     else if (cp == uint32_t(quote)) out += std::string("\\") + quote;
     else if (cp == '\n') out += "\\n";

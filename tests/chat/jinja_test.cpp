@@ -86,6 +86,19 @@ TEST(Jinja, RaiseExceptionIsAnInputErrorWithTheTemplatesText) {
   FAIL() << "no raise_exception case in the fixture";
 }
 
+// A fuzzer's find: a missing key whose bytes are not UTF-8 was read past its end while its
+// repr went into the undefined value's message. The repr writes such bytes as \xNN.
+TEST(Jinja, ReprOfAKeyThatIsNotUtf8StaysInBounds) {
+  const std::string key = std::string("update\xff\xff", 8);
+  EXPECT_EQ(render("{{ {'a': 1}['" + key + "'] is defined }}"), "False");
+  try {
+    render("{{ {'a': 1}['" + key + "'] + 1 }}");
+    ADD_FAILURE() << "adding to an undefined value must fail";
+  } catch (const InvalidInput& e) {
+    EXPECT_NE(std::string(e.what()).find("'update\\xff\\xff'"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Jinja, UnsupportedFeatureNamesItselfAndItsLine) {
   auto expect_unsupported = [](const std::string& source, const std::string& feature, int line) {
     try {
