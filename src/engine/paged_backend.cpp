@@ -36,12 +36,7 @@ PagedBackend::PagedBackend(Model& model, const PagedBackendOptions& options) : m
   if (!(options.kv_memory_fraction > 0 && options.kv_memory_fraction <= 1))
     throw InvalidInput("the KV memory fraction must be in (0, 1]");
   const ModelInfo& info = model.info();
-  const int64_t model_ctx = info.max_position_embeddings;
-  context_ = options.context_size > 0 ? options.context_size : model_ctx;
-  if (model_ctx > 0 && context_ > model_ctx)
-    throw InvalidInput("--ctx-size " + std::to_string(context_) + " exceeds the model's max_position_embeddings (" +
-                       std::to_string(model_ctx) + ")");
-  if (context_ < 2) throw InvalidInput("--ctx-size must be >= 2");
+  context_ = sequence_context(options.context_size, info.max_position_embeddings);
 
   PagedPoolParams pp;
   for (int64_t l = 0; l < info.n_layers; ++l) pp.layers.push_back(model.kv_params(l));
@@ -94,11 +89,7 @@ PagedBackend::Seq& PagedBackend::seq(int handle) {
 }
 
 std::optional<SequenceBackend::Begun> PagedBackend::begin(std::span<const int32_t> prompt) {
-  if (prompt.empty()) throw InvalidInput("the prompt is empty");
-  if (int64_t(prompt.size()) > context_)
-    throw InvalidInput("the prompt (" + std::to_string(prompt.size()) + " tokens) exceeds the context of " +
-                       std::to_string(context_));
-  ops::check_token_ids(prompt, model_.info().vocab_size, "prompt token id");
+  check_prompt(prompt, context_, model_.info().vocab_size);
   const int64_t bs = options_.block_size;
   if (ceil_div(int64_t(prompt.size()), bs) > pool_->n_blocks())
     throw InvalidInput("the prompt (" + std::to_string(prompt.size()) + " tokens) needs more KV blocks than the pool has (" +
@@ -128,9 +119,9 @@ std::optional<SequenceBackend::Begun> PagedBackend::begin(std::span<const int32_
 }
 
 bool PagedBackend::reserve(int handle, int64_t n) {
-  const bool ok = pool_->reserve(seq(handle).id, n);
-  publish_stats();
-  return ok;
+  // NOTE: no publish_stats(): the scheduler reserves for every sequence of every step, and the
+  // decode or prefill that follows publishes.
+  return pool_->reserve(seq(handle).id, n);
 }
 
 void PagedBackend::prefill(int handle, std::span<const int32_t> tokens, bool want_logits, std::vector<float>& logits) {
@@ -304,10 +295,6 @@ void PagedBackend::publish_stats() {
   std::lock_guard<std::mutex> lock(stats_mu_);
   pool_stats_ = ps;
   counters_ = c;
-  prefix_.n_evicted_blocks = ps.n_evicted;
-  prefix_.n_cached_blocks = ps.n_cached;
-  prefix_.cached_bytes = ps.n_cached * block_bytes_;
-  prefix_.pool_bytes = ps.n_blocks * block_bytes_;
 }
 
 double PagedBackend::kv_usage() const {
@@ -322,7 +309,12 @@ KVCounters PagedBackend::kv_counters() const {
 
 PrefixCacheStats PagedBackend::prefix_stats() const {
   std::lock_guard<std::mutex> lock(stats_mu_);
-  return prefix_;
+  PrefixCacheStats s = prefix_;
+  s.n_evicted_blocks = pool_stats_.n_evicted;
+  s.n_cached_blocks = pool_stats_.n_cached;
+  s.cached_bytes = pool_stats_.n_cached * block_bytes_;
+  s.pool_bytes = pool_stats_.n_blocks * block_bytes_;
+  return s;
 }
 
 PagedPoolStats PagedBackend::pool_stats() const {

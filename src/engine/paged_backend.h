@@ -109,7 +109,7 @@ class PagedBackend final : public SequenceBackend {
   int64_t table_width_ = 0;  // blocks of one full context: every bucket's table row
   uint64_t n_graph_replays_ = 0, n_graph_captures_ = 0;
   mutable std::mutex stats_mu_;
-  PrefixCacheStats prefix_;      // guarded by stats_mu_
+  PrefixCacheStats prefix_;      // guarded by stats_mu_; the pool's counts are filled in on reading
   PagedPoolStats pool_stats_;    // guarded by stats_mu_
   KVCounters counters_;          // guarded by stats_mu_
 };

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <future>
 
+#include "backend/ops.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -18,6 +19,23 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 const char* kShuttingDown = "the server is shutting down";
 
 }  // namespace
+
+int64_t sequence_context(int64_t requested, int64_t model_context) {
+  const int64_t context = requested > 0 ? requested : model_context;
+  if (model_context > 0 && context > model_context)
+    throw InvalidInput("--ctx-size " + std::to_string(context) + " exceeds the model's max_position_embeddings (" +
+                       std::to_string(model_context) + ")");
+  if (context < 2) throw InvalidInput("--ctx-size must be >= 2");
+  return context;
+}
+
+void check_prompt(std::span<const int32_t> prompt, int64_t context, int64_t vocab) {
+  if (prompt.empty()) throw InvalidInput("the prompt is empty");
+  if (int64_t(prompt.size()) > context)
+    throw InvalidInput("the prompt (" + std::to_string(prompt.size()) + " tokens) exceeds the context of " +
+                       std::to_string(context));
+  ops::check_token_ids(prompt, vocab, "prompt token id");
+}
 
 // ---- SequenceChannel ----
 

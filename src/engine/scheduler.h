@@ -137,6 +137,14 @@ class SequenceBackend {
   virtual KVCounters kv_counters() const = 0;
 };
 
+// The limits every backend applies the same way. The context of each sequence: `requested`
+// when > 0, else the model's max_position_embeddings; throws InvalidInput naming --ctx-size
+// when it passes the model's or is below 2.
+int64_t sequence_context(int64_t requested, int64_t model_context);
+// Throws InvalidInput for an empty prompt, one longer than `context`, or a token id outside
+// [0, vocab).
+void check_prompt(std::span<const int32_t> prompt, int64_t context, int64_t vocab);
+
 struct SchedulerOptions {
   int max_queue = 64;            // waiting sequences past this are refused (HTTP 429)
   int64_t prefill_chunk = 512;   // prompt tokens per step (chunked prefill)

@@ -35,12 +35,7 @@ struct DenseSlotBackend::Slot {
 DenseSlotBackend::DenseSlotBackend(Model& model, PromptCache& prompt_cache, const DenseBackendOptions& options)
     : model_(model), prompt_cache_(prompt_cache), options_(options) {
   if (options.n_slots < 1) throw InvalidInput("--parallel must be >= 1, got " + std::to_string(options.n_slots));
-  const int64_t model_ctx = model.info().max_position_embeddings;
-  context_ = options.context_size > 0 ? options.context_size : model_ctx;
-  if (model_ctx > 0 && context_ > model_ctx)
-    throw InvalidInput("--ctx-size " + std::to_string(context_) + " exceeds the model's max_position_embeddings (" +
-                       std::to_string(model_ctx) + ")");
-  if (context_ < 2) throw InvalidInput("--ctx-size must be >= 2");
+  context_ = sequence_context(options.context_size, model.info().max_position_embeddings);
   for (int i = 0; i < options.n_slots; ++i) {
     auto s = std::make_unique<Slot>();
     s->cache = new_cache();
@@ -76,14 +71,7 @@ void DenseSlotBackend::reset(Slot& s) {
 }
 
 std::optional<SequenceBackend::Begun> DenseSlotBackend::begin(std::span<const int32_t> prompt) {
-  if (prompt.empty()) throw InvalidInput("the prompt is empty");
-  if (int64_t(prompt.size()) > context_)
-    throw InvalidInput("the prompt (" + std::to_string(prompt.size()) + " tokens) exceeds the context of " +
-                       std::to_string(context_));
-  for (int32_t id : prompt)
-    if (id < 0 || id >= model_.info().vocab_size)
-      throw InvalidInput("prompt token id " + std::to_string(id) + " is outside the vocabulary [0, " +
-                         std::to_string(model_.info().vocab_size) + ")");
+  check_prompt(prompt, context_, model_.info().vocab_size);
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& s = *slots_[i];
     if (s.busy) continue;

@@ -25,6 +25,7 @@
 
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/gemm_simd.h"
+#include "backend/cpu/split_merge.h"
 
 namespace osprey::cpu {
 namespace {
@@ -523,24 +524,9 @@ void attention(const AttentionArgs& a, ThreadPool& pool) {
     const int64_t i0 = rb * pl.rows_per_item, i1 = std::min(a.n, i0 + pl.rows_per_item);
     for (int64_t hk = 0; hk < a.n_kv_heads; ++hk) {
       const int64_t first = ((pl.n_row_blocks - 1 - rb) * a.n_kv_heads + hk) * pl.n_splits;
-      for (int64_t t = 0; t < (i1 - i0) * G; ++t) {
-        float m = kNegInf;
-        for (int64_t sp = 0; sp < pl.n_splits; ++sp)
-          m = std::max(m, part_base[(first + sp) * per_item + t * (dv + 2) + dv]);
-        float* dst = a.out + ((i0 + t / G) * a.n_heads + hk * G + t % G) * D;
-        std::fill_n(dst, D, 0.0f);
-        if (m == kNegInf) continue;
-        float l = 0.0f;
-        for (int64_t sp = 0; sp < pl.n_splits; ++sp) {
-          const float* part = part_base + (first + sp) * per_item + t * (dv + 2);
-          if (part[dv] == kNegInf) continue;
-          const float w = std::exp(part[dv] - m);
-          l += part[dv + 1] * w;
-          for (int64_t d = 0; d < D; ++d) dst[d] += part[d] * w;
-        }
-        const float inv = 1.0f / l;
-        for (int64_t d = 0; d < D; ++d) dst[d] *= inv;
-      }
+      for (int64_t t = 0; t < (i1 - i0) * G; ++t)
+        merge_splits(part_base + first * per_item + t * (dv + 2), per_item, pl.n_splits, D, dv,
+                     a.out + ((i0 + t / G) * a.n_heads + hk * G + t % G) * D);
     }
   }
 }

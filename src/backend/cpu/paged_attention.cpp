@@ -16,6 +16,7 @@
 
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/gemm_simd.h"
+#include "backend/cpu/split_merge.h"
 
 namespace osprey::cpu {
 namespace {
@@ -133,22 +134,9 @@ void paged_attention(const PagedAttentionArgs& a, ThreadPool& pool) {
   for (int64_t i = 0; i < a.n; ++i)
     for (int64_t h = 0; h < a.n_heads; ++h) {
       const int64_t hk = h / G, g = h % G;
-      const float* first = part_base + ((i * a.n_kv_heads + hk) * n_splits) * G * P + g * P;
-      float* dst = a.out + (i * a.n_heads + h) * D;
-      std::fill_n(dst, D, 0.0f);
-      float m = kNegInf;
-      for (int64_t sp = 0; sp < n_splits; ++sp) m = std::max(m, first[sp * G * P + D]);
-      if (m == kNegInf) continue;  // no visible key (an empty sequence)
-      float l = 0.0f;
-      for (int64_t sp = 0; sp < n_splits; ++sp) {
-        const float* part = first + sp * G * P;
-        if (part[D] == kNegInf) continue;
-        const float w = std::exp(part[D] - m);
-        l += part[D + 1] * w;
-        for (int64_t d = 0; d < D; ++d) dst[d] += part[d] * w;
-      }
-      const float inv = 1.0f / l;
-      for (int64_t d = 0; d < D; ++d) dst[d] *= inv;
+      // No visible key (an empty sequence): zeros.
+      merge_splits(part_base + ((i * a.n_kv_heads + hk) * n_splits) * G * P + g * P, G * P, n_splits, D, D,
+                   a.out + (i * a.n_heads + h) * D);
     }
 }
 

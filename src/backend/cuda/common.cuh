@@ -29,6 +29,22 @@ __device__ __forceinline__ uint16_t f32_to_bf16_bits(float f) {
   return __bfloat16_as_ushort(__float2bfloat16_rn(f));
 }
 
+// One head of a K/V row, f32 to f16 or bf16 (round to nearest even), the block's threads
+// striding over its head_dim elements: the dense and the paged K/V writes share it.
+template <bool kBF16>
+__device__ __forceinline__ void store_kv_head(uint16_t* kd, uint16_t* vd, const float* ks, const float* vs,
+                                              int64_t head_dim) {
+  for (int64_t d = threadIdx.x; d < head_dim; d += blockDim.x) {
+    if constexpr (kBF16) {
+      kd[d] = f32_to_bf16_bits(ks[d]);
+      vd[d] = f32_to_bf16_bits(vs[d]);
+    } else {
+      kd[d] = f32_to_f16_bits(ks[d]);
+      vd[d] = f32_to_f16_bits(vs[d]);
+    }
+  }
+}
+
 // Element type tags: T is the stored type, load() converts one element to f32.
 struct TagF32 {
   using T = float;

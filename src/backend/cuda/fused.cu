@@ -54,15 +54,7 @@ __global__ void kv_write_kernel(KVWriteArgs a) {
   const float* vs = a.v + i * a.v_row_stride + h * a.head_dim;
   uint16_t* kd = a.kbuf + h * a.head_stride + row * a.head_dim;
   uint16_t* vd = a.vbuf + h * a.head_stride + row * a.head_dim;
-  for (int64_t d = threadIdx.x; d < a.head_dim; d += blockDim.x) {
-    if constexpr (kBF16) {
-      kd[d] = f32_to_bf16_bits(ks[d]);
-      vd[d] = f32_to_bf16_bits(vs[d]);
-    } else {
-      kd[d] = f32_to_f16_bits(ks[d]);
-      vd[d] = f32_to_f16_bits(vs[d]);
-    }
-  }
+  store_kv_head<kBF16>(kd, vd, ks, vs, a.head_dim);
 }
 
 __global__ void fill_i32_kernel(int32_t* p, int32_t value, int64_t n) {
