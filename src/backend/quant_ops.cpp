@@ -91,6 +91,92 @@ Array linear(const Array& x, const LinearWeight& w, const Array& bias) {
   return linear(x, w.dense, bias);
 }
 
+namespace {
+
+// y (+)= x' w^T + bias in one CUDA kernel (GemvFusion); false where none applies: not on CUDA,
+// more than 8 rows, batch-invariant mode (whose arithmetic is the unfused ops'), or a weight
+// the fused GEMVs do not take. x' is x itself, its rms_norm or silu(gate) * up (f.in).
+bool fused_gemv(const char* op, const Array& x, const LinearWeight& w, const Array& bias, const Array& norm_w,
+                float* y, const GemvFusion& f) {
+  const bool gpu = on_cuda(op, {&x, &w.dense, &w.quant.packed, &w.quant.scales, &w.quant.biases, &bias, &norm_w});
+  const int64_t in = w.in_features(), x_width = f.in == GemvFusion::kSiluGate ? 2 * in : in;
+  require(x.defined() && x.dtype() == DType::f32 && x.is_contiguous() && x.ndim() >= 1 && x.dim(-1) == x_width, op,
+          "input must be contiguous float32 [n, " + std::to_string(x_width) + "] for a weight of " +
+              std::to_string(in) + " inputs, got " + osprey::describe(x));
+  if (!gpu || batch_invariant()) return false;
+  const int64_t n = x.numel() / x_width;
+  const float* b = bias.defined() ? bias.data<float>() : nullptr;
+  if (w.quantized()) return cuda_ops::linear_q_fused(x.data<float>(), n, quant_args(op, w.quant), b, y, f);
+  return cuda_ops::linear_fused(x.data<float>(), n, in, w.dense.raw(), w.dense.dtype(), w.out_features(), b, y, f);
+}
+
+void require_bias(const char* op, const Array& bias, int64_t out) {
+  if (bias.defined())
+    require(bias.dtype() == DType::f32 && bias.numel() == out && bias.is_contiguous(), op,
+            "bias must be float32 [" + std::to_string(out) + "], got " + osprey::describe(bias));
+}
+
+void require_residual(const char* op, const Array& x, int64_t rows, int64_t out) {
+  require(x.defined() && x.dtype() == DType::f32 && x.is_contiguous() && x.numel() == rows * out, op,
+          "the residual must be contiguous float32 [" + std::to_string(rows) + ", " + std::to_string(out) + "], got " +
+              osprey::describe(x));
+}
+
+}  // namespace
+
+Array rms_norm_linear(const Array& x, const Array& norm_w, float eps, bool unit_offset, const LinearWeight& w,
+                      const Array& bias) {
+  const char* op = "rms_norm_linear";
+  require(w.defined(), op, "the weight is undefined (neither dense nor quantized)");
+  const int64_t in = w.in_features(), out = w.out_features();
+  require(norm_w.defined() && norm_w.dtype() == DType::f32 && norm_w.numel() == in && norm_w.is_contiguous(), op,
+          "norm weight must be float32 [" + std::to_string(in) + "], got " + osprey::describe(norm_w));
+  require_bias(op, bias, out);
+  if (x.defined() && x.dtype() == DType::f32 && x.ndim() >= 1 && x.dim(-1) == in) {
+    const int64_t n = x.numel() / in;
+    Array y = Array::empty({n, out}, DType::f32, x.device());
+    GemvFusion f;
+    f.in = GemvFusion::kRmsNorm;
+    f.norm_w = norm_w.data<float>();
+    f.eps = eps;
+    f.w_offset = unit_offset ? 1.0f : 0.0f;
+    if (fused_gemv(op, x, w, bias, norm_w, y.data<float>(), f)) return y;
+  }
+  return linear(rms_norm(x, norm_w, eps, unit_offset), w, bias);
+}
+
+void linear_add_(Array& x, const Array& a, const LinearWeight& w, const Array& bias) {
+  const char* op = "linear_add_";
+  require(w.defined(), op, "the weight is undefined (neither dense nor quantized)");
+  const int64_t in = w.in_features(), out = w.out_features();
+  require_bias(op, bias, out);
+  if (a.defined() && a.ndim() >= 1 && a.dim(-1) == in) {
+    on_cuda(op, {&x, &a});  // throws for arrays on two devices
+    require_residual(op, x, a.numel() / in, out);
+    GemvFusion f;
+    f.accumulate = true;
+    if (fused_gemv(op, a, w, bias, Array(), x.data<float>(), f)) return;
+  }
+  add_(x, linear(a, w, bias));
+}
+
+void silu_linear_add_(Array& x, const Array& gu, const LinearWeight& w, const Array& bias) {
+  const char* op = "silu_linear_add_";
+  require(w.defined(), op, "the weight is undefined (neither dense nor quantized)");
+  const int64_t in = w.in_features(), out = w.out_features();
+  require_bias(op, bias, out);
+  require(gu.defined() && gu.ndim() == 2 && gu.dim(1) == 2 * in, op,
+          "gate/up must be [n, " + std::to_string(2 * in) + "] for a weight of " + std::to_string(in) +
+              " inputs, got " + osprey::describe(gu));
+  on_cuda(op, {&x, &gu});  // throws for arrays on two devices
+  require_residual(op, x, gu.dim(0), out);
+  GemvFusion f;
+  f.in = GemvFusion::kSiluGate;
+  f.accumulate = true;
+  if (fused_gemv(op, gu, w, bias, Array(), x.data<float>(), f)) return;
+  add_(x, linear(silu_mul_split(gu), w, bias));
+}
+
 Array embedding(const QuantizedMatrix& table, const Array& ids, float scale) {
   const bool gpu = on_cuda("embedding", {&table.packed, &table.scales, &table.biases, &ids});
   const QuantArgs a = quant_args("embedding", table);

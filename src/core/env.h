@@ -18,6 +18,7 @@ struct EnvOptions {
   bool force_sync = false;         // OSPREY_FORCE_SYNC: 1 turns pipelined decode off (CUDA)
   bool cuda_graphs = true;         // OSPREY_CUDA_GRAPHS: 0 turns decode-step graph replay off
   int paged_split_keys = 0;        // OSPREY_PAGED_SPLIT_KEYS: keys per split of paged attention (0: chosen)
+  bool cuda_pdl = true;            // OSPREY_CUDA_PDL: 0 turns programmatic dependent launch off
 };
 
 // Read once, on first use; later changes to the environment are not seen.

@@ -34,6 +34,8 @@ namespace {
 template <int D>
 __global__ void __launch_bounds__(kThreads) combine_kernel(const float* partial, int n_splits, int64_t n_vec,
                                                           float* out) {
+  pdl_launch_dependents();
+  pdl_wait();
   constexpr int kT = D / 4, kGroups = kThreads / kT, kP = D + kPartialPad;
   extern __shared__ float sm_w[];  // [n_splits]
   __shared__ float sm_red[32];
@@ -104,9 +106,9 @@ void launch_combine(const AttentionArgs& a, const float* partial, int n_splits, 
   const unsigned grid = unsigned(n_vec);
   const size_t smem = size_t(n_splits) * sizeof(float);
   switch (a.head_dim) {
-    case 64: combine_kernel<64><<<grid, kThreads, smem, s>>>(partial, n_splits, n_vec, a.out); break;
-    case 128: combine_kernel<128><<<grid, kThreads, smem, s>>>(partial, n_splits, n_vec, a.out); break;
-    case 256: combine_kernel<256><<<grid, kThreads, smem, s>>>(partial, n_splits, n_vec, a.out); break;
+    case 64: launch_kernel(combine_kernel<64>, grid, kThreads, smem, s, partial, n_splits, n_vec, a.out); break;
+    case 128: launch_kernel(combine_kernel<128>, grid, kThreads, smem, s, partial, n_splits, n_vec, a.out); break;
+    case 256: launch_kernel(combine_kernel<256>, grid, kThreads, smem, s, partial, n_splits, n_vec, a.out); break;
     default: throw Unsupported("attention: combine for head_dim " + std::to_string(a.head_dim));
   }
   OSPREY_CUDA_CHECK_LAUNCH();
@@ -175,6 +177,8 @@ __device__ __forceinline__ uint4 load8(const uint16_t* p, bool vec) {
 
 template <class Tag, bool kMapped>
 __global__ void __launch_bounds__(kThreads) attention_kernel(const Params p) {
+  pdl_launch_dependents();
+  pdl_wait();
   extern __shared__ __align__(16) unsigned char smem[];
   const AttentionArgs& a = p.a;
   const int64_t D = a.head_dim, G = p.group, nq = p.nq;
@@ -311,6 +315,8 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const Params p) {
 
 // One block per (row block, kv head, query vector): out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M).
 __global__ void attention_combine_kernel(const Params p) {
+  pdl_launch_dependents();
+  pdl_wait();
   const AttentionArgs& a = p.a;
   const int64_t D = a.head_dim, G = p.group, nq = p.nq;
   const int64_t qv = blockIdx.x % nq, rb = blockIdx.x / nq, hk = blockIdx.y;
@@ -394,13 +400,13 @@ void attention_fallback(const AttentionArgs& a, int64_t key_bound, cudaStream_t 
 
   allow_shared<Tag, kMapped>(p.lay.total);
   const dim3 grid(unsigned(n_row_blocks * p.n_splits), unsigned(a.n_kv_heads));
-  attention_kernel<Tag, kMapped><<<grid, kThreads, p.lay.total, s>>>(p);
+  launch_kernel(attention_kernel<Tag, kMapped>, grid, kThreads, p.lay.total, s, p);
   OSPREY_CUDA_CHECK_LAUNCH();
   if (p.n_splits > 1) {
     if (n_row_blocks * p.nq > INT_MAX) throw Unsupported("attention: too many query rows");
     const dim3 cgrid(unsigned(n_row_blocks * p.nq), unsigned(a.n_kv_heads));
     const int threads = int(std::min<int64_t>(256, (D + 31) / 32 * 32));
-    attention_combine_kernel<<<cgrid, threads, 0, s>>>(p);
+    launch_kernel(attention_combine_kernel, cgrid, threads, 0, s, p);
     OSPREY_CUDA_CHECK_LAUNCH();
   }
 }

@@ -33,6 +33,8 @@ struct Cfg {
 
 template <int D, class E, bool kMapped>
 __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) decode_kernel(const FastParams p) {
+  pdl_launch_dependents();
+  pdl_wait();
   using C = Cfg<D>;
   constexpr int kS = C::kS, kNd = D / 8, kP = D + kPartialPad;
   extern __shared__ __align__(16) uint16_t smem[];  // [kStages][K, V][kChunk][kS]
@@ -243,7 +245,7 @@ void launch(const AttentionArgs& a, int64_t key_bound, cudaStream_t s) {
     p.partial = static_cast<float*>(
         scratch(size_t(n_splits * a.n * a.n_heads * (D + kPartialPad)) * sizeof(float)));
   const dim3 grid(unsigned(n_tiles * n_splits), unsigned(a.n_kv_heads));
-  decode_kernel<D, E, kMapped><<<grid, kThreads, C::kSmem, s>>>(p);
+  launch_kernel(decode_kernel<D, E, kMapped>, grid, kThreads, C::kSmem, s, p);
   OSPREY_CUDA_CHECK_LAUNCH();
   if (n_splits > 1) launch_combine(a, p.partial, p.n_splits, s);
 }

@@ -35,6 +35,8 @@ __device__ __forceinline__ void write_f32(char* base, Kind k, int64_t off, float
 template <int ELEM>
 __global__ void copy_kernel(char* dst, Kind dk, Dims4 ds, const char* src, Kind sk, Dims4 ss, Dims4 shape,
                             int64_t total) {
+  pdl_launch_dependents();
+  pdl_wait();
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t f = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; f < total; f += stride) {
     int64_t r = f;
@@ -84,11 +86,11 @@ void copy_strided(void* dst, DType ddt, const int64_t dst_strides[4], const void
   auto* d = static_cast<char*>(dst);
   auto* sp = static_cast<const char*>(src);
   if (ddt == sdt && dtype_size(ddt) == 2)
-    copy_kernel<2><<<grid, kThreads, 0, s>>>(d, dk, ds, sp, sk, ss, sh, total);
+    launch_kernel(copy_kernel<2>, grid, kThreads, 0, s, d, dk, ds, sp, sk, ss, sh, total);
   else if (ddt == sdt)
-    copy_kernel<4><<<grid, kThreads, 0, s>>>(d, dk, ds, sp, sk, ss, sh, total);
+    launch_kernel(copy_kernel<4>, grid, kThreads, 0, s, d, dk, ds, sp, sk, ss, sh, total);
   else
-    copy_kernel<0><<<grid, kThreads, 0, s>>>(d, dk, ds, sp, sk, ss, sh, total);
+    launch_kernel(copy_kernel<0>, grid, kThreads, 0, s, d, dk, ds, sp, sk, ss, sh, total);
   OSPREY_CUDA_CHECK_LAUNCH();
 }
 

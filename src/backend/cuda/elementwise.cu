@@ -11,6 +11,8 @@ constexpr int kThreads = 256;
 template <class Tag>
 __global__ void embedding_kernel(const typename Tag::T* __restrict__ table, const int32_t* __restrict__ ids, int64_t d,
                                  float scale, float* __restrict__ out) {
+  pdl_launch_dependents();
+  pdl_wait();
   const int64_t i = blockIdx.x;
   const typename Tag::T* row = table + int64_t(ids[i]) * d;
   float* o = out + i * d;
@@ -30,6 +32,8 @@ struct GeluTanhMulOp {
 // out[i] = op(a[i], b[i]); VEC: a, b, out 16-byte aligned, n4 = n / 4 float4 groups first.
 template <class Op, bool VEC>
 __global__ void binary_kernel(const float* a, const float* b, float* out, int64_t n, Op op) {
+  pdl_launch_dependents();
+  pdl_wait();
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   int64_t start = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   int64_t done = 0;
@@ -49,6 +53,8 @@ __global__ void binary_kernel(const float* a, const float* b, float* out, int64_
 
 template <bool VEC>
 __global__ void scale_kernel(float* x, float f, int64_t n) {
+  pdl_launch_dependents();
+  pdl_wait();
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   const int64_t start = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   int64_t done = 0;
@@ -67,6 +73,8 @@ __global__ void scale_kernel(float* x, float f, int64_t n) {
 
 template <bool VEC>
 __global__ void softcap_kernel(float* x, float cap, int64_t n) {
+  pdl_launch_dependents();
+  pdl_wait();
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   const int64_t start = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   int64_t done = 0;
@@ -90,9 +98,9 @@ void launch_binary(const float* a, const float* b, float* out, int64_t n, Op op,
   const bool vec = aligned16(a) && aligned16(b) && aligned16(out);
   const unsigned grid = grid_for(vec ? (n + 3) / 4 : n, kThreads);
   if (vec)
-    binary_kernel<Op, true><<<grid, kThreads, 0, s>>>(a, b, out, n, op);
+    launch_kernel(binary_kernel<Op, true>, grid, kThreads, 0, s, a, b, out, n, op);
   else
-    binary_kernel<Op, false><<<grid, kThreads, 0, s>>>(a, b, out, n, op);
+    launch_kernel(binary_kernel<Op, false>, grid, kThreads, 0, s, a, b, out, n, op);
   OSPREY_CUDA_CHECK_LAUNCH();
 }
 
@@ -105,13 +113,13 @@ void embedding(const void* table, DType dt, const int32_t* ids, int64_t n, int64
   const int threads = int(std::min<int64_t>(kThreads, (d + 31) / 32 * 32));
   switch (dt) {
     case DType::f32:
-      embedding_kernel<TagF32><<<unsigned(n), threads, 0, s>>>(static_cast<const float*>(table), ids, d, scale, out);
+      launch_kernel(embedding_kernel<TagF32>, unsigned(n), threads, 0, s, static_cast<const float*>(table), ids, d, scale, out);
       break;
     case DType::f16:
-      embedding_kernel<TagF16><<<unsigned(n), threads, 0, s>>>(static_cast<const uint16_t*>(table), ids, d, scale, out);
+      launch_kernel(embedding_kernel<TagF16>, unsigned(n), threads, 0, s, static_cast<const uint16_t*>(table), ids, d, scale, out);
       break;
     case DType::bf16:
-      embedding_kernel<TagBF16><<<unsigned(n), threads, 0, s>>>(static_cast<const uint16_t*>(table), ids, d, scale,
+      launch_kernel(embedding_kernel<TagBF16>, unsigned(n), threads, 0, s, static_cast<const uint16_t*>(table), ids, d, scale,
                                                                 out);
       break;
     default: throw Unsupported(unsupported_dtype("embedding", dt));
@@ -126,9 +134,9 @@ void scale_inplace(float* x, float f, int64_t n, cudaStream_t s) {
   const bool vec = aligned16(x);
   const unsigned grid = grid_for(vec ? (n + 3) / 4 : n, kThreads);
   if (vec)
-    scale_kernel<true><<<grid, kThreads, 0, s>>>(x, f, n);
+    launch_kernel(scale_kernel<true>, grid, kThreads, 0, s, x, f, n);
   else
-    scale_kernel<false><<<grid, kThreads, 0, s>>>(x, f, n);
+    launch_kernel(scale_kernel<false>, grid, kThreads, 0, s, x, f, n);
   OSPREY_CUDA_CHECK_LAUNCH();
 }
 
@@ -137,9 +145,9 @@ void softcap_inplace(float* x, float cap, int64_t n, cudaStream_t s) {
   const bool vec = aligned16(x);
   const unsigned grid = grid_for(vec ? (n + 3) / 4 : n, kThreads);
   if (vec)
-    softcap_kernel<true><<<grid, kThreads, 0, s>>>(x, cap, n);
+    launch_kernel(softcap_kernel<true>, grid, kThreads, 0, s, x, cap, n);
   else
-    softcap_kernel<false><<<grid, kThreads, 0, s>>>(x, cap, n);
+    launch_kernel(softcap_kernel<false>, grid, kThreads, 0, s, x, cap, n);
   OSPREY_CUDA_CHECK_LAUNCH();
 }
 
@@ -155,12 +163,16 @@ namespace {
 
 template <bool BF16>
 __global__ void round_kernel(const float* __restrict__ x, uint16_t* __restrict__ dst, int64_t n) {
+  pdl_launch_dependents();
+  pdl_wait();
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
     dst[i] = BF16 ? f32_to_bf16_bits(x[i]) : f32_to_f16_bits(x[i]);
 }
 
 __global__ void add_bias_kernel(float* __restrict__ y, const float* __restrict__ bias, int64_t n, int64_t out) {
+  pdl_launch_dependents();
+  pdl_wait();
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n * out; i += stride) y[i] += bias[i % out];
 }
@@ -169,14 +181,14 @@ __global__ void add_bias_kernel(float* __restrict__ y, const float* __restrict__
 
 void round_to_16bit(const float* x, uint16_t* dst, int64_t n, bool bf16, cudaStream_t s) {
   if (bf16)
-    round_kernel<true><<<grid_for(n, 256), 256, 0, s>>>(x, dst, n);
+    launch_kernel(round_kernel<true>, grid_for(n, 256), 256, 0, s, x, dst, n);
   else
-    round_kernel<false><<<grid_for(n, 256), 256, 0, s>>>(x, dst, n);
+    launch_kernel(round_kernel<false>, grid_for(n, 256), 256, 0, s, x, dst, n);
   OSPREY_CUDA_CHECK_LAUNCH();
 }
 
 void add_bias_rows(float* y, const float* bias, int64_t n, int64_t out, cudaStream_t s) {
-  add_bias_kernel<<<grid_for(n * out, 256), 256, 0, s>>>(y, bias, n, out);
+  launch_kernel(add_bias_kernel, grid_for(n * out, 256), 256, 0, s, y, bias, n, out);
   OSPREY_CUDA_CHECK_LAUNCH();
 }
 

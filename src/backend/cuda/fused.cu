@@ -10,6 +10,8 @@ namespace {
 // One block per row: x += y, then out = x / rms(x) * (w + w_offset).
 __global__ void add_rms_norm_kernel(float* __restrict__ x, const float* __restrict__ y, const float* __restrict__ w,
                                     int64_t d, float eps, float w_offset, float* __restrict__ out) {
+  pdl_launch_dependents();
+  pdl_wait();
   __shared__ float red[32];
   float* xr = x + int64_t(blockIdx.x) * d;
   const float* yr = y + int64_t(blockIdx.x) * d;
@@ -26,6 +28,8 @@ __global__ void add_rms_norm_kernel(float* __restrict__ x, const float* __restri
 }
 
 __global__ void silu_mul_split_kernel(const float* __restrict__ gu, int64_t n, int64_t f, float* __restrict__ out) {
+  pdl_launch_dependents();
+  pdl_wait();
   const int64_t total = n * f;
   for (int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; t < total; t += int64_t(gridDim.x) * blockDim.x) {
     const int64_t i = t / f, j = t - i * f;
@@ -36,6 +40,8 @@ __global__ void silu_mul_split_kernel(const float* __restrict__ gu, int64_t n, i
 
 __global__ void gelu_tanh_mul_split_kernel(const float* __restrict__ gu, int64_t n, int64_t f,
                                            float* __restrict__ out) {
+  pdl_launch_dependents();
+  pdl_wait();
   const int64_t total = n * f;
   for (int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; t < total; t += int64_t(gridDim.x) * blockDim.x) {
     const int64_t i = t / f, j = t - i * f;
@@ -47,6 +53,8 @@ __global__ void gelu_tanh_mul_split_kernel(const float* __restrict__ gu, int64_t
 // (kBF16); kRing: the row wraps modulo a.ring_rows.
 template <bool kBF16, bool kRing>
 __global__ void kv_write_kernel(KVWriteArgs a) {
+  pdl_launch_dependents();
+  pdl_wait();
   const int64_t i = blockIdx.x, h = blockIdx.y;
   int64_t row = (a.pos_dev ? int64_t(*a.pos_dev) : a.pos0) + i;
   if constexpr (kRing) row %= a.ring_rows;
@@ -75,21 +83,21 @@ void add_rms_norm(float* x, const float* y, const float* w, int64_t rows, int64_
   if (rows <= 0 || d <= 0) return;
   if (rows > 0x7fffffffLL) throw Unsupported("add_rms_norm: more than 2^31 - 1 rows");
   const int threads = int(std::min<int64_t>(1024, std::max<int64_t>(32, (d + 31) / 32 * 32)));
-  add_rms_norm_kernel<<<unsigned(rows), threads, 0, s>>>(x, y, w, d, eps, w_offset, out);
+  launch_kernel(add_rms_norm_kernel, unsigned(rows), threads, 0, s, x, y, w, d, eps, w_offset, out);
   OSPREY_CUDA_CHECK_LAUNCH();
 }
 
 void silu_mul_split(const float* gu, int64_t n, int64_t f, float* out, cudaStream_t s) {
   if (n <= 0 || f <= 0) return;
   const int threads = 256;
-  silu_mul_split_kernel<<<grid_for(n * f, threads), threads, 0, s>>>(gu, n, f, out);
+  launch_kernel(silu_mul_split_kernel, grid_for(n * f, threads), threads, 0, s, gu, n, f, out);
   OSPREY_CUDA_CHECK_LAUNCH();
 }
 
 void gelu_tanh_mul_split(const float* gu, int64_t n, int64_t f, float* out, cudaStream_t s) {
   if (n <= 0 || f <= 0) return;
   const int threads = 256;
-  gelu_tanh_mul_split_kernel<<<grid_for(n * f, threads), threads, 0, s>>>(gu, n, f, out);
+  launch_kernel(gelu_tanh_mul_split_kernel, grid_for(n * f, threads), threads, 0, s, gu, n, f, out);
   OSPREY_CUDA_CHECK_LAUNCH();
 }
 
@@ -100,14 +108,14 @@ void kv_write(const KVWriteArgs& a, cudaStream_t s) {
   const dim3 grid(unsigned(a.n), unsigned(a.n_kv_heads));
   if (a.ring_rows > 0) {
     if (a.bf16)
-      kv_write_kernel<true, true><<<grid, threads, 0, s>>>(a);
+      launch_kernel(kv_write_kernel<true, true>, grid, threads, 0, s, a);
     else
-      kv_write_kernel<false, true><<<grid, threads, 0, s>>>(a);
+      launch_kernel(kv_write_kernel<false, true>, grid, threads, 0, s, a);
   } else {
     if (a.bf16)
-      kv_write_kernel<true, false><<<grid, threads, 0, s>>>(a);
+      launch_kernel(kv_write_kernel<true, false>, grid, threads, 0, s, a);
     else
-      kv_write_kernel<false, false><<<grid, threads, 0, s>>>(a);
+      launch_kernel(kv_write_kernel<false, false>, grid, threads, 0, s, a);
   }
   OSPREY_CUDA_CHECK_LAUNCH();
 }

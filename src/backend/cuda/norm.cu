@@ -13,6 +13,8 @@ int threads_for(int64_t d) {
 
 __global__ void rms_norm_kernel(const float* x, const float* __restrict__ w, int64_t d, float eps, float w_offset,
                                 float* out) {
+  pdl_launch_dependents();
+  pdl_wait();
   __shared__ float red[32];
   const float* xr = x + int64_t(blockIdx.x) * d;
   float* o = out + int64_t(blockIdx.x) * d;
@@ -25,6 +27,8 @@ __global__ void rms_norm_kernel(const float* x, const float* __restrict__ w, int
 
 __global__ void layer_norm_kernel(const float* x, const float* __restrict__ w, const float* __restrict__ b, int64_t d,
                                   float eps, float* out) {
+  pdl_launch_dependents();
+  pdl_wait();
   __shared__ float red[32];
   const float* xr = x + int64_t(blockIdx.x) * d;
   float* o = out + int64_t(blockIdx.x) * d;
@@ -46,6 +50,8 @@ constexpr int kHeadsPerBlock = 4;
 
 __global__ void head_rms_norm_kernel(float* x, int64_t heads, int64_t head_dim, int64_t row_stride,
                                      const float* __restrict__ w, float eps, float w_offset) {
+  pdl_launch_dependents();
+  pdl_wait();
   const int64_t h = int64_t(blockIdx.y) * kHeadsPerBlock + (threadIdx.x >> 5);
   if (h >= heads) return;
   const int lane = threadIdx.x & 31;
@@ -67,7 +73,7 @@ void rms_norm(const float* x, const float* w, int64_t rows, int64_t d, float eps
               cudaStream_t s) {
   if (rows <= 0 || d <= 0) return;
   check_rows("rms_norm", rows);
-  rms_norm_kernel<<<unsigned(rows), threads_for(d), 0, s>>>(x, w, d, eps, w_offset, out);
+  launch_kernel(rms_norm_kernel, unsigned(rows), threads_for(d), 0, s, x, w, d, eps, w_offset, out);
   OSPREY_CUDA_CHECK_LAUNCH();
 }
 
@@ -77,7 +83,7 @@ void head_rms_norm(float* x, int64_t n, int64_t heads, int64_t head_dim, int64_t
   check_rows("head_rms_norm", n);
   const int64_t groups = (heads + kHeadsPerBlock - 1) / kHeadsPerBlock;
   if (groups > 65535) throw Unsupported("head_rms_norm: too many heads");
-  head_rms_norm_kernel<<<dim3(unsigned(n), unsigned(groups)), kHeadsPerBlock * 32, 0, s>>>(x, heads, head_dim,
+  launch_kernel(head_rms_norm_kernel, dim3(unsigned(n), unsigned(groups)), kHeadsPerBlock * 32, 0, s, x, heads, head_dim,
                                                                                             row_stride, w, eps, w_offset);
   OSPREY_CUDA_CHECK_LAUNCH();
 }
@@ -86,7 +92,7 @@ void layer_norm(const float* x, const float* w, const float* b, int64_t rows, in
                 cudaStream_t s) {
   if (rows <= 0 || d <= 0) return;
   check_rows("layer_norm", rows);
-  layer_norm_kernel<<<unsigned(rows), threads_for(d), 0, s>>>(x, w, b, d, eps, out);
+  launch_kernel(layer_norm_kernel, unsigned(rows), threads_for(d), 0, s, x, w, b, d, eps, out);
   OSPREY_CUDA_CHECK_LAUNCH();
 }
 

@@ -64,6 +64,8 @@ __device__ __forceinline__ Range seq_range(const PagedAttentionArgs& a, int seq)
 
 template <int D, class E>
 __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) paged_decode_kernel(const Params p) {
+  pdl_launch_dependents();
+  pdl_wait();
   using C = Cfg<D>;
   constexpr int kS = C::kS, kNd = D / 8, kP = D + kPartialPad;
   extern __shared__ __align__(16) uint16_t smem[];  // [kStages][K, V][kChunk][kS]
@@ -222,6 +224,8 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) paged_decode_kerne
 // A sequence with no visible key gets zeros.
 template <int D>
 __global__ void __launch_bounds__(kThreads) paged_combine_kernel(const Params p) {
+  pdl_launch_dependents();
+  pdl_wait();
   constexpr int kP = D + kPartialPad;
   const PagedAttentionArgs& a = p.a;
   const int64_t vec = blockIdx.x;  // seq * n_heads + head
@@ -285,9 +289,9 @@ void launch(const PagedAttentionArgs& a, cudaStream_t s) {
   // lengths change.
   p.partial = static_cast<float*>(scratch(size_t(a.n * a.n_heads * n_splits * (D + kPartialPad)) * sizeof(float)));
   const dim3 grid(unsigned(n_splits * n_tiles), unsigned(a.n_kv_heads), unsigned(a.n));
-  paged_decode_kernel<D, E><<<grid, kThreads, C::kSmem, s>>>(p);
+  launch_kernel(paged_decode_kernel<D, E>, grid, kThreads, C::kSmem, s, p);
   OSPREY_CUDA_CHECK_LAUNCH();
-  paged_combine_kernel<D><<<unsigned(a.n * a.n_heads), kThreads, 0, s>>>(p);
+  launch_kernel(paged_combine_kernel<D>, unsigned(a.n * a.n_heads), kThreads, 0, s, p);
   OSPREY_CUDA_CHECK_LAUNCH();
 }
 
@@ -309,6 +313,8 @@ void launch_for(const PagedAttentionArgs& a, cudaStream_t s) {
 // (kBF16), to its slot; a slot below 0 or past the pool writes nothing.
 template <bool kBF16>
 __global__ void kv_write_paged_kernel(const PagedKVWriteArgs a) {
+  pdl_launch_dependents();
+  pdl_wait();
   const int64_t i = blockIdx.x, h = blockIdx.y;
   const int64_t slot = a.slots[i];
   if (slot < 0 || slot >= a.n_blocks * a.block_size) return;
@@ -362,9 +368,9 @@ void kv_write_paged(const PagedKVWriteArgs& a, cudaStream_t s) {
   const int threads = int(std::min<int64_t>(256, std::max<int64_t>(32, (a.head_dim + 31) / 32 * 32)));
   const dim3 grid(unsigned(a.n), unsigned(a.n_kv_heads));
   if (a.bf16)
-    paged::kv_write_paged_kernel<true><<<grid, threads, 0, s>>>(a);
+    launch_kernel(paged::kv_write_paged_kernel<true>, grid, threads, 0, s, a);
   else
-    paged::kv_write_paged_kernel<false><<<grid, threads, 0, s>>>(a);
+    launch_kernel(paged::kv_write_paged_kernel<false>, grid, threads, 0, s, a);
   OSPREY_CUDA_CHECK_LAUNCH();
 }
 

@@ -13,6 +13,8 @@ constexpr int64_t kHeadsPerBlock = 4;
 __global__ void rope_kernel(float* x, int64_t heads, int64_t head_dim, int64_t row_stride,
                             const int32_t* __restrict__ positions, const float* __restrict__ inv_freq,
                             bool interleaved, float mscale) {
+  pdl_launch_dependents();
+  pdl_wait();
   extern __shared__ float cs[];  // [2][half]: cos, then sin
   const int64_t half = head_dim / 2;
   float* sn = cs + half;
@@ -53,7 +55,7 @@ void rope_inplace(float* x, int64_t n, int64_t heads, int64_t head_dim, int64_t 
   const int64_t groups = (heads + kHeadsPerBlock - 1) / kHeadsPerBlock;
   if (groups > 65535) throw Unsupported("rope: too many heads");
   const int threads = int(std::min<int64_t>(256, std::max<int64_t>(32, (kHeadsPerBlock * head_dim / 2 + 31) / 32 * 32)));
-  rope_kernel<<<dim3(unsigned(n), unsigned(groups)), threads, smem, s>>>(x, heads, head_dim, row_stride, positions,
+  launch_kernel(rope_kernel, dim3(unsigned(n), unsigned(groups)), threads, smem, s, x, heads, head_dim, row_stride, positions,
                                                                           inv_freq, interleaved, mscale);
   OSPREY_CUDA_CHECK_LAUNCH();
 }

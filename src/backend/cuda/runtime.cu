@@ -6,6 +6,7 @@
 #include "backend/cuda/runtime.h"
 #include "backend/cuda_available.h"
 #include "core/caching_allocator.h"
+#include "core/env.h"
 
 namespace osprey {
 namespace cuda {
@@ -31,6 +32,7 @@ struct Runtime {
   void* scratch = nullptr;
   size_t scratch_bytes = 0;
   uint64_t scratch_generation = 0;  // bumped whenever a scratch buffer moves
+  bool pdl = false;                 // programmatic dependent launch (compute capability 9.0+)
   std::mutex mu;
 };
 
@@ -64,12 +66,16 @@ void select_device(int device) {
   OSPREY_CUDA_CHECK(cudaStreamCreateWithFlags(&r.stream, cudaStreamNonBlocking));
   OSPREY_CUBLAS_CHECK(cublasCreate(&r.cublas));
   OSPREY_CUBLAS_CHECK(cublasSetStream(r.cublas, r.stream));
+  int major = 0;
+  OSPREY_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  r.pdl = major >= 9 && env_options().cuda_pdl;
   r.device = device;
 }
 
 int current_device() { return ready().device; }
 cudaStream_t stream() { return ready().stream; }
 cublasHandle_t cublas() { return ready().cublas; }
+bool pdl_enabled() { return ready().pdl; }
 
 void* scratch(size_t bytes) {
   Runtime& r = ready();

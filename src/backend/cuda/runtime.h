@@ -20,6 +20,9 @@ void select_device(int device);
 int current_device();
 cudaStream_t stream();
 cublasHandle_t cublas();
+// Whether kernels launched through launch_kernel() (common.cuh) may start while the kernel before
+// them finishes: compute capability 9.0 or later, and OSPREY_CUDA_PDL not 0.
+bool pdl_enabled();
 // A device buffer of at least `bytes`, valid until the next scratch() call. Growing it frees
 // the old one only after the stream has drained (stream-ordered free).
 void* scratch(size_t bytes);

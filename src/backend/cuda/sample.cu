@@ -71,6 +71,8 @@ __device__ __forceinline__ void block_argmax(const float* __restrict__ x, int64_
 }
 
 __global__ void argmax_kernel(const float* __restrict__ x, int64_t n, int32_t* out) {
+  pdl_launch_dependents();
+  pdl_wait();
   int bad = 0;
   block_argmax(x, n, out, &bad);
   if (threadIdx.x == 0) g_non_finite_logits = bad;
@@ -90,6 +92,8 @@ struct RowPart {
 };
 
 __global__ void argmax_row_parts_kernel(const float* __restrict__ logits, int64_t vocab, RowPart* __restrict__ parts) {
+  pdl_launch_dependents();
+  pdl_wait();
   const int64_t row = blockIdx.y, part = blockIdx.x;
   const int64_t per = (vocab + kRowParts - 1) / kRowParts;
   const int64_t lo = min(vocab, part * per), hi = min(vocab, lo + per);
@@ -106,6 +110,8 @@ __global__ void argmax_row_parts_kernel(const float* __restrict__ logits, int64_
 
 __global__ void argmax_row_merge_kernel(const RowPart* __restrict__ parts, int64_t vocab, int32_t* __restrict__ out,
                                         int32_t* __restrict__ nonfinite) {
+  pdl_launch_dependents();
+  pdl_wait();
   const int64_t row = blockIdx.x;
   const int lane = threadIdx.x;
   float bv = kNegInf;
@@ -140,7 +146,7 @@ const int32_t* non_finite_flag() {
 void argmax(const float* x, int64_t n, int32_t* out, cudaStream_t s) {
   if (n <= 0) throw InvalidInput("argmax: empty row");
   if (n > 0x7fffffffLL) throw Unsupported("argmax: row longer than 2^31 - 1");
-  argmax_kernel<<<1, kThreads, 0, s>>>(x, n, out);
+  launch_kernel(argmax_kernel, 1, kThreads, 0, s, x, n, out);
   OSPREY_CUDA_CHECK_LAUNCH();
 }
 
@@ -151,9 +157,9 @@ void argmax_rows(const float* logits, int64_t rows, int64_t vocab, int32_t* out,
   if (rows > 0x7fffffffLL) throw Unsupported("argmax_rows: more than 2^31 - 1 rows");
   if (rows > 65535) throw Unsupported("argmax_rows: more than 65535 rows");
   auto* parts = static_cast<RowPart*>(scratch(size_t(rows) * kRowParts * sizeof(RowPart)));
-  argmax_row_parts_kernel<<<dim3(kRowParts, unsigned(rows)), kRowThreads, 0, s>>>(logits, vocab, parts);
+  launch_kernel(argmax_row_parts_kernel, dim3(kRowParts, unsigned(rows)), kRowThreads, 0, s, logits, vocab, parts);
   OSPREY_CUDA_CHECK_LAUNCH();
-  argmax_row_merge_kernel<<<unsigned(rows), 32, 0, s>>>(parts, vocab, out, nonfinite);
+  launch_kernel(argmax_row_merge_kernel, unsigned(rows), 32, 0, s, parts, vocab, out, nonfinite);
   OSPREY_CUDA_CHECK_LAUNCH();
 }
 
@@ -337,6 +343,8 @@ __device__ void locate(const V* values, const TopScan& s, unsigned long long tar
 // The maximum key of each chunk into part_key (0: only NaN). Block 0 also zeroes State.
 __global__ void __launch_bounds__(kDrawThreads) stats_kernel(const float* __restrict__ x, int n, State* st,
                                                              unsigned int* __restrict__ part_key) {
+  pdl_launch_dependents();
+  pdl_wait();
   __shared__ unsigned int s_red[kDrawWarps];
   if (blockIdx.x == 0) {
     unsigned int* w = reinterpret_cast<unsigned int*>(st);
@@ -365,6 +373,8 @@ template <bool kTopP, int kPass>
 __global__ void __launch_bounds__(kDrawThreads)
     select_kernel(const float* __restrict__ x, int n, float temperature, int top_k, float top_p, State* st,
                   const unsigned int* __restrict__ part_key, int n_parts) {
+  pdl_launch_dependents();
+  pdl_wait();
   constexpr int kShift = kPass == 0 ? 21 : kPass == 1 ? 10 : 0;
   constexpr int kBits = kPass == 2 ? 10 : 11;
   constexpr int kBins = 1 << kBits;
@@ -491,6 +501,8 @@ __global__ void __launch_bounds__(kDrawThreads)
     draw_kernel(const float* __restrict__ x, int n, DrawArgs a, const State* st,
                 const unsigned int* __restrict__ part_key, int n_parts, Best* parts, unsigned int* ticket,
                 int32_t* out) {
+  pdl_launch_dependents();
+  pdl_wait();
   __shared__ float s_max[kDrawWarps];
   __shared__ double s_score[kDrawWarps];
   __shared__ int s_index[kDrawWarps];
@@ -598,19 +610,19 @@ void sample(const float* logits, int64_t vocab, const SampleArgs& a, int32_t* ou
   unsigned int* part_key = reinterpret_cast<unsigned int*>(base + part_key_offset());
   Best* parts = reinterpret_cast<Best*>(base + parts_offset(vocab));
 
-  stats_kernel<<<nb, kDrawThreads, 0, s>>>(logits, n, st, part_key);
+  launch_kernel(stats_kernel, nb, kDrawThreads, 0, s, logits, n, st, part_key);
   OSPREY_CUDA_CHECK_LAUNCH();
   const float t = a.temperature;
   if (a.top_k > 0 && a.top_k < vocab) {
-    select_kernel<false, 0><<<nb, kDrawThreads, 0, s>>>(logits, n, t, a.top_k, a.top_p, st, part_key, nb);
-    select_kernel<false, 1><<<nb, kDrawThreads, 0, s>>>(logits, n, t, a.top_k, a.top_p, st, part_key, nb);
-    select_kernel<false, 2><<<nb, kDrawThreads, 0, s>>>(logits, n, t, a.top_k, a.top_p, st, part_key, nb);
+    launch_kernel(select_kernel<false, 0>, nb, kDrawThreads, 0, s, logits, n, t, a.top_k, a.top_p, st, part_key, nb);
+    launch_kernel(select_kernel<false, 1>, nb, kDrawThreads, 0, s, logits, n, t, a.top_k, a.top_p, st, part_key, nb);
+    launch_kernel(select_kernel<false, 2>, nb, kDrawThreads, 0, s, logits, n, t, a.top_k, a.top_p, st, part_key, nb);
     OSPREY_CUDA_CHECK_LAUNCH();
   }
   if (a.top_p < 1.0f) {
-    select_kernel<true, 0><<<nb, kDrawThreads, 0, s>>>(logits, n, t, a.top_k, a.top_p, st, part_key, nb);
-    select_kernel<true, 1><<<nb, kDrawThreads, 0, s>>>(logits, n, t, a.top_k, a.top_p, st, part_key, nb);
-    select_kernel<true, 2><<<nb, kDrawThreads, 0, s>>>(logits, n, t, a.top_k, a.top_p, st, part_key, nb);
+    launch_kernel(select_kernel<true, 0>, nb, kDrawThreads, 0, s, logits, n, t, a.top_k, a.top_p, st, part_key, nb);
+    launch_kernel(select_kernel<true, 1>, nb, kDrawThreads, 0, s, logits, n, t, a.top_k, a.top_p, st, part_key, nb);
+    launch_kernel(select_kernel<true, 2>, nb, kDrawThreads, 0, s, logits, n, t, a.top_k, a.top_p, st, part_key, nb);
     OSPREY_CUDA_CHECK_LAUNCH();
   }
   DrawArgs d;
@@ -621,7 +633,7 @@ void sample(const float* logits, int64_t vocab, const SampleArgs& a, int32_t* ou
   d.seed = a.seed;
   d.counter = a.counter;
   d.counter_dev = a.counter_dev;
-  draw_kernel<<<nb, kDrawThreads, 0, s>>>(logits, n, d, st, part_key, nb, parts, &st->ticket, out_token);
+  launch_kernel(draw_kernel, nb, kDrawThreads, 0, s, logits, n, d, st, part_key, nb, parts, &st->ticket, out_token);
   OSPREY_CUDA_CHECK_LAUNCH();
 }
 
