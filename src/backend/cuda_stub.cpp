@@ -40,8 +40,6 @@ void embedding(const void* table, DType dt, const int32_t* ids, int64_t n, int64
 void rms_norm(const float* x, const float* w, int64_t rows, int64_t d, float eps, float w_offset, float* out) { no_backend(); }
 void layer_norm(const float* x, const float* w, const float* b, int64_t rows, int64_t d, float eps, float* out) { no_backend(); }
 void linear(const float* x, int64_t n, int64_t in, const void* w, DType wdt, int64_t out, const float* bias, float* y, bool batch_invariant) { no_backend(); }
-bool linear_fused(const float* x, int64_t n, int64_t in, const void* w, DType wdt, int64_t out, const float* bias, float* y, const GemvFusion& f) { no_backend(); }
-bool linear_q_fused(const float* x, int64_t n, const QuantArgs& w, const float* bias, float* y, const GemvFusion& f) { no_backend(); }
 void add_inplace(float* x, const float* y, int64_t n) { no_backend(); }
 void scale_inplace(float* x, float f, int64_t n) { no_backend(); }
 void add_rms_norm(float* x, const float* y, const float* w, int64_t rows, int64_t d, float eps, float w_offset, float* out) { no_backend(); }

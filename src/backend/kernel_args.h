@@ -136,21 +136,4 @@ struct SampleArgs {
   const uint64_t* counter_dev = nullptr;
 };
 
-// What the decode step fuses into a linear layer's GEMV (linear_gemv_fused, and
-// linear_q_gemv_fused in quant_linear.h). The kernel reads its x operand as
-//   kPlain:    x[j, :]                                            (x row stride in)
-//   kRmsNorm:  x[j, :] / rms(x[j, :]) * (norm_w + w_offset)       (x row stride in), the rms
-//              computed by every block of the grid alike, f32
-//   kSiluGate: silu(x[j, :in]) * x[j, in:]                         (x row stride 2 in: a gate/up row)
-// and writes y[j, :] = result, or adds it (accumulate: the residual add of y += x W^T + b).
-// The result equals rms_norm or silu_mul_split, then the GEMV, then add_: up to the rms's
-// summation order with kRmsNorm, bit for bit otherwise.
-struct GemvFusion {
-  enum In : int { kPlain = 0, kRmsNorm = 1, kSiluGate = 2 };
-  int in = kPlain;
-  const float* norm_w = nullptr;  // kRmsNorm: [in] f32, 16-byte aligned
-  float eps = 0.0f, w_offset = 0.0f;
-  bool accumulate = false;
-};
-
 }  // namespace osprey

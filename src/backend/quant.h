@@ -51,19 +51,6 @@ Array linear(const Array& x, const QuantizedMatrix& w, const Array& bias = {});
 // Dispatches to the dense or the quantized linear.
 Array linear(const Array& x, const LinearWeight& w, const Array& bias = {});
 
-// The decode step's fused linear layers. Each computes exactly the composition its comment
-// gives; on CUDA, for at most 8 rows outside batch-invariant mode (f16 / bf16 dense or 4- and
-// 8-bit quantized weights), it runs as one GEMV that reads its x operand through the fused op
-// and adds into x in place (GemvFusion, backend/kernel_args.h: the rms is summed in another
-// order there than rms_norm's, so that one differs in the last bits).
-//   linear(rms_norm(x, norm_w, eps, unit_offset), w, bias)
-Array rms_norm_linear(const Array& x, const Array& norm_w, float eps, bool unit_offset, const LinearWeight& w,
-                      const Array& bias = {});
-//   add_(x, linear(a, w, bias)): the residual add of a projection
-void linear_add_(Array& x, const Array& a, const LinearWeight& w, const Array& bias = {});
-//   add_(x, linear(silu_mul_split(gu), w, bias)): an MLP's gated down projection and its residual
-void silu_linear_add_(Array& x, const Array& gu, const LinearWeight& w, const Array& bias = {});
-
 // table quantized [vocab, d], ids [n] i32 -> [n, d] f32 (dequantized rows, times `scale`).
 Array embedding(const QuantizedMatrix& table, const Array& ids, float scale = 1.0f);
 // Dispatches to the dense or the quantized embedding.

@@ -16,18 +16,17 @@ void require_parts(const LinearGroup& g, size_t n, const char* what) {
   if (g.outs.size() != n) throw InvalidInput(std::string(what) + " needs " + std::to_string(n) + " linear layers");
 }
 
-// attention_inputs of h, or of rms_norm(h) when `norm` is given.
-AttentionInputs attention_inputs_of(const Array& h, const PreNorm* norm, const LinearGroup& qkv,
-                                    const AttentionShape& s, const Array& positions, const QKTransform& t) {
+}  // namespace
+
+AttentionInputs attention_inputs(const Array& h, const LinearGroup& qkv, const AttentionShape& s,
+                                 const Array& positions, const QKTransform& t) {
   require_parts(qkv, 3, "attention_inputs");
   if (t.q_norm.defined() != t.k_norm.defined())
     throw InvalidInput("attention_inputs: q and k norms must be given together");
-  const int64_t nh = s.n_heads, nkv = s.n_kv_heads, hd = s.head_dim;
+  const int64_t n = h.dim(0), nh = s.n_heads, nkv = s.n_kv_heads, hd = s.head_dim;
   AttentionInputs a;
   if (qkv.is_stacked()) {
-    Array x = norm ? ops::rms_norm_linear(h, norm->weight, norm->eps, norm->unit_offset, qkv.stacked,
-                                          qkv.stacked_bias)
-                   : ops::linear(h, qkv.stacked, qkv.stacked_bias);  // [n, (nh + 2 nkv) hd]
+    Array x = ops::linear(h, qkv.stacked, qkv.stacked_bias);  // [n, (nh + 2 nkv) hd]
     a.q = head_view(x, 0, nh, hd);
     a.k = head_view(x, nh * hd, nkv, hd);
     a.v = head_view(x, (nh + nkv) * hd, nkv, hd);
@@ -42,11 +41,9 @@ AttentionInputs attention_inputs_of(const Array& h, const PreNorm* norm, const L
     if (!a.q.is_contiguous()) a.q = ops::cast(a.q, DType::f32);
     return a;
   }
-  const int64_t n = h.dim(0);
-  const Array hn = norm ? ops::rms_norm(h, norm->weight, norm->eps, norm->unit_offset) : h;
-  a.q = ops::linear(hn, qkv.parts[0], qkv.biases[0]).reshape({n, nh, hd});
-  a.k = ops::linear(hn, qkv.parts[1], qkv.biases[1]).reshape({n, nkv, hd});
-  a.v = ops::linear(hn, qkv.parts[2], qkv.biases[2]).reshape({n, nkv, hd});
+  a.q = ops::linear(h, qkv.parts[0], qkv.biases[0]).reshape({n, nh, hd});
+  a.k = ops::linear(h, qkv.parts[1], qkv.biases[1]).reshape({n, nkv, hd});
+  a.v = ops::linear(h, qkv.parts[2], qkv.biases[2]).reshape({n, nkv, hd});
   if (t.q_norm.defined()) {
     ops::head_rms_norm_(a.q, t.q_norm, t.norm_eps, t.norm_unit_offset);
     ops::head_rms_norm_(a.k, t.k_norm, t.norm_eps, t.norm_unit_offset);
@@ -56,18 +53,6 @@ AttentionInputs attention_inputs_of(const Array& h, const PreNorm* norm, const L
     ops::rope_(a.k, positions, t.inv_freq, t.interleaved);
   }
   return a;
-}
-
-}  // namespace
-
-AttentionInputs attention_inputs(const Array& h, const LinearGroup& qkv, const AttentionShape& shape,
-                                 const Array& positions, const QKTransform& t) {
-  return attention_inputs_of(h, nullptr, qkv, shape, positions, t);
-}
-
-AttentionInputs attention_inputs(const Array& x, const PreNorm& norm, const LinearGroup& qkv,
-                                 const AttentionShape& shape, const Array& positions, const QKTransform& t) {
-  return attention_inputs_of(x, &norm, qkv, shape, positions, t);
 }
 
 AttentionInputs attention_inputs(const Array& h, const LinearGroup& qkv, const AttentionShape& shape,
@@ -85,18 +70,6 @@ Array silu_gate(const Array& h, const LinearGroup& gate_up) {
   if (gate_up.is_stacked()) return ops::silu_mul_split(ops::linear(h, gate_up.stacked, gate_up.stacked_bias));
   return ops::silu_mul(ops::linear(h, gate_up.parts[0], gate_up.biases[0]),
                        ops::linear(h, gate_up.parts[1], gate_up.biases[1]));
-}
-
-void silu_mlp_residual_(Array& x, const PreNorm& norm, const LinearGroup& gate_up, const LinearWeight& down,
-                        const Array& down_bias) {
-  require_parts(gate_up, 2, "silu_mlp_residual_");
-  if (gate_up.is_stacked()) {
-    const Array gu = ops::rms_norm_linear(x, norm.weight, norm.eps, norm.unit_offset, gate_up.stacked,
-                                          gate_up.stacked_bias);  // [n, 2f]
-    ops::silu_linear_add_(x, gu, down, down_bias);
-    return;
-  }
-  ops::linear_add_(x, silu_gate(ops::rms_norm(x, norm.weight, norm.eps, norm.unit_offset), gate_up), down, down_bias);
 }
 
 Array gelu_gate(const Array& h, const LinearGroup& gate_up) {

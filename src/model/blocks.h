@@ -39,16 +39,6 @@ struct QKTransform {
 // q and k transformed as `t` says at `positions` (i32 [n]).
 AttentionInputs attention_inputs(const Array& h, const LinearGroup& qkv, const AttentionShape& shape,
                                  const Array& positions, const QKTransform& t);
-// An RMSNorm of a block's input (the residual stream) before its first projection.
-struct PreNorm {
-  Array weight;  // [hidden] f32
-  float eps = 1e-6f;
-  bool unit_offset = false;
-};
-// attention_inputs of rms_norm(x) as `norm` says, the norm fused into the q/k/v projection
-// where the device can (ops::rms_norm_linear).
-AttentionInputs attention_inputs(const Array& x, const PreNorm& norm, const LinearGroup& qkv,
-                                 const AttentionShape& shape, const Array& positions, const QKTransform& t);
 // The same with rotary embeddings only: `inv_freq` f32 [head_dim / 2] (see ops::rope_ for
 // `interleaved`).
 AttentionInputs attention_inputs(const Array& h, const LinearGroup& qkv, const AttentionShape& shape,
@@ -68,11 +58,6 @@ KVCacheParams layer_kv_params(KVCacheParams params, int64_t n_kv_heads, int64_t 
 // gate then up) -> [n, f] f32.
 Array silu_gate(const Array& h, const LinearGroup& gate_up);
 
-// x += silu_gate(rms_norm(x), gate_up) W_down^T + down_bias: a pre-norm SwiGLU MLP with its
-// residual add, the norm, the gating and the add fused into the projections where the device
-// can (ops::rms_norm_linear, ops::silu_linear_add_).
-void silu_mlp_residual_(Array& x, const PreNorm& norm, const LinearGroup& gate_up, const LinearWeight& down,
-                        const Array& down_bias);
 // gelu_tanh(h W_gate + b_gate) * (h W_up + b_up) (GeGLU), as silu_gate.
 Array gelu_gate(const Array& h, const LinearGroup& gate_up);
 

@@ -117,23 +117,25 @@ class LlamaModel final : public Model {
     const AttentionShape shape{cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_dim};
     const float scale = float(1.0 / std::sqrt(double(cfg_.head_dim)));
 
-    // x is the residual stream; each block reads rms_norm(x) and adds its output to x. On CUDA
-    // the norms, the SiLU gate and the residual adds run inside the decode step's GEMVs.
     Array x = ops::embedding(embed_, tokens);  // [n, hidden]
-    QKTransform rope;
-    rope.inv_freq = inv_freq_;
+    Array h = ops::rms_norm(x, layers_[0].attn_norm, eps);
     for (size_t li = 0; li < layers_.size(); ++li) {
       const LlamaLayer& L = layers_[li];
-      AttentionInputs in = attention_inputs(x, PreNorm{L.attn_norm, eps}, L.qkv, shape, positions, rope);
+      AttentionInputs in = attention_inputs(h, L.qkv, shape, positions, inv_freq_);
       KVView kv = cache.layer(li).update_and_fetch(in.k, in.v, positions);
       ops::AttentionParams ap = kv.attention_params();
       ap.scale = scale;
       Array a = ops::attention(in.q, kv.keys, kv.values, ap);  // [n, nh * hd]
-      ops::linear_add_(x, a, L.wo, L.bo);
-      silu_mlp_residual_(x, PreNorm{L.mlp_norm, eps}, L.gate_up, L.w_down, L.b_down);
+      h = ops::add_rms_norm(x, ops::linear(a, L.wo, L.bo), L.mlp_norm, eps);
+      Array d = ops::linear(silu_gate(h, L.gate_up), L.w_down, L.b_down);
+      if (li + 1 < layers_.size())
+        h = ops::add_rms_norm(x, d, layers_[li + 1].attn_norm, eps);
+      else
+        ops::add_(x, d);
     }
     if (!all_logits && n > 1) x = ops::cast(x.slice_rows(n - 1, n), DType::f32);
-    return ops::rms_norm_linear(x, final_norm_, eps, false, lm_head_);
+    x = ops::rms_norm(x, final_norm_, eps);
+    return ops::linear(x, lm_head_);
   }
 
  private:

@@ -455,6 +455,93 @@ TEST(CudaQuant, DISABLED_QuantGemvBandwidth) {
                 step_us[b], 1e6 / step_us[b]);
 }
 
+// The linear layers of an 8B Llama-3 decode step as the engine runs them (q/k/v and gate/up
+// stacked; the down projection reading silu(gate) * up and adding into the residual), n = 1,
+// f16 weights and MLX 4-bit g64: each shape's time and bandwidth with the rows per warp (or
+// block) chosen by shape and forced to each choice, replayed as a CUDA graph.
+TEST(CudaQuant, DISABLED_DecodeStepGemvBandwidth) {
+  SKIP_WITHOUT_CUDA();
+  struct Shape8B {
+    const char* name;
+    int64_t out, in;
+    int per_token;
+    bool silu;  // the fused down projection
+  };
+  const Shape8B shapes[] = {{"qkv 6144x4096", 6144, 4096, 32, false},
+                            {"o 4096x4096", 4096, 4096, 32, false},
+                            {"gate_up 28672x4096", 28672, 4096, 32, false},
+                            {"down+silu 4096x14336", 4096, 14336, 32, true},
+                            {"head 128256x4096", 128256, 4096, 1, false}};
+  DeviceVec<float> y(std::vector<float>(size_t(128256), 0.0f));
+  DeviceVec<float> x(std::vector<float>(size_t(2 * 14336), 0.25f));
+  for (int bits : {16, 4}) {
+    std::printf("%s, n = 1: us (GB/s) chosen | forced\n", bits == 16 ? "f16" : "MLX 4-bit g64 f16 scales");
+    double step_us = 0.0;
+    for (const Shape8B& sh : shapes) {
+      const size_t wbytes = bits == 16 ? size_t(sh.out * sh.in * 2) : size_t(sh.out * sh.in / 2);
+      const size_t pbytes = bits == 16 ? 0 : size_t(sh.out * (sh.in / 64) * 2);
+      const size_t bytes = wbytes + 2 * pbytes;
+      const int n_copies = copies_for(bytes);
+      std::vector<std::unique_ptr<DeviceBytes>> w, sc, bi;
+      for (int c = 0; c < n_copies; ++c) {
+        w.push_back(std::make_unique<DeviceBytes>(wbytes));
+        if (bits != 16) {
+          sc.push_back(std::make_unique<DeviceBytes>(pbytes));
+          bi.push_back(std::make_unique<DeviceBytes>(pbytes));
+        }
+      }
+      auto qargs = [&](int i) {
+        QuantArgs a;
+        const size_t c = size_t(i % n_copies);
+        a.packed = static_cast<const uint32_t*>(w[c]->p);
+        a.scales = sc[c]->p;
+        a.biases = bi[c]->p;
+        a.scale_dtype = DType::f16;
+        a.bits = 4;
+        a.group_size = 64;
+        a.out = sh.out;
+        a.in = sh.in;
+        return a;
+      };
+      const int iters = std::max(20, n_copies);
+      auto run = [&](int rows) {
+        return graph_time_us(
+            [&](int i) {
+              if (bits == 16 && sh.silu && rows == 0) {
+                GemvFusion f;
+                f.in = GemvFusion::kSiluGate;
+                f.accumulate = true;
+                cuda::linear_gemv_fused(x.get(), 1, sh.in, w[size_t(i % n_copies)]->p, DType::f16, sh.out, nullptr,
+                                        y.get(), f, st());
+              } else if (bits == 16) {
+                cuda::linear_gemv(x.get(), 1, sh.in, w[size_t(i % n_copies)]->p, DType::f16, sh.out, nullptr, y.get(),
+                                  st(), rows);
+              } else if (sh.silu && rows == 0) {
+                GemvFusion f;
+                f.in = GemvFusion::kSiluGate;
+                f.accumulate = true;
+                cuda::linear_q_gemv_fused(x.get(), 1, qargs(i), nullptr, y.get(), f, st());
+              } else {
+                cuda::linear_q_gemv(x.get(), 1, qargs(i), nullptr, y.get(), st(), rows);
+              }
+            },
+            iters);
+      };
+      const double chosen = run(0);
+      std::string forced;
+      for (int rows : bits == 16 ? std::vector<int>{1, 2, 4} : std::vector<int>{1, 4, 8}) {
+        const double us = run(rows);
+        forced += " r" + std::to_string(rows) + " " + std::to_string(int(us * 10) / 10.0).substr(0, 6) + " (" +
+                  std::to_string(int(double(bytes) / us / 1e3)) + ")";
+      }
+      std::printf("  %-22s %8.2f us (%5.0f GB/s) |%s\n", sh.name, chosen, double(bytes) / chosen / 1e3,
+                  forced.c_str());
+      step_us += sh.per_token * chosen;
+    }
+    std::printf("  the step's linear layers: %.0f us (%.0f tokens/s bound)\n", step_us, 1e6 / step_us);
+  }
+}
+
 TEST(CudaQuant, DISABLED_QuantGemmPrefill) {
   SKIP_WITHOUT_CUDA();
   const int64_t n = 512;

@@ -34,7 +34,6 @@ namespace {
 template <int D>
 __global__ void __launch_bounds__(kThreads) combine_kernel(const float* partial, int n_splits, int64_t n_vec,
                                                           float* out) {
-  pdl_launch_dependents();
   pdl_wait();
   constexpr int kT = D / 4, kGroups = kThreads / kT, kP = D + kPartialPad;
   extern __shared__ float sm_w[];  // [n_splits]
@@ -177,7 +176,6 @@ __device__ __forceinline__ uint4 load8(const uint16_t* p, bool vec) {
 
 template <class Tag, bool kMapped>
 __global__ void __launch_bounds__(kThreads) attention_kernel(const Params p) {
-  pdl_launch_dependents();
   pdl_wait();
   extern __shared__ __align__(16) unsigned char smem[];
   const AttentionArgs& a = p.a;
@@ -315,7 +313,6 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const Params p) {
 
 // One block per (row block, kv head, query vector): out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M).
 __global__ void attention_combine_kernel(const Params p) {
-  pdl_launch_dependents();
   pdl_wait();
   const AttentionArgs& a = p.a;
   const int64_t D = a.head_dim, G = p.group, nq = p.nq;

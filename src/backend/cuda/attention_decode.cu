@@ -33,7 +33,6 @@ struct Cfg {
 
 template <int D, class E, bool kMapped>
 __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) decode_kernel(const FastParams p) {
-  pdl_launch_dependents();
   pdl_wait();
   using C = Cfg<D>;
   constexpr int kS = C::kS, kNd = D / 8, kP = D + kPartialPad;

@@ -21,14 +21,19 @@ namespace osprey::cuda {
 
 constexpr float kNegInf = -__builtin_huge_valf();
 
-// Programmatic dependent launch (compute capability 9.0+). A kernel started by launch_kernel() may
-// begin while the kernel before it in the stream is still running, once every block of that
-// kernel has called pdl_launch_dependents() (or exited). Such a kernel must call pdl_wait(),
-// in every block and before its first access to memory that an earlier kernel writes or
-// reads: pdl_wait() returns when the whole previous grid has completed and its writes are
-// visible, and the previous grid completes only after its own pdl_wait() returned, so the
-// whole chain before it is complete too. Work before pdl_wait() may only read what no kernel
-// of the step writes (weights). Both are no-ops on older devices and for a plain launch.
+// Programmatic dependent launch (compute capability 9.0+). A kernel started by
+// launch_kernel() may begin while the kernel before it in the stream is still running, once
+// every block of that kernel has called pdl_launch_dependents() or exited. Such a kernel must
+// call pdl_wait(), in every block and before its first access to memory that an earlier
+// kernel writes or reads: pdl_wait() returns when the whole previous grid has completed and
+// its writes are visible, and the previous grid completes only after its own pdl_wait()
+// returned, so the whole chain before it is complete too. Work before pdl_wait() may only read
+// what no kernel of the step writes (weights). Both are no-ops on older devices and for a
+// plain launch.
+// NOTE: the GEMVs signal after their last weight load, so that the next kernel's launch and
+// weight prefetch overlap their tail; other kernels signal by exiting. A signal at a kernel's
+// start lets chains of short kernels become resident at once, holding registers and shared
+// memory while they wait (measured slower).
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -145,43 +150,6 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
   __syncthreads();
   float t = lane < n_warps ? red[lane] : 0.0f;
   return warp_sum(t);
-}
-
-// rinv[j] = 1 / sqrt(mean(rows[j][0 .. in)^2) + eps) for j < NX (rows 16-byte aligned, in a
-// multiple of 4): the rms of a fused GEMV's normed x operand, computed by the whole block
-// (every thread must call it; contains a barrier) in an order fixed by `in` and blockDim
-// alone, so that every block of a grid gets the same bits.
-template <int NX>
-__device__ __forceinline__ void block_rms_rows(const float* const (&rows)[NX], int64_t in, float eps,
-                                               float (&rinv)[NX]) {
-  __shared__ float red[32][NX];
-  float ss[NX];
-  const int64_t n4 = in / 4;
-#pragma unroll
-  for (int j = 0; j < NX; ++j) {
-    ss[j] = 0.0f;
-    const float4* r = reinterpret_cast<const float4*>(rows[j]);
-    for (int64_t k = threadIdx.x; k < n4; k += blockDim.x) {
-      const float4 v = __ldg(r + k);
-      ss[j] = fmaf(v.x, v.x, ss[j]);
-      ss[j] = fmaf(v.y, v.y, ss[j]);
-      ss[j] = fmaf(v.z, v.z, ss[j]);
-      ss[j] = fmaf(v.w, v.w, ss[j]);
-    }
-    ss[j] = warp_sum(ss[j]);
-  }
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
-  if (lane == 0) {
-#pragma unroll
-    for (int j = 0; j < NX; ++j) red[warp][j] = ss[j];
-  }
-  __syncthreads();
-#pragma unroll
-  for (int j = 0; j < NX; ++j) {
-    float t = 0.0f;
-    for (int w = 0; w < n_warps; ++w) t += red[w][j];
-    rinv[j] = 1.0f / sqrtf(t / float(in) + eps);
-  }
 }
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }

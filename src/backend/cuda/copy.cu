@@ -35,7 +35,6 @@ __device__ __forceinline__ void write_f32(char* base, Kind k, int64_t off, float
 template <int ELEM>
 __global__ void copy_kernel(char* dst, Kind dk, Dims4 ds, const char* src, Kind sk, Dims4 ss, Dims4 shape,
                             int64_t total) {
-  pdl_launch_dependents();
   pdl_wait();
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t f = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; f < total; f += stride) {

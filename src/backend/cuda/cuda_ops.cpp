@@ -30,13 +30,6 @@ void linear(const float* x, int64_t n, int64_t in, const void* w, DType wdt, int
   else
     cuda::linear(x, n, in, w, wdt, out, bias, y, cuda::stream());
 }
-bool linear_fused(const float* x, int64_t n, int64_t in, const void* w, DType wdt, int64_t out, const float* bias,
-                  float* y, const GemvFusion& f) {
-  return cuda::linear_gemv_fused(x, n, in, w, wdt, out, bias, y, f, cuda::stream());
-}
-bool linear_q_fused(const float* x, int64_t n, const QuantArgs& w, const float* bias, float* y, const GemvFusion& f) {
-  return cuda::linear_q_gemv_fused(x, n, w, bias, y, f, cuda::stream());
-}
 void add_inplace(float* x, const float* y, int64_t n) { cuda::add_inplace(x, y, n, cuda::stream()); }
 void scale_inplace(float* x, float f, int64_t n) { cuda::scale_inplace(x, f, n, cuda::stream()); }
 void add_rms_norm(float* x, const float* y, const float* w, int64_t rows, int64_t d, float eps, float w_offset,

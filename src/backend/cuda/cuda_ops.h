@@ -21,11 +21,6 @@ void layer_norm(const float* x, const float* w, const float* b, int64_t rows, in
 // depend on the other rows (ops::set_batch_invariant).
 void linear(const float* x, int64_t n, int64_t in, const void* w, DType wdt, int64_t out, const float* bias, float* y,
             bool batch_invariant = false);
-// linear / linear_q with a GemvFusion (backend/kernel_args.h) in one kernel: false, having done
-// nothing, where no fused kernel applies (the caller composes the ops).
-bool linear_fused(const float* x, int64_t n, int64_t in, const void* w, DType wdt, int64_t out, const float* bias,
-                  float* y, const GemvFusion& f);
-bool linear_q_fused(const float* x, int64_t n, const QuantArgs& w, const float* bias, float* y, const GemvFusion& f);
 void add_inplace(float* x, const float* y, int64_t n);
 void scale_inplace(float* x, float f, int64_t n);
 void add_rms_norm(float* x, const float* y, const float* w, int64_t rows, int64_t d, float eps, float w_offset,

@@ -11,7 +11,6 @@ constexpr int kThreads = 256;
 template <class Tag>
 __global__ void embedding_kernel(const typename Tag::T* __restrict__ table, const int32_t* __restrict__ ids, int64_t d,
                                  float scale, float* __restrict__ out) {
-  pdl_launch_dependents();
   pdl_wait();
   const int64_t i = blockIdx.x;
   const typename Tag::T* row = table + int64_t(ids[i]) * d;
@@ -32,7 +31,6 @@ struct GeluTanhMulOp {
 // out[i] = op(a[i], b[i]); VEC: a, b, out 16-byte aligned, n4 = n / 4 float4 groups first.
 template <class Op, bool VEC>
 __global__ void binary_kernel(const float* a, const float* b, float* out, int64_t n, Op op) {
-  pdl_launch_dependents();
   pdl_wait();
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   int64_t start = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -53,7 +51,6 @@ __global__ void binary_kernel(const float* a, const float* b, float* out, int64_
 
 template <bool VEC>
 __global__ void scale_kernel(float* x, float f, int64_t n) {
-  pdl_launch_dependents();
   pdl_wait();
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   const int64_t start = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -73,7 +70,6 @@ __global__ void scale_kernel(float* x, float f, int64_t n) {
 
 template <bool VEC>
 __global__ void softcap_kernel(float* x, float cap, int64_t n) {
-  pdl_launch_dependents();
   pdl_wait();
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   const int64_t start = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -163,7 +159,6 @@ namespace {
 
 template <bool BF16>
 __global__ void round_kernel(const float* __restrict__ x, uint16_t* __restrict__ dst, int64_t n) {
-  pdl_launch_dependents();
   pdl_wait();
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
@@ -171,7 +166,6 @@ __global__ void round_kernel(const float* __restrict__ x, uint16_t* __restrict__
 }
 
 __global__ void add_bias_kernel(float* __restrict__ y, const float* __restrict__ bias, int64_t n, int64_t out) {
-  pdl_launch_dependents();
   pdl_wait();
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n * out; i += stride) y[i] += bias[i % out];

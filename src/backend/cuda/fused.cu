@@ -10,7 +10,6 @@ namespace {
 // One block per row: x += y, then out = x / rms(x) * (w + w_offset).
 __global__ void add_rms_norm_kernel(float* __restrict__ x, const float* __restrict__ y, const float* __restrict__ w,
                                     int64_t d, float eps, float w_offset, float* __restrict__ out) {
-  pdl_launch_dependents();
   pdl_wait();
   __shared__ float red[32];
   float* xr = x + int64_t(blockIdx.x) * d;
@@ -28,7 +27,6 @@ __global__ void add_rms_norm_kernel(float* __restrict__ x, const float* __restri
 }
 
 __global__ void silu_mul_split_kernel(const float* __restrict__ gu, int64_t n, int64_t f, float* __restrict__ out) {
-  pdl_launch_dependents();
   pdl_wait();
   const int64_t total = n * f;
   for (int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; t < total; t += int64_t(gridDim.x) * blockDim.x) {
@@ -40,7 +38,6 @@ __global__ void silu_mul_split_kernel(const float* __restrict__ gu, int64_t n, i
 
 __global__ void gelu_tanh_mul_split_kernel(const float* __restrict__ gu, int64_t n, int64_t f,
                                            float* __restrict__ out) {
-  pdl_launch_dependents();
   pdl_wait();
   const int64_t total = n * f;
   for (int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; t < total; t += int64_t(gridDim.x) * blockDim.x) {
@@ -53,7 +50,6 @@ __global__ void gelu_tanh_mul_split_kernel(const float* __restrict__ gu, int64_t
 // (kBF16); kRing: the row wraps modulo a.ring_rows.
 template <bool kBF16, bool kRing>
 __global__ void kv_write_kernel(KVWriteArgs a) {
-  pdl_launch_dependents();
   pdl_wait();
   const int64_t i = blockIdx.x, h = blockIdx.y;
   int64_t row = (a.pos_dev ? int64_t(*a.pos_dev) : a.pos0) + i;

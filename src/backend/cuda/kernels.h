@@ -56,17 +56,14 @@ constexpr int64_t kGemvMaxRows = 8;
 void linear(const float* x, int64_t n, int64_t in, const void* w, DType wdt, int64_t out, const float* bias,
             float* y, cudaStream_t s);
 // The two paths of linear(), with its contract, exposed for tests and benchmarks. linear_gemv
-// takes any n >= 1 (it runs in chunks of kGemvMaxRows rows).
+// takes any n >= 1 (it runs in chunks of kGemvMaxRows rows); rows_per_warp 1, 2 or 4 forces
+// the GEMV's output rows per warp (benchmarks), 0 picks by shape.
+void linear_gemv(const float* x, int64_t n, int64_t in, const void* w, DType wdt, int64_t out, const float* bias,
+                 float* y, cudaStream_t s, int rows_per_warp);
 void linear_gemv(const float* x, int64_t n, int64_t in, const void* w, DType wdt, int64_t out, const float* bias,
                  float* y, cudaStream_t s);
 void linear_gemm(const float* x, int64_t n, int64_t in, const void* w, DType wdt, int64_t out, const float* bias,
                  float* y, cudaStream_t s);
-
-// linear_gemv with a GemvFusion (backend/kernel_args.h), n <= kGemvMaxRows, f16 or bf16 w. Returns false, having done
-// nothing, when it does not apply (other dtypes, more rows, misaligned operands): the caller
-// then composes the unfused ops.
-bool linear_gemv_fused(const float* x, int64_t n, int64_t in, const void* w, DType wdt, int64_t out,
-                       const float* bias, float* y, const GemvFusion& f, cudaStream_t s);
 
 // Causal grouped-query attention (query head h reads kv head h / (n_heads / n_kv_heads)),
 // online softmax in f32; a query row that sees no key gets zeros. Rows >= n_keys (and, with

@@ -22,7 +22,6 @@ namespace osprey::cuda {
 namespace {
 
 constexpr int kWarps = 4;  // warps per GEMV block
-constexpr int kInPlain = GemvFusion::kPlain, kInRmsNorm = GemvFusion::kRmsNorm, kInSiluGate = GemvFusion::kSiluGate;
 // 16-byte loads in flight per lane: R rows x (kLoadsInFlight / R) chunks of each per iteration.
 // NOTE: fewer leaves a 4096-row matrix latency-bound at about half the bandwidth.
 constexpr int kLoadsInFlight = 8;
@@ -39,39 +38,9 @@ __device__ __forceinline__ void unpack(const uint4& u, float* f) {
   }
 }
 
-// The x operand as the kernel reads it (XM, GemvFusion::In): row j of x itself, rms_norm of
-// it, or silu(gate) * up of row j of a [n, 2 in] gate/up matrix. Rows j >= n (when NX is
-// rounded up) re-read row n - 1; they are never written.
-template <int XM, int NX>
-struct XRows {
-  const float* rows[NX];
-  const float* __restrict__ norm_w;
-  float w_offset;
-  float rinv[NX];   // In::rms_norm: 1 / rms of row j
-  int64_t up_off;   // In::silu_gate: the up half's offset from the gate half (in)
-
-  // x'[j, k .. k + 4), k a multiple of 4.
-  __device__ __forceinline__ float4 load4(int j, int64_t k) const {
-    const float4 v = __ldg(reinterpret_cast<const float4*>(rows[j] + k));
-    if constexpr (XM == kInRmsNorm) {
-      // As rms_norm_kernel: x * inv * (w + w_offset).
-      const float4 w = __ldg(reinterpret_cast<const float4*>(norm_w + k));
-      return make_float4(v.x * rinv[j] * (w.x + w_offset), v.y * rinv[j] * (w.y + w_offset),
-                         v.z * rinv[j] * (w.z + w_offset), v.w * rinv[j] * (w.w + w_offset));
-    } else if constexpr (XM == kInSiluGate) {
-      // As silu_mul_split_kernel: g / (1 + e^-g) * u.
-      const float4 u = __ldg(reinterpret_cast<const float4*>(rows[j] + up_off + k));
-      return make_float4(v.x / (1.0f + __expf(-v.x)) * u.x, v.y / (1.0f + __expf(-v.y)) * u.y,
-                         v.z / (1.0f + __expf(-v.z)) * u.z, v.w / (1.0f + __expf(-v.w)) * u.w);
-    } else {
-      return v;
-    }
-  }
-};
-
-// acc[i][j] += w chunk i . x'[j, k .. k + VEC) for i < R, j < NX.
-template <class Tag, int NX, int R, int XM>
-__device__ __forceinline__ void gemv_chunk(const uint4 (&wv)[R], const XRows<XM, NX>& x, int64_t k,
+// acc[i][j] += w chunk i . x[j, k .. k + VEC) for i < R, j < NX.
+template <class Tag, int NX, int R>
+__device__ __forceinline__ void gemv_chunk(const uint4 (&wv)[R], const float* __restrict__ x, int64_t in, int64_t k,
                                            float (&acc)[R][NX]) {
   constexpr int VEC = Tag::kVec;
   float wf[R][VEC];
@@ -80,9 +49,10 @@ __device__ __forceinline__ void gemv_chunk(const uint4 (&wv)[R], const XRows<XM,
 #pragma unroll
   for (int j = 0; j < NX; ++j) {
     float xv[VEC];
+    const float4* xp = reinterpret_cast<const float4*>(x + j * in + k);
 #pragma unroll
     for (int q = 0; q < VEC / 4; ++q) {
-      const float4 t = x.load4(j, k + 4 * q);
+      const float4 t = __ldg(xp + q);
       xv[4 * q] = t.x, xv[4 * q + 1] = t.y, xv[4 * q + 2] = t.z, xv[4 * q + 3] = t.w;
     }
 #pragma unroll
@@ -92,43 +62,26 @@ __device__ __forceinline__ void gemv_chunk(const uint4 (&wv)[R], const XRows<XM,
   }
 }
 
-struct GemvArgs {
-  const float* x;  // row j at x + j * ldx
-  int64_t ldx, in;
-  const void* w;   // [out, in]
-  int64_t out;
-  const float* bias;
-  float* y;        // row j at y + j * ldy
-  int64_t ldy;
-  int n;           // rows of x and y, 1 <= n <= NX
-  bool accumulate; // y += result
-  const float* norm_w;
-  float eps, w_offset;
-};
-
-// y[j, r] (+)= x'[j, :] . w[r, :] + bias[r] for j < n, r < out. Requires in % VEC == 0 and
-// x, w 16-byte aligned (and ldx a multiple of 4).
-template <class Tag, int NX, int R, int XM>
-__global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const GemvArgs a) {
+// y[j, r] = x[j, :] . w[r, :] + bias[r] for j < NX, r < out. Requires in % VEC == 0 and x, w
+// 16-byte aligned. y row stride ldy.
+template <class Tag, int NX, int R>
+__global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const float* __restrict__ x, int64_t in,
+                                                           const typename Tag::T* __restrict__ w, int64_t out,
+                                                           const float* __restrict__ bias, float* __restrict__ y,
+                                                           int64_t ldy) {
   constexpr int VEC = Tag::kVec;
-  pdl_launch_dependents();
   const int lane = threadIdx.x & 31;
-  const int64_t in = a.in, out = a.out;
   const int64_t row0 = (int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5)) * R;
-  const bool active = row0 < out;
-  const auto* w = static_cast<const typename Tag::T*>(a.w);
+  if (row0 >= out) {
+    pdl_wait();  // the block's other warps read x (see common.cuh)
+    return;
+  }
   const uint4* wr[R];
 #pragma unroll
   for (int i = 0; i < R; ++i) {
     const int64_t r = min(row0 + i, out - 1);  // rows past the end repeat the last; never written
     wr[i] = reinterpret_cast<const uint4*>(w + r * in);
   }
-  XRows<XM, NX> xr;
-#pragma unroll
-  for (int j = 0; j < NX; ++j) xr.rows[j] = a.x + int64_t(min(j, a.n - 1)) * a.ldx;
-  xr.norm_w = a.norm_w;
-  xr.w_offset = a.w_offset;
-  xr.up_off = in;
   float acc[R][NX];
 #pragma unroll
   for (int i = 0; i < R; ++i)
@@ -141,7 +94,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const GemvArgs a) {
   // The first iteration's weights are loaded before pdl_wait(): they stream in while the
   // kernel before this one finishes (weights are never written by a kernel of the step).
   uint4 wv[U][R];
-  bool full = active && c + 32 * (U - 1) < n_chunks;
+  bool full = c + 32 * (U - 1) < n_chunks;
   if (full) {
 #pragma unroll
     for (int u = 0; u < U; ++u)
@@ -149,11 +102,9 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const GemvArgs a) {
       for (int i = 0; i < R; ++i) wv[u][i] = __ldcs(wr[i] + c + 32 * u);
   }
   pdl_wait();
-  if constexpr (XM == kInRmsNorm) block_rms_rows<NX>(xr.rows, in, a.eps, xr.rinv);
-  if (!active) return;
   while (full) {
 #pragma unroll
-    for (int u = 0; u < U; ++u) gemv_chunk<Tag, NX, R>(wv[u], xr, (c + 32 * u) * VEC, acc);
+    for (int u = 0; u < U; ++u) gemv_chunk<Tag, NX, R>(wv[u], x, in, (c + 32 * u) * VEC, acc);
     c += 32 * U;
     full = c + 32 * (U - 1) < n_chunks;
     if (full) {
@@ -167,8 +118,10 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const GemvArgs a) {
     uint4 wt[R];
 #pragma unroll
     for (int i = 0; i < R; ++i) wt[i] = __ldcs(wr[i] + c);
-    gemv_chunk<Tag, NX, R>(wt, xr, c * VEC, acc);
+    gemv_chunk<Tag, NX, R>(wt, x, in, c * VEC, acc);
   }
+  // The weights are read: the next kernel may start (and prefetch its own) during the tail.
+  pdl_launch_dependents();
 
 #pragma unroll
   for (int i = 0; i < R; ++i)
@@ -176,11 +129,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const GemvArgs a) {
     for (int j = 0; j < NX; ++j) {
       const float v = warp_sum(acc[i][j]);
       const int64_t r = row0 + i;
-      if (lane == (i * NX + j) % 32 && r < out && j < a.n) {
-        const float o = a.bias ? v + a.bias[r] : v;
-        float* dst = a.y + j * a.ldy + r;
-        *dst = a.accumulate ? *dst + o : o;
-      }
+      if (lane == (i * NX + j) % 32 && r < out) y[j * ldy + r] = bias ? v + bias[r] : v;
     }
 }
 
@@ -190,7 +139,6 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_scalar_kernel(const float* _
                                                                   const typename Tag::T* __restrict__ w, int64_t out,
                                                                   const float* __restrict__ bias,
                                                                   float* __restrict__ y, int64_t ldy) {
-  pdl_launch_dependents();
   pdl_wait();
   const int lane = threadIdx.x & 31;
   const int64_t r = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
@@ -211,24 +159,22 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_scalar_kernel(const float* _
   }
 }
 
-// One launch of the vectorized kernel for rows [0, a.n) of x (a.n <= NX): 4 output rows per
-// warp while that leaves about two blocks per SM, else 2, else 1.
-template <class Tag, int NX, int XM>
-void launch_gemv_vec(const GemvArgs& a, cudaStream_t s) {
-  const int64_t want = 2 * int64_t(multiprocessor_count());
-  auto blocks_for = [&](int64_t r) { return (a.out + kWarps * r - 1) / (kWarps * r); };
-  if (blocks_for(4) >= want)
-    launch_kernel(gemv_kernel<Tag, NX, 4, XM>, unsigned(blocks_for(4)), kWarps * 32, 0, s, a);
-  else if (blocks_for(2) >= want)
-    launch_kernel(gemv_kernel<Tag, NX, 2, XM>, unsigned(blocks_for(2)), kWarps * 32, 0, s, a);
-  else
-    launch_kernel(gemv_kernel<Tag, NX, 1, XM>, unsigned(blocks_for(1)), kWarps * 32, 0, s, a);
-  OSPREY_CUDA_CHECK_LAUNCH();
+// Output rows per warp (rows: 1, 2 or 4 forces it): 4 while that leaves about 16 warps per
+// SM, 2 while about 12, else 1; and 1 for a few long rows. Measured on an H200 (n = 1, f16,
+// tests/backend/cuda_quant_test.cpp): q/k/v 6144 x 4096 13.8 us with 2 (16.2 with 4), o
+// 4096 x 4096 10.1 with 2 (11.4 with 1), down 4096 x 14336 29.5 with 1 (31.3 with 2).
+int pick_rows(int64_t out, int64_t in, int rows) {
+  if (rows == 1 || rows == 2 || rows == 4) return rows;
+  const int64_t sms = multiprocessor_count();
+  auto blocks_for = [&](int64_t r) { return (out + kWarps * r - 1) / (kWarps * r); };
+  if (blocks_for(4) >= 4 * sms) return 4;
+  if (in >= 8192) return 1;  // long rows: more warps in flight beat the shared x reads
+  return blocks_for(2) >= 3 * sms ? 2 : 1;
 }
 
 template <class Tag, int NX>
 void launch_gemv_nx(const float* x, int64_t in, const typename Tag::T* w, int64_t out, const float* bias, float* y,
-                    int64_t ldy, cudaStream_t s) {
+                    int64_t ldy, cudaStream_t s, int rows) {
   const bool vec = in % Tag::kVec == 0 && aligned16(x) && aligned16(w);
   if (!vec) {
     const int64_t blocks = (out + kWarps - 1) / kWarps;
@@ -236,47 +182,32 @@ void launch_gemv_nx(const float* x, int64_t in, const typename Tag::T* w, int64_
     OSPREY_CUDA_CHECK_LAUNCH();
     return;
   }
-  GemvArgs a{};
-  a.x = x, a.ldx = in, a.in = in, a.w = w, a.out = out, a.bias = bias, a.y = y, a.ldy = ldy, a.n = NX;
-  launch_gemv_vec<Tag, NX, kInPlain>(a, s);
+  auto blocks_for = [&](int64_t r) { return unsigned((out + kWarps * r - 1) / (kWarps * r)); };
+  switch (pick_rows(out, in, rows)) {
+    case 4: launch_kernel(gemv_kernel<Tag, NX, 4>, blocks_for(4), kWarps * 32, 0, s, x, in, w, out, bias, y, ldy); break;
+    case 2: launch_kernel(gemv_kernel<Tag, NX, 2>, blocks_for(2), kWarps * 32, 0, s, x, in, w, out, bias, y, ldy); break;
+    default: launch_kernel(gemv_kernel<Tag, NX, 1>, blocks_for(1), kWarps * 32, 0, s, x, in, w, out, bias, y, ldy);
+  }
+  OSPREY_CUDA_CHECK_LAUNCH();
 }
 
 template <class Tag>
 void launch_gemv(const float* x, int64_t n, int64_t in, const typename Tag::T* w, int64_t out, const float* bias,
-                 float* y, cudaStream_t s) {
+                 float* y, cudaStream_t s, int rows) {
   for (int64_t j0 = 0; j0 < n; j0 += kGemvMaxRows) {
     const int nx = int(std::min<int64_t>(kGemvMaxRows, n - j0));
     const float* xj = x + j0 * in;
     float* yj = y + j0 * out;
     switch (nx) {
-      case 1: launch_gemv_nx<Tag, 1>(xj, in, w, out, bias, yj, out, s); break;
-      case 2: launch_gemv_nx<Tag, 2>(xj, in, w, out, bias, yj, out, s); break;
-      case 3: launch_gemv_nx<Tag, 3>(xj, in, w, out, bias, yj, out, s); break;
-      case 4: launch_gemv_nx<Tag, 4>(xj, in, w, out, bias, yj, out, s); break;
-      case 5: launch_gemv_nx<Tag, 5>(xj, in, w, out, bias, yj, out, s); break;
-      case 6: launch_gemv_nx<Tag, 6>(xj, in, w, out, bias, yj, out, s); break;
-      case 7: launch_gemv_nx<Tag, 7>(xj, in, w, out, bias, yj, out, s); break;
-      default: launch_gemv_nx<Tag, 8>(xj, in, w, out, bias, yj, out, s); break;
+      case 1: launch_gemv_nx<Tag, 1>(xj, in, w, out, bias, yj, out, s, rows); break;
+      case 2: launch_gemv_nx<Tag, 2>(xj, in, w, out, bias, yj, out, s, rows); break;
+      case 3: launch_gemv_nx<Tag, 3>(xj, in, w, out, bias, yj, out, s, rows); break;
+      case 4: launch_gemv_nx<Tag, 4>(xj, in, w, out, bias, yj, out, s, rows); break;
+      case 5: launch_gemv_nx<Tag, 5>(xj, in, w, out, bias, yj, out, s, rows); break;
+      case 6: launch_gemv_nx<Tag, 6>(xj, in, w, out, bias, yj, out, s, rows); break;
+      case 7: launch_gemv_nx<Tag, 7>(xj, in, w, out, bias, yj, out, s, rows); break;
+      default: launch_gemv_nx<Tag, 8>(xj, in, w, out, bias, yj, out, s, rows); break;
     }
-  }
-}
-
-// The fused kernels take n rounded up to 1, 2, 4 or 8 (fewer instantiations; rows past n
-// re-read row n - 1 and are not written).
-template <class Tag, int XM>
-void launch_gemv_fused(const GemvArgs& a, cudaStream_t s) {
-  if (a.n == 1) return launch_gemv_vec<Tag, 1, XM>(a, s);
-  if (a.n == 2) return launch_gemv_vec<Tag, 2, XM>(a, s);
-  if (a.n <= 4) return launch_gemv_vec<Tag, 4, XM>(a, s);
-  launch_gemv_vec<Tag, 8, XM>(a, s);
-}
-
-template <class Tag>
-void launch_gemv_fused_in(const GemvArgs& a, int in_mode, cudaStream_t s) {
-  switch (in_mode) {
-    case kInRmsNorm: return launch_gemv_fused<Tag, kInRmsNorm>(a, s);
-    case kInSiluGate: return launch_gemv_fused<Tag, kInSiluGate>(a, s);
-    default: return launch_gemv_fused<Tag, kInPlain>(a, s);
   }
 }
 
@@ -289,35 +220,21 @@ void check_dims(const char* op, int64_t n, int64_t in, int64_t out) {
 }  // namespace
 
 void linear_gemv(const float* x, int64_t n, int64_t in, const void* w, DType wdt, int64_t out, const float* bias,
-                 float* y, cudaStream_t s) {
+                 float* y, cudaStream_t s, int rows_per_warp) {
   if (n <= 0 || out <= 0) return;
   check_dims("linear", n, in, out);
   if ((out + kWarps - 1) / kWarps > INT_MAX) throw Unsupported("linear: too many output rows");
   switch (wdt) {
-    case DType::f32: launch_gemv<TagF32>(x, n, in, static_cast<const float*>(w), out, bias, y, s); break;
-    case DType::f16: launch_gemv<TagF16>(x, n, in, static_cast<const uint16_t*>(w), out, bias, y, s); break;
-    case DType::bf16: launch_gemv<TagBF16>(x, n, in, static_cast<const uint16_t*>(w), out, bias, y, s); break;
+    case DType::f32: launch_gemv<TagF32>(x, n, in, static_cast<const float*>(w), out, bias, y, s, rows_per_warp); break;
+    case DType::f16: launch_gemv<TagF16>(x, n, in, static_cast<const uint16_t*>(w), out, bias, y, s, rows_per_warp); break;
+    case DType::bf16: launch_gemv<TagBF16>(x, n, in, static_cast<const uint16_t*>(w), out, bias, y, s, rows_per_warp); break;
     default: throw Unsupported(unsupported_dtype("linear (weight)", wdt));
   }
 }
 
-bool linear_gemv_fused(const float* x, int64_t n, int64_t in, const void* w, DType wdt, int64_t out,
-                       const float* bias, float* y, const GemvFusion& f, cudaStream_t s) {
-  if (n <= 0 || out <= 0) return true;
-  if (n > kGemvMaxRows || (wdt != DType::f16 && wdt != DType::bf16)) return false;
-  if (in % 8 != 0 || !aligned16(x) || !aligned16(w) || (f.in == GemvFusion::kRmsNorm && !aligned16(f.norm_w)))
-    return false;
-  check_dims("linear", n, in, out);
-  if ((out + kWarps - 1) / kWarps > INT_MAX) throw Unsupported("linear: too many output rows");
-  GemvArgs a{};
-  a.x = x, a.ldx = f.in == GemvFusion::kSiluGate ? 2 * in : in, a.in = in, a.w = w, a.out = out, a.bias = bias;
-  a.y = y, a.ldy = out, a.n = int(n), a.accumulate = f.accumulate;
-  a.norm_w = f.norm_w, a.eps = f.eps, a.w_offset = f.w_offset;
-  if (wdt == DType::f16)
-    launch_gemv_fused_in<TagF16>(a, f.in, s);
-  else
-    launch_gemv_fused_in<TagBF16>(a, f.in, s);
-  return true;
+void linear_gemv(const float* x, int64_t n, int64_t in, const void* w, DType wdt, int64_t out, const float* bias,
+                 float* y, cudaStream_t s) {
+  linear_gemv(x, n, in, w, wdt, out, bias, y, s, 0);
 }
 
 void linear_gemm(const float* x, int64_t n, int64_t in, const void* w, DType wdt, int64_t out, const float* bias,

@@ -13,7 +13,6 @@ int threads_for(int64_t d) {
 
 __global__ void rms_norm_kernel(const float* x, const float* __restrict__ w, int64_t d, float eps, float w_offset,
                                 float* out) {
-  pdl_launch_dependents();
   pdl_wait();
   __shared__ float red[32];
   const float* xr = x + int64_t(blockIdx.x) * d;
@@ -27,7 +26,6 @@ __global__ void rms_norm_kernel(const float* x, const float* __restrict__ w, int
 
 __global__ void layer_norm_kernel(const float* x, const float* __restrict__ w, const float* __restrict__ b, int64_t d,
                                   float eps, float* out) {
-  pdl_launch_dependents();
   pdl_wait();
   __shared__ float red[32];
   const float* xr = x + int64_t(blockIdx.x) * d;
@@ -50,7 +48,6 @@ constexpr int kHeadsPerBlock = 4;
 
 __global__ void head_rms_norm_kernel(float* x, int64_t heads, int64_t head_dim, int64_t row_stride,
                                      const float* __restrict__ w, float eps, float w_offset) {
-  pdl_launch_dependents();
   pdl_wait();
   const int64_t h = int64_t(blockIdx.y) * kHeadsPerBlock + (threadIdx.x >> 5);
   if (h >= heads) return;

@@ -64,7 +64,6 @@ __device__ __forceinline__ Range seq_range(const PagedAttentionArgs& a, int seq)
 
 template <int D, class E>
 __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) paged_decode_kernel(const Params p) {
-  pdl_launch_dependents();
   pdl_wait();
   using C = Cfg<D>;
   constexpr int kS = C::kS, kNd = D / 8, kP = D + kPartialPad;
@@ -224,7 +223,6 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) paged_decode_kerne
 // A sequence with no visible key gets zeros.
 template <int D>
 __global__ void __launch_bounds__(kThreads) paged_combine_kernel(const Params p) {
-  pdl_launch_dependents();
   pdl_wait();
   constexpr int kP = D + kPartialPad;
   const PagedAttentionArgs& a = p.a;
@@ -313,7 +311,6 @@ void launch_for(const PagedAttentionArgs& a, cudaStream_t s) {
 // (kBF16), to its slot; a slot below 0 or past the pool writes nothing.
 template <bool kBF16>
 __global__ void kv_write_paged_kernel(const PagedKVWriteArgs a) {
-  pdl_launch_dependents();
   pdl_wait();
   const int64_t i = blockIdx.x, h = blockIdx.y;
   const int64_t slot = a.slots[i];

@@ -30,7 +30,6 @@ void linear_q_gemv(const float* x, int64_t n, const QuantArgs& w, const float* b
   p.bias = bias;
   p.in = w.in;
   p.out = w.out;
-  p.ldx = w.in;
   p.group_shift = group_shift(w.group_size);
   p.zero = 0;
   const int rows = rows_per_block == 8 || rows_per_block == 4 || rows_per_block == 1
@@ -41,54 +40,14 @@ void linear_q_gemv(const float* x, int64_t n, const QuantArgs& w, const float* b
     p.x = x + j0 * w.in;
     p.y = y + j0 * w.out;
     if (fast && bf16)
-      qgemv::launch_fast<true, GemvFusion::kPlain>(p, w.bits, rows, s);
+      qgemv::launch_fast<true>(p, w.bits, rows, s);
     else if (fast)
-      qgemv::launch_fast<false, GemvFusion::kPlain>(p, w.bits, rows, s);
+      qgemv::launch_fast<false>(p, w.bits, rows, s);
     else if (bf16)
       qgemv::launch_generic<true>(p, w.bits, xv, s);
     else
       qgemv::launch_generic<false>(p, w.bits, xv, s);
   }
-}
-
-bool linear_q_gemv_fused(const float* x, int64_t n, const QuantArgs& w, const float* bias, float* y,
-                         const GemvFusion& f, cudaStream_t s) {
-  if (n <= 0 || w.out <= 0) return true;
-  check_quant_args("linear_q", w);
-  const bool fast = (w.bits == 4 || w.bits == 8) && aligned16(x) && aligned16(w.packed);
-  if (n > kGemvMaxRows || !fast || (f.in == GemvFusion::kRmsNorm && !aligned16(f.norm_w))) return false;
-  qgemv::GemvParams p{};
-  p.packed = w.packed;
-  p.scales = static_cast<const uint16_t*>(w.scales);
-  p.biases = static_cast<const uint16_t*>(w.biases);
-  p.bias = bias;
-  p.x = x;
-  p.y = y;
-  p.in = w.in;
-  p.out = w.out;
-  p.ldx = f.in == GemvFusion::kSiluGate ? 2 * w.in : w.in;
-  p.n = int(n);
-  p.group_shift = group_shift(w.group_size);
-  p.zero = 0;
-  p.accumulate = f.accumulate;
-  p.norm_w = f.norm_w;
-  p.eps = f.eps;
-  p.w_offset = f.w_offset;
-  const int rows = pick_rows(w.out, multiprocessor_count());
-  const bool bf16 = w.scale_dtype == DType::bf16;
-  auto go = [&](auto xm) {
-    constexpr int XM = decltype(xm)::value;
-    if (bf16)
-      qgemv::launch_fast<true, XM>(p, w.bits, rows, s);
-    else
-      qgemv::launch_fast<false, XM>(p, w.bits, rows, s);
-  };
-  switch (f.in) {
-    case GemvFusion::kRmsNorm: go(std::integral_constant<int, GemvFusion::kRmsNorm>{}); break;
-    case GemvFusion::kSiluGate: go(std::integral_constant<int, GemvFusion::kSiluGate>{}); break;
-    default: go(std::integral_constant<int, GemvFusion::kPlain>{}); break;
-  }
-  return true;
 }
 
 }  // namespace osprey::cuda

@@ -30,7 +30,6 @@
 #include <algorithm>
 #include <type_traits>
 
-#include "backend/cuda/kernels.h"
 #include "backend/cuda/quant_common.cuh"
 
 namespace osprey::cuda::qgemv {
@@ -113,16 +112,12 @@ struct GemvParams {
   const uint32_t* packed;  // [out, in * bits / 32]
   const uint16_t* scales;  // [out, in / group_size]
   const uint16_t* biases;  // [out, in / group_size]
-  const float* x;          // [n, in]; row j at x + j * ldx
+  const float* x;          // [n, in]
   const float* bias;       // [out] or nullptr
   float* y;                // [n, out]
   int64_t in, out;
-  int64_t ldx;             // in, or 2 in for GemvFusion::kSiluGate
   int n;            // rows of x and y, 1 <= n <= NX
   int group_shift;  // log2(group_size)
-  bool accumulate;  // y += result (GemvFusion)
-  const float* norm_w;  // GemvFusion::kRmsNorm
-  float eps, w_offset;
   // Always 0, but opaque to the compiler. NOTE: the scale and bias of a chunk are needed only
   // after its dot products, so ptxas issues their loads late, just before that use, and every
   // warp then waits a second full memory latency. Or-ing (scale | bias) & zero into the
@@ -139,26 +134,6 @@ __device__ __forceinline__ void load_x8(const float* __restrict__ p, float (&v)[
   } else {
 #pragma unroll
     for (int e = 0; e < 8; ++e) v[e] = __ldg(p + e);
-  }
-}
-
-// x'[k .. k + 8) of one row as the fused kernel reads it (GemvFusion::In, kernels.h): the row
-// itself, its rms_norm (rinv: 1 / rms of the row), or silu(gate) * up with the up half `in`
-// after the gate half.
-template <int XM, bool XV>
-__device__ __forceinline__ void load_x8_fused(const float* __restrict__ row, int64_t k, const GemvParams& p,
-                                              float rinv, float (&v)[8]) {
-  load_x8<XV>(row + k, v);
-  if constexpr (XM == GemvFusion::kRmsNorm) {
-    float w[8];
-    load_x8<XV>(p.norm_w + k, w);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) v[e] = v[e] * rinv * (w[e] + p.w_offset);  // as rms_norm_kernel
-  } else if constexpr (XM == GemvFusion::kSiluGate) {
-    float u[8];
-    load_x8<XV>(row + p.in + k, u);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) v[e] = v[e] / (1.0f + __expf(-v[e])) * u[e];  // as silu_mul_split_kernel
   }
 }
 
@@ -196,15 +171,15 @@ __device__ __forceinline__ void warp_sum_many(float (&v)[V]) {
   for (int off = 16 >> log2_int(V); off >= 1; off /= 2) v[0] += __shfl_xor_sync(0xffffffffu, v[0], off);
 }
 
-// Blocks per SM the single-row-of-x kernels are compiled for (registers <= 65536 / (128 b)).
+// Blocks per SM the single-row-of-x kernels are compiled for (registers <= 65536 / (128 b)):
+// three leave room for the pipelined loop's second buffer without spills.
 template <int NX, int R>
-constexpr int kMinBlocks = NX > 1 ? 1 : R == 8 ? 4 : 5;
+constexpr int kMinBlocks = NX > 1 ? 1 : 3;
 
 // y[j, r] = x[j] . dequant(w)[r] + bias[r] for the R rows of this block and j < n.
-template <class P, bool BF16, int NX, int R, int U, bool XV, int XM>
+template <class P, bool BF16, int NX, int R, int U, bool XV>
 __global__ void __launch_bounds__(kThreads, kMinBlocks<NX, R>) qgemv_kernel(const GemvParams p) {
   constexpr int E = P::kElems;
-  pdl_launch_dependents();
   const uint32_t words_per_row = uint32_t(p.in * P::kBits / 32);
   const int n_chunks = int(p.in / E);  // in < 2^31
   const uint32_t groups_per_row = uint32_t(p.in >> p.group_shift);
@@ -219,10 +194,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<NX, R>) qgemv_kernel(cons
   const uint16_t* bbase = p.biases + first * groups_per_row;
   const float* xr[NX];
 #pragma unroll
-  for (int j = 0; j < NX; ++j) xr[j] = p.x + int64_t(min(j, p.n - 1)) * p.ldx;  // likewise for x rows
-  float rinv[NX];  // GemvFusion::kRmsNorm
-#pragma unroll
-  for (int j = 0; j < NX; ++j) rinv[j] = 1.0f;
+  for (int j = 0; j < NX; ++j) xr[j] = p.x + int64_t(min(j, p.n - 1)) * p.in;  // likewise for x rows
 
   float acc[R][NX];
 #pragma unroll
@@ -230,10 +202,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<NX, R>) qgemv_kernel(cons
 #pragma unroll
     for (int j = 0; j < NX; ++j) acc[i][j] = 0.0f;
 
-  typename P::Raw raw[U][R];
-  uint32_t sraw[U][R], braw[U][R];
-  // Codes, scales and biases of chunks c0, c0 + kThreads, ... (U of them) into raw, sraw, braw.
-  auto load_chunks = [&](int c0) {
+  using Raw = typename P::Raw;
+  // Codes, scales and biases of chunks c0, c0 + kThreads, ... (U of them).
+  auto load_chunks = [&](int c0, Raw (&rw)[U][R], uint32_t (&sr)[U][R], uint32_t (&br)[U][R]) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int c = c0 + u * kThreads;
@@ -242,23 +213,31 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<NX, R>) qgemv_kernel(cons
 #pragma unroll
         for (int i = 0; i < R; ++i) {
           const uint32_t ri = uint32_t(min(i, last));
-          raw[u][i] = P::load(wbase + ri * words_per_row, c);
-          sraw[u][i] = __ldg(sbase + ri * groups_per_row + g);
-          braw[u][i] = __ldg(bbase + ri * groups_per_row + g);
+          rw[u][i] = P::load(wbase + ri * words_per_row, c);
+          sr[u][i] = __ldg(sbase + ri * groups_per_row + g);
+          br[u][i] = __ldg(bbase + ri * groups_per_row + g);
         }
       } else {
 #pragma unroll
-        for (int i = 0; i < R; ++i) raw[u][i] = {}, sraw[u][i] = 0u, braw[u][i] = 0u;
+        for (int i = 0; i < R; ++i) rw[u][i] = {}, sr[u][i] = 0u, br[u][i] = 0u;
       }
     }
   };
-  // The first chunks are loaded before pdl_wait(): they stream in while the kernel before
-  // this one finishes (weights are never written by a kernel of the step).
-  if (int(threadIdx.x) < n_chunks) load_chunks(threadIdx.x);
+  // With one row of x (kPipe) the loop is software pipelined: the next iteration's words are
+  // loaded before this one's arithmetic, so that every thread always has loads in flight (the
+  // second buffer fits the registers of three blocks per SM). The first words are loaded before
+  // pdl_wait(): they stream in while the kernel before this one finishes (weights are never
+  // written by a kernel of the step).
+  constexpr bool kPipe = NX == 1;
+  Raw raw[U][R], nraw[U][R];
+  uint32_t sraw[U][R], braw[U][R], nsraw[U][R], nbraw[U][R];
+  if (int(threadIdx.x) < n_chunks) load_chunks(threadIdx.x, raw, sraw, braw);
   pdl_wait();
-  if constexpr (XM == GemvFusion::kRmsNorm) block_rms_rows<NX>(xr, p.in, p.eps, rinv);
   for (int c0 = threadIdx.x; c0 < n_chunks; c0 += kThreads * U) {
-    if (c0 != int(threadIdx.x)) load_chunks(c0);
+    const int next = c0 + kThreads * U;
+    if constexpr (kPipe) {
+      if (next < n_chunks) load_chunks(next, nraw, nsraw, nbraw);
+    }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int c = c0 + u * kThreads;
@@ -281,7 +260,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<NX, R>) qgemv_kernel(cons
           float xv[NX][8];
 #pragma unroll
           for (int j = 0; j < NX; ++j) {
-            load_x8_fused<XM, XV>(xr[j], int64_t(c) * E + 8 * sb, p, rinv[j], xv[j]);
+            load_x8<XV>(xr[j] + c * E + 8 * sb, xv[j]);
             sx[j] += sum8(xv[j]);
           }
 #pragma unroll
@@ -300,7 +279,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<NX, R>) qgemv_kernel(cons
 #pragma unroll
           for (int j = 0; j < NX; ++j) {
             float xv[8];
-            load_x8_fused<XM, XV>(xr[j], int64_t(c) * E + 8 * sb, p, rinv[j], xv);
+            load_x8<XV>(xr[j] + c * E + 8 * sb, xv);
             sx[j] += sum8(xv);
 #pragma unroll
             for (int i = 0; i < R; ++i)
@@ -319,8 +298,18 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<NX, R>) qgemv_kernel(cons
         for (int j = 0; j < NX; ++j) acc[i][j] = fmaf(sm, dq[i][j], fmaf(bm, sx[j], acc[i][j]));
       }
     }
+    if constexpr (kPipe) {
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int i = 0; i < R; ++i) raw[u][i] = nraw[u][i], sraw[u][i] = nsraw[u][i], braw[u][i] = nbraw[u][i];
+    } else if (next < n_chunks) {
+      load_chunks(next, raw, sraw, braw);
+    }
   }
 
+  // The weights are read: the next kernel may start (and prefetch its own) during the tail.
+  pdl_launch_dependents();
   constexpr int V = R * NX, L = log2_int(V);
   static_assert((1 << L) == V && V <= 32, "R * NX must be a power of two <= 32");
   float v[V];
@@ -339,18 +328,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<NX, R>) qgemv_kernel(cons
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) sum += red[w][t];
     const int64_t r = first + i;
-    if (i <= last && r >= row0 && j < p.n) {
-      const float o = p.bias ? sum + p.bias[r] : sum;
-      float* dst = p.y + int64_t(j) * p.out + r;
-      *dst = p.accumulate ? *dst + o : o;
-    }
+    if (i <= last && r >= row0 && j < p.n) p.y[int64_t(j) * p.out + r] = p.bias ? sum + p.bias[r] : sum;
   }
 }
 
-template <class P, bool BF16, int NX, int R, int U, bool XV, int XM = GemvFusion::kPlain>
+template <class P, bool BF16, int NX, int R, int U, bool XV>
 void launch(const GemvParams& p, cudaStream_t s) {
   const int64_t blocks = (p.out + R - 1) / R;
-  launch_kernel(qgemv_kernel<P, BF16, NX, R, U, XV, XM>, unsigned(blocks), kThreads, 0, s, p);
+  launch_kernel(qgemv_kernel<P, BF16, NX, R, U, XV>, unsigned(blocks), kThreads, 0, s, p);
   OSPREY_CUDA_CHECK_LAUNCH();
 }
 
@@ -358,27 +343,27 @@ void launch(const GemvParams& p, cudaStream_t s) {
 inline int nx_for(int n) { return n == 1 ? 1 : n == 2 ? 2 : n <= 4 ? 4 : 8; }
 
 // rows: 8, 4 or 1 output rows per block (8 only for NX <= 4).
-template <class P, bool BF16, int NX, int XM>
+template <class P, bool BF16, int NX>
 void launch_fast_nx(const GemvParams& p, int rows, cudaStream_t s) {
   if constexpr (NX == 8) {
-    launch<P, BF16, 8, 4, 1, true, XM>(p, s);
+    launch<P, BF16, 8, 4, 1, true>(p, s);
   } else {
-    if (rows == 8) return launch<P, BF16, NX, 8, 1, true, XM>(p, s);
-    if (rows == 4) return launch<P, BF16, NX, 4, 2, true, XM>(p, s);
-    launch<P, BF16, NX, 1, 8, true, XM>(p, s);
+    if (rows == 8) return launch<P, BF16, NX, 8, 1, true>(p, s);
+    if (rows == 4) return launch<P, BF16, NX, 4, 2, true>(p, s);
+    launch<P, BF16, NX, 1, 8, true>(p, s);
   }
 }
 
-// The fast kernel: bits 4 or 8, packed words and x 16-byte aligned; XM a GemvFusion::In.
-template <bool BF16, int XM>
+// The fast kernel: bits 4 or 8, packed words and x 16-byte aligned.
+template <bool BF16>
 void launch_fast(const GemvParams& p, int bits, int rows, cudaStream_t s) {
   auto go = [&](auto policy) {
     using P = decltype(policy);
     switch (nx_for(p.n)) {
-      case 1: return launch_fast_nx<P, BF16, 1, XM>(p, rows, s);
-      case 2: return launch_fast_nx<P, BF16, 2, XM>(p, rows, s);
-      case 4: return launch_fast_nx<P, BF16, 4, XM>(p, rows, s);
-      default: return launch_fast_nx<P, BF16, 8, XM>(p, rows, s);
+      case 1: return launch_fast_nx<P, BF16, 1>(p, rows, s);
+      case 2: return launch_fast_nx<P, BF16, 2>(p, rows, s);
+      case 4: return launch_fast_nx<P, BF16, 4>(p, rows, s);
+      default: return launch_fast_nx<P, BF16, 8>(p, rows, s);
     }
   };
   if (bits == 4)
@@ -416,15 +401,8 @@ void launch_generic(const GemvParams& p, int bits, bool xv, cudaStream_t s) {
     go(std::false_type{});
 }
 
-#define OSPREY_QGEMV_FAST(BF16, XM) \
-  extern template void launch_fast<BF16, XM>(const GemvParams&, int, int, cudaStream_t);
-OSPREY_QGEMV_FAST(false, GemvFusion::kPlain)
-OSPREY_QGEMV_FAST(true, GemvFusion::kPlain)
-OSPREY_QGEMV_FAST(false, GemvFusion::kRmsNorm)
-OSPREY_QGEMV_FAST(true, GemvFusion::kRmsNorm)
-OSPREY_QGEMV_FAST(false, GemvFusion::kSiluGate)
-OSPREY_QGEMV_FAST(true, GemvFusion::kSiluGate)
-#undef OSPREY_QGEMV_FAST
+extern template void launch_fast<false>(const GemvParams&, int, int, cudaStream_t);
+extern template void launch_fast<true>(const GemvParams&, int, int, cudaStream_t);
 extern template void launch_generic<false>(const GemvParams&, int, bool, cudaStream_t);
 extern template void launch_generic<true>(const GemvParams&, int, bool, cudaStream_t);
 

@@ -4,6 +4,6 @@
 
 namespace osprey::cuda::qgemv {
 
-template void launch_fast<true, GemvFusion::kPlain>(const GemvParams&, int, int, cudaStream_t);
+template void launch_fast<true>(const GemvParams&, int, int, cudaStream_t);
 
 }  // namespace osprey::cuda::qgemv

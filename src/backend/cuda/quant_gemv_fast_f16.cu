@@ -4,6 +4,6 @@
 
 namespace osprey::cuda::qgemv {
 
-template void launch_fast<false, GemvFusion::kPlain>(const GemvParams&, int, int, cudaStream_t);
+template void launch_fast<false>(const GemvParams&, int, int, cudaStream_t);
 
 }  // namespace osprey::cuda::qgemv

@@ -5,7 +5,6 @@
 
 #include <cstdint>
 
-#include "backend/cuda/kernels.h"
 #include "backend/quant_args.h"
 
 namespace osprey::cuda {
@@ -15,11 +14,6 @@ namespace osprey::cuda {
 // benchmarks; ignored by the generic kernel).
 void linear_q_gemv(const float* x, int64_t n, const QuantArgs& w, const float* bias, float* y, cudaStream_t s,
                    int rows_per_block = 0);
-
-// linear_q_gemv with a GemvFusion (kernels.h), n <= kGemvMaxRows, bits 4 or 8 with 16-byte
-// aligned words and x. Returns false, having done nothing, when it does not apply.
-bool linear_q_gemv_fused(const float* x, int64_t n, const QuantArgs& w, const float* bias, float* y,
-                         const GemvFusion& f, cudaStream_t s);
 
 // Dequantize to 16 bits in scratch() (in chunks), then cuBLAS with x rounded to 16 bits.
 void linear_q_gemm(const float* x, int64_t n, const QuantArgs& w, const float* bias, float* y, cudaStream_t s);

@@ -13,7 +13,6 @@ constexpr int64_t kHeadsPerBlock = 4;
 __global__ void rope_kernel(float* x, int64_t heads, int64_t head_dim, int64_t row_stride,
                             const int32_t* __restrict__ positions, const float* __restrict__ inv_freq,
                             bool interleaved, float mscale) {
-  pdl_launch_dependents();
   pdl_wait();
   extern __shared__ float cs[];  // [2][half]: cos, then sin
   const int64_t half = head_dim / 2;

@@ -71,7 +71,6 @@ __device__ __forceinline__ void block_argmax(const float* __restrict__ x, int64_
 }
 
 __global__ void argmax_kernel(const float* __restrict__ x, int64_t n, int32_t* out) {
-  pdl_launch_dependents();
   pdl_wait();
   int bad = 0;
   block_argmax(x, n, out, &bad);
@@ -92,7 +91,6 @@ struct RowPart {
 };
 
 __global__ void argmax_row_parts_kernel(const float* __restrict__ logits, int64_t vocab, RowPart* __restrict__ parts) {
-  pdl_launch_dependents();
   pdl_wait();
   const int64_t row = blockIdx.y, part = blockIdx.x;
   const int64_t per = (vocab + kRowParts - 1) / kRowParts;
@@ -110,7 +108,6 @@ __global__ void argmax_row_parts_kernel(const float* __restrict__ logits, int64_
 
 __global__ void argmax_row_merge_kernel(const RowPart* __restrict__ parts, int64_t vocab, int32_t* __restrict__ out,
                                         int32_t* __restrict__ nonfinite) {
-  pdl_launch_dependents();
   pdl_wait();
   const int64_t row = blockIdx.x;
   const int lane = threadIdx.x;
@@ -343,7 +340,6 @@ __device__ void locate(const V* values, const TopScan& s, unsigned long long tar
 // The maximum key of each chunk into part_key (0: only NaN). Block 0 also zeroes State.
 __global__ void __launch_bounds__(kDrawThreads) stats_kernel(const float* __restrict__ x, int n, State* st,
                                                              unsigned int* __restrict__ part_key) {
-  pdl_launch_dependents();
   pdl_wait();
   __shared__ unsigned int s_red[kDrawWarps];
   if (blockIdx.x == 0) {
@@ -373,7 +369,6 @@ template <bool kTopP, int kPass>
 __global__ void __launch_bounds__(kDrawThreads)
     select_kernel(const float* __restrict__ x, int n, float temperature, int top_k, float top_p, State* st,
                   const unsigned int* __restrict__ part_key, int n_parts) {
-  pdl_launch_dependents();
   pdl_wait();
   constexpr int kShift = kPass == 0 ? 21 : kPass == 1 ? 10 : 0;
   constexpr int kBits = kPass == 2 ? 10 : 11;
@@ -501,7 +496,6 @@ __global__ void __launch_bounds__(kDrawThreads)
     draw_kernel(const float* __restrict__ x, int n, DrawArgs a, const State* st,
                 const unsigned int* __restrict__ part_key, int n_parts, Best* parts, unsigned int* ticket,
                 int32_t* out) {
-  pdl_launch_dependents();
   pdl_wait();
   __shared__ float s_max[kDrawWarps];
   __shared__ double s_score[kDrawWarps];

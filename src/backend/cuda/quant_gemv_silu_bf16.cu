@@ -1,9 +1,0 @@
-// The fast GEMV kernels of quant_gemv.cuh that read x as silu(gate) * up (GemvFusion), for
-// bf16 scales (one file each, so they compile in parallel).
-#include "backend/cuda/quant_gemv.cuh"
-
-namespace osprey::cuda::qgemv {
-
-template void launch_fast<true, GemvFusion::kSiluGate>(const GemvParams&, int, int, cudaStream_t);
-
-}  // namespace osprey::cuda::qgemv
