@@ -208,10 +208,11 @@ std::vector<Array> prefill_and_decode(Model& model) {
 // the all-reduce adds the shares, so the float sums run in another order than the unsharded
 // model's: each differs by a few float32 ulps. The K/V rows are then stored as float16 (or
 // bfloat16), and a value that lands on a rounding boundary may round to the neighbouring
-// f16 value (2^-11 relative) on one side only; three layers on, that moves a logit by well
-// under 1e-3 of the row's range. 2e-3 of the range passes that and fails any real slicing
-// mistake (a wrong head, column or bias changes logits by a large part of the range).
-constexpr double kTolerance = 2e-3;
+// f16 value (2^-11 relative) on one side only. On these checkpoints the largest difference
+// seen is under 5e-5 of the row's range; 5e-4 leaves room for that rounding and still fails
+// any slicing mistake (a bias added on every rank moves logits by 8-15% of the range, a
+// wrong head or column by more).
+constexpr double kTolerance = 5e-4;
 
 void expect_sharded_equals_whole(const std::filesystem::path& dir, int tp) {
   SCOPED_TRACE(dir.filename().string() + " on " + std::to_string(tp) + " ranks");
