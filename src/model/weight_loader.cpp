@@ -222,8 +222,8 @@ QuantizedMatrix WeightLoader::quantized(const std::string& prefix, int64_t out, 
                        " inputs: a tensor-parallel rank's columns " + range_str(s.col0, s.cols) + " of its " +
                        std::to_string(in) + " inputs do not fall on whole groups (use fewer ranks, or a "
                        "checkpoint whose group size divides " + std::to_string(in) + " / ranks)");
-  // A group of `group` inputs is group * bits / 32 packed words (bits * 32 / 32 .. 8 * 128 / 32:
-  // always whole words) and one scale and one bias.
+  // A group of `group` inputs is group * bits / 32 packed words (whole words: every supported
+  // group size is a multiple of 32) and one scale and one bias.
   const int64_t words = group * bits / 32;
   if (slice.whole()) {
     q.packed = place(weights_.get(wname));
