@@ -20,6 +20,7 @@
 #include "backend/ops.h"
 #include "engine/batched_bench.h"
 #include "engine/bench.h"
+#include "dist/sharded_model.h"
 #include "model/model.h"
 #include "model/safetensors.h"
 
@@ -39,6 +40,7 @@ struct BenchOptions {
   std::string output = "md";
   int threads = -1;
   std::string device;
+  int tensor_parallel = 1;
   uint64_t seed = 1234;
   std::string batch_arg;  // --batch: batch sizes of the batched test ("" : the llama-bench tests)
   std::vector<int64_t> batch;
@@ -229,13 +231,16 @@ int run_bench_cmd(const BenchOptions& o) {
   const EnvOptions& env = env_options();
   LoadOptions lo;
   lo.device = select_device(o.device.empty() ? env.device : o.device);
-  std::unique_ptr<Model> model = load_model(dir, lo);
+  if (!o.batch.empty() && o.tensor_parallel > 1)
+    throw UsageError("bench --batch runs on the paged KV pool, which does not serve --tensor-parallel yet");
+  std::unique_ptr<Model> model = load_sharded_model(dir, o.tensor_parallel, lo);
   const ModelInfo& info = model->info();
 
   Header h;
   h.cpu = cpu_model_name();
   h.n_threads = cpu_pool().n_threads();
   if (!lo.device.is_cpu()) h.backend = "CUDA (" + cuda_description(lo.device.index) + ")";
+  if (o.tensor_parallel > 1) h.backend += ", tensor parallel " + std::to_string(o.tensor_parallel);
   h.model_path = dir;
   h.model_name = fs::path(dir).lexically_normal().filename().string();
   if (h.model_name.empty()) h.model_name = fs::path(dir).lexically_normal().parent_path().filename().string();
@@ -306,6 +311,7 @@ Command add_bench(CLI::App& app) {
       ->capture_default_str();
   app.add_option("--device", o->device, "cpu, cuda or cuda:N (default: OSPREY_DEVICE, else cuda when present)");
   add_threads_option(app, o->threads);
+  add_tensor_parallel_option(app, o->tensor_parallel);
   app.add_option("--seed", o->seed, "Seed of the random prompt tokens")->check(unsigned_u64())->capture_default_str();
   app.add_option("--batch", o->batch_arg,
                  "Batch sizes to time as llama-batched-bench does (e.g. 1,4,16,64): each decodes that many sequences "

@@ -28,4 +28,10 @@ void add_sampler_options(CLI::App& app, SamplerParams& p);
 // -t, --threads: 0 (one per core) up to the thread pool's bound.
 CLI::Option* add_threads_option(CLI::App& app, int& threads);
 
+// The most ranks --tensor-parallel takes.
+inline constexpr int kMaxTensorParallel = 64;
+// --tensor-parallel (-tp, rewritten in main): ranks in [1, kMaxTensorParallel]; whether the
+// count divides the model's heads and the devices exist is checked at load.
+CLI::Option* add_tensor_parallel_option(CLI::App& app, int& ranks);
+
 }  // namespace osprey::cli

@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "engine/generator.h"
+#include "dist/sharded_model.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
@@ -41,6 +42,7 @@ struct GenerateOptions {
   bool chat = false;
   int threads = -1;
   std::string device;
+  int tensor_parallel = 1;
 };
 
 std::vector<int32_t> parse_token_ids(const std::string& s) {
@@ -84,7 +86,7 @@ int run_generate(const GenerateOptions& o) {
     LoadOptions lo;
     lo.device = select_device(o.device.empty() ? env_options().device : o.device);
     lo.progress = [&](size_t done, size_t total) { bar.update(done, total); };
-    model = load_model(dir, lo);
+    model = load_sharded_model(dir, o.tensor_parallel, lo);
   }
 
   GenerateParams gp = generate_params(env_options());
@@ -171,6 +173,7 @@ Command add_generate(CLI::App& app) {
   add_sampler_options(app, o->sampler);
   app.add_option("--device", o->device, "cpu, cuda or cuda:N (default: OSPREY_DEVICE, else cuda when present)");
   add_threads_option(app, o->threads);
+  add_tensor_parallel_option(app, o->tensor_parallel);
   app.add_flag("--json", o->json, "Print one JSON object instead of streaming text");
   app.add_flag("--ignore-eos", o->ignore_eos, "Do not stop at end-of-sequence tokens");
   app.add_flag("--chat", o->chat, "Apply the model's chat template to -p as one user message")->excludes(t);

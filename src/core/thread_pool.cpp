@@ -101,11 +101,16 @@ void ThreadPool::worker_loop(int index) {
 
 namespace {
 int g_requested_threads = 0;
-}
+thread_local ThreadPool* t_pool = nullptr;  // ScopedCpuPool's, on its thread
+}  // namespace
+
+ScopedCpuPool::ScopedCpuPool(ThreadPool& pool) : previous_(t_pool) { t_pool = &pool; }
+ScopedCpuPool::~ScopedCpuPool() { t_pool = previous_; }
 
 void set_cpu_threads(int n_threads) { g_requested_threads = n_threads; }
 
 ThreadPool& cpu_pool() {
+  if (t_pool) return *t_pool;
   static std::unique_ptr<ThreadPool> pool =
       std::make_unique<ThreadPool>(g_requested_threads);
   return *pool;

@@ -50,4 +50,18 @@ class ThreadPool {
 ThreadPool& cpu_pool();
 void set_cpu_threads(int n_threads);
 
+// Makes `pool` what cpu_pool() returns on the calling thread, until destroyed: threads that
+// run ops concurrently (tensor-parallel ranks) each need a pool of their own, since
+// parallel_for is not re-entrant.
+class ScopedCpuPool {
+ public:
+  explicit ScopedCpuPool(ThreadPool& pool);
+  ~ScopedCpuPool();
+  ScopedCpuPool(const ScopedCpuPool&) = delete;
+  ScopedCpuPool& operator=(const ScopedCpuPool&) = delete;
+
+ private:
+  ThreadPool* previous_;
+};
+
 }  // namespace osprey

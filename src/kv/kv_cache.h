@@ -147,7 +147,21 @@ std::unique_ptr<KVCache> make_kv_cache(const KVCacheParams& params);
 class SequenceCache {
  public:
   SequenceCache() = default;
-  explicit SequenceCache(std::vector<std::unique_ptr<KVCache>> layers) : layers_(std::move(layers)) {}
+  explicit SequenceCache(std::vector<std::unique_ptr<KVCache>> layers) {
+    for (auto& l : layers) layers_.push_back(std::move(l));
+  }
+  SequenceCache(SequenceCache&&) = default;
+  SequenceCache& operator=(SequenceCache&&) = default;
+  SequenceCache(const SequenceCache&) = delete;
+  SequenceCache& operator=(const SequenceCache&) = delete;
+
+  // One cache of every part's layers in order: a tensor-parallel model's sequence, each rank
+  // holding its own K/V heads of every layer. Trimming, snapshots and restores then move
+  // every rank together.
+  static SequenceCache concat(std::vector<SequenceCache> parts);
+  // Layers [first, first + count) as a cache that shares them with this one (a rank's part of
+  // a concatenated cache); writes through either are the same writes.
+  SequenceCache share_layers(size_t first, size_t count);
 
   KVCache& layer(size_t i) { return *layers_[i]; }
   size_t n_layers() const { return layers_.size(); }
@@ -162,7 +176,8 @@ class SequenceCache {
   KVCounters counters() const;
 
  private:
-  std::vector<std::unique_ptr<KVCache>> layers_;
+  // Shared only between a concatenated cache and the views share_layers() gives of it.
+  std::vector<std::shared_ptr<KVCache>> layers_;
 };
 
 }  // namespace osprey

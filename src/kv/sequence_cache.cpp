@@ -12,6 +12,22 @@ std::unique_ptr<KVCache> make_kv_cache(const KVCacheParams& params) {
   return std::make_unique<DenseKVCache>(params);
 }
 
+SequenceCache SequenceCache::concat(std::vector<SequenceCache> parts) {
+  SequenceCache out;
+  for (SequenceCache& p : parts)
+    for (auto& l : p.layers_) out.layers_.push_back(std::move(l));
+  return out;
+}
+
+SequenceCache SequenceCache::share_layers(size_t first, size_t count) {
+  if (first + count > layers_.size())
+    throw InvalidInput("KV cache: layers [" + std::to_string(first) + ", " + std::to_string(first + count) +
+                       ") of a sequence cache of " + std::to_string(layers_.size()));
+  SequenceCache out;
+  out.layers_.assign(layers_.begin() + std::ptrdiff_t(first), layers_.begin() + std::ptrdiff_t(first + count));
+  return out;
+}
+
 bool SequenceCache::can_trim(int64_t n) const {
   for (const auto& l : layers_)
     if (!l->can_trim(n)) return false;

@@ -88,4 +88,36 @@ KVCacheParams layer_kv_params(KVCacheParams params, int64_t n_kv_heads, int64_t 
   return params;
 }
 
+HeadShard shard_heads(int64_t n_heads, int64_t n_kv_heads, const ShardSpec& shard) {
+  const int64_t n = shard.size;
+  auto fail = [&](const std::string& why) {
+    throw InvalidInput("tensor parallelism over " + std::to_string(n) + " ranks: " + why);
+  };
+  if (n_heads % n != 0)
+    fail(std::to_string(n) + " does not divide the " + std::to_string(n_heads) +
+         " attention heads (num_attention_heads); each rank computes whole heads");
+  if (n_kv_heads % n != 0 && n % n_kv_heads != 0)
+    fail("the " + std::to_string(n_kv_heads) + " key/value heads (num_key_value_heads) neither divide into " +
+         std::to_string(n) + " ranks nor replicate evenly across them");
+  HeadShard hs;
+  hs.n_heads = n_heads / n;
+  hs.q_head0 = shard.rank * hs.n_heads;
+  if (n_kv_heads >= n) {
+    hs.n_kv_heads = n_kv_heads / n;
+    hs.kv_head0 = shard.rank * hs.n_kv_heads;
+  } else {
+    // The rank's query heads all read one K/V head (n_heads / n_kv_heads queries per K/V head,
+    // a multiple of the rank's n_heads / n), which the rank holds a copy of.
+    hs.n_kv_heads = 1;
+    hs.kv_head0 = hs.q_head0 / (n_heads / n_kv_heads);
+  }
+  return hs;
+}
+
+void require_unsharded(const LoadOptions& options, const std::string& model_type) {
+  if (options.comm && options.comm->size() > 1)
+    throw Unsupported("tensor parallelism (" + std::to_string(options.comm->size()) + " ranks) is not supported for " +
+                      model_type + " models yet (supported: llama, qwen2)");
+}
+
 }  // namespace osprey

@@ -3,10 +3,13 @@
 // (model/linear_group.h), in whichever form the loader chose, and gives the same result.
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "core/array.h"
+#include "dist/communicator.h"
 #include "kv/kv_cache.h"
 #include "model/linear_group.h"
+#include "model/model.h"
 
 namespace osprey {
 
@@ -22,6 +25,21 @@ struct AttentionShape {
   int64_t n_kv_heads = 0;
   int64_t head_dim = 0;
 };
+
+// The attention heads one tensor-parallel rank computes: query heads [q_head0, q_head0 +
+// n_heads) whole, and the K/V heads they read, [kv_head0, kv_head0 + n_kv_heads). With fewer
+// K/V heads than ranks each K/V head is replicated on the ranks whose query heads use it.
+struct HeadShard {
+  int64_t q_head0 = 0, n_heads = 0;
+  int64_t kv_head0 = 0, n_kv_heads = 0;
+};
+// Throws InvalidInput naming the numbers when the ranks do not divide the query heads, or
+// neither divide nor are divided by the K/V heads. `shard.size == 1`: every head.
+HeadShard shard_heads(int64_t n_heads, int64_t n_kv_heads, const ShardSpec& shard);
+
+// Throws Unsupported naming `model_type` when `options` asks for more than one
+// tensor-parallel rank (a family that does not shard its weights yet).
+void require_unsharded(const LoadOptions& options, const std::string& model_type);
 
 // What happens to the q and k heads between the projection and attention, in this order.
 struct QKTransform {

@@ -100,6 +100,7 @@ struct Cohere2Layer {
 class Cohere2Model final : public Model {
  public:
   Cohere2Model(const Cohere2Config& cfg, const SafeTensors& st, const LoadOptions& opt) : cfg_(cfg) {
+    require_unsharded(opt, "cohere2");
     WeightLoader w(st, opt, cfg.quant);
     const int64_t h = cfg.hidden_size, hd = cfg.head_dim, f = cfg.intermediate_size;
     const int64_t q_out = cfg.n_heads * hd, kv_out = cfg.n_kv_heads * hd;

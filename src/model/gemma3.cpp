@@ -165,6 +165,7 @@ struct Gemma3Layer {
 class Gemma3Model final : public Model {
  public:
   Gemma3Model(const Gemma3Config& cfg, const SafeTensors& st, const LoadOptions& opt, bool conditional) : cfg_(cfg) {
+    require_unsharded(opt, cfg.model_type);
     WeightLoader w(st, opt, cfg.quant);
     const Gemma3Names names = text_model_names(st, conditional);
     if (conditional) {

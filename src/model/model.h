@@ -35,8 +35,15 @@ struct ModelInfo {
   uint64_t n_params = 0;  // weights loaded (a quantized matrix counts the weights it encodes)
 };
 
+class Communicator;
+
 struct LoadOptions {
   Device device = Device::cpu();
+  // Tensor parallelism (docs/design.md, "Tensor parallelism"): when set, the model is one
+  // rank of comm->size(), loads only its slice of the weights and meets the other ranks
+  // through `comm` in every forward pass. Not owned; it outlives the model. Null: the whole
+  // model.
+  Communicator* comm = nullptr;
   // Called with (bytes done, bytes total) while weights load.
   std::function<void(size_t, size_t)> progress;
 };
@@ -60,10 +67,14 @@ class Model {
   }
   // One cache per layer, each as the family says (layer_cache_params) from `options` (step and
   // inplace; the rest is filled in) on the model's device.
-  SequenceCache make_cache(const KVCacheParams& options) const;
+  // (A tensor-parallel model's holds every rank's layers: dist/sharded_model.h.)
+  virtual SequenceCache make_cache(const KVCacheParams& options) const;
   // What layer `layer`'s cache holds (K/V heads, head size, row type, window), for caches made
   // outside make_cache (the paged pool).
   KVCacheParams kv_params(int64_t layer, const KVCacheParams& options = {}) const;
+  // Whether a decode step may be captured as one CUDA graph on the model's device (not when
+  // the step runs on several devices' threads).
+  virtual bool supports_graph_capture() const { return true; }
 
  protected:
   // The family's forward pass: tokens [n] i32 and positions [n] i32 (cache.offset() + i), both

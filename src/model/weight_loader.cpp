@@ -1,5 +1,7 @@
 #include "model/weight_loader.h"
 
+#include <cstring>
+
 #include "backend/ops.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -14,6 +16,37 @@ std::string setting_str(const QuantSetting& s) {
 }
 
 std::string tensor_str(const TensorInfo& ti) { return std::string(dtype_name(ti.dtype)) + ti.shape.str(); }
+
+std::string range_str(int64_t begin, int64_t count) {
+  return "[" + std::to_string(begin) + ", " + std::to_string(begin + count) + ")";
+}
+
+// Checks `slice` against a [rows, cols] tensor `name`; returns it with both counts resolved.
+WeightSlice resolve(const WeightSlice& slice, const std::string& name, int64_t rows, int64_t cols) {
+  WeightSlice s = slice;
+  if (s.rows >= 0 && s.cols >= 0)
+    throw InvalidInput("tensor " + name + ": a weight is split by rows or by columns, not both");
+  if (s.rows < 0) s.row0 = 0, s.rows = rows;
+  if (s.cols < 0) s.col0 = 0, s.cols = cols;
+  if (s.row0 < 0 || s.row0 + s.rows > rows || s.col0 < 0 || s.col0 + s.cols > cols)
+    throw InvalidInput("tensor " + name + ": rows " + range_str(s.row0, s.rows) + " and columns " +
+                       range_str(s.col0, s.cols) + " are outside its [" + std::to_string(rows) + ", " +
+                       std::to_string(cols) + "]");
+  return s;
+}
+
+// Rows [row0, row0 + rows) and columns [col0, col0 + cols) of the CPU matrix `a` [R, C] (any
+// element type, contiguous): a view when whole rows are taken, else a contiguous copy that
+// reads only those columns of each row.
+Array slice_2d(const Array& a, int64_t row0, int64_t rows, int64_t col0, int64_t cols) {
+  if (col0 == 0 && cols == a.dim(1)) return a.slice_rows(row0, row0 + rows);
+  Array out = Array::empty({rows, cols}, a.dtype());
+  const size_t item = a.itemsize(), row_bytes = size_t(a.dim(1)) * item;
+  const auto* src = static_cast<const uint8_t*>(a.raw()) + size_t(row0) * row_bytes + size_t(col0) * item;
+  auto* dst = static_cast<uint8_t*>(out.raw());
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + size_t(r) * cols * item, src + size_t(r) * row_bytes, cols * item);
+  return out;
+}
 
 QuantSetting parse_setting(const ConfigReader& c) {
   QuantSetting s;
@@ -77,46 +110,61 @@ Array WeightLoader::place(const Array& a) {
   return ops::to_device(a, options_.device);  // on the CPU: the mapped array itself
 }
 
-Array WeightLoader::matrix(const std::string& name, int64_t rows, int64_t cols, std::optional<DType> dtype) {
+Array WeightLoader::matrix(const std::string& name, int64_t rows, int64_t cols, std::optional<DType> dtype,
+                           const WeightSlice& slice) {
   const TensorInfo& ti = weights_.info(name);
   if (!is_float(ti.dtype))
     throw InvalidInput("tensor " + name + " is " + tensor_str(ti) +
                        ", but a float matrix (float32, float16 or bfloat16) is expected" +
                        (ti.dtype == DType::u32 ? " (a quantized weight needs .scales and .biases)" : ""));
-  params_ += uint64_t(rows * cols);
+  Array a = weights_.get(name, dtype.value_or(ti.dtype), {rows, cols});
   read_.insert(name);
-  return place(weights_.get(name, dtype.value_or(ti.dtype), {rows, cols}));
+  if (slice.whole()) {
+    params_ += uint64_t(rows * cols);
+    return place(a);
+  }
+  const WeightSlice s = resolve(slice, name, rows, cols);
+  params_ += uint64_t(s.rows * s.cols);
+  return place(slice_2d(a, s.row0, s.rows, s.col0, s.cols));
 }
 
-Array WeightLoader::vector_f32(const std::string& name, int64_t n) {
+Array WeightLoader::vector_f32(const std::string& name, int64_t n, int64_t first, int64_t count) {
   const TensorInfo& ti = weights_.info(name);
   if (!is_float(ti.dtype))
     throw InvalidInput("tensor " + name + " is " + tensor_str(ti) + ", but a float vector is expected");
   Array a = weights_.get(name, ti.dtype, {n});
+  if (count >= 0) {
+    if (first < 0 || first + count > n)
+      throw InvalidInput("tensor " + name + ": elements " + range_str(first, count) + " are outside its " +
+                         std::to_string(n));
+    a = a.slice_rows(first, first + count);
+    n = count;
+  }
   params_ += uint64_t(n);
   read_.insert(name);
   touch(a);
   return ops::to_device(ops::cast(a, DType::f32), options_.device);
 }
 
-LinearWeight WeightLoader::linear(const std::string& prefix, int64_t out, int64_t in, std::optional<DType> dtype) {
+LinearWeight WeightLoader::linear(const std::string& prefix, int64_t out, int64_t in, std::optional<DType> dtype,
+                                  const WeightSlice& slice) {
   const std::string weight = prefix + ".weight";
   const TensorInfo& ti = weights_.info(weight);
   LinearWeight lw;
   if (ti.dtype == DType::u32 || weights_.contains(prefix + ".scales") || weights_.contains(prefix + ".biases")) {
-    lw.quant = quantized(prefix, out, in, dtype);
-    params_ += uint64_t(out * in);
+    lw.quant = quantized(prefix, out, in, dtype, slice);
+    params_ += uint64_t(lw.quant.scales.dim(0)) * uint64_t(lw.quant.scales.dim(1) * lw.quant.group_size);
     return lw;
   }
   if (auto it = quant_.overrides.find(prefix); it != quant_.overrides.end() && it->second)
     throw InvalidInput(quant_.where + " says " + prefix + " is " + setting_str(*it->second) + ", but tensor " +
                        weight + " is " + tensor_str(ti) + " without .scales and .biases");
-  lw.dense = matrix(weight, out, in, dtype);
+  lw.dense = matrix(weight, out, in, dtype, slice);
   return lw;
 }
 
 QuantizedMatrix WeightLoader::quantized(const std::string& prefix, int64_t out, int64_t in,
-                                        std::optional<DType> dtype) {
+                                        std::optional<DType> dtype, const WeightSlice& slice) {
   const std::string wname = prefix + ".weight", sname = prefix + ".scales", bname = prefix + ".biases";
   const TensorInfo& wi = weights_.info(wname);
   if (!quant_.present())
@@ -168,10 +216,26 @@ QuantizedMatrix WeightLoader::quantized(const std::string& prefix, int64_t out, 
   q.bits = bits;
   q.group_size = group;
   read_.insert({wname, sname, bname});
-  q.packed = place(weights_.get(wname));
-  q.scales = place(weights_.get(sname));
-  q.biases = place(weights_.get(bname));
-  quant_weights_[{bits, group}] += out * in;
+  const WeightSlice s = resolve(slice, wname, out, in);
+  if (s.col0 % group != 0 || s.cols % group != 0)
+    throw InvalidInput("tensor " + wname + " is quantized in groups of " + std::to_string(group) +
+                       " inputs: a tensor-parallel rank's columns " + range_str(s.col0, s.cols) + " of its " +
+                       std::to_string(in) + " inputs do not fall on whole groups (use fewer ranks, or a "
+                       "checkpoint whose group size divides " + std::to_string(in) + " / ranks)");
+  // A group of `group` inputs is group * bits / 32 packed words (whole words: every supported
+  // group size is a multiple of 32) and one scale and one bias.
+  const int64_t words = group * bits / 32;
+  if (slice.whole()) {
+    q.packed = place(weights_.get(wname));
+    q.scales = place(weights_.get(sname));
+    q.biases = place(weights_.get(bname));
+    quant_weights_[{bits, group}] += out * in;
+    return q;
+  }
+  q.packed = place(slice_2d(weights_.get(wname), s.row0, s.rows, s.col0 / group * words, s.cols / group * words));
+  q.scales = place(slice_2d(weights_.get(sname), s.row0, s.rows, s.col0 / group, s.cols / group));
+  q.biases = place(slice_2d(weights_.get(bname), s.row0, s.rows, s.col0 / group, s.cols / group));
+  quant_weights_[{bits, group}] += s.rows * s.cols;
   return q;
 }
 
@@ -179,10 +243,12 @@ LinearGroup WeightLoader::linear_group(const std::vector<GroupPart>& parts, int6
                                        bool with_bias) {
   LinearGroup g;
   for (const GroupPart& p : parts) {
-    g.parts.push_back(linear(p.prefix, p.out, in, dtype));
-    g.outs.push_back(p.out);
+    const WeightSlice slice = p.rows >= 0 ? WeightSlice::by_rows(p.row0, p.rows) : WeightSlice{};
+    g.parts.push_back(linear(p.prefix, p.out, in, dtype, slice));
+    g.outs.push_back(p.rows >= 0 ? p.rows : p.out);
   }
-  for (const GroupPart& p : parts) g.biases.push_back(with_bias ? vector_f32(p.prefix + ".bias", p.out) : Array());
+  for (const GroupPart& p : parts)
+    g.biases.push_back(with_bias ? vector_f32(p.prefix + ".bias", p.out, p.row0, p.rows) : Array());
   if (ops::device_traits(options_.device).stack_shared_input_linears) stack_linear_group(g);
   return g;
 }

@@ -41,15 +41,31 @@ struct QuantConfig {
 // override, and Unsupported for another quantization method (e.g. GPTQ's quantization_config).
 QuantConfig parse_quant_config(const ConfigReader& config);
 
+// The part of a [out, in] weight that one tensor-parallel rank loads: rows [row0, row0 + rows)
+// (a layer split by its outputs) or columns [col0, col0 + cols) (split by its inputs), not
+// both; a count < 0 takes the whole dimension.
+struct WeightSlice {
+  int64_t row0 = 0, rows = -1;
+  int64_t col0 = 0, cols = -1;
+
+  static WeightSlice by_rows(int64_t row0, int64_t rows) { return {row0, rows, 0, -1}; }
+  static WeightSlice by_cols(int64_t col0, int64_t cols) { return {0, -1, col0, cols}; }
+  bool whole() const { return rows < 0 && cols < 0; }
+};
+
 class WeightLoader {
  public:
   WeightLoader(const SafeTensors& weights, const LoadOptions& options, QuantConfig quant = {});
 
   // A [rows, cols] float matrix (f32, f16 or bf16); `dtype`, when given, must match too.
   // On the CPU the array points into the memory map (zero copy); on CUDA it is uploaded once.
-  Array matrix(const std::string& name, int64_t rows, int64_t cols, std::optional<DType> dtype = std::nullopt);
-  // A [n] float vector, converted to a float32 copy (norm weights, biases).
-  Array vector_f32(const std::string& name, int64_t n);
+  // `slice`: the part of it to load (the checks are of the whole tensor). A row slice is a
+  // view of the map; a column slice is a contiguous copy of the columns, read row by row.
+  Array matrix(const std::string& name, int64_t rows, int64_t cols, std::optional<DType> dtype = std::nullopt,
+               const WeightSlice& slice = {});
+  // A [n] float vector, converted to a float32 copy (norm weights, biases); `count` >= 0:
+  // elements [first, first + count) only (the bias of a layer split by its outputs).
+  Array vector_f32(const std::string& name, int64_t n, int64_t first = 0, int64_t count = -1);
   // The [out, in] weight of the module `prefix` ("model.layers.0.self_attn.q_proj"; an
   // embedding table loads the same way): dense `<prefix>.weight` (checked as matrix(), with
   // `dtype`), or MLX-quantized when `<prefix>.scales` exists or the weight is uint32 —
@@ -57,12 +73,19 @@ class WeightLoader {
   // (f16 | bf16; `dtype`, when given, must match the scales). Bits follow from the packed
   // width, the group size from the scales' width; both must agree with the config's setting
   // for the module. Errors (InvalidInput) name the tensor.
-  LinearWeight linear(const std::string& prefix, int64_t out, int64_t in, std::optional<DType> dtype = std::nullopt);
+  // `slice`: the rows or columns of the [out, in] weight to load. A quantized weight splits
+  // by rows freely; by columns only on whole quantization groups (InvalidInput naming the
+  // tensor, the columns and the group size otherwise).
+  LinearWeight linear(const std::string& prefix, int64_t out, int64_t in, std::optional<DType> dtype = std::nullopt,
+                      const WeightSlice& slice = {});
 
-  // One part of a linear group: the module `prefix`, with `out` output features.
+  // One part of a linear group: the module `prefix`, with `out` output features, of which
+  // rows [row0, row0 + rows) are loaded (rows < 0: all of them).
   struct GroupPart {
     std::string prefix;
     int64_t out = 0;
+    int64_t row0 = 0;
+    int64_t rows = -1;
   };
   // Linear layers that read one [in]-wide input, each loaded as linear() (with `dtype`), with
   // their `<prefix>.bias` f32 [out] when `with_bias`. Stacked into one weight when the device
@@ -95,7 +118,8 @@ class WeightLoader {
  private:
   void touch(const Array& a);
   Array place(const Array& a);
-  QuantizedMatrix quantized(const std::string& prefix, int64_t out, int64_t in, std::optional<DType> dtype);
+  QuantizedMatrix quantized(const std::string& prefix, int64_t out, int64_t in, std::optional<DType> dtype,
+                            const WeightSlice& slice);
 
   const SafeTensors& weights_;
   const LoadOptions& options_;
