@@ -456,8 +456,7 @@ TEST(CudaQuant, DISABLED_QuantGemvBandwidth) {
 }
 
 // The linear layers of an 8B Llama-3 decode step as the engine runs them (q/k/v and gate/up
-// stacked; the down projection reading silu(gate) * up and adding into the residual), n = 1,
-// f16 weights and MLX 4-bit g64: each shape's time and bandwidth with the rows per warp (or
+// stacked), n = 1, f16 weights and MLX 4-bit g64: each shape's time and bandwidth with the rows per warp (or
 // block) chosen by shape and forced to each choice, replayed as a CUDA graph.
 TEST(CudaQuant, DISABLED_DecodeStepGemvBandwidth) {
   SKIP_WITHOUT_CUDA();
@@ -465,13 +464,12 @@ TEST(CudaQuant, DISABLED_DecodeStepGemvBandwidth) {
     const char* name;
     int64_t out, in;
     int per_token;
-    bool silu;  // the fused down projection
   };
-  const Shape8B shapes[] = {{"qkv 6144x4096", 6144, 4096, 32, false},
-                            {"o 4096x4096", 4096, 4096, 32, false},
-                            {"gate_up 28672x4096", 28672, 4096, 32, false},
-                            {"down+silu 4096x14336", 4096, 14336, 32, true},
-                            {"head 128256x4096", 128256, 4096, 1, false}};
+  const Shape8B shapes[] = {{"qkv 6144x4096", 6144, 4096, 32},
+                            {"o 4096x4096", 4096, 4096, 32},
+                            {"gate_up 28672x4096", 28672, 4096, 32},
+                            {"down 4096x14336", 4096, 14336, 32},
+                            {"head 128256x4096", 128256, 4096, 1}};
   DeviceVec<float> y(std::vector<float>(size_t(128256), 0.0f));
   DeviceVec<float> x(std::vector<float>(size_t(2 * 14336), 0.25f));
   for (int bits : {16, 4}) {
@@ -507,20 +505,9 @@ TEST(CudaQuant, DISABLED_DecodeStepGemvBandwidth) {
       auto run = [&](int rows) {
         return graph_time_us(
             [&](int i) {
-              if (bits == 16 && sh.silu && rows == 0) {
-                GemvFusion f;
-                f.in = GemvFusion::kSiluGate;
-                f.accumulate = true;
-                cuda::linear_gemv_fused(x.get(), 1, sh.in, w[size_t(i % n_copies)]->p, DType::f16, sh.out, nullptr,
-                                        y.get(), f, st());
-              } else if (bits == 16) {
+              if (bits == 16) {
                 cuda::linear_gemv(x.get(), 1, sh.in, w[size_t(i % n_copies)]->p, DType::f16, sh.out, nullptr, y.get(),
                                   st(), rows);
-              } else if (sh.silu && rows == 0) {
-                GemvFusion f;
-                f.in = GemvFusion::kSiluGate;
-                f.accumulate = true;
-                cuda::linear_q_gemv_fused(x.get(), 1, qargs(i), nullptr, y.get(), f, st());
               } else {
                 cuda::linear_q_gemv(x.get(), 1, qargs(i), nullptr, y.get(), st(), rows);
               }

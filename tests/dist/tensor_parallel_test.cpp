@@ -120,7 +120,9 @@ TEST(Communicator, BadInput) {
   auto comms = make_cpu_communicators(1);
   Array ints = Array::zeros({4}, DType::i32);
   EXPECT_THROW(comms[0]->all_reduce_sum_(ints), InvalidInput);
-  if (!nccl_available()) EXPECT_THROW(make_nccl_communicators({0, 1}), Unsupported);
+  if (!nccl_available()) {
+    EXPECT_THROW(make_nccl_communicators({0, 1}), Unsupported);
+  }
 }
 
 TEST(TensorParallel, HeadsSplitWholeAndKvHeadsReplicate) {
