@@ -21,6 +21,14 @@ DenseKVCache::DenseKVCache(const KVCacheParams& params) : params_(params) {
     throw Unsupported(std::string("a ") + dtype_name(params.dtype) + " KV cache is not supported (f16 or bf16)");
 }
 
+DenseKVCache::~DenseKVCache() { evict_buffers(); }
+
+void DenseKVCache::evict_buffers() {
+  // Snapshots may still hold these buffers; the hint takes effect when the last one goes.
+  for (const Array* a : {&keys_, &values_, &own_keys_, &own_values_})
+    if (a->defined()) a->buffer()->evict_on_release();
+}
+
 bool DenseKVCache::owns_current_state() const {
   return keys_.id() == own_keys_.id() && values_.id() == own_values_.id() && offset_ == own_length_;
 }
@@ -90,9 +98,14 @@ void DenseKVCache::rewind_own_write(int64_t n) {
 }
 
 void DenseKVCache::copying_write(const Array& k, const Array& v, int64_t n) {
-  const int64_t needed = offset_ + n;
-  int64_t cap = capacity();
-  if (needed > cap) cap = (needed + params_.step - 1) / params_.step * params_.step;
+  const int64_t needed = offset_ + n, old_cap = capacity();
+  int64_t cap = old_cap;
+  if (needed > cap) {
+    const int64_t target = std::max(needed, reserved_);
+    cap = (target + params_.step - 1) / params_.step * params_.step;
+    // The old buffers' size is behind this cache for good.
+    evict_buffers();
+  }
   const Shape shape{params_.n_kv_heads, cap, params_.head_dim};
   Array nk = Array::empty(shape, params_.dtype, params_.device);
   Array nv = Array::empty(shape, params_.dtype, params_.device);

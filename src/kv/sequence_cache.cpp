@@ -12,6 +12,10 @@ std::unique_ptr<KVCache> make_kv_cache(const KVCacheParams& params) {
   return std::make_unique<DenseKVCache>(params);
 }
 
+void SequenceCache::reserve(int64_t n) {
+  for (auto& l : layers_) l->reserve(n);
+}
+
 bool SequenceCache::can_trim(int64_t n) const {
   for (const auto& l : layers_)
     if (!l->can_trim(n)) return false;
