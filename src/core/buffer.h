@@ -29,10 +29,11 @@ class Buffer {
   size_t size() const { return size_; }
   Device device() const { return device_; }
 
-  // Tells the allocator that nobody will ask for a block of this size again (a KV cache's
-  // buffer that it grew out of): once the last holder lets go, the block is the first to go
-  // back to the system, before the allocator asks the system for more. Until then it may
-  // still serve a request of exactly its size. Safe to call while others hold the buffer.
+  // Tells the allocator that a block of this size may not be asked for again (a KV cache's
+  // buffers once it replaces them: after a growth nothing asks for the old size). Once the
+  // last holder lets go, the block still serves a request of exactly its size, but it is the
+  // first to go back to the system when the allocator must ask the system for more. Safe to
+  // call while others hold the buffer.
   void evict_on_release() { evict_.store(true, std::memory_order_relaxed); }
 
  private:

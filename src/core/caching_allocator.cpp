@@ -58,9 +58,9 @@ std::shared_ptr<Buffer> CachingAllocator::allocate(size_t bytes) {
 void CachingAllocator::release_unused(size_t size) {
   // NOTE: a KV cache that grows frees its old buffers into a size class it never asks for
   // again, and a new sequence's cache starts below the classes the last one left; kept, they
-  // would add a cache's worth of reserved memory per growth. Small blocks of other classes
-  // stay: they are the transient buffers of the next forward pass. Not while a graph capture
-  // holds allocations (freeing memory is not allowed then).
+  // would add a cache's worth of reserved memory per growth. Other small blocks stay: they
+  // are the transient buffers of the next forward pass. Not while a graph capture holds
+  // allocations (freeing memory is not allowed then).
   std::vector<std::pair<size_t, void*>> victims;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -98,14 +98,12 @@ void DenseKVCache::rewind_own_write(int64_t n) {
 }
 
 void DenseKVCache::copying_write(const Array& k, const Array& v, int64_t n) {
-  const int64_t needed = offset_ + n, old_cap = capacity();
-  int64_t cap = old_cap;
-  if (needed > cap) {
-    const int64_t target = std::max(needed, reserved_);
-    cap = (target + params_.step - 1) / params_.step * params_.step;
-    // The old buffers' size is behind this cache for good.
-    evict_buffers();
-  }
+  const int64_t needed = offset_ + n;
+  int64_t cap = capacity();
+  if (needed > cap) cap = (std::max(needed, reserved_) + params_.step - 1) / params_.step * params_.step;
+  // The buffers this write replaces: at the same capacity the next layer's write takes them
+  // up; after a growth nothing asks for their size again.
+  evict_buffers();
   const Shape shape{params_.n_kv_heads, cap, params_.head_dim};
   Array nk = Array::empty(shape, params_.dtype, params_.device);
   Array nv = Array::empty(shape, params_.dtype, params_.device);

@@ -5,9 +5,10 @@
 // Layout: keys and values are f16 or bf16 (params.dtype) arrays of [n_kv_heads, capacity,
 // head_dim] over one buffer each; row i holds position i, and rows [0, offset) are live. Capacity grows in
 // steps of `step` rows, straight to the reserved rows (reserve) when it first grows past them.
-// A buffer the cache grew out of, or held when destroyed, is released as one nobody asks for
-// again (Buffer::evict_on_release): the allocator returns it to the system before it asks
-// the system for more, so growth does not strand memory in its cache.
+// The buffers a copying write replaces, and those held when the cache goes, are released with
+// Buffer::evict_on_release: the next layer's write of the same size still takes them, but
+// after a growth the allocator returns them to the system before it asks for more, so growth
+// does not strand memory in its cache.
 #include <algorithm>
 
 #include "kv/kv_cache.h"
