@@ -1,6 +1,7 @@
 #pragma once
 // Device buffers: owning, move-only RAII objects. Arrays share them through shared_ptr;
 // when the last array goes, the memory returns to the allocator it came from.
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -13,12 +14,13 @@ namespace osprey {
 
 class Buffer {
  public:
-  using Release = std::function<void(void* data, size_t size)>;
+  // `evict`: whether evict_on_release() was called.
+  using Release = std::function<void(void* data, size_t size, bool evict)>;
 
   Buffer(void* data, size_t size, Device device, Release release)
       : data_(data), size_(size), device_(device), release_(std::move(release)) {}
   ~Buffer() {
-    if (release_) release_(data_, size_);
+    if (release_) release_(data_, size_, evict_.load(std::memory_order_relaxed));
   }
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
@@ -27,11 +29,19 @@ class Buffer {
   size_t size() const { return size_; }
   Device device() const { return device_; }
 
+  // Tells the allocator that a block of this size may not be asked for again (a KV cache's
+  // buffers once it replaces them: after a growth nothing asks for the old size). Once the
+  // last holder lets go, the block still serves a request of exactly its size, but it is the
+  // first to go back to the system when the allocator must ask the system for more. Safe to
+  // call while others hold the buffer.
+  void evict_on_release() { evict_.store(true, std::memory_order_relaxed); }
+
  private:
   void* data_;
   size_t size_;
   Device device_;
   Release release_;
+  std::atomic<bool> evict_{false};
 };
 
 // Memory statistics of one allocator. `peak_bytes` is the high-water mark of bytes handed

@@ -22,18 +22,16 @@ std::shared_ptr<Buffer> CachingAllocator::allocate(size_t bytes) {
   void* p = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = free_.find(size);
-    if (it != free_.end()) {
+    for (auto* pool : {&free_, &evictable_}) {
+      auto it = pool->find(size);
+      if (it == pool->end()) continue;
       p = it->second;
-      free_.erase(it);
+      pool->erase(it);
+      break;
     }
   }
   if (!p) {
-    // NOTE: a miss for a large block (a KV cache that grew) first returns the cached large
-    // blocks of smaller classes, which a growing cache never asks for again; otherwise the
-    // reserved memory would grow with every step of a cache's capacity. Not while a graph
-    // capture holds allocations (freeing memory is not allowed then).
-    if (size >= kReleaseMin) release_smaller(size);
+    release_unused(size);
     p = system_alloc(size);
     if (!p) {  // give the cache back and try once more
       trim();
@@ -50,20 +48,30 @@ std::shared_ptr<Buffer> CachingAllocator::allocate(size_t bytes) {
     stats_.live_bytes += size;
     stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.live_bytes);
   }
-  auto buffer = std::make_shared<Buffer>(p, size, dev, [this](void* data, size_t n) { release(data, n); });
+  auto buffer = std::make_shared<Buffer>(p, size, dev,
+                                         [this](void* data, size_t n, bool evict) { release(data, n, evict); });
   std::lock_guard<std::mutex> lock(mu_);
   if (hold_) hold_->push_back(buffer);
   return buffer;
 }
 
-void CachingAllocator::release_smaller(size_t size) {
+void CachingAllocator::release_unused(size_t size) {
+  // NOTE: a KV cache that grows frees its old buffers into a size class it never asks for
+  // again, and a new sequence's cache starts below the classes the last one left; kept, they
+  // would add a cache's worth of reserved memory per growth. Other small blocks stay: they
+  // are the transient buffers of the next forward pass. Not while a graph capture holds
+  // allocations (freeing memory is not allowed then).
   std::vector<std::pair<size_t, void*>> victims;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (hold_) return;
-    for (auto it = free_.lower_bound(kReleaseMin); it != free_.end() && it->first < size;) {
-      victims.emplace_back(it->first, it->second);
-      it = free_.erase(it);
+    victims.assign(evictable_.begin(), evictable_.end());
+    evictable_.clear();
+    if (size >= kReleaseMin) {
+      for (auto it = free_.lower_bound(kReleaseMin); it != free_.end() && it->first < size;) {
+        victims.emplace_back(it->first, it->second);
+        it = free_.erase(it);
+      }
     }
   }
   if (victims.empty()) return;
@@ -94,17 +102,21 @@ void CachingAllocator::reset_peak() {
 void CachingAllocator::trim() {
   before_trim();
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto& [size, p] : free_) {
-    system_free(p);
-    stats_.reserved_bytes -= size;
+  for (auto* pool : {&free_, &evictable_}) {
+    for (auto& [size, p] : *pool) {
+      system_free(p);
+      stats_.reserved_bytes -= size;
+    }
+    pool->clear();
   }
-  free_.clear();
 }
 
-void CachingAllocator::release(void* p, size_t size) {
+void CachingAllocator::release(void* p, size_t size, bool evict) {
+  // Returned to the system on the next miss rather than here: a release may run inside any
+  // destructor, where a device synchronisation (before_trim) must not throw.
   std::lock_guard<std::mutex> lock(mu_);
   stats_.live_bytes -= size;
-  free_.emplace(size, p);
+  (evict ? evictable_ : free_).emplace(size, p);
 }
 
 }  // namespace osprey

@@ -3,6 +3,11 @@
 // handed out again, so a steady decode loop allocates nothing from the system. A device
 // supplies only how to get and return system memory. Thread-safe.
 //
+// The pool never holds memory it cannot use while it asks the system for more: on a miss it
+// first returns the blocks that no later request will take (those freed with
+// Buffer::evict_on_release, and large blocks of smaller size classes), so its peak reserved
+// memory stays at the peak of live memory plus the cached blocks that are still reused.
+//
 // NOTE: a freed block is reused at once. That is safe on a device whose work runs on one
 // in-order stream (CUDA here) or synchronously (the CPU): later work is ordered after every
 // use of the block.
@@ -35,15 +40,18 @@ class CachingAllocator : public Allocator {
 
  private:
   size_t round_size(size_t bytes) const;
-  void release(void* p, size_t size);
-  void release_smaller(size_t size);
+  void release(void* p, size_t size, bool evict);
+  // Before a miss of `size` goes to the system: returns the evictable blocks, and the large
+  // cached blocks of smaller classes, which a growing buffer never asks for again.
+  void release_unused(size_t size);
 
   static constexpr size_t kReleaseMin = size_t(1) << 20;
 
   Device device_;
   size_t alignment_;
   mutable std::mutex mu_;
-  std::multimap<size_t, void*> free_;
+  std::multimap<size_t, void*> free_;       // cached blocks, by size
+  std::multimap<size_t, void*> evictable_;  // cached blocks freed with evict_on_release
   std::vector<std::shared_ptr<Buffer>>* hold_ = nullptr;
   AllocatorStats stats_;
 };

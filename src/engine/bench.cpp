@@ -67,6 +67,9 @@ RunResult run_once(Model& model, const BenchTest& test, const BenchParams& param
                    BenchMemory& memory) {
   const int64_t vocab = model.info().vocab_size;
   SequenceCache cache = model.make_cache(params.cache);
+  // The run writes depth + n_tokens positions: the cache takes that size at its first write
+  // rather than growing through every size class on the way.
+  cache.reserve(test.depth + test.n_tokens);
 
   // Depth fill (not timed), in chunks so a deep fill never materialises one huge batch.
   const std::vector<int32_t> fill = random_tokens(test.depth, vocab, mix(run_seed, 1));

@@ -66,6 +66,9 @@ GenerateResult generate(Model& model, SequenceCache& cache, std::span<const int3
   DecodeStepper stepper(model, cache, dopt);
   TokenReadback readback(dev, 2);
 
+  // The prefill's chunks land in one buffer size; decode grows step by step from there.
+  cache.reserve(cache.offset() + int64_t(prompt.size()));
+
   auto t0 = Clock::now();
   Array logits;
   const int64_t chunk = std::max<int64_t>(1, params.prefill_chunk);

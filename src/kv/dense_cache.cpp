@@ -21,6 +21,14 @@ DenseKVCache::DenseKVCache(const KVCacheParams& params) : params_(params) {
     throw Unsupported(std::string("a ") + dtype_name(params.dtype) + " KV cache is not supported (f16 or bf16)");
 }
 
+DenseKVCache::~DenseKVCache() { evict_buffers(); }
+
+void DenseKVCache::evict_buffers() {
+  // Snapshots may still hold these buffers; the hint takes effect when the last one goes.
+  for (const Array* a : {&keys_, &values_, &own_keys_, &own_values_})
+    if (a->defined()) a->buffer()->evict_on_release();
+}
+
 bool DenseKVCache::owns_current_state() const {
   return keys_.id() == own_keys_.id() && values_.id() == own_values_.id() && offset_ == own_length_;
 }
@@ -92,7 +100,10 @@ void DenseKVCache::rewind_own_write(int64_t n) {
 void DenseKVCache::copying_write(const Array& k, const Array& v, int64_t n) {
   const int64_t needed = offset_ + n;
   int64_t cap = capacity();
-  if (needed > cap) cap = (needed + params_.step - 1) / params_.step * params_.step;
+  if (needed > cap) cap = (std::max(needed, reserved_) + params_.step - 1) / params_.step * params_.step;
+  // The buffers this write replaces: at the same capacity the next layer's write takes them
+  // up; after a growth nothing asks for their size again.
+  evict_buffers();
   const Shape shape{params_.n_kv_heads, cap, params_.head_dim};
   Array nk = Array::empty(shape, params_.dtype, params_.device);
   Array nv = Array::empty(shape, params_.dtype, params_.device);

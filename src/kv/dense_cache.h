@@ -4,7 +4,13 @@
 //
 // Layout: keys and values are f16 or bf16 (params.dtype) arrays of [n_kv_heads, capacity,
 // head_dim] over one buffer each; row i holds position i, and rows [0, offset) are live. Capacity grows in
-// steps of `step` rows.
+// steps of `step` rows, straight to the reserved rows (reserve) when it first grows past them.
+// The buffers a copying write replaces, and those held when the cache goes, are released with
+// Buffer::evict_on_release: the next layer's write of the same size still takes them, but
+// after a growth the allocator returns them to the system before it asks for more, so growth
+// does not strand memory in its cache.
+#include <algorithm>
+
 #include "kv/kv_cache.h"
 #include "kv/replay.h"
 
@@ -13,10 +19,12 @@ namespace osprey {
 class DenseKVCache : public KVCache, public ReplayableCache {
  public:
   explicit DenseKVCache(const KVCacheParams& params);
+  ~DenseKVCache() override;
 
   KVView update_and_fetch(const Array& k, const Array& v, const Array& positions = {}) override;
   int64_t offset() const override { return offset_; }
   int64_t capacity() const override { return keys_.defined() ? keys_.dim(1) : 0; }
+  void reserve(int64_t n) override { reserved_ = std::max(reserved_, n); }
   void trim(int64_t n) override;
   void rewind_own_write(int64_t n) override;
   KVState snapshot() const override;
@@ -42,10 +50,12 @@ class DenseKVCache : public KVCache, public ReplayableCache {
   void inplace_write(const Array& k, const Array& v, int64_t n, const Array& positions);
   void adopt_inplace(int64_t n);
   void arm_guard();
+  void evict_buffers();
 
   KVCacheParams params_;
   Array keys_, values_;          // current state
   int64_t offset_ = 0;
+  int64_t reserved_ = 0;         // rows the next growth reaches at least (reserve)
   Array own_keys_, own_values_;  // what this cache's last write produced (handles held)
   int64_t own_length_ = -1;      // the length that write left
   KVCounters counters_;

@@ -110,6 +110,11 @@ class KVCache {
   virtual int64_t offset() const = 0;
   // Rows the buffers hold before they must grow.
   virtual int64_t capacity() const = 0;
+  // The sequence will hold about n positions (a bench's depth plus its tokens, a prompt): a
+  // cache that grows makes its next growth at least that large, so a prefill in chunks lands
+  // in one buffer size instead of a growth per chunk. A hint: it allocates nothing by itself,
+  // and writes past n grow as before. A cache of bounded size ignores it.
+  virtual void reserve(int64_t n) { (void)n; }
   // Whether trim(n) can be honoured: a cache that no longer holds the rows of older positions
   // (a rotating cache after its ring wrapped) cannot rewind past them. Trimming to 0 always can.
   virtual bool can_trim(int64_t n) const {
@@ -166,6 +171,7 @@ class SequenceCache {
   KVCache& layer(size_t i) { return *layers_[i]; }
   size_t n_layers() const { return layers_.size(); }
   int64_t offset() const { return layers_.empty() ? 0 : layers_[0]->offset(); }
+  void reserve(int64_t n);  // KVCache::reserve on every layer
   // Whether every layer can trim n (KVCache::can_trim); trim() throws InvalidInput otherwise,
   // leaving every layer as it was.
   bool can_trim(int64_t n) const;

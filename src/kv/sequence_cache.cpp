@@ -28,6 +28,10 @@ SequenceCache SequenceCache::share_layers(size_t first, size_t count) {
   return out;
 }
 
+void SequenceCache::reserve(int64_t n) {
+  for (auto& l : layers_) l->reserve(n);
+}
+
 bool SequenceCache::can_trim(int64_t n) const {
   for (const auto& l : layers_)
     if (!l->can_trim(n)) return false;

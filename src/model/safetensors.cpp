@@ -133,7 +133,7 @@ void SafeTensors::add_file(const fs::path& path) {
   const size_t file_index = files_.size();
   // The buffer spans the mapping and owns nothing: the captured handle keeps it mapped.
   auto buffer = std::make_shared<Buffer>(const_cast<uint8_t*>(file->data()), file->size(), Device::cpu(),
-                                         [keep = file](void*, size_t) {});
+                                         [keep = file](void*, size_t, bool) {});
   // Data regions, to check that they tile the data section exactly.
   struct Region {
     uint64_t begin, end;

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/buffer.h"
 #include "core/half.h"
 #include "kv/dense_cache.h"
 
@@ -170,6 +171,37 @@ TEST(KVCache, GrowthCopiesAndCapacityGrowsInSteps) {
   write(c, 1, 0);
   EXPECT_EQ(c.counters().n_inplace_writes, 2u);
   for (int64_t r = 0; r < 6; ++r) EXPECT_EQ(key_at(c, r), float(r));
+}
+
+TEST(KVCache, ReservedRowsAreTakenAtTheFirstGrowthThenGrowthIsInSteps) {
+  DenseKVCache c(params(4));
+  c.reserve(10);
+  write(c, 3, 0);
+  EXPECT_EQ(c.capacity(), 12);  // 10 rounded up to the step, not 4
+  write(c, 3, 0);               // a chunk that fits: copies, same capacity
+  EXPECT_EQ(c.capacity(), 12);
+  for (int i = 0; i < 6; ++i) write(c, 1, 0);  // rows 6..11 in place
+  EXPECT_EQ(c.counters().n_inplace_writes, 6u);
+  EXPECT_EQ(c.counters().n_copying_writes, 2u);
+  write(c, 1, 0);  // past the reservation: one step
+  EXPECT_EQ(c.capacity(), 16);
+  for (int64_t r = 0; r < 13; ++r) EXPECT_EQ(key_at(c, r), float(r));
+}
+
+TEST(KVCache, BuffersItGrewOutOfGoBackToTheSystemAtTheNextMiss) {
+  // Their size is behind the cache; cached, they would stay reserved for nothing.
+  Allocator& alloc = cpu_allocator();
+  alloc.trim();
+  DenseKVCache c(params(256));
+  write(c, 3, 0);
+  KVState held = c.snapshot();  // the hint waits for the last holder
+  write(c, 300, 0);             // grows from 256 to 512 rows
+  EXPECT_EQ(c.capacity(), 512);
+  held = KVState();
+  const size_t old_bytes = 2 * size_t(256 * kHeads * kDim * 2);
+  const size_t before = alloc.stats().reserved_bytes;
+  auto miss = alloc.allocate(50048);  // a size nothing here has used
+  EXPECT_EQ(alloc.stats().reserved_bytes, before + 50048 - old_bytes);
 }
 
 TEST(KVCache, SwitchOffCopiesEveryWrite) {
