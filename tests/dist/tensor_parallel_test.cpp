@@ -8,6 +8,7 @@
 #include <random>
 #include <thread>
 
+#include "backend/cuda_available.h"
 #include "backend/ops.h"
 #include "core/error.h"
 #include "dist/communicator.h"
@@ -122,6 +123,34 @@ TEST(Communicator, BadInput) {
   EXPECT_THROW(comms[0]->all_reduce_sum_(ints), InvalidInput);
   if (!nccl_available()) {
     EXPECT_THROW(make_nccl_communicators({0, 1}), Unsupported);
+  }
+}
+
+// The NCCL communicator on the one GPU a single-GPU machine has: a group of one rank, whose
+// all-reduce leaves x as it is and whose gather returns its own columns, run on the rank's
+// stream. Several ranks need as many GPUs. Skips without CUDA or NCCL.
+TEST(Communicator, NcclOneRankOnOneGpu) {
+  if (!cuda_available() || !nccl_available()) GTEST_SKIP() << "needs a CUDA device and NCCL";
+  auto comms = make_nccl_communicators({0});
+  ASSERT_EQ(comms.size(), 1u);
+  EXPECT_EQ(comms[0]->rank(), 0);
+  EXPECT_EQ(comms[0]->size(), 1);
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  Array host = Array::empty({3, 37}, DType::f32);
+  for (int64_t i = 0; i < host.numel(); ++i) host.data<float>()[i] = dist(rng);
+  Array x = ops::to_device(host, Device::cuda(0));
+  comms[0]->all_reduce_sum_(x);
+  Array gathered = comms[0]->all_gather_cols(x, 37);
+  comms[0]->barrier();
+  const Array back = ops::to_device(x, Device::cpu()), g = ops::to_device(gathered, Device::cpu());
+  ASSERT_EQ(g.shape(), host.shape());
+  for (int64_t i = 0; i < host.numel(); ++i) {
+    EXPECT_EQ(back.data<float>()[i], host.data<float>()[i]) << i;
+    EXPECT_EQ(g.data<float>()[i], host.data<float>()[i]) << i;
+  }
+  if (cuda_device_count() == 1) {
+    EXPECT_THROW(make_nccl_communicators({0, 1}), InvalidInput);  // cuda:1 is named
   }
 }
 
