@@ -91,7 +91,9 @@ TEST_P(DecodeModes, GreedyOutputIsIdenticalInEveryModeFor300Tokens) {
     EXPECT_EQ(r.stats.pipelined, m.pipelined) << m.str();
     // The prefill and 299 single-row writes per layer, each counted once.
     EXPECT_EQ(r.stats.kv.n_inplace_writes + r.stats.kv.n_copying_writes, layers * 300) << m.str();
-    if (!m.inplace) EXPECT_EQ(r.stats.kv.n_inplace_writes, 0u) << m.str();
+    if (!m.inplace) {
+      EXPECT_EQ(r.stats.kv.n_inplace_writes, 0u) << m.str();
+    }
     if (m.inplace && dense) {
       // A copying write at the prefill and at each of the 4 growths, every other step in place.
       EXPECT_EQ(r.stats.kv.n_copying_writes, layers * 5) << m.str();
@@ -99,7 +101,9 @@ TEST_P(DecodeModes, GreedyOutputIsIdenticalInEveryModeFor300Tokens) {
       EXPECT_LE(r.stats.kv.n_copying_writes, layers * 5) << m.str();
     }
     if (m.inplace && m.graphs) {
-      if (dense) EXPECT_EQ(r.stats.n_graph_captures, 5u) << m.str();  // one per buffer generation
+      if (dense) {
+        EXPECT_EQ(r.stats.n_graph_captures, 5u) << m.str();  // one per buffer generation
+      }
       EXPECT_GE(r.stats.n_graph_captures, 1u) << m.str();
       EXPECT_LE(r.stats.n_graph_captures, 5u) << m.str();
       EXPECT_GE(r.stats.n_graph_replays, 280u) << m.str();
