@@ -4,7 +4,10 @@
 // or 4 f32 per lane, 512 bytes per warp per row), 8 / R chunks of each per iteration so that 8
 // loads per lane are in flight; every chunk of w is multiplied by all NX (<= 8) rows of x, which are
 // read through L1 (they are small and shared by all warps). Partial sums are reduced with
-// warp shuffles. R is chosen so that the grid still has about two blocks per SM.
+// warp shuffles. R follows the shape (pick_rows: enough warps per SM to cover the memory
+// latency). Launched for programmatic dependent launch (common.cuh): the first iteration's
+// weights are loaded before the kernel waits for x, and the next kernel is released once the
+// last weights are read.
 //
 // Batch invariance (ops::set_batch_invariant runs every n through linear_gemv): the result for
 // one row of x must not depend on NX, R, U or the row's place in its chunk. It does not: the
