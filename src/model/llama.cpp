@@ -93,6 +93,12 @@ class LlamaModel final : public Model {
       LlamaLayer L;
       L.attn_norm = w.vector_f32(p + "input_layernorm.weight", h);
       L.mlp_norm = w.vector_f32(p + "post_attention_layernorm.weight", h);
+      // A row-split layer's bias is added once, by rank 0, before the reduction.
+      auto row_split_bias = [&](const std::string& name) {
+        if (lead) return w.vector_f32(name, h);
+        w.ignore(name);
+        return Array();
+      };
       auto part = [&](const std::string& name, int64_t out, const ShardRange& r) {
         return shard.sharded() ? WeightLoader::GroupPart{name, out, r.begin, r.count()}
                                : WeightLoader::GroupPart{name, out};
@@ -101,21 +107,11 @@ class LlamaModel final : public Model {
                               part(p + "self_attn.v_proj", kv_out, kv_rows)},
                              h, dt, cfg.attention_bias);
       L.wo = w.linear(p + "self_attn.o_proj", h, q_out, dt, cols(q_rows));
-      if (cfg.o_proj_bias) {
-        if (lead)
-          L.bo = w.vector_f32(p + "self_attn.o_proj.bias", h);
-        else
-          w.ignore(p + "self_attn.o_proj.bias");
-      }
+      if (cfg.o_proj_bias) L.bo = row_split_bias(p + "self_attn.o_proj.bias");
       L.gate_up = w.linear_group({part(p + "mlp.gate_proj", f, ff), part(p + "mlp.up_proj", f, ff)}, h, dt,
                                  cfg.mlp_bias);
       L.w_down = w.linear(p + "mlp.down_proj", h, f, dt, cols(ff));
-      if (cfg.mlp_bias) {
-        if (lead)
-          L.b_down = w.vector_f32(p + "mlp.down_proj.bias", h);
-        else
-          w.ignore(p + "mlp.down_proj.bias");
-      }
+      if (cfg.mlp_bias) L.b_down = row_split_bias(p + "mlp.down_proj.bias");
       layers_.push_back(std::move(L));
     }
     final_norm_ = w.vector_f32("model.norm.weight", h);
