@@ -119,10 +119,6 @@ Array WeightLoader::matrix(const std::string& name, int64_t rows, int64_t cols, 
                        (ti.dtype == DType::u32 ? " (a quantized weight needs .scales and .biases)" : ""));
   Array a = weights_.get(name, dtype.value_or(ti.dtype), {rows, cols});
   read_.insert(name);
-  if (slice.whole()) {
-    params_ += uint64_t(rows * cols);
-    return place(a);
-  }
   const WeightSlice s = resolve(slice, name, rows, cols);
   params_ += uint64_t(s.rows * s.cols);
   return place(slice_2d(a, s.row0, s.rows, s.col0, s.cols));
@@ -225,13 +221,6 @@ QuantizedMatrix WeightLoader::quantized(const std::string& prefix, int64_t out, 
   // A group of `group` inputs is group * bits / 32 packed words (whole words: every supported
   // group size is a multiple of 32) and one scale and one bias.
   const int64_t words = group * bits / 32;
-  if (slice.whole()) {
-    q.packed = place(weights_.get(wname));
-    q.scales = place(weights_.get(sname));
-    q.biases = place(weights_.get(bname));
-    quant_weights_[{bits, group}] += out * in;
-    return q;
-  }
   q.packed = place(slice_2d(weights_.get(wname), s.row0, s.rows, s.col0 / group * words, s.cols / group * words));
   q.scales = place(slice_2d(weights_.get(sname), s.row0, s.rows, s.col0 / group, s.cols / group));
   q.biases = place(slice_2d(weights_.get(bname), s.row0, s.rows, s.col0 / group, s.cols / group));

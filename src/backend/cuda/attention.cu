@@ -110,7 +110,6 @@ void launch_combine(const AttentionArgs& a, const float* partial, int n_splits, 
     case 256: launch_kernel(combine_kernel<256>, grid, kThreads, smem, s, partial, n_splits, n_vec, a.out); break;
     default: throw Unsupported("attention: combine for head_dim " + std::to_string(a.head_dim));
   }
-  OSPREY_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace attn
@@ -398,13 +397,11 @@ void attention_fallback(const AttentionArgs& a, int64_t key_bound, cudaStream_t 
   allow_shared<Tag, kMapped>(p.lay.total);
   const dim3 grid(unsigned(n_row_blocks * p.n_splits), unsigned(a.n_kv_heads));
   launch_kernel(attention_kernel<Tag, kMapped>, grid, kThreads, p.lay.total, s, p);
-  OSPREY_CUDA_CHECK_LAUNCH();
   if (p.n_splits > 1) {
     if (n_row_blocks * p.nq > INT_MAX) throw Unsupported("attention: too many query rows");
     const dim3 cgrid(unsigned(n_row_blocks * p.nq), unsigned(a.n_kv_heads));
     const int threads = int(std::min<int64_t>(256, (D + 31) / 32 * 32));
     launch_kernel(attention_combine_kernel, cgrid, threads, 0, s, p);
-    OSPREY_CUDA_CHECK_LAUNCH();
   }
 }
 

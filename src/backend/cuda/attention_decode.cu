@@ -245,7 +245,6 @@ void launch(const AttentionArgs& a, int64_t key_bound, cudaStream_t s) {
         scratch(size_t(n_splits * a.n * a.n_heads * (D + kPartialPad)) * sizeof(float)));
   const dim3 grid(unsigned(n_tiles * n_splits), unsigned(a.n_kv_heads));
   launch_kernel(decode_kernel<D, E, kMapped>, grid, kThreads, C::kSmem, s, p);
-  OSPREY_CUDA_CHECK_LAUNCH();
   if (n_splits > 1) launch_combine(a, p.partial, p.n_splits, s);
 }
 

@@ -47,7 +47,7 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 
 // kernel<<<grid, block, smem, s>>>(args...), launched so that it may overlap the tail of the
 // kernel before it (pdl_enabled()): only for kernels that follow the pdl_wait() rule above.
-// Throws like OSPREY_CUDA_CHECK_LAUNCH.
+// Checks the launch itself (no OSPREY_CUDA_CHECK_LAUNCH needed after it).
 template <class... Params, class... Args>
 void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
   cudaLaunchAttribute attr[1];

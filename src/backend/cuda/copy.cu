@@ -90,7 +90,6 @@ void copy_strided(void* dst, DType ddt, const int64_t dst_strides[4], const void
     launch_kernel(copy_kernel<4>, grid, kThreads, 0, s, d, dk, ds, sp, sk, ss, sh, total);
   else
     launch_kernel(copy_kernel<0>, grid, kThreads, 0, s, d, dk, ds, sp, sk, ss, sh, total);
-  OSPREY_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace osprey::cuda

@@ -97,7 +97,6 @@ void launch_binary(const float* a, const float* b, float* out, int64_t n, Op op,
     launch_kernel(binary_kernel<Op, true>, grid, kThreads, 0, s, a, b, out, n, op);
   else
     launch_kernel(binary_kernel<Op, false>, grid, kThreads, 0, s, a, b, out, n, op);
-  OSPREY_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
@@ -120,7 +119,6 @@ void embedding(const void* table, DType dt, const int32_t* ids, int64_t n, int64
       break;
     default: throw Unsupported(unsupported_dtype("embedding", dt));
   }
-  OSPREY_CUDA_CHECK_LAUNCH();
 }
 
 void add_inplace(float* x, const float* y, int64_t n, cudaStream_t s) { launch_binary(x, y, x, n, AddOp{}, s); }
@@ -133,7 +131,6 @@ void scale_inplace(float* x, float f, int64_t n, cudaStream_t s) {
     launch_kernel(scale_kernel<true>, grid, kThreads, 0, s, x, f, n);
   else
     launch_kernel(scale_kernel<false>, grid, kThreads, 0, s, x, f, n);
-  OSPREY_CUDA_CHECK_LAUNCH();
 }
 
 void softcap_inplace(float* x, float cap, int64_t n, cudaStream_t s) {
@@ -144,7 +141,6 @@ void softcap_inplace(float* x, float cap, int64_t n, cudaStream_t s) {
     launch_kernel(softcap_kernel<true>, grid, kThreads, 0, s, x, cap, n);
   else
     launch_kernel(softcap_kernel<false>, grid, kThreads, 0, s, x, cap, n);
-  OSPREY_CUDA_CHECK_LAUNCH();
 }
 
 void silu_mul(const float* g, const float* u, float* out, int64_t n, cudaStream_t s) {
@@ -178,12 +174,10 @@ void round_to_16bit(const float* x, uint16_t* dst, int64_t n, bool bf16, cudaStr
     launch_kernel(round_kernel<true>, grid_for(n, 256), 256, 0, s, x, dst, n);
   else
     launch_kernel(round_kernel<false>, grid_for(n, 256), 256, 0, s, x, dst, n);
-  OSPREY_CUDA_CHECK_LAUNCH();
 }
 
 void add_bias_rows(float* y, const float* bias, int64_t n, int64_t out, cudaStream_t s) {
   launch_kernel(add_bias_kernel, grid_for(n * out, 256), 256, 0, s, y, bias, n, out);
-  OSPREY_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace osprey::cuda

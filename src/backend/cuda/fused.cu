@@ -80,21 +80,18 @@ void add_rms_norm(float* x, const float* y, const float* w, int64_t rows, int64_
   if (rows > 0x7fffffffLL) throw Unsupported("add_rms_norm: more than 2^31 - 1 rows");
   const int threads = int(std::min<int64_t>(1024, std::max<int64_t>(32, (d + 31) / 32 * 32)));
   launch_kernel(add_rms_norm_kernel, unsigned(rows), threads, 0, s, x, y, w, d, eps, w_offset, out);
-  OSPREY_CUDA_CHECK_LAUNCH();
 }
 
 void silu_mul_split(const float* gu, int64_t n, int64_t f, float* out, cudaStream_t s) {
   if (n <= 0 || f <= 0) return;
   const int threads = 256;
   launch_kernel(silu_mul_split_kernel, grid_for(n * f, threads), threads, 0, s, gu, n, f, out);
-  OSPREY_CUDA_CHECK_LAUNCH();
 }
 
 void gelu_tanh_mul_split(const float* gu, int64_t n, int64_t f, float* out, cudaStream_t s) {
   if (n <= 0 || f <= 0) return;
   const int threads = 256;
   launch_kernel(gelu_tanh_mul_split_kernel, grid_for(n * f, threads), threads, 0, s, gu, n, f, out);
-  OSPREY_CUDA_CHECK_LAUNCH();
 }
 
 void kv_write(const KVWriteArgs& a, cudaStream_t s) {
@@ -113,7 +110,6 @@ void kv_write(const KVWriteArgs& a, cudaStream_t s) {
     else
       launch_kernel(kv_write_kernel<false, false>, grid, threads, 0, s, a);
   }
-  OSPREY_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace osprey::cuda

@@ -166,13 +166,15 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_scalar_kernel(const float* _
 // SM, 2 while about 12, else 1; and 1 for a few long rows. Measured on an H200 (n = 1, f16,
 // tests/backend/cuda_quant_test.cpp): q/k/v 6144 x 4096 13.8 us with 2 (16.2 with 4), o
 // 4096 x 4096 10.1 with 2 (11.4 with 1), down 4096 x 14336 29.5 with 1 (31.3 with 2).
+// Blocks of the GEMV grid for `out` rows at `r` rows per warp.
+unsigned gemv_blocks(int64_t out, int r) { return unsigned((out + kWarps * r - 1) / (kWarps * r)); }
+
 int pick_rows(int64_t out, int64_t in, int rows) {
   if (rows == 1 || rows == 2 || rows == 4) return rows;
   const int64_t sms = multiprocessor_count();
-  auto blocks_for = [&](int64_t r) { return (out + kWarps * r - 1) / (kWarps * r); };
-  if (blocks_for(4) >= 4 * sms) return 4;
+  if (gemv_blocks(out, 4) >= 4 * sms) return 4;
   if (in >= 8192) return 1;  // long rows: more warps in flight beat the shared x reads
-  return blocks_for(2) >= 3 * sms ? 2 : 1;
+  return gemv_blocks(out, 2) >= 3 * sms ? 2 : 1;
 }
 
 template <class Tag, int NX>
@@ -182,16 +184,13 @@ void launch_gemv_nx(const float* x, int64_t in, const typename Tag::T* w, int64_
   if (!vec) {
     const int64_t blocks = (out + kWarps - 1) / kWarps;
     launch_kernel(gemv_scalar_kernel<Tag, NX>, unsigned(blocks), kWarps * 32, 0, s, x, in, w, out, bias, y, ldy);
-    OSPREY_CUDA_CHECK_LAUNCH();
     return;
   }
-  auto blocks_for = [&](int64_t r) { return unsigned((out + kWarps * r - 1) / (kWarps * r)); };
   switch (pick_rows(out, in, rows)) {
-    case 4: launch_kernel(gemv_kernel<Tag, NX, 4>, blocks_for(4), kWarps * 32, 0, s, x, in, w, out, bias, y, ldy); break;
-    case 2: launch_kernel(gemv_kernel<Tag, NX, 2>, blocks_for(2), kWarps * 32, 0, s, x, in, w, out, bias, y, ldy); break;
-    default: launch_kernel(gemv_kernel<Tag, NX, 1>, blocks_for(1), kWarps * 32, 0, s, x, in, w, out, bias, y, ldy);
+    case 4: launch_kernel(gemv_kernel<Tag, NX, 4>, gemv_blocks(out, 4), kWarps * 32, 0, s, x, in, w, out, bias, y, ldy); break;
+    case 2: launch_kernel(gemv_kernel<Tag, NX, 2>, gemv_blocks(out, 2), kWarps * 32, 0, s, x, in, w, out, bias, y, ldy); break;
+    default: launch_kernel(gemv_kernel<Tag, NX, 1>, gemv_blocks(out, 1), kWarps * 32, 0, s, x, in, w, out, bias, y, ldy);
   }
-  OSPREY_CUDA_CHECK_LAUNCH();
 }
 
 template <class Tag>

@@ -71,7 +71,6 @@ void rms_norm(const float* x, const float* w, int64_t rows, int64_t d, float eps
   if (rows <= 0 || d <= 0) return;
   check_rows("rms_norm", rows);
   launch_kernel(rms_norm_kernel, unsigned(rows), threads_for(d), 0, s, x, w, d, eps, w_offset, out);
-  OSPREY_CUDA_CHECK_LAUNCH();
 }
 
 void head_rms_norm(float* x, int64_t n, int64_t heads, int64_t head_dim, int64_t row_stride, const float* w,
@@ -82,7 +81,6 @@ void head_rms_norm(float* x, int64_t n, int64_t heads, int64_t head_dim, int64_t
   if (groups > 65535) throw Unsupported("head_rms_norm: too many heads");
   launch_kernel(head_rms_norm_kernel, dim3(unsigned(n), unsigned(groups)), kHeadsPerBlock * 32, 0, s, x, heads, head_dim,
                                                                                             row_stride, w, eps, w_offset);
-  OSPREY_CUDA_CHECK_LAUNCH();
 }
 
 void layer_norm(const float* x, const float* w, const float* b, int64_t rows, int64_t d, float eps, float* out,
@@ -90,7 +88,6 @@ void layer_norm(const float* x, const float* w, const float* b, int64_t rows, in
   if (rows <= 0 || d <= 0) return;
   check_rows("layer_norm", rows);
   launch_kernel(layer_norm_kernel, unsigned(rows), threads_for(d), 0, s, x, w, b, d, eps, out);
-  OSPREY_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace osprey::cuda

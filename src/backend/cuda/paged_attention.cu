@@ -288,9 +288,7 @@ void launch(const PagedAttentionArgs& a, cudaStream_t s) {
   p.partial = static_cast<float*>(scratch(size_t(a.n * a.n_heads * n_splits * (D + kPartialPad)) * sizeof(float)));
   const dim3 grid(unsigned(n_splits * n_tiles), unsigned(a.n_kv_heads), unsigned(a.n));
   launch_kernel(paged_decode_kernel<D, E>, grid, kThreads, C::kSmem, s, p);
-  OSPREY_CUDA_CHECK_LAUNCH();
   launch_kernel(paged_combine_kernel<D>, unsigned(a.n * a.n_heads), kThreads, 0, s, p);
-  OSPREY_CUDA_CHECK_LAUNCH();
 }
 
 template <class E>
@@ -368,7 +366,6 @@ void kv_write_paged(const PagedKVWriteArgs& a, cudaStream_t s) {
     launch_kernel(paged::kv_write_paged_kernel<true>, grid, threads, 0, s, a);
   else
     launch_kernel(paged::kv_write_paged_kernel<false>, grid, threads, 0, s, a);
-  OSPREY_CUDA_CHECK_LAUNCH();
 }
 
 void gather_kv_blocks(const PagedGatherArgs& a, cudaStream_t s) {

@@ -323,7 +323,6 @@ template <class P, bool BF16, int NX, int R, int U, bool XV>
 void launch(const GemvParams& p, cudaStream_t s) {
   const int64_t blocks = (p.out + R - 1) / R;
   launch_kernel(qgemv_kernel<P, BF16, NX, R, U, XV>, unsigned(blocks), kThreads, 0, s, p);
-  OSPREY_CUDA_CHECK_LAUNCH();
 }
 
 // x rows per launch rounded up to a power of two (the kernel reuses row n - 1 for the rest).

@@ -56,7 +56,6 @@ void rope_inplace(float* x, int64_t n, int64_t heads, int64_t head_dim, int64_t 
   const int threads = int(std::min<int64_t>(256, std::max<int64_t>(32, (kHeadsPerBlock * head_dim / 2 + 31) / 32 * 32)));
   launch_kernel(rope_kernel, dim3(unsigned(n), unsigned(groups)), threads, smem, s, x, heads, head_dim, row_stride, positions,
                                                                           inv_freq, interleaved, mscale);
-  OSPREY_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace osprey::cuda

@@ -144,7 +144,6 @@ void argmax(const float* x, int64_t n, int32_t* out, cudaStream_t s) {
   if (n <= 0) throw InvalidInput("argmax: empty row");
   if (n > 0x7fffffffLL) throw Unsupported("argmax: row longer than 2^31 - 1");
   launch_kernel(argmax_kernel, 1, kThreads, 0, s, x, n, out);
-  OSPREY_CUDA_CHECK_LAUNCH();
 }
 
 void argmax_rows(const float* logits, int64_t rows, int64_t vocab, int32_t* out, int32_t* nonfinite, cudaStream_t s) {
@@ -155,9 +154,7 @@ void argmax_rows(const float* logits, int64_t rows, int64_t vocab, int32_t* out,
   if (rows > 65535) throw Unsupported("argmax_rows: more than 65535 rows");
   auto* parts = static_cast<RowPart*>(scratch(size_t(rows) * kRowParts * sizeof(RowPart)));
   launch_kernel(argmax_row_parts_kernel, dim3(kRowParts, unsigned(rows)), kRowThreads, 0, s, logits, vocab, parts);
-  OSPREY_CUDA_CHECK_LAUNCH();
   launch_kernel(argmax_row_merge_kernel, unsigned(rows), 32, 0, s, parts, vocab, out, nonfinite);
-  OSPREY_CUDA_CHECK_LAUNCH();
 }
 
 // ---- Stochastic draws (sample.h) ----------------------------------------------------------
@@ -605,19 +602,16 @@ void sample(const float* logits, int64_t vocab, const SampleArgs& a, int32_t* ou
   Best* parts = reinterpret_cast<Best*>(base + parts_offset(vocab));
 
   launch_kernel(stats_kernel, nb, kDrawThreads, 0, s, logits, n, st, part_key);
-  OSPREY_CUDA_CHECK_LAUNCH();
   const float t = a.temperature;
   if (a.top_k > 0 && a.top_k < vocab) {
     launch_kernel(select_kernel<false, 0>, nb, kDrawThreads, 0, s, logits, n, t, a.top_k, a.top_p, st, part_key, nb);
     launch_kernel(select_kernel<false, 1>, nb, kDrawThreads, 0, s, logits, n, t, a.top_k, a.top_p, st, part_key, nb);
     launch_kernel(select_kernel<false, 2>, nb, kDrawThreads, 0, s, logits, n, t, a.top_k, a.top_p, st, part_key, nb);
-    OSPREY_CUDA_CHECK_LAUNCH();
   }
   if (a.top_p < 1.0f) {
     launch_kernel(select_kernel<true, 0>, nb, kDrawThreads, 0, s, logits, n, t, a.top_k, a.top_p, st, part_key, nb);
     launch_kernel(select_kernel<true, 1>, nb, kDrawThreads, 0, s, logits, n, t, a.top_k, a.top_p, st, part_key, nb);
     launch_kernel(select_kernel<true, 2>, nb, kDrawThreads, 0, s, logits, n, t, a.top_k, a.top_p, st, part_key, nb);
-    OSPREY_CUDA_CHECK_LAUNCH();
   }
   DrawArgs d;
   d.temperature = t;
@@ -628,7 +622,6 @@ void sample(const float* logits, int64_t vocab, const SampleArgs& a, int32_t* ou
   d.counter = a.counter;
   d.counter_dev = a.counter_dev;
   launch_kernel(draw_kernel, nb, kDrawThreads, 0, s, logits, n, d, st, part_key, nb, parts, &st->ticket, out_token);
-  OSPREY_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace osprey::cuda
