@@ -1,6 +1,7 @@
 // linear(): dispatch between the dot-product kernels (small n: linear_rows) and the blocked
 // GEMM (gemm_blocked.cpp), and the dot-product kernels themselves.
 #include <algorithm>
+#include <cstring>
 #include <functional>
 #include <string>
 
@@ -69,16 +70,27 @@ inline void matvec_tile(const float* x, int64_t in, const typename WF::T* w, int
 #pragma GCC unroll 16
       for (int i = 0; i < NW; ++i) acc[j][0][i] = fma(WF::load(wr[i] + k), xv, acc[j][0][i]);
     }
-  for (int j = 0; j < NX; ++j) {
-    const float* xj = x + j * in;
+  if (k < in) {
+    // The last in - k < kWidth columns, zero-padded to one vector and added by the same vector
+    // FMA as the rest. NOTE: not a scalar loop: the compiler may vectorize or contract a
+    // scalar tail differently in each (NW, NX) instance, and the rows would then differ.
+    const int64_t rem = in - k;
+    alignas(64) typename WF::T wt[NW][kWidth] = {};
+    for (int i = 0; i < NW; ++i) std::memcpy(wt[i], wr[i] + k, size_t(rem) * sizeof(typename WF::T));
+    for (int j = 0; j < NX; ++j) {
+      alignas(64) float xt[kWidth] = {};
+      std::memcpy(xt, x + j * in + k, size_t(rem) * sizeof(float));
+      const Vec xv = load(xt);
+      for (int i = 0; i < NW; ++i) acc[j][0][i] = fma(WF::load(wt[i]), xv, acc[j][0][i]);
+    }
+  }
+  for (int j = 0; j < NX; ++j)
     for (int i = 0; i < NW; ++i) {
       Vec t = acc[j][0][i];
       for (int a = 1; a < NA; ++a) t = add(t, acc[j][a][i]);
-      float sum = reduce_add(t);
-      for (int64_t kk = k; kk < in; ++kk) sum += xj[kk] * WF::scalar(wr[i][kk]);
+      const float sum = reduce_add(t);
       y[j * ldy + r + i] = bias ? sum + bias[r + i] : sum;
     }
-  }
 }
 
 // Partial dot products over k in [k0, k1) of NW rows of w (from row r; rows at or past r_end
