@@ -25,6 +25,30 @@ void throw_cublas_error(cublasStatus_t e, const char* expr, const char* file, in
 
 namespace {
 
+// Every .cu file of the backend is built for the same architectures, so one kernel that has
+// an image for this device stands for all of them.
+__global__ void kernel_image_probe() {}
+
+// Throws Unsupported naming the GPU, its architecture and the build's when this build has no
+// kernel image (nor PTX it can compile) for the device, instead of a "no kernel image" error
+// at the first launch.
+void require_kernel_image(int device, int major, int minor) {
+  cudaFuncAttributes attr{};
+  const cudaError_t e = cudaFuncGetAttributes(&attr, kernel_image_probe);
+  if (e == cudaSuccess) return;
+  (void)cudaGetLastError();
+  cudaDeviceProp prop{};
+  const std::string name = cudaGetDeviceProperties(&prop, device) == cudaSuccess ? prop.name : "this GPU";
+  const std::string arch = std::to_string(major) + std::to_string(minor);
+  if (e == cudaErrorNoKernelImageForDevice || e == cudaErrorInvalidDeviceFunction ||
+      e == cudaErrorUnsupportedPtxVersion)
+    throw Unsupported("cuda:" + std::to_string(device) + " (" + name + ", sm_" + arch +
+                      ") has no kernels in this build, which was made for CUDA architectures " +
+                      OSPREY_CUDA_ARCHITECTURES_BUILT + ": rebuild with OSPREY_CMAKE_ARGS=-DCMAKE_CUDA_ARCHITECTURES=" +
+                      arch + " bash scripts/setup.sh (or 'native' on the machine with the GPU), or run with --device cpu");
+  throw_cuda_error(e, "cudaFuncGetAttributes(kernel_image_probe)", __FILE__, __LINE__);
+}
+
 struct Runtime {
   int device = -1;
   cudaStream_t stream = nullptr;
@@ -66,8 +90,10 @@ void select_device(int device) {
   OSPREY_CUDA_CHECK(cudaStreamCreateWithFlags(&r.stream, cudaStreamNonBlocking));
   OSPREY_CUBLAS_CHECK(cublasCreate(&r.cublas));
   OSPREY_CUBLAS_CHECK(cublasSetStream(r.cublas, r.stream));
-  int major = 0;
+  int major = 0, minor = 0;
   OSPREY_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  OSPREY_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  require_kernel_image(device, major, minor);
   r.pdl = major >= 9 && env_options().cuda_pdl;
   r.device = device;
 }
