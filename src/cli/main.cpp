@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu_level.h"
 #include "cli/commands.h"
 #include "core/env.h"
 #include "core/error.h"
@@ -72,6 +73,7 @@ int main(int argc, char** argv) {
     const osprey::EnvOptions& env = osprey::env_options();
     osprey::set_log_level(osprey::parse_log_level(env.log_level, "OSPREY_LOG_LEVEL"));
     osprey::set_cpu_threads(env.n_threads);
+    osprey::select_cpu_level(env.cpu_level);
     for (auto& [sub, run] : commands)
       if (sub->parsed()) return check_stdout(run());
   } catch (const osprey::cli::UsageError& e) {

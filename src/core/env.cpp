@@ -38,6 +38,7 @@ EnvOptions read_env() {
   o.n_threads = parse_int("OSPREY_THREADS", 0, 0, kMaxCpuThreads);
   if (const char* v = std::getenv("OSPREY_LOG_LEVEL"); v && *v) o.log_level = v;
   if (const char* v = std::getenv("OSPREY_DEVICE"); v && *v) o.device = v;
+  if (const char* v = std::getenv("OSPREY_CPU_LEVEL"); v && *v) o.cpu_level = v;
   o.force_sync = parse_switch(std::getenv("OSPREY_FORCE_SYNC"), false);
   o.cuda_graphs = parse_switch(std::getenv("OSPREY_CUDA_GRAPHS"), true);
   o.cuda_pdl = parse_switch(std::getenv("OSPREY_CUDA_PDL"), true);

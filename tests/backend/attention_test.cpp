@@ -12,6 +12,7 @@
 #include "backend/cpu/cpu_kernels.h"
 #include "core/half.h"
 #include "support/attention_reference.h"
+#include "support/cpu_levels.h"
 
 namespace osprey {
 namespace {
@@ -65,7 +66,9 @@ void expect_close(AttnCase s, const char* what, std::initializer_list<int64_t> h
   }
 }
 
-TEST(Attention, DecodeOverThousandsOfKeys) {
+class Attention : public testing::CpuLevelTest {};
+
+TEST_P(Attention, DecodeOverThousandsOfKeys) {
   AttnCase s;
   s.n = 1;
   s.n_keys = 3000;
@@ -74,7 +77,7 @@ TEST(Attention, DecodeOverThousandsOfKeys) {
   expect_close(s, "decode L=3000");
 }
 
-TEST(Attention, DecodeShortCache) {
+TEST_P(Attention, DecodeShortCache) {
   for (int64_t L : {1, 2, 17, 64, 65, 600}) {
     AttnCase s;
     s.n_keys = L;
@@ -83,7 +86,7 @@ TEST(Attention, DecodeShortCache) {
   }
 }
 
-TEST(Attention, Prefill) {
+TEST_P(Attention, Prefill) {
   AttnCase s;
   s.n = s.n_keys = 37;
   expect_close(s, "prefill n=L=37");
@@ -91,7 +94,7 @@ TEST(Attention, Prefill) {
   expect_close(s, "prefill n=L=150");
 }
 
-TEST(Attention, ChunkAfterCachedRows) {
+TEST_P(Attention, ChunkAfterCachedRows) {
   AttnCase s;
   s.n = 5;
   s.q_pos0 = 20;
@@ -103,7 +106,7 @@ TEST(Attention, ChunkAfterCachedRows) {
   expect_close(s, "chunk n=70 pos0=130 L=200");
 }
 
-TEST(Attention, SlidingWindow) {
+TEST_P(Attention, SlidingWindow) {
   AttnCase s;
   s.window = 16;
   s.n = s.n_keys = 37;
@@ -121,7 +124,7 @@ TEST(Attention, SlidingWindow) {
   expect_close(s, "chunk window=4");
 }
 
-TEST(Attention, Softcap) {
+TEST_P(Attention, Softcap) {
   AttnCase s;
   s.softcap = 5.0f;
   s.scale = 1.0f;  // logits well past the cap
@@ -134,7 +137,7 @@ TEST(Attention, Softcap) {
   expect_close(s, "decode softcap + window");
 }
 
-TEST(Attention, HeadGroupings) {
+TEST_P(Attention, HeadGroupings) {
   for (int64_t kv : {1, 8}) {
     AttnCase s;
     s.n_kv_heads = kv;
@@ -147,7 +150,7 @@ TEST(Attention, HeadGroupings) {
   }
 }
 
-TEST(Attention, InterleavedCacheLayout) {
+TEST_P(Attention, InterleavedCacheLayout) {
   AttnCase s;
   s.row_major_heads = true;
   s.n = 6;
@@ -160,7 +163,7 @@ TEST(Attention, InterleavedCacheLayout) {
   expect_close(s, "decode [L, kv, D] layout");
 }
 
-TEST(Attention, HeadDimsOffTheVectorWidth) {
+TEST_P(Attention, HeadDimsOffTheVectorWidth) {
   AttnCase s;
   s.n = s.n_keys = 40;
   expect_close(s, "prefill", {72, 40, 256});
@@ -172,7 +175,7 @@ TEST(Attention, HeadDimsOffTheVectorWidth) {
 
 // bf16 rows, with keys and values up to 2e5 (past f16's 65504, which would make them inf):
 // q small enough that the logits stay in a range where the softmax is not one-hot.
-TEST(Attention, Bf16RowsBeyondTheF16Range) {
+TEST_P(Attention, Bf16RowsBeyondTheF16Range) {
   AttnCase s;
   s.bf16 = true;
   s.kv_range = 2.0e5f;
@@ -194,7 +197,7 @@ TEST(Attention, Bf16RowsBeyondTheF16Range) {
   expect_close(s, "bf16 decode softcap + window", {64, 72});
 }
 
-TEST(Attention, RowWithoutVisibleKeysIsZero) {
+TEST_P(Attention, RowWithoutVisibleKeysIsZero) {
   // Query rows past the cache end see keys only up to L - 1; with a window of 2, rows at
   // positions >= L + 1 see none.
   AttnCase s;
@@ -204,6 +207,8 @@ TEST(Attention, RowWithoutVisibleKeysIsZero) {
   s.window = 2;
   expect_close(s, "rows beyond the cache");
 }
+
+INSTANTIATE_TEST_SUITE_P(CpuLevels, Attention, OSPREY_ALL_CPU_LEVELS);
 
 }  // namespace
 }  // namespace osprey

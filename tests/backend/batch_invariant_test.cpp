@@ -11,6 +11,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "backend/quant.h"
 #include "core/error.h"
 #include "model/quantize.h"
+#include "support/cpu_levels.h"
 #include "support/numeric.h"
 
 namespace osprey {
@@ -47,6 +49,8 @@ class BatchInvariant : public ::testing::TestWithParam<std::string> {
     if (GetParam() == "cuda") {
       if (!cuda_available()) GTEST_SKIP() << "no CUDA device: " << cuda_description();
       device_ = Device::cuda(0);
+    } else if (const std::string skip = testing::enter_device_param(GetParam(), cpu_level_); !skip.empty()) {
+      GTEST_SKIP() << skip;
     }
   }
   void TearDown() override { EXPECT_FALSE(ops::batch_invariant()) << "the mode leaked out of the test"; }
@@ -102,6 +106,7 @@ class BatchInvariant : public ::testing::TestWithParam<std::string> {
   }
 
   Device device_ = Device::cpu();
+  std::optional<ScopedCpuLevel> cpu_level_;  // the kernels' level on a cpu_<level> parameter
 };
 
 // ---- the mode itself ----------------------------------------------------------------------
@@ -431,7 +436,7 @@ TEST_P(BatchInvariant, ArgmaxRowsNamesABadArgument) {
   EXPECT_NE(message([&] { ops::argmax_rows(logits, out, f32_flags); }).find("nonfinite must"), std::string::npos);
 }
 
-INSTANTIATE_TEST_SUITE_P(BatchInvariantDevices, BatchInvariant, ::testing::Values("cpu", "cuda"),
+INSTANTIATE_TEST_SUITE_P(BatchInvariantDevices, BatchInvariant, ::testing::ValuesIn(testing::device_params()),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "backend/cuda_available.h"
 #include "backend/ops.h"
 #include "core/error.h"
+#include "support/cpu_levels.h"
 #include "support/numeric.h"
 
 namespace osprey {
@@ -27,6 +29,8 @@ class FamilyOps : public ::testing::TestWithParam<std::string> {
     if (GetParam() == "cuda") {
       if (!cuda_available()) GTEST_SKIP() << "no CUDA device: " << cuda_description();
       device_ = Device::cuda(0);
+    } else if (const std::string skip = testing::enter_device_param(GetParam(), cpu_level_); !skip.empty()) {
+      GTEST_SKIP() << skip;
     }
   }
   Array on_device(const std::vector<float>& v, Shape shape) const {
@@ -39,6 +43,7 @@ class FamilyOps : public ::testing::TestWithParam<std::string> {
     return {h.data<float>(), h.data<float>() + h.numel()};
   }
   Device device_ = Device::cpu();
+  std::optional<ScopedCpuLevel> cpu_level_;  // the kernels' level on a cpu_<level> parameter
 };
 
 double gelu_tanh_ref(double x) {
@@ -141,7 +146,7 @@ TEST_P(FamilyOps, SoftcapRefusesANonPositiveCap) {
   EXPECT_THROW(ops::softcap_(x, std::numeric_limits<float>::infinity()), InvalidInput);
 }
 
-INSTANTIATE_TEST_SUITE_P(Devices, FamilyOps, ::testing::Values("cpu", "cuda"),
+INSTANTIATE_TEST_SUITE_P(Devices, FamilyOps, ::testing::ValuesIn(testing::device_params()),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "backend/cpu/cpu_kernels.h"
 #include "core/error.h"
 #include "core/half.h"
+#include "support/cpu_levels.h"
 
 namespace osprey {
 namespace {
@@ -106,11 +107,13 @@ void check_all(LinearFn fn, const char* name) {
   }
 }
 
-TEST(Linear, MatchesDoubleReference) { check_all(&cpu::linear, "linear"); }
-TEST(Linear, RowsPathMatchesDoubleReference) { check_all(&cpu::linear_rows, "linear_rows"); }
-TEST(Linear, GemmPathMatchesDoubleReference) { check_all(&cpu::linear_gemm, "linear_gemm"); }
+class Linear : public testing::CpuLevelTest {};
 
-TEST(Linear, LargeGemmMatchesDoubleReference) {
+TEST_P(Linear, MatchesDoubleReference) { check_all(&cpu::linear, "linear"); }
+TEST_P(Linear, RowsPathMatchesDoubleReference) { check_all(&cpu::linear_rows, "linear_rows"); }
+TEST_P(Linear, GemmPathMatchesDoubleReference) { check_all(&cpu::linear_gemm, "linear_gemm"); }
+
+TEST_P(Linear, LargeGemmMatchesDoubleReference) {
   // Several k blocks and many panels, ragged edges in every dimension; more rows than one
   // packed chunk of x holds.
   ThreadPool pool(3);
@@ -125,7 +128,7 @@ TEST(Linear, LargeGemmMatchesDoubleReference) {
   }
 }
 
-TEST(Linear, RejectsIntegerWeights) {
+TEST_P(Linear, RejectsIntegerWeights) {
   ThreadPool pool(1);
   std::vector<float> x(4, 1.0f), y(2);
   std::vector<int32_t> w(8, 1);
@@ -148,7 +151,7 @@ double best_seconds(int reps, const std::function<void(int)>& fn) {
   return best;
 }
 
-TEST(Linear, DISABLED_LinearThroughput) {
+TEST_P(Linear, DISABLED_LinearThroughput) {
   std::mt19937 rng(7);
   for (int threads : {1, 0}) {
     ThreadPool pool(threads);
@@ -177,6 +180,8 @@ TEST(Linear, DISABLED_LinearThroughput) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(CpuLevels, Linear, OSPREY_ALL_CPU_LEVELS);
 
 }  // namespace
 }  // namespace osprey

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "backend/ops.h"
 #include "core/error.h"
 #include "core/half.h"
+#include "support/cpu_levels.h"
 #include "support/numeric.h"
 
 namespace osprey {
@@ -144,6 +146,8 @@ class PagedDevice : public ::testing::TestWithParam<std::string> {
     if (GetParam() == "cuda") {
       if (!cuda_available()) GTEST_SKIP() << "no CUDA device: " << cuda_description();
       device_ = Device::cuda(0);
+    } else if (const std::string skip = testing::enter_device_param(GetParam(), cpu_level_); !skip.empty()) {
+      GTEST_SKIP() << skip;
     }
   }
   bool on_cuda() const { return GetParam() == "cuda"; }
@@ -202,6 +206,7 @@ class PagedDevice : public ::testing::TestWithParam<std::string> {
   }
 
   Device device_ = Device::cpu();
+  std::optional<ScopedCpuLevel> cpu_level_;  // the kernels' level on a cpu_<level> parameter
 };
 
 class PagedAttention : public PagedDevice {};
@@ -499,9 +504,9 @@ TEST_P(PagedKV, RejectsBadArguments) {
   EXPECT_THROW(ops::gather_kv_blocks(keys, ops::cast(ids, DType::f32), 4), InvalidInput) << "f32 block ids";
 }
 
-INSTANTIATE_TEST_SUITE_P(Devices, PagedAttention, ::testing::Values("cpu", "cuda"),
+INSTANTIATE_TEST_SUITE_P(Devices, PagedAttention, ::testing::ValuesIn(testing::device_params()),
                          [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
-INSTANTIATE_TEST_SUITE_P(Devices, PagedKV, ::testing::Values("cpu", "cuda"),
+INSTANTIATE_TEST_SUITE_P(Devices, PagedKV, ::testing::ValuesIn(testing::device_params()),
                          [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
 
 }  // namespace

@@ -7,8 +7,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <iostream>
+#include <optional>
 #include <random>
 #include <string>
 #include <utility>
@@ -18,6 +20,7 @@
 #include "backend/cpu/quant_kernels.h"
 #include "core/error.h"
 #include "core/half.h"
+#include "support/cpu_levels.h"
 
 namespace osprey {
 namespace {
@@ -139,7 +142,9 @@ double worst_error(const std::vector<float>& y, const std::vector<double>& ref, 
   return worst;
 }
 
-TEST(QuantLinear, F32ActivationsMatchDoubleReference) {
+class QuantLinear : public testing::CpuLevelTest {};
+
+TEST_P(QuantLinear, F32ActivationsMatchDoubleReference) {
   ThreadPool pool1(1), pool3(3);
   std::mt19937 rng(2024);
   for (int bits : {2, 3, 4, 6, 8})
@@ -168,7 +173,7 @@ TEST(QuantLinear, F32ActivationsMatchDoubleReference) {
           }
 }
 
-TEST(QuantLinear, F32ActivationsLargerShapesMatchDoubleReference) {
+TEST_P(QuantLinear, F32ActivationsLargerShapesMatchDoubleReference) {
   // Many row tiles per thread, several k blocks for every n, an odd row count.
   ThreadPool pool(3);
   std::mt19937 rng(77);
@@ -281,8 +286,8 @@ TEST(QuantLinearInt8, EveryInstructionSetMatchesRoundedActivationReference) {
         }
 }
 
-TEST(QuantLinearInt8, ErrorAgainstF32ActivationsStaysWithinTheRoundingBound) {
-  // linear_q on 4-bit weights (the int8 path where the CPU has AVX2) against the exact
+TEST_P(QuantLinear, Int8ErrorAgainstF32ActivationsStaysWithinTheRoundingBound) {
+  // linear_q on 4-bit weights (the int8 path at every level but scalar) against the exact
   // product: within the largest effect of rounding x to int8, plus f32 rounding.
   ThreadPool pool(2);
   std::mt19937 rng(909);
@@ -310,7 +315,7 @@ TEST(QuantLinearInt8, ErrorAgainstF32ActivationsStaysWithinTheRoundingBound) {
   }
 }
 
-TEST(QuantLinearInt8, OtherBitsStayOnF32Activations) {
+TEST_P(QuantLinear, Int8PathLeavesOtherBitsOnF32Activations) {
   ThreadPool pool(2);
   std::mt19937 rng(31);
   for (int bits : {2, 3, 6, 8}) {
@@ -326,6 +331,33 @@ TEST(QuantLinearInt8, OtherBitsStayOnF32Activations) {
   }
 }
 
+TEST_P(QuantLinear, Int8PathFollowsTheLevel) {
+  // linear_q on 4-bit weights (n == 1 and n > 16) is, bit for bit, the int8 kernel of the
+  // widest instruction set of the level's vector width that the CPU has (AVX-512 VNNI, else
+  // AVX-512BW at v4 and v4-bf16; AVX-VNNI, else AVX2 at v3), and the f32-activation kernel at
+  // scalar.
+  const CpuLevel level = GetParam();
+  std::optional<cpu::Int8Isa> want;
+  if (level == CpuLevel::v3)
+    want = cpu::int8_isa_supported(cpu::Int8Isa::avx_vnni) ? cpu::Int8Isa::avx_vnni : cpu::Int8Isa::avx2;
+  else if (level != CpuLevel::scalar)
+    want = cpu::int8_isa_supported(cpu::Int8Isa::avx512_vnni) ? cpu::Int8Isa::avx512_vnni : cpu::Int8Isa::avx512bw;
+  ThreadPool pool(2);
+  std::mt19937 rng(4242);
+  const QMatrix m = make_matrix(45, 512, 4, 64, DType::f16, rng);
+  for (int64_t n : {1, 20}) {
+    const std::vector<float> x = random_vector(size_t(n * m.in), rng);
+    std::vector<float> got(size_t(n * m.out), std::nanf("")), expected(got.size(), std::nanf(""));
+    cpu::linear_q(x.data(), n, m.args(), nullptr, got.data(), pool);
+    if (want)
+      cpu::linear_q4_int8(x.data(), n, m.args(), nullptr, expected.data(), pool, *want);
+    else
+      cpu::linear_q_f32(x.data(), n, m.args(), nullptr, expected.data(), pool);
+    EXPECT_EQ(std::memcmp(got.data(), expected.data(), got.size() * sizeof(float)), 0)
+        << "n=" << n << ", expected " << (want ? cpu::int8_isa_name(*want) : "f32 activations");
+  }
+}
+
 TEST(QuantLinearInt8, ChoosesAnInstructionSetTheCpuHas) {
   cpu::Int8Isa best;
   if (!cpu::int8_isa_best(&best)) {
@@ -336,6 +368,16 @@ TEST(QuantLinearInt8, ChoosesAnInstructionSetTheCpuHas) {
   // The best one is the last (widest) supported in the order avx2, avx-vnni, avx512bw, avx512-vnni.
   EXPECT_EQ(int(best), int(supported_isas().back())) << cpu::int8_isa_name(best);
   std::cout << "int8 kernels: " << cpu::int8_isa_name(best) << "\n";
+  // Per level: none at scalar; at v3 a 256-bit one; at v4 and v4-bf16 the best.
+  cpu::Int8Isa isa;
+  EXPECT_FALSE(cpu::int8_isa_best(CpuLevel::scalar, &isa));
+  ASSERT_TRUE(cpu::int8_isa_best(CpuLevel::v3, &isa));
+  EXPECT_TRUE(isa == cpu::Int8Isa::avx2 || isa == cpu::Int8Isa::avx_vnni) << cpu::int8_isa_name(isa);
+  EXPECT_TRUE(cpu::int8_isa_supported(isa)) << cpu::int8_isa_name(isa);
+  for (CpuLevel level : {CpuLevel::v4, CpuLevel::v4_bf16}) {
+    ASSERT_TRUE(cpu::int8_isa_best(level, &isa));
+    EXPECT_EQ(int(isa), int(best)) << cpu_level_name(level);
+  }
 }
 
 TEST(QuantLinearInt8, RejectsWhatItDoesNotTake) {
@@ -346,7 +388,7 @@ TEST(QuantLinearInt8, RejectsWhatItDoesNotTake) {
   EXPECT_THROW(cpu::linear_q4_int8(x.data(), 1, m.args(), nullptr, y.data(), pool, cpu::Int8Isa::avx2), Unsupported);
 }
 
-TEST(QuantLinear, DequantizeRowsMatchesReference) {
+TEST_P(QuantLinear, DequantizeRowsMatchesReference) {
   std::mt19937 rng(5);
   for (int bits : {2, 3, 4, 6, 8})
     for (int g : {32, 64, 128})
@@ -376,7 +418,7 @@ TEST(QuantLinear, DequantizeRowsMatchesReference) {
       }
 }
 
-TEST(QuantLinear, DequantizeMatchesReference) {
+TEST_P(QuantLinear, DequantizeMatchesReference) {
   std::mt19937 rng(6);
   for (int bits : {2, 3, 4, 6, 8})
     for (int g : {32, 64, 128})
@@ -400,7 +442,7 @@ TEST(QuantLinear, DequantizeMatchesReference) {
       }
 }
 
-TEST(QuantLinear, RejectsUnsupportedFormats) {
+TEST_P(QuantLinear, RejectsUnsupportedFormats) {
   ThreadPool pool(1);
   std::mt19937 rng(1);
   const QMatrix m = make_matrix(4, 64, 4, 32, DType::f16, rng);
@@ -448,7 +490,7 @@ QMatrix make_bench_matrix(int64_t out, int64_t in, std::mt19937& rng) {
   return m;
 }
 
-TEST(QuantLinear, DISABLED_QuantLinearThroughput) {
+TEST_P(QuantLinear, DISABLED_QuantLinearThroughput) {
   std::mt19937 rng(11);
   const int64_t out = 4096, in = 14336;
   std::vector<QMatrix> ms;
@@ -490,6 +532,8 @@ TEST(QuantLinear, DISABLED_QuantLinearThroughput) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(CpuLevels, QuantLinear, OSPREY_ALL_CPU_LEVELS);
 
 }  // namespace
 }  // namespace osprey

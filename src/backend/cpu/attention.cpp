@@ -28,6 +28,7 @@
 #include "backend/cpu/split_merge.h"
 
 namespace osprey::cpu {
+OSPREY_CPU_LEVEL_BEGIN
 namespace {
 
 using namespace simd;
@@ -531,4 +532,5 @@ void attention(const AttentionArgs& a, ThreadPool& pool) {
   }
 }
 
+OSPREY_CPU_LEVEL_END
 }  // namespace osprey::cpu

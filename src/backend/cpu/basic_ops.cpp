@@ -9,6 +9,7 @@
 #include "core/thread_pool.h"
 
 namespace osprey::cpu {
+OSPREY_CPU_LEVEL_BEGIN
 namespace {
 
 // Converts n elements of `src` (dtype dt) to f32.
@@ -46,12 +47,6 @@ std::vector<float> vector_f32(const Array& w) {
 }
 
 }  // namespace
-
-float load_f32(const Array& a, int64_t i) {
-  float v;
-  to_f32(static_cast<const char*>(a.raw()) + i * int64_t(a.itemsize()), a.dtype(), 1, &v);
-  return v;
-}
 
 void embedding(const Array& table, const Array& ids, float scale, Array& out) {
   const int64_t n = ids.numel(), d = table.dim(1);
@@ -263,4 +258,5 @@ void copy_into(const Array& dst, const Array& src) {
       }
 }
 
+OSPREY_CPU_LEVEL_END
 }  // namespace osprey::cpu

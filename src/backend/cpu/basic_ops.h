@@ -1,9 +1,11 @@
 #pragma once
 // CPU implementations of the element-wise and normalisation ops (see backend/ops.h for the
 // contracts). Arguments are checked by ops.cpp before these run.
+#include "backend/cpu/level.h"
 #include "core/array.h"
 
 namespace osprey::cpu {
+OSPREY_CPU_LEVEL_BEGIN
 
 void embedding(const Array& table, const Array& ids, float scale, Array& out);
 void rms_norm(const Array& x, const Array& weight, float eps, bool unit_offset, Array& out);
@@ -18,7 +20,5 @@ void softcap_(Array& x, float cap);
 void rope_(Array& x, const Array& positions, const Array& inv_freq, bool interleaved, float mscale);
 void copy_into(const Array& dst, const Array& src);
 
-// Reads element i of a contiguous float array of any float dtype as f32.
-float load_f32(const Array& a, int64_t i);
-
+OSPREY_CPU_LEVEL_END
 }  // namespace osprey::cpu

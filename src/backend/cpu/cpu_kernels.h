@@ -6,11 +6,13 @@
 // paths (n == 1) allocate nothing.
 #include <cstdint>
 
+#include "backend/cpu/level.h"
 #include "backend/kernel_args.h"
 #include "core/dtype.h"
 #include "core/thread_pool.h"
 
 namespace osprey::cpu {
+OSPREY_CPU_LEVEL_BEGIN
 
 // y[n, out] = x[n, in] * w[out, in]^T + bias[out] (bias may be nullptr). x, y, bias f32,
 // row-major, contiguous; w is f32, f16 or bf16, row-major contiguous. Accumulates in f32.
@@ -51,4 +53,5 @@ using osprey::PagedAttentionArgs;  // backend/kernel_args.h
 // zeros. The caller has checked the block ids and lengths.
 void paged_attention(const PagedAttentionArgs& a, ThreadPool& pool);
 
+OSPREY_CPU_LEVEL_END
 }  // namespace osprey::cpu

@@ -30,6 +30,7 @@
 #include "core/error.h"
 
 namespace osprey::cpu {
+OSPREY_CPU_LEVEL_BEGIN
 namespace {
 
 using namespace simd;
@@ -275,4 +276,5 @@ void linear_gemm(const float* x, int64_t n, int64_t in, const void* w, DType w_d
   }
 }
 
+OSPREY_CPU_LEVEL_END
 }  // namespace osprey::cpu

@@ -8,6 +8,7 @@
 #include "core/thread_pool.h"
 
 namespace osprey::cpu {
+OSPREY_CPU_LEVEL_BEGIN
 
 // Outputs per packed panel (the micro-kernel's width) and the k extent of one panel, at most.
 inline constexpr int kGemmPanelWidth = simd::kWidth == 16 ? 48 : simd::kWidth == 8 ? 16 : 4;
@@ -26,4 +27,5 @@ void gemm_with_packer(const float* x, int64_t n, int64_t in, int64_t out, PanelP
 // kGemmPanelWidth (rows <= kGemmPanelWidth): the f32 packer over rows already in memory.
 void pack_panel_f32(const float* src, int64_t ld, int rows, int64_t kc, float* bp);
 
+OSPREY_CPU_LEVEL_END
 }  // namespace osprey::cpu

@@ -1,5 +1,5 @@
 #pragma once
-// A thin f32 vector layer over the widest instruction set the build targets: AVX-512F
+// A thin f32 vector layer over the widest instruction set of the level being built (level.h): AVX-512F
 // (16 lanes), AVX2 + FMA + F16C (8 lanes), or plain scalar code (1 lane). The kernels in this
 // folder are written once against it. Internal to src/backend/cpu.
 #include <cmath>
@@ -16,9 +16,16 @@
 #pragma GCC diagnostic pop
 #endif
 
+#include "backend/cpu/level.h"
 #include "core/half.h"
 
-namespace osprey::cpu::simd {
+#if !defined(OSPREY_CPU_LEVEL)
+#error "an internal header of the kernels' per-level build (backend/cpu/level.h)"
+#endif
+
+namespace osprey::cpu {
+OSPREY_CPU_LEVEL_BEGIN
+namespace simd {
 
 #if defined(__AVX512F__)
 
@@ -286,4 +293,6 @@ struct BF16 {
   static float scalar(uint16_t v) { return bf16_to_f32(v); }
 };
 
-}  // namespace osprey::cpu::simd
+}  // namespace simd
+OSPREY_CPU_LEVEL_END
+}  // namespace osprey::cpu

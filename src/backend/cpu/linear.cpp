@@ -10,6 +10,7 @@
 #include "core/error.h"
 
 namespace osprey::cpu {
+OSPREY_CPU_LEVEL_BEGIN
 namespace {
 
 using namespace simd;
@@ -257,4 +258,5 @@ void linear(const float* x, int64_t n, int64_t in, const void* w, DType w_dtype,
     linear_gemm(x, n, in, w, w_dtype, out, bias, y, pool);
 }
 
+OSPREY_CPU_LEVEL_END
 }  // namespace osprey::cpu

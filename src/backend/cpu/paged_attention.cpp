@@ -19,6 +19,7 @@
 #include "backend/cpu/split_merge.h"
 
 namespace osprey::cpu {
+OSPREY_CPU_LEVEL_BEGIN
 namespace {
 
 using namespace simd;
@@ -140,4 +141,5 @@ void paged_attention(const PagedAttentionArgs& a, ThreadPool& pool) {
     }
 }
 
+OSPREY_CPU_LEVEL_END
 }  // namespace osprey::cpu

@@ -12,6 +12,7 @@
 #include "core/half.h"
 
 namespace osprey::cpu {
+OSPREY_CPU_LEVEL_BEGIN
 namespace {
 
 using namespace simd;
@@ -114,4 +115,5 @@ void dequantize(const QuantArgs& w, DType out_dtype, void* out) {
   }
 }
 
+OSPREY_CPU_LEVEL_END
 }  // namespace osprey::cpu

@@ -22,6 +22,7 @@
 #include "backend/cpu/quant_int8.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -304,6 +305,27 @@ bool int8_isa_best(Int8Isa* isa) {
   }();
   if (best < 0) return false;
   *isa = Int8Isa(best);
+  return true;
+}
+
+bool int8_isa_best(CpuLevel level, Int8Isa* isa) {
+  // Per level, the best set's index, or -1; CPUID is read once.
+  static const std::array<int, std::size(kAllCpuLevels)> best = [] {
+    std::array<int, std::size(kAllCpuLevels)> b{};
+    for (CpuLevel l : kAllCpuLevels) {
+      b[size_t(l)] = -1;
+      if (l == CpuLevel::scalar) continue;
+      for (Int8Isa i : {Int8Isa::avx512_vnni, Int8Isa::avx512bw, Int8Isa::avx_vnni, Int8Isa::avx2}) {
+        const bool wide = i == Int8Isa::avx512_vnni || i == Int8Isa::avx512bw;
+        if ((wide && l == CpuLevel::v3) || !int8_isa_supported(i)) continue;
+        b[size_t(l)] = int(i);
+        break;
+      }
+    }
+    return b;
+  }();
+  if (best[size_t(level)] < 0) return false;
+  *isa = Int8Isa(best[size_t(level)]);
   return true;
 }
 

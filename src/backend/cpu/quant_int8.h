@@ -11,6 +11,7 @@
 // off by at most d_j / 512 (d_j / 256 in the rare case where l is clamped to 127), about 16 bits.
 #include <cstdint>
 
+#include "backend/cpu_level.h"
 #include "backend/quant_args.h"
 #include "core/thread_pool.h"
 
@@ -29,6 +30,9 @@ const char* int8_isa_name(Int8Isa isa);
 bool int8_isa_supported(Int8Isa isa);
 // The fastest supported one, or false when the CPU has none of them (no AVX2).
 bool int8_isa_best(Int8Isa* isa);
+// The fastest supported one of the vector width that `level` runs: none at scalar, AVX-VNNI or
+// AVX2 at v3, any at v4 and v4-bf16 (AVX-512 VNNI where the CPU has it). False when none.
+bool int8_isa_best(CpuLevel level, Int8Isa* isa);
 
 // Whether linear_q4_int8 takes w: 4 bits, group 32, 64 or 128, f16 or bf16 scales.
 bool int8_path_takes(const QuantArgs& w);

@@ -7,11 +7,13 @@
 // path (n == 1) allocates nothing.
 #include <cstdint>
 
+#include "backend/cpu/level.h"
 #include "backend/quant_args.h"
 #include "core/dtype.h"
 #include "core/thread_pool.h"
 
 namespace osprey::cpu {
+OSPREY_CPU_LEVEL_BEGIN
 
 // y[n, out] = x[n, in] * dequant(w)^T + bias[out] (bias may be nullptr); x, y f32 contiguous.
 // 4-bit weights with n == 1 or n > 16, when the CPU has AVX2 or better: x rounded to two int8
@@ -34,4 +36,5 @@ void dequantize_rows(const QuantArgs& w, const int32_t* rows, int64_t n, float s
 // for another out_dtype.
 void dequantize(const QuantArgs& w, DType out_dtype, void* out);
 
+OSPREY_CPU_LEVEL_END
 }  // namespace osprey::cpu

@@ -39,6 +39,7 @@
 #include "core/error.h"
 
 namespace osprey::cpu {
+OSPREY_CPU_LEVEL_BEGIN
 namespace {
 
 using namespace simd;
@@ -501,10 +502,11 @@ void linear_q_f32(const float* x, int64_t n, const QuantArgs& w, const float* bi
 void linear_q(const float* x, int64_t n, const QuantArgs& w, const float* bias, float* y, ThreadPool& pool) {
   Int8Isa isa;
   // NOTE: for 1 < n <= kRowsMaxN the f32 kernels win: the integer GEMM unpacks all of w per call.
-  if ((n == 1 || n > kRowsMaxN) && int8_path_takes(w) && int8_isa_best(&isa))
+  if ((n == 1 || n > kRowsMaxN) && int8_path_takes(w) && int8_isa_best(kLevel, &isa))
     linear_q4_int8(x, n, w, bias, y, pool, isa);
   else
     linear_q_f32(x, n, w, bias, y, pool);
 }
 
+OSPREY_CPU_LEVEL_END
 }  // namespace osprey::cpu

@@ -10,7 +10,9 @@
 #include <immintrin.h>
 #endif
 
-namespace osprey::cpu::simd {
+namespace osprey::cpu {
+OSPREY_CPU_LEVEL_BEGIN
+namespace simd {
 
 // For load_codes_bytes: lane l takes bytes B * l / 8 and the next one as its low 16 bits
 // (shuffle indices; 0x80 zeroes a byte), then shifts right by B * l % 8.
@@ -173,4 +175,6 @@ inline float load_scalar(const uint16_t* p) {
   return SF::scalar(*p);
 }
 
-}  // namespace osprey::cpu::simd
+}  // namespace simd
+OSPREY_CPU_LEVEL_END
+}  // namespace osprey::cpu

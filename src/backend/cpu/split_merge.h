@@ -6,7 +6,14 @@
 #include <cstdint>
 #include <limits>
 
+#include "backend/cpu/level.h"
+
+#if !defined(OSPREY_CPU_LEVEL)
+#error "an internal header of the kernels' per-level build (backend/cpu/level.h)"
+#endif
+
 namespace osprey::cpu {
+OSPREY_CPU_LEVEL_BEGIN
 
 // dst[0, D) = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M) over the n_splits partials of one
 // query vector, in ascending order. Partial s starts at first + s * stride and holds its
@@ -30,4 +37,5 @@ inline void merge_splits(const float* first, int64_t stride, int64_t n_splits, i
   for (int64_t d = 0; d < D; ++d) dst[d] *= inv;
 }
 
+OSPREY_CPU_LEVEL_END
 }  // namespace osprey::cpu
