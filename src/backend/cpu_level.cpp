@@ -140,7 +140,7 @@ CpuLevel resolve_cpu_level(std::string_view requested, CpuLevel host_best, std::
     throw InvalidInput(what + ": not a CPU level (scalar, v3, v4 or v4-bf16); this CPU's best is " +
                        cpu_level_name(host_best));
   if (*level > host_best)
-    throw Unsupported(what + ": this CPU lacks " + cpu_level_features(*level) + "; its best level is " +
+    throw Unsupported(what + ": this CPU lacks the level (" + cpu_level_features(*level) + "); its best level is " +
                       cpu_level_name(host_best));
   return *level;
 }
@@ -160,8 +160,8 @@ std::string cpu_level_name() { return cpu_level_name(cpu_level()); }
 
 ScopedCpuLevel::ScopedCpuLevel(CpuLevel level) : previous_(cpu_level()) {
   if (!cpu_level_supported(level))
-    throw Unsupported(std::string("CPU level ") + cpu_level_name(level) + ": this CPU lacks " +
-                      cpu_level_features(level) + "; its best level is " + cpu_level_name(cpu_best_level()));
+    throw Unsupported(std::string("CPU level ") + cpu_level_name(level) + ": this CPU lacks the level (" +
+                      cpu_level_features(level) + "); its best level is " + cpu_level_name(cpu_best_level()));
   std::lock_guard<std::mutex> lock(g_choose_mu);
   set_level(level);
 }
