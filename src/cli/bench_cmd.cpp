@@ -262,6 +262,7 @@ int run_bench_cmd(const BenchOptions& o) {
     bb.block_size = o.block_size;
     bb.seed = o.seed;
     bb.graphs = env.cuda_graphs;
+    bb.inplace = env.kv_inplace_write;
     bb.split_keys = env.paged_split_keys;
     ops::set_batch_invariant(o.batch_invariant);
     print_batched(h, run_batched_bench(*model, bb), o.batch_invariant, o.output);

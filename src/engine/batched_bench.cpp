@@ -23,6 +23,7 @@ BatchedBenchResult run_one(Model& model, const BatchedBenchParams& p, int batch,
   o.prefix_cache = false;
   o.graphs = p.graphs;
   o.split_keys = p.split_keys;
+  o.inplace = p.inplace;
   Allocator& alloc = allocator_for(info.device);
   ops::synchronize(info.device);
   alloc.reset_peak();

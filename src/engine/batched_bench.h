@@ -20,6 +20,7 @@ struct BatchedBenchParams {
   uint64_t seed = 1234;
   bool graphs = true;       // PagedBackendOptions::graphs
   int64_t split_keys = 0;   // PagedBackendOptions::split_keys
+  bool inplace = true;      // PagedBackendOptions::inplace
 };
 
 struct BatchedBenchResult {

@@ -41,6 +41,7 @@ PagedBackend::PagedBackend(Model& model, const PagedBackendOptions& options) : m
   PagedPoolParams pp;
   for (int64_t l = 0; l < info.n_layers; ++l) pp.layers.push_back(model.kv_params(l));
   pp.block_size = options.block_size;
+  pp.inplace = options.inplace;
   const int64_t block_bytes = paged_block_bytes(pp);
   block_bytes_ = block_bytes;
   int64_t bytes = options.kv_cache_bytes;

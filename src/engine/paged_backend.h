@@ -34,6 +34,8 @@ struct PagedBackendOptions {
   // Keys per split of the paged attention (a multiple of 64). 0: 128 with batch invariance on,
   // else by bucket (64 for buckets of 1 and 2, 128 up to 8, 1024 beyond; measured on the H200).
   int64_t split_keys = 0;
+  // OSPREY_KV_INPLACE_WRITE: off, every K/V write is a copying write (PagedPoolParams::inplace).
+  bool inplace = true;
 };
 
 // What the prefix cache did, in the terms of the server's prompt cache metrics.

@@ -758,6 +758,7 @@ void Server::load() {
     po.prefix_cache = m.opt.prompt_cache_mib > 0;
     po.graphs = m.opt.graphs;
     po.split_keys = env_options().paged_split_keys;
+    po.inplace = m.opt.cache.inplace;
     auto b = std::make_unique<PagedBackend>(*m.model, po);
     m.paged = b.get();
     m.backend = std::move(b);
