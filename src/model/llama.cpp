@@ -56,6 +56,7 @@ namespace {
 
 struct LlamaLayer {
   Array attn_norm, mlp_norm;  // [hidden] f32
+  Array q_norm, k_norm;       // [head_dim] f32 when qk_norm
   LinearGroup qkv;            // q [n_heads hd, hidden], k, v [n_kv_heads hd, hidden], biases when attention_bias
   LinearWeight wo;            // [hidden, n_heads hd]
   Array bo;                   // [hidden] f32 or undefined
@@ -93,6 +94,10 @@ class LlamaModel final : public Model {
       LlamaLayer L;
       L.attn_norm = w.vector_f32(p + "input_layernorm.weight", h);
       L.mlp_norm = w.vector_f32(p + "post_attention_layernorm.weight", h);
+      if (cfg.qk_norm) {
+        L.q_norm = w.vector_f32(p + "self_attn.q_norm.weight", hd);
+        L.k_norm = w.vector_f32(p + "self_attn.k_norm.weight", hd);
+      }
       // A row-split layer's bias is added once, by rank 0, before the reduction.
       auto row_split_bias = [&](const std::string& name) {
         if (lead) return w.vector_f32(name, h);
@@ -135,7 +140,7 @@ class LlamaModel final : public Model {
 
  protected:
   KVCacheParams layer_cache_params(int64_t, const KVCacheParams& params) const override {
-    return layer_kv_params(params, heads_.n_kv_heads, cfg_.head_dim, DType::f16, 0);
+    return layer_kv_params(params, heads_.n_kv_heads, cfg_.head_dim, DType::f16, cfg_.sliding_window);
   }
 
   Array forward_tokens(const Array& tokens, const Array& positions, SequenceCache& cache, bool all_logits) override {
@@ -148,10 +153,16 @@ class LlamaModel final : public Model {
     Array h = ops::rms_norm(x, layers_[0].attn_norm, eps);
     for (size_t li = 0; li < layers_.size(); ++li) {
       const LlamaLayer& L = layers_[li];
-      AttentionInputs in = attention_inputs(h, L.qkv, shape, positions, inv_freq_);
+      QKTransform t;
+      t.inv_freq = inv_freq_;
+      t.q_norm = L.q_norm;
+      t.k_norm = L.k_norm;
+      t.norm_eps = eps;
+      AttentionInputs in = attention_inputs(h, L.qkv, shape, positions, t);
       KVView kv = cache.layer(li).update_and_fetch(in.k, in.v, positions);
       ops::AttentionParams ap = kv.attention_params();
       ap.scale = scale;
+      ap.window = int(cfg_.sliding_window);
       Array a = ops::attention(in.q, kv.keys, kv.values, ap);  // [n, nh * hd]
       Array o = ops::linear(a, L.wo, L.bo);
       if (comm_) comm_->all_reduce_sum_(o);

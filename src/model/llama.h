@@ -1,6 +1,6 @@
 #pragma once
 // The Llama decoder (Llama 3.x) and its close relatives that differ only in typed config
-// fields (Qwen2: q/k/v biases, tied embeddings).
+// fields (Qwen2: q/k/v biases, tied embeddings; Qwen3: q/k norms; Mistral: a sliding window).
 #include <memory>
 #include <string>
 
@@ -26,6 +26,12 @@ struct LlamaConfig {
   bool attention_bias = false;  // q/k/v (and o, for Llama's attention_bias) biases
   bool o_proj_bias = false;
   bool mlp_bias = false;
+  // Qwen3: q and k go through a per-head RMSNorm (self_attn.q_norm / k_norm, [head_dim]) between
+  // the projection and RoPE.
+  bool qk_norm = false;
+  // Mistral: every layer attends to the last sliding_window positions (a rotating cache of that
+  // many rows); 0: full attention.
+  int64_t sliding_window = 0;
   QuantConfig quant;  // MLX affine quantization; not present for a dense checkpoint
 };
 

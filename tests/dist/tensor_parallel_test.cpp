@@ -282,6 +282,14 @@ TEST(TensorParallel, Qwen2TiedHeadAndQkvBiasesMatchUnsharded) {
   expect_sharded_equals_whole(fixture("qwen2"), 4);
 }
 
+TEST(TensorParallel, Qwen3HeadNormsMatchUnsharded) {
+  expect_sharded_equals_whole(fixture("qwen3"), 2);
+}
+
+TEST(TensorParallel, MistralSlidingWindowMatchesUnsharded) {
+  expect_sharded_equals_whole(fixture("mistral"), 2);
+}
+
 TEST(TensorParallel, Qwen2QuantizedMatchesUnsharded) {
   // 4- and 6-bit groups of 32 (o_proj's 64 inputs split into whole groups on 2 ranks), a
   // dense down_proj and o_proj, and a quantized embedding that is also the head.
