@@ -446,16 +446,11 @@ std::vector<std::string> files_to_fetch(const std::vector<std::string>& siblings
   return files;
 }
 
-fs::path download_model(const HubId& id, const ResolveOptions& o) {
-  if (o.cache_dir.empty()) throw IoError("no Hugging Face cache folder to download into (set HF_HUB_CACHE or HF_HOME)");
-  if (o.offline) {
-    std::optional<fs::path> cached = find_cached_snapshot(o.cache_dir, id);
-    if (cached && missing_model_files(*cached).empty()) return *cached;
-    throw IoError("HF_HUB_OFFLINE is set, and " + id.spec() + " is not (wholly) in the Hugging Face cache (" +
-                  o.cache_dir.string() + "): unset HF_HUB_OFFLINE to download it");
-  }
+namespace {
+
+// download_model's work once the offline case is out of the way.
+fs::path fetch_model(const HubId& id, const ResolveOptions& o) {
   const RepoInfo info = fetch_repo_info(id, o);
-  for (const std::string& f : info.files) check_repo_file_name(f, id.repo() + "'s file list");
   const std::vector<std::string> files = files_to_fetch(info.files, id.repo());
   const fs::path repo = repo_cache_dir(o.cache_dir, id);
   const fs::path snapshot = repo / "snapshots" / info.commit;
@@ -481,6 +476,23 @@ fs::path download_model(const HubId& id, const ResolveOptions& o) {
   }
   if (!is_commit_hash(id.revision)) write_ref(repo, id.revision, info.commit);
   return snapshot;
+}
+
+}  // namespace
+
+fs::path download_model(const HubId& id, const ResolveOptions& o) {
+  if (o.cache_dir.empty()) throw IoError("no Hugging Face cache folder to download into (set HF_HUB_CACHE or HF_HOME)");
+  if (o.offline) {
+    std::optional<fs::path> cached = find_cached_snapshot(o.cache_dir, id);
+    if (cached && missing_model_files(*cached).empty()) return *cached;
+    throw IoError("HF_HUB_OFFLINE is set, and " + id.spec() + " is not (wholly) in the Hugging Face cache (" +
+                  o.cache_dir.string() + "): unset HF_HUB_OFFLINE to download it");
+  }
+  try {
+    return fetch_model(id, o);
+  } catch (const fs::filesystem_error& e) {
+    throw IoError(std::string("the Hugging Face cache: ") + e.what());
+  }
 }
 
 }  // namespace osprey::hub

@@ -489,6 +489,17 @@ TEST(HubDownload, OfflineOrUnreachableIsAClearError) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
 }
 
+TEST(HubDownload, ACacheThatCannotBeWrittenIsAnIoError) {
+  FakeHub server;
+  server.add("org/tiny", tiny_repo());
+  TempDir d;
+  testing::write_file(d / "not-a-folder", "x");
+  const ResolveOptions o = options_for(d / "not-a-folder" / "hub", server);
+  EXPECT_THROW(hub::download_model(id_of("org/tiny"), o), IoError);
+  const std::string m = message_of([&] { hub::download_model(id_of("org/tiny"), o); });
+  EXPECT_NE(m.find("not-a-folder"), std::string::npos) << m;
+}
+
 // The CLI end to end: `osprey pull` prints the snapshot folder; `generate -m org/demo
 // --download` fetches models/demo's files from the server and prints the tokens `-m
 // models/demo` prints.
