@@ -36,6 +36,7 @@ using nlohmann::ordered_json;
 
 struct ChatOptions {
   std::string model;
+  bool download = false;
   std::string system;
   std::string template_name;
   int n_predict = 512;
@@ -212,7 +213,7 @@ bool command(Chat& chat, const std::string& line) {
 
 int run_chat(const ChatOptions& o) {
   if (o.threads >= 0) set_cpu_threads(o.threads);
-  const std::string dir = o.model.empty() ? default_model_dir() : o.model;
+  const std::string dir = model_folder(o.model, o.download);
   if (!fs::exists(dir)) throw IoError("model folder " + dir + " does not exist");
   Chat chat(o, dir);
   const bool tty = isatty(STDIN_FILENO);
@@ -255,7 +256,8 @@ int run_chat(const ChatOptions& o) {
 
 Command add_chat(CLI::App& app) {
   auto o = std::make_shared<ChatOptions>();
-  app.add_option("-m,--model", o->model, "Model folder with a chat template (default: the embedded default model)");
+  app.add_option("-m,--model", o->model, "Model folder with a chat template, or a Hub id org/name[:revision] (default: the embedded default model)");
+  app.add_flag("--download", o->download, "Fetch a Hub model missing from the Hugging Face cache (as osprey pull does)");
   app.add_option("--system", o->system, "System message opening the conversation");
   app.add_option("--template-name", o->template_name, "Which of the folder's named templates (default: \"default\")");
   app.add_option("-n,--n-predict", o->n_predict, "Most tokens per reply")->check(int_range(0, INT32_MAX));

@@ -30,6 +30,12 @@ Command add_convert(CLI::App& app);
 Command add_template(CLI::App& app);
 Command add_chat(CLI::App& app);
 Command add_serve(CLI::App& app);
+Command add_pull(CLI::App& app);
+
+// The model folder -m names (hub::resolve_model, with the environment's Hugging Face cache):
+// a folder, a file in one, or a Hub id in the cache, fetched first when `download` is set;
+// the embedded default when `model` is empty.
+std::string model_folder(const std::string& model, bool download);
 
 // The model folder to use when -m is not given: the embedded default. Throws IoError with
 // a hint when it has not been made.

@@ -33,6 +33,7 @@ namespace {
 
 struct GenerateOptions {
   std::string model;
+  bool download = false;
   std::optional<std::string> prompt;
   std::string token_ids;
   int n_predict = 128;
@@ -66,7 +67,7 @@ std::vector<int32_t> parse_token_ids(const std::string& s) {
 
 int run_generate(const GenerateOptions& o) {
   if (o.threads >= 0) set_cpu_threads(o.threads);
-  const std::string dir = o.model.empty() ? default_model_dir() : o.model;
+  const std::string dir = model_folder(o.model, o.download);
   if (!fs::exists(dir)) throw IoError("model folder " + dir + " does not exist");
 
   std::optional<Tokenizer> tokenizer;
@@ -165,7 +166,8 @@ GenerateParams generate_params(const EnvOptions& env) {
 
 Command add_generate(CLI::App& app) {
   auto o = std::make_shared<GenerateOptions>();
-  app.add_option("-m,--model", o->model, "Model folder (default: the embedded default model)");
+  app.add_option("-m,--model", o->model, "Model folder, or a Hub id org/name[:revision] (default: the embedded default model)");
+  app.add_flag("--download", o->download, "Fetch a Hub model missing from the Hugging Face cache (as osprey pull does)");
   auto* p = app.add_option("-p,--prompt", o->prompt, "Prompt text (tokenized with the model's tokenizer.json)");
   auto* t = app.add_option("--token-ids", o->token_ids, "Prompt as comma-separated token ids");
   p->excludes(t);

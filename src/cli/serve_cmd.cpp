@@ -22,6 +22,7 @@ namespace {
 struct ServeOptions {
   ServerOptions server;
   std::string model;
+  bool download = false;
   std::string device;
   int threads = -1;
   int64_t max_body_mib = 8;
@@ -30,7 +31,8 @@ struct ServeOptions {
 int run_serve(ServeOptions& o) {
   if (o.threads >= 0) set_cpu_threads(o.threads);
   ServerOptions& so = o.server;
-  so.model_dir = o.model.empty() ? default_model_dir() : o.model;
+  so.model_dir = model_folder(o.model, o.download);
+  if (so.alias.empty() && !o.model.empty() && !fs::exists(o.model)) so.alias = o.model;  // a Hub id names itself
   if (!fs::exists(so.model_dir)) throw IoError("model folder " + so.model_dir.string() + " does not exist");
   so.device = select_device(o.device.empty() ? env_options().device : o.device);
   const EnvOptions& env = env_options();
@@ -77,7 +79,8 @@ int run_serve(ServeOptions& o) {
 Command add_serve(CLI::App& app) {
   auto o = std::make_shared<ServeOptions>();
   ServerOptions& s = o->server;
-  app.add_option("-m,--model", o->model, "Model folder (default: the embedded default model)");
+  app.add_option("-m,--model", o->model, "Model folder, or a Hub id org/name[:revision] (default: the embedded default model)");
+  app.add_flag("--download", o->download, "Fetch a Hub model missing from the Hugging Face cache (as osprey pull does)");
   app.add_option("--host", s.host, "Address to listen on")->capture_default_str();
   app.add_option("--port", s.port, "Port to listen on (0: any free port)")->check(CLI::Range(0, 65535))->capture_default_str();
   app.add_option("-c,--ctx-size", s.ctx_size, "Context per sequence (0: the model's)")->check(CLI::NonNegativeNumber);

@@ -1,7 +1,7 @@
 #pragma once
 // Every OSPREY_ environment variable is read here, once, into EnvOptions; components take
 // the values they need through their own parameter structs. docs/environment-variables.md
-// lists them all.
+// lists them all, with the Hugging Face variables read for models named by Hub id.
 #include <string>
 
 namespace osprey {
@@ -19,6 +19,14 @@ struct EnvOptions {
   bool cuda_graphs = true;         // OSPREY_CUDA_GRAPHS: 0 turns decode-step graph replay off
   int paged_split_keys = 0;        // OSPREY_PAGED_SPLIT_KEYS: keys per split of paged attention (0: chosen)
   bool cuda_pdl = true;            // OSPREY_CUDA_PDL: 0 turns programmatic dependent launch off
+  // huggingface_hub's variables, raw (hub/hub_cache.h's resolve_options orders the cache's).
+  std::string hf_hub_cache;    // HF_HUB_CACHE: the Hub cache folder
+  std::string hf_home;         // HF_HOME: its parent (the cache is $HF_HOME/hub)
+  std::string xdg_cache_home;  // XDG_CACHE_HOME: else $XDG_CACHE_HOME/huggingface/hub
+  std::string home;            // HOME: else ~/.cache/huggingface/hub
+  std::string hf_endpoint = "https://huggingface.co";  // HF_ENDPOINT
+  std::string hf_token;        // HF_TOKEN: sent as "Authorization: Bearer"
+  bool hf_hub_offline = false;  // HF_HUB_OFFLINE: 1/true/on/yes forbid downloads
 };
 
 // Read once, on first use; later changes to the environment are not seen.
