@@ -170,10 +170,13 @@ int main(int argc, char** argv) {
   if (!args.empty() && args[0] == "serve")
     for (std::string& a : args)
       if (a == "-np") a = "--parallel";
-  // vLLM's -tp, the same way (generate and bench; not where it is the prompt's text).
+  // vLLM's -tp, the same way (generate and bench; not where it is the value of a text flag).
   if (!args.empty() && (args[0] == "generate" || args[0] == "bench"))
-    for (size_t i = 1; i < args.size(); ++i)
-      if (args[i] == "-tp" && args[i - 1] != "-p" && args[i - 1] != "--prompt") args[i] = "--tensor-parallel";
+    for (size_t i = 1; i < args.size(); ++i) {
+      const std::string& before = args[i - 1];
+      if (args[i] == "-tp" && before != "-p" && before != "--prompt" && before != "--stop" && before != "--system")
+        args[i] = "--tensor-parallel";
+    }
   std::reverse(args.begin(), args.end());
   try {
     app.parse(args);
