@@ -44,6 +44,15 @@ class HelpFormatter : public CLI::Formatter {
     label("Subcommands", "Commands");
   }
 
+  // One blank line before a group: CLI11 writes one between groups and another at the head of
+  // each, so the groups after the first ("Options", which holds --help) lose theirs.
+  std::string make_group(std::string group, bool is_positional, std::vector<const CLI::Option*> opts) const override {
+    const bool first = group == "Options" || is_positional;
+    std::string out = CLI::Formatter::make_group(std::move(group), is_positional, std::move(opts));
+    if (!first && !out.empty() && out.front() == '\n') out.erase(0, 1);
+    return out;
+  }
+
   std::string make_option_opts(const CLI::Option* opt) const override {
     if (!opt->get_option_text().empty()) return " " + opt->get_option_text();
     std::string out;
