@@ -45,7 +45,7 @@ struct GenerateOptions {
   std::optional<std::string> prompt;
   std::string prompt_file;
   std::string token_ids;
-  std::string system;
+  std::optional<std::string> system;  // --system, with --chat
   std::vector<std::string> stops;
   int n_predict = 128;
   int64_t ctx_size = 0;  // 0: the model's max_position_embeddings
@@ -134,7 +134,7 @@ int run_generate(const GenerateOptions& o) {
   std::vector<int32_t> prompt;
   if (o.chat) {
     nlohmann::ordered_json messages = nlohmann::ordered_json::array();
-    if (!o.system.empty()) messages.push_back({{"role", "system"}, {"content", o.system}});
+    if (o.system) messages.push_back({{"role", "system"}, {"content", *o.system}});
     messages.push_back({{"role", "user"}, {"content", *text}});
     // The template writes BOS itself: no second one from the post-processor.
     nlohmann::ordered_json request = {{"messages", messages}, {"add_generation_prompt", true}};
