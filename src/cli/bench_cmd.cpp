@@ -320,8 +320,12 @@ Command add_bench(CLI::App& app) {
   app.add_option("--batch", o->batch_arg,
                  "Batch sizes to time as llama-batched-bench does (e.g. 1,4,16,64): each decodes that many sequences "
                  "of -p prompt and -n generated tokens together");
-  app.add_option("--block-size", o->block_size, "--batch: rows per KV block")->check(CLI::Range(1, 1024))->capture_default_str();
-  app.add_flag("--batch-invariant", o->batch_invariant, "--batch: batch-invariant kernels (docs/design.md)");
+  app.add_option("--block-size", o->block_size, "--batch: rows per KV block")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str()
+      ->group("Advanced");
+  app.add_flag("--batch-invariant", o->batch_invariant, "--batch: batch-invariant kernels (docs/design.md)")
+      ->group("Advanced");
   return [o] {
     if (!o->batch_arg.empty()) o->batch = parse_int_list("--batch", o->batch_arg, 1, 4096);
     o->n_prompt = parse_int_list("--n-prompt", o->n_prompt_arg, 0, kMaxSize);

@@ -80,14 +80,16 @@ std::vector<int64_t> parse_int_list(const std::string& flag, const std::string& 
 }
 
 void add_sampler_options(CLI::App& app, SamplerParams& p) {
-  app.add_option("--temp", p.temperature, "Temperature (0: greedy)")->check(real_range(0, 1e9));
-  app.add_option("--top-k", p.top_k, "Top-k (0: off)")->check(int_range(0, INT32_MAX));
-  app.add_option("--top-p", p.top_p, "Top-p (1: off)")->check(real_range(0, 1, true, false));
-  app.add_option("--min-p", p.min_p, "Min-p (0: off)")->check(real_range(0, 1, false, true));
+  app.add_option("--temp", p.temperature, "Temperature (0: greedy)")->check(real_range(0, 1e9))->capture_default_str();
+  app.add_option("--top-k", p.top_k, "Top-k (0: off)")->check(int_range(0, INT32_MAX))->capture_default_str();
+  app.add_option("--top-p", p.top_p, "Top-p (1: off)")->check(real_range(0, 1, true, false))->capture_default_str();
+  app.add_option("--min-p", p.min_p, "Min-p (0: off)")->check(real_range(0, 1, false, true))->capture_default_str();
   app.add_option("--repeat-penalty", p.repetition_penalty, "Repetition penalty (1: off)")
-      ->check(real_range(0, 1e9, true, false));
+      ->check(real_range(0, 1e9, true, false))
+      ->capture_default_str();
   app.add_option("--repeat-last-n", p.repeat_last_n, "Tokens the repetition penalty looks back over")
-      ->check(int_range(0, INT32_MAX));
+      ->check(int_range(0, INT32_MAX))
+      ->capture_default_str();
   app.add_option("--seed", p.seed, "Sampling seed")->check(unsigned_u64());
 }
 
@@ -100,11 +102,11 @@ CLI::Option* add_tensor_parallel_option(CLI::App& app, int& ranks) {
   return app
       .add_option("--tensor-parallel", ranks,
                   "-tp N: split the model across N ranks (tensor parallelism; llama and qwen2 models; N must divide "
-                  "the "
-                  "attention heads). With --device cuda:I: GPUs I .. I + N - 1 over NCCL. On the CPU: N threads "
+                  "the attention heads). With --device cuda:I: GPUs I .. I + N - 1 over NCCL. On the CPU: N threads "
                   "of this process, a check of the sharding and not a speed-up")
       ->check(int_range(1, kMaxTensorParallel))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group("Advanced");
 }
 
 }  // namespace osprey::cli

@@ -28,6 +28,9 @@ struct Case {
   bool cuda = false;
 };
 
+// gtest's listing of the parameter (else a dump of the struct's bytes).
+void PrintTo(const Case& c, std::ostream* os) { *os << c.family << (c.cuda ? " on cuda" : " on cpu"); }
+
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   std::string n = info.param.family + (info.param.cuda ? "_cuda" : "_cpu");
   std::replace(n.begin(), n.end(), '-', '_');

@@ -63,6 +63,9 @@ struct ReferenceCase {
   std::string device;  // "cpu" or "cuda"
 };
 
+// gtest's listing of the parameter (else a dump of the struct's bytes).
+void PrintTo(const ReferenceCase& c, std::ostream* os) { *os << c.family << " on " << c.device; }
+
 class Reference : public ::testing::TestWithParam<ReferenceCase> {
  protected:
   void SetUp() override {
