@@ -14,39 +14,12 @@ namespace osprey {
 
 LlamaConfig parse_llama_config(const ConfigReader& c, double default_rope_theta) {
   LlamaConfig cfg;
+  static_cast<DecoderDims&>(cfg) = parse_decoder_dims(c, DecoderDefaults{});
   cfg.model_type = c.get_string("model_type");
-  cfg.vocab_size = c.get_int("vocab_size");
-  cfg.hidden_size = c.get_int("hidden_size");
-  cfg.intermediate_size = c.get_int("intermediate_size");
-  cfg.n_layers = c.get_int("num_hidden_layers");
-  cfg.n_heads = c.get_int("num_attention_heads");
-  cfg.n_kv_heads = c.get_int("num_key_value_heads", cfg.n_heads);
-  cfg.max_position_embeddings = c.get_int("max_position_embeddings", 2048);
   cfg.rms_norm_eps = c.get_float("rms_norm_eps", 1e-6);
   cfg.tie_word_embeddings = c.get_bool("tie_word_embeddings", false);
-  auto positive = [&](const char* key, int64_t v) {
-    if (v <= 0) c.fail(key, "must be positive, got " + std::to_string(v));
-    if (v > INT32_MAX) c.fail(key, "must be below 2^31, got " + std::to_string(v));
-  };
-  positive("max_position_embeddings", cfg.max_position_embeddings);
   if (!(cfg.rms_norm_eps > 0) || !std::isfinite(cfg.rms_norm_eps))
     c.fail("rms_norm_eps", "must be positive, got " + c.json()["rms_norm_eps"].dump());
-  positive("vocab_size", cfg.vocab_size);
-  positive("hidden_size", cfg.hidden_size);
-  positive("intermediate_size", cfg.intermediate_size);
-  positive("num_hidden_layers", cfg.n_layers);
-  positive("num_attention_heads", cfg.n_heads);
-  positive("num_key_value_heads", cfg.n_kv_heads);
-  if (cfg.n_heads % cfg.n_kv_heads != 0)
-    c.fail("num_key_value_heads", "must divide num_attention_heads (" + std::to_string(cfg.n_heads) + ")");
-  if (c.has("head_dim")) {
-    cfg.head_dim = c.get_int("head_dim");
-  } else {
-    if (cfg.hidden_size % cfg.n_heads != 0) c.fail("hidden_size", "is not a multiple of num_attention_heads");
-    cfg.head_dim = cfg.hidden_size / cfg.n_heads;
-  }
-  positive("head_dim", cfg.head_dim);
-  if (cfg.head_dim % 2 != 0) c.fail("head_dim", "must be even for rotary embeddings");
   cfg.rope = parse_rope(c, default_rope_theta);
   cfg.quant = parse_quant_config(c);
   return cfg;

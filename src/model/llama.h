@@ -4,22 +4,15 @@
 #include <memory>
 #include <string>
 
+#include "model/decoder_dims.h"
 #include "model/model.h"
 #include "model/rope.h"
 #include "model/weight_loader.h"
 
 namespace osprey {
 
-struct LlamaConfig {
+struct LlamaConfig : DecoderDims {
   std::string model_type;
-  int64_t vocab_size = 0;
-  int64_t hidden_size = 0;
-  int64_t intermediate_size = 0;
-  int64_t n_layers = 0;
-  int64_t n_heads = 0;
-  int64_t n_kv_heads = 0;
-  int64_t head_dim = 0;  // hidden_size / n_heads unless the config says otherwise
-  int64_t max_position_embeddings = 0;
   double rms_norm_eps = 1e-5;
   RopeConfig rope;
   bool tie_word_embeddings = false;
