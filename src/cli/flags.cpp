@@ -88,7 +88,19 @@ void add_sampler_options(CLI::App& app, SamplerParams& p) {
       ->check(real_range(0, 1e9, true, false));
   app.add_option("--repeat-last-n", p.repeat_last_n, "Tokens the repetition penalty looks back over")
       ->check(int_range(0, INT32_MAX));
-  app.add_option("--seed", p.seed, "Sampling seed")->check(unsigned_u64());
+  // Without --seed, or with --seed -1 (llama.cpp's "random"), the seed is a fresh random one.
+  p.seed = random_seed();
+  app.add_option_function<std::string>(
+         "--seed", [&p](const std::string& s) { p.seed = s == "-1" ? random_seed() : std::stoull(s); },
+         "Sampling seed: the same seed repeats a sampled reply (default and -1: a random seed)")
+      ->check(CLI::Validator(
+          [](std::string& s) -> std::string {
+            if (s == "-1") return {};
+            std::string t = s;
+            const std::string e = unsigned_u64()(t);
+            return e.empty() ? e : "\"" + s + "\" is not -1 or an integer in [0, 2^64 - 1]";
+          },
+          "-1|UINT64"));
 }
 
 CLI::Option* add_threads_option(CLI::App& app, int& threads) {

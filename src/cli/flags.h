@@ -23,6 +23,8 @@ std::vector<int64_t> parse_int_list(const std::string& flag, const std::string& 
 
 // The sampling flags of generate and chat (--temp, --top-k, --top-p, --min-p,
 // --repeat-penalty, --repeat-last-n, --seed), each range-checked as the sampler requires.
+// Sets p.seed to random_seed() at once: a parse without --seed (or with --seed -1) samples
+// with a fresh seed; --seed N stores N.
 void add_sampler_options(CLI::App& app, SamplerParams& p);
 
 // -t, --threads: 0 (one per core) up to the thread pool's bound.

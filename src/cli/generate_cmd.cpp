@@ -38,6 +38,7 @@ struct GenerateOptions {
   int n_predict = 128;
   SamplerParams sampler;
   bool json = false;
+  bool verbose = false;
   bool ignore_eos = false;
   bool chat = false;
   int threads = -1;
@@ -99,6 +100,7 @@ int run_generate(const GenerateOptions& o) {
         if (std::find(gp.stop_ids.begin(), gp.stop_ids.end(), id) == gp.stop_ids.end()) gp.stop_ids.push_back(id);
   }
   validate(gp.sampler);
+  if (o.verbose) std::fprintf(stderr, "seed: %llu\n", (unsigned long long)gp.sampler.seed);
 
   const EnvOptions& env = env_options();
   KVCacheParams co;
@@ -132,6 +134,7 @@ int run_generate(const GenerateOptions& o) {
     j["tokens"] = r.tokens;
     j["text"] = tokenizer ? tokenizer->decode(r.tokens, true) : std::string();
     j["stop_reason"] = s.stop_reason;
+    j["seed"] = gp.sampler.seed;
     j["timings"] = {{"prompt_n", s.n_prompt},
                     {"prompt_ms", s.prompt_seconds * 1e3},
                     {"prompt_per_second", s.prompt_tps()},
@@ -175,6 +178,7 @@ Command add_generate(CLI::App& app) {
   add_threads_option(app, o->threads);
   add_tensor_parallel_option(app, o->tensor_parallel);
   app.add_flag("--json", o->json, "Print one JSON object instead of streaming text");
+  app.add_flag("-v,--verbose", o->verbose, "Print the sampling seed on stderr");
   app.add_flag("--ignore-eos", o->ignore_eos, "Do not stop at end-of-sequence tokens");
   app.add_flag("--chat", o->chat, "Apply the model's chat template to -p as one user message")->excludes(t);
   return [o, p, t] {

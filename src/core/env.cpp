@@ -44,6 +44,11 @@ EnvOptions read_env() {
   o.paged_split_keys = parse_int("OSPREY_PAGED_SPLIT_KEYS", 0, 0, 1 << 20);
   if (o.paged_split_keys % 64 != 0)
     throw InvalidInput("OSPREY_PAGED_SPLIT_KEYS must be 0 or a multiple of 64, got " + std::to_string(o.paged_split_keys));
+  if (const char* v = std::getenv("XDG_DATA_HOME"); v && v[0] == '/') {
+    o.data_home = v;
+  } else if (const char* home = std::getenv("HOME"); home && *home) {
+    o.data_home = std::string(home) + "/.local/share";
+  }
   return o;
 }
 

@@ -19,6 +19,9 @@ struct EnvOptions {
   bool cuda_graphs = true;         // OSPREY_CUDA_GRAPHS: 0 turns decode-step graph replay off
   int paged_split_keys = 0;        // OSPREY_PAGED_SPLIT_KEYS: keys per split of paged attention (0: chosen)
   bool cuda_pdl = true;            // OSPREY_CUDA_PDL: 0 turns programmatic dependent launch off
+  // The user's data folder (XDG Base Directory): XDG_DATA_HOME when it is an absolute path,
+  // else $HOME/.local/share; empty when neither is set. osprey chat keeps its history there.
+  std::string data_home;
 };
 
 // Read once, on first use; later changes to the environment are not seen.
