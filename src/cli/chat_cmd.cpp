@@ -54,19 +54,6 @@ struct ChatOptions {
   bool verbose = false;
 };
 
-// The sampler flags chat takes over the checkpoint's defaults when given.
-struct SamplerFlag {
-  const char* name;
-  void (*take)(SamplerParams& to, const SamplerParams& from);
-};
-constexpr SamplerFlag kSamplerFlags[] = {
-    {"--temp", [](SamplerParams& t, const SamplerParams& f) { t.temperature = f.temperature; }},
-    {"--top-k", [](SamplerParams& t, const SamplerParams& f) { t.top_k = f.top_k; }},
-    {"--top-p", [](SamplerParams& t, const SamplerParams& f) { t.top_p = f.top_p; }},
-    {"--min-p", [](SamplerParams& t, const SamplerParams& f) { t.min_p = f.min_p; }},
-    {"--repeat-penalty", [](SamplerParams& t, const SamplerParams& f) { t.repetition_penalty = f.repetition_penalty; }},
-};
-
 struct ChatSampling {
   SamplerParams params;
   std::string defaults;  // where the values no flag set come from
@@ -75,16 +62,15 @@ struct ChatSampling {
 // The checkpoint's sampling defaults (engine/generation_config.h), each sampler flag given on
 // the command line over them; the seed and --repeat-last-n are the flags' own.
 ChatSampling chat_sampling(const ChatOptions& o, const std::string& dir, const CLI::App& app) {
-  SamplingDefaults d = read_sampling_defaults(dir);
+  const SamplingDefaults d = read_sampling_defaults(dir);
+  auto given = [&](const char* flag) { return app.count(flag) > 0; };
   ChatSampling s{o.sampler, d.source};
   SamplerParams& p = s.params;
-  p.temperature = d.params.temperature;
-  p.top_k = d.params.top_k;
-  p.top_p = d.params.top_p;
-  p.min_p = d.params.min_p;
-  p.repetition_penalty = d.params.repetition_penalty;
-  for (const SamplerFlag& f : kSamplerFlags)
-    if (app.count(f.name) > 0) f.take(p, o.sampler);
+  if (!given("--temp")) p.temperature = d.params.temperature;
+  if (!given("--top-k")) p.top_k = d.params.top_k;
+  if (!given("--top-p")) p.top_p = d.params.top_p;
+  if (!given("--min-p")) p.min_p = d.params.min_p;
+  if (!given("--repeat-penalty")) p.repetition_penalty = d.params.repetition_penalty;
   return s;
 }
 
@@ -398,6 +384,9 @@ bool command(Chat& chat, const std::string& line) {
   const std::string cmd = line.substr(0, space);
   const size_t at = space == std::string::npos ? space : line.find_first_not_of(' ', space);
   const std::string arg = at == std::string::npos ? "" : line.substr(at);
+  const bool takes_arg = cmd == "/system" || cmd == "/save" || cmd == "/load";
+  if (!takes_arg && !arg.empty() && (cmd == "/quit" || cmd == "/exit" || cmd == "/help" || cmd == "/reset"))
+    throw InvalidInput(cmd + " takes no argument (\"" + arg + "\")");
   if (cmd == "/quit" || cmd == "/exit") return false;
   if (cmd == "/help") {
     std::fputs(kHelp, stderr);

@@ -336,6 +336,10 @@ TEST(ChatCli, HelpListsEveryCommand) {
   // An unknown command ends a script, pointing at /help.
   EXPECT_EQ(chat.exit_code, 1);
   EXPECT_NE(chat.err.find("unknown command /nonsense (/help"), std::string::npos) << chat.err;
+  testing::write_file(d / "input.txt", "/reset everything\n");
+  auto extra = run_with_stdin("chat -m " + d.path().string() + " --device cpu", d / "input.txt");
+  EXPECT_EQ(extra.exit_code, 1);
+  EXPECT_NE(extra.err.find("/reset takes no argument"), std::string::npos) << extra.err;
 }
 
 // /system puts the system prompt in front of the conversation: the reply is --system's.
