@@ -38,6 +38,30 @@ std::string default_model_dir() {
   return dir.string();
 }
 
+// The folder's name, as the banner and the server's model id show it ("models/demo/" -> "demo").
+std::string model_name(const std::string& dir) {
+  fs::path p = fs::path(dir).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();
+  return p.filename().string();
+}
+
+// What runs the model, in a few words: "NVIDIA H200, 139 GiB" (cuda:N) or "CPU, 8 threads,
+// AVX2"; says so when a CUDA build found no device and took the CPU without being asked to.
+std::string device_words(const Device& device, const std::string& asked, int tensor_parallel) {
+  std::string out;
+  if (device.is_cpu()) {
+    out = "CPU";
+    if (asked.empty() && cuda_built()) out += " (no CUDA device found)";
+    out += ", " + std::to_string(cpu_pool().n_threads()) + " threads, " + cpu_isa_name();
+  } else {
+    std::string gpu = cuda_description(device.index);
+    gpu = gpu.substr(0, gpu.find(", driver"));
+    out = device.str() + " " + gpu;
+  }
+  if (tensor_parallel > 1) out += ", " + std::to_string(tensor_parallel) + " tensor-parallel ranks";
+  return out;
+}
+
 namespace {
 
 struct GenerateOptions {
@@ -52,6 +76,7 @@ struct GenerateOptions {
   int64_t ctx_size = 0;  // 0: the model's max_position_embeddings
   SamplerParams sampler;
   bool json = false;
+  bool verbose = false;
   bool ignore_eos = false;
   bool chat = false;
   bool quiet = false;
@@ -76,30 +101,6 @@ std::string read_prompt_file(const std::string& path) {
   if (!text.empty() && text.back() == '\n') text.pop_back();
   if (!text.empty() && text.back() == '\r') text.pop_back();
   return text;
-}
-
-// The folder's name, as the banner and the server's model id show it ("models/demo/" -> "demo").
-std::string model_name(const std::string& dir) {
-  fs::path p = fs::path(dir).lexically_normal();
-  if (p.filename().empty()) p = p.parent_path();
-  return p.filename().string();
-}
-
-// What runs the model, in a few words: "NVIDIA H200, 139 GiB" (cuda:N) or "CPU, 8 threads,
-// AVX2"; says so when a CUDA build found no device and took the CPU without being asked to.
-std::string device_words(const Device& device, const std::string& asked, int tensor_parallel) {
-  std::string out;
-  if (device.is_cpu()) {
-    out = "CPU";
-    if (asked.empty() && cuda_built()) out += " (no CUDA device found)";
-    out += ", " + std::to_string(cpu_pool().n_threads()) + " threads, " + cpu_isa_name();
-  } else {
-    std::string gpu = cuda_description(device.index);
-    gpu = gpu.substr(0, gpu.find(", driver"));
-    out = device.str() + " " + gpu;
-  }
-  if (tensor_parallel > 1) out += ", " + std::to_string(tensor_parallel) + " tensor-parallel ranks";
-  return out;
 }
 
 std::vector<int32_t> parse_token_ids(const std::string& s) {
@@ -178,6 +179,7 @@ int run_generate(const GenerateOptions& o) {
         if (std::find(gp.stop_ids.begin(), gp.stop_ids.end(), id) == gp.stop_ids.end()) gp.stop_ids.push_back(id);
   }
   validate(gp.sampler);
+  if (o.verbose) std::fprintf(stderr, "seed: %llu\n", (unsigned long long)gp.sampler.seed);
 
   const EnvOptions& env = env_options();
   KVCacheParams co;
@@ -220,6 +222,7 @@ int run_generate(const GenerateOptions& o) {
     j["tokens"] = r.tokens;
     j["text"] = reply;
     j["stop_reason"] = s.stop_reason;
+    j["seed"] = gp.sampler.seed;
     j["timings"] = {{"prompt_n", s.n_prompt},
                     {"prompt_ms", s.prompt_seconds * 1e3},
                     {"prompt_per_second", s.prompt_tps()},
@@ -279,6 +282,7 @@ Command add_generate(CLI::App& app) {
   add_threads_option(app, o->threads);
   add_tensor_parallel_option(app, o->tensor_parallel);
   app.add_flag("--json", o->json, "Print one JSON object instead of streaming text");
+  app.add_flag("-v,--verbose", o->verbose, "Print the sampling seed on stderr");
   app.add_flag("--ignore-eos", o->ignore_eos, "Do not stop at end-of-sequence tokens");
   auto* chat = app.add_flag("--chat", o->chat, "Apply the model's chat template to the prompt as one user message");
   chat->excludes(t);

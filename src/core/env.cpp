@@ -68,6 +68,11 @@ EnvOptions read_env() {
   o.hf_endpoint = read_string("HF_ENDPOINT", o.hf_endpoint);
   o.hf_token = read_string("HF_TOKEN");
   o.hf_hub_offline = parse_strict_switch("HF_HUB_OFFLINE");
+  if (const char* v = std::getenv("XDG_DATA_HOME"); v && v[0] == '/') {
+    o.data_home = v;
+  } else if (const char* home = std::getenv("HOME"); home && *home) {
+    o.data_home = std::string(home) + "/.local/share";
+  }
   return o;
 }
 

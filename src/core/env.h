@@ -27,6 +27,9 @@ struct EnvOptions {
   std::string hf_endpoint = "https://huggingface.co";  // HF_ENDPOINT
   std::string hf_token;        // HF_TOKEN: sent as "Authorization: Bearer"
   bool hf_hub_offline = false;  // HF_HUB_OFFLINE: 1/true/on/yes forbid downloads
+  // The user's data folder (XDG Base Directory): XDG_DATA_HOME when it is an absolute path,
+  // else $HOME/.local/share; empty when neither is set. osprey chat keeps its history there.
+  std::string data_home;
 };
 
 // Read once, on first use; later changes to the environment are not seen.
