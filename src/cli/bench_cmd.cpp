@@ -18,7 +18,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "backend/ops.h"
-#include "engine/batched_bench.h"
+#include "serve/batched_bench.h"
 #include "engine/bench.h"
 #include "dist/sharded_model.h"
 #include "model/model.h"
