@@ -20,7 +20,7 @@
 #include "backend/ops.h"
 #include "serve/batched_bench.h"
 #include "engine/bench.h"
-#include "dist/sharded_model.h"
+#include "engine/sharded_model.h"
 #include "model/model.h"
 #include "model/safetensors.h"
 

@@ -22,7 +22,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "engine/generator.h"
-#include "dist/sharded_model.h"
+#include "engine/sharded_model.h"
 #include "model/model.h"
 #include "server/stop_matcher.h"
 #include "tokenizer/tokenizer.h"

@@ -10,7 +10,7 @@
 #include "backend/cuda/runtime.h"
 #include "backend/ops.h"
 #include "core/error.h"
-#include "dist/communicator.h"
+#include "backend/communicator.h"
 
 namespace osprey {
 namespace {
