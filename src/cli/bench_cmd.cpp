@@ -18,9 +18,9 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "backend/ops.h"
-#include "engine/batched_bench.h"
+#include "serve/batched_bench.h"
 #include "engine/bench.h"
-#include "dist/sharded_model.h"
+#include "engine/sharded_model.h"
 #include "model/model.h"
 #include "model/safetensors.h"
 
@@ -31,6 +31,7 @@ namespace fs = std::filesystem;
 
 struct BenchOptions {
   std::string model;
+  bool download = false;
   std::vector<int64_t> n_prompt{512};
   std::vector<int64_t> n_gen{128};
   std::vector<int64_t> depths{0};
@@ -225,7 +226,7 @@ int run_bench_cmd(const BenchOptions& o) {
                            o.depths.size() != 1 || o.depths[0] != 0))
     throw UsageError("bench --batch: give one prompt size (-p) and one generation length (-n), both >= 1, and no depth");
   if (o.threads >= 0) set_cpu_threads(o.threads);
-  const std::string dir = o.model.empty() ? default_model_dir() : o.model;
+  const std::string dir = model_folder(o.model, o.download);
   if (!fs::exists(dir)) throw IoError("model folder " + dir + " does not exist");
 
   const EnvOptions& env = env_options();
@@ -244,6 +245,7 @@ int run_bench_cmd(const BenchOptions& o) {
   h.model_path = dir;
   h.model_name = fs::path(dir).lexically_normal().filename().string();
   if (h.model_name.empty()) h.model_name = fs::path(dir).lexically_normal().parent_path().filename().string();
+  if (!o.model.empty() && !fs::exists(o.model)) h.model_name = o.model;  // a Hub id names itself
   h.model_type = info.model_type;
   h.weight_dtype = dtype_name(info.weight_dtype);
   if (info.quant_bits > 0)
@@ -262,6 +264,7 @@ int run_bench_cmd(const BenchOptions& o) {
     bb.block_size = o.block_size;
     bb.seed = o.seed;
     bb.graphs = env.cuda_graphs;
+    bb.inplace = env.kv_inplace_write;
     bb.split_keys = env.paged_split_keys;
     ops::set_batch_invariant(o.batch_invariant);
     print_batched(h, run_batched_bench(*model, bb), o.batch_invariant, o.output);
@@ -293,7 +296,8 @@ int run_bench_cmd(const BenchOptions& o) {
 Command add_bench(CLI::App& app) {
   auto o = std::make_shared<BenchOptions>();
   constexpr int64_t kMaxSize = int64_t(1) << 24;
-  app.add_option("-m,--model", o->model, "Model folder (default: the embedded default model)");
+  app.add_option("-m,--model", o->model, "Model folder, or a Hub id org/name[:revision] (default: the embedded default model)");
+  app.add_flag("--download", o->download, "Fetch a Hub model missing from the Hugging Face cache (as osprey pull does)");
   app.add_option("-p,--n-prompt", o->n_prompt_arg, "Prompt sizes to time, comma-separated (0: no pp test)")
       ->capture_default_str();
   app.add_option("-n,--n-gen", o->n_gen_arg, "Generation lengths to time, comma-separated (0: no tg test)")
@@ -316,8 +320,12 @@ Command add_bench(CLI::App& app) {
   app.add_option("--batch", o->batch_arg,
                  "Batch sizes to time as llama-batched-bench does (e.g. 1,4,16,64): each decodes that many sequences "
                  "of -p prompt and -n generated tokens together");
-  app.add_option("--block-size", o->block_size, "--batch: rows per KV block")->check(CLI::Range(1, 1024))->capture_default_str();
-  app.add_flag("--batch-invariant", o->batch_invariant, "--batch: batch-invariant kernels (docs/design.md)");
+  app.add_option("--block-size", o->block_size, "--batch: rows per KV block")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str()
+      ->group("Advanced");
+  app.add_flag("--batch-invariant", o->batch_invariant, "--batch: batch-invariant kernels (docs/design.md)")
+      ->group("Advanced");
   return [o] {
     if (!o->batch_arg.empty()) o->batch = parse_int_list("--batch", o->batch_arg, 1, 4096);
     o->n_prompt = parse_int_list("--n-prompt", o->n_prompt_arg, 0, kMaxSize);

@@ -1,10 +1,15 @@
 // osprey chat: an interactive conversation with the checkpoint's chat template. Each turn
 // renders the whole conversation, keeps the longest prefix its tokens share with what the
-// KV cache holds, and prefills only the rest.
+// KV cache holds, and prefills only the rest. When the conversation outgrows the context, the
+// oldest turns leave it (the system prompt stays).
 #include <CLI/CLI.hpp>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <climits>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -12,6 +17,7 @@
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include <editline/readline.h>
 
@@ -24,6 +30,7 @@
 #include "core/error.h"
 #include "core/file_read.h"
 #include "core/thread_pool.h"
+#include "engine/generation_config.h"
 #include "engine/generator.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
@@ -36,19 +43,54 @@ using nlohmann::ordered_json;
 
 struct ChatOptions {
   std::string model;
+  bool download = false;
   std::string system;
   std::string template_name;
-  int n_predict = 512;
+  int n_predict = 512;  // -1: until the context is full
+  int ctx_size = 0;     // 0: the model's
   SamplerParams sampler;
   int threads = -1;
   std::string device;
   bool json = false;
+  bool verbose = false;
 };
+
+struct ChatSampling {
+  SamplerParams params;
+  std::string defaults;  // where the values no flag set come from
+};
+
+// The checkpoint's sampling defaults (engine/generation_config.h), each sampler flag given on
+// the command line over them; the seed and --repeat-last-n are the flags' own.
+ChatSampling chat_sampling(const ChatOptions& o, const std::string& dir, const CLI::App& app) {
+  const SamplingDefaults d = read_sampling_defaults(dir);
+  auto given = [&](const char* flag) { return app.count(flag) > 0; };
+  ChatSampling s{o.sampler, d.source};
+  SamplerParams& p = s.params;
+  if (!given("--temp")) p.temperature = d.params.temperature;
+  if (!given("--top-k")) p.top_k = d.params.top_k;
+  if (!given("--top-p")) p.top_p = d.params.top_p;
+  if (!given("--min-p")) p.min_p = d.params.min_p;
+  if (!given("--repeat-penalty")) p.repetition_penalty = d.params.repetition_penalty;
+  return s;
+}
+
+// Rounded to 6 digits, so that a float setting prints as it was written (0.8, not 0.800000011).
+double printable(float v) { return std::round(double(v) * 1e6) / 1e6; }
+
+ordered_json sampler_json(const ChatSampling& s) {
+  const SamplerParams& p = s.params;
+  return {{"temperature", printable(p.temperature)}, {"top_k", p.top_k},
+          {"top_p", printable(p.top_p)},             {"min_p", printable(p.min_p)},
+          {"repeat_penalty", printable(p.repetition_penalty)}, {"repeat_last_n", p.repeat_last_n},
+          {"defaults", s.defaults}};
+}
 
 std::atomic<bool> g_interrupted{false};
 extern "C" void on_sigint(int) { g_interrupted = true; }
 
-// Installs the reply's Ctrl-C handler for its lifetime; outside a reply Ctrl-C quits.
+// Installs the Ctrl-C handler that sets g_interrupted (without SA_RESTART, so that a blocked
+// read returns) for its lifetime.
 class SigintScope {
  public:
   SigintScope() {
@@ -64,18 +106,93 @@ class SigintScope {
   struct sigaction old_ {};
 };
 
+const char* const kHelp =
+    "/help          this list\n"
+    "/reset         start the conversation over (the system prompt stays)\n"
+    "/system TEXT   set the system prompt (/system alone shows it)\n"
+    "/save FILE     write the conversation to FILE as JSON {\"messages\": [...]}\n"
+    "/load FILE     continue a conversation that /save wrote\n"
+    "/exit, /quit   leave (also Ctrl-D, or Ctrl-C twice at the prompt)\n"
+    "A line ending in \\ continues on the next line; \"\"\" opens and closes a block of lines.\n"
+    "Ctrl-C stops a reply.\n";
+
+// Joins input lines into messages: a line ending in '\' continues on the next one (the '\'
+// becomes a line break); a line starting with """ opens a block that a line ending in """
+// closes (the quotes are dropped, the lines joined with '\n').
+class MessageReader {
+ public:
+  // Takes one line; returns the message when the line completes one.
+  std::optional<std::string> push(const std::string& line) {
+    if (mode_ == Mode::block) {
+      if (ends_with_quotes(line)) {
+        add(line.substr(0, line.size() - 3), false);
+        return finish();
+      }
+      add(line, true);
+      return std::nullopt;
+    }
+    if (mode_ == Mode::none && line.rfind("\"\"\"", 0) == 0) {
+      const std::string rest = line.substr(3);
+      if (ends_with_quotes(rest)) return rest.substr(0, rest.size() - 3);
+      mode_ = Mode::block;
+      if (!rest.empty()) add(rest, true);
+      return std::nullopt;
+    }
+    if (!line.empty() && line.back() == '\\') {
+      mode_ = Mode::continued;
+      add(line.substr(0, line.size() - 1), true);
+      return std::nullopt;
+    }
+    add(line, true);
+    return finish();
+  }
+  // Whether a message is open (a block, or a line that ended in '\').
+  bool pending() const { return mode_ != Mode::none; }
+  void clear() {
+    mode_ = Mode::none;
+    text_.clear();
+    n_lines_ = 0;
+  }
+
+ private:
+  enum class Mode { none, continued, block };
+  static bool ends_with_quotes(const std::string& s) { return s.size() >= 3 && s.compare(s.size() - 3, 3, "\"\"\"") == 0; }
+  // `always`: add an empty line too (a closing """ alone on its line adds nothing).
+  void add(const std::string& line, bool always) {
+    if (line.empty() && !always) return;
+    if (n_lines_++ > 0) text_ += '\n';
+    text_ += line;
+  }
+  std::string finish() {
+    std::string out = std::move(text_);
+    clear();
+    return out;
+  }
+  Mode mode_ = Mode::none;
+  std::string text_;
+  int n_lines_ = 0;
+};
+
 class Chat {
  public:
-  Chat(const ChatOptions& o, const std::string& dir)
-      : o_(o), tok_(Tokenizer::load(dir)), tpl_(ChatTemplate::load(dir, o.template_name)) {
+  Chat(const ChatOptions& o, const std::string& dir, const ChatSampling& sampling)
+      : o_(o),
+        sampling_(sampling),
+        system_(o.system),
+        tok_(Tokenizer::load(dir)),
+        tpl_(ChatTemplate::load(dir, o.template_name)) {
     ProgressBar bar("loading " + fs::path(dir).filename().string());
     LoadOptions lo;
     lo.device = select_device(o.device.empty() ? env_options().device : o.device);
     lo.progress = [&](size_t done, size_t total) { bar.update(done, total); };
     model_ = load_model(dir, lo);
+    const int64_t model_ctx = model_->info().max_position_embeddings;
+    if (o.ctx_size > 0 && model_ctx > 0 && o.ctx_size > model_ctx)
+      throw UsageError("-c/--ctx-size " + std::to_string(o.ctx_size) + " exceeds the model's context of " +
+                       std::to_string(model_ctx) + " tokens");
+    ctx_ = o.ctx_size > 0 ? o.ctx_size : model_ctx;
     gp_ = generate_params(env_options());
-    gp_.max_tokens = o.n_predict;
-    gp_.sampler = o.sampler;
+    gp_.sampler = sampling.params;
     validate(gp_.sampler);
     gp_.stop_ids = model_->info().eos_ids;
     for (int32_t id : tok_.eos_ids())
@@ -88,12 +205,30 @@ class Chat {
     reset();
   }
 
+  // The context in tokens (0: the model names none).
+  int64_t context() const { return ctx_; }
+  Device device() const { return model_->info().device; }
+
   void reset() {
     messages_ = ordered_json::array();
-    if (!o_.system.empty()) messages_.push_back({{"role", "system"}, {"content", o_.system}});
+    if (!system_.empty()) messages_.push_back({{"role", "system"}, {"content", system_}});
     if (cache_.offset() > 0) cache_.trim(cache_.offset());
     cached_.clear();
   }
+
+  // Replaces the system prompt of the conversation (the turns stay); empty removes it.
+  void set_system(const std::string& text) {
+    system_ = text;
+    const bool has = !messages_.empty() && messages_[0].value("role", "") == "system";
+    if (text.empty()) {
+      if (has) messages_.erase(messages_.begin());
+    } else if (has) {
+      messages_[0]["content"] = text;
+    } else {
+      messages_.insert(messages_.begin(), ordered_json{{"role", "system"}, {"content", text}});
+    }
+  }
+  const std::string& system() const { return system_; }
 
   void save(const std::string& path) const {
     std::ofstream out(path, std::ios::binary);
@@ -114,16 +249,36 @@ class Chat {
       throw InvalidInput(path + ": expected {\"messages\": [...]}");
     tpl_.render(ordered_json{{"messages", j["messages"]}, {"add_generation_prompt", false}});  // validates
     messages_ = j["messages"];
+    const ordered_json& first = messages_.empty() ? ordered_json() : messages_[0];
+    system_ = first.is_object() && first.value("role", "") == "system" && first["content"].is_string()
+                  ? first["content"].get<std::string>()
+                  : "";
   }
 
   // One user message in, one reply out (streamed unless --json).
   void turn(const std::string& user) {
     ordered_json messages = messages_;
     messages.push_back({{"role", "user"}, {"content", user}});
-    std::string text = tpl_.render(ordered_json{{"messages", messages}, {"add_generation_prompt", true}});
-    // The template writes BOS itself: no second one from the post-processor.
-    std::vector<int32_t> ids = tok_.encode(text, false);
-    if (ids.empty()) throw InvalidInput("chat: the rendered conversation has no tokens");
+    std::vector<int32_t> ids = encode(messages);
+    // Room for the reply: -n tokens, at most a quarter of the context. Below that, the oldest
+    // turns leave the conversation.
+    const int64_t want = o_.n_predict < 0 ? ctx_ : std::min<int64_t>(o_.n_predict, ctx_);
+    const int64_t room = std::max<int64_t>(1, std::min<int64_t>(want, ctx_ / 4));
+    int n_dropped = 0;
+    while (ctx_ > 0 && int64_t(ids.size()) + room > ctx_ && drop_oldest_turn(messages)) {
+      ++n_dropped;
+      ids = encode(messages);
+    }
+    if (ctx_ > 0 && int64_t(ids.size()) >= ctx_)
+      throw InvalidInput("this message" + std::string(system_.empty() ? "" : " and the system prompt") + " take " +
+                         std::to_string(ids.size()) + " tokens, and the context holds " + std::to_string(ctx_) +
+                         ": write a shorter message, shorten the system prompt (/system TEXT), /reset, or give a "
+                         "larger -c/--ctx-size");
+    if (n_dropped > 0)
+      std::fprintf(stderr, "osprey: the conversation filled the context of %lld tokens: dropped the %s (%zu messages remain)\n",
+                   (long long)ctx_, n_dropped == 1 ? "oldest turn" : (std::to_string(n_dropped) + " oldest turns").c_str(),
+                   messages.size());
+
     size_t keep = 0;
     while (keep < ids.size() && keep < cached_.size() && ids[keep] == cached_[keep]) ++keep;
     if (keep == ids.size()) --keep;  // at least one token to prefill, for the next logits
@@ -133,11 +288,14 @@ class Chat {
     if (cache_.offset() > int64_t(keep)) cache_.trim(cache_.offset() - int64_t(keep));
     cached_.resize(keep);
 
+    GenerateParams gp = gp_;
+    gp.max_tokens = int(o_.n_predict < 0 ? INT_MAX : o_.n_predict);
+    if (ctx_ > 0) gp.max_tokens = int(std::min<int64_t>(gp.max_tokens, ctx_ - int64_t(ids.size())));
     Tokenizer::StreamDecoder stream(tok_);
     GenerateResult r;
     {
       SigintScope sigint;
-      r = generate(*model_, cache_, std::span<const int32_t>(ids).subspan(keep), gp_, [&](int32_t token) {
+      r = generate(*model_, cache_, std::span<const int32_t>(ids).subspan(keep), gp, [&](int32_t token) {
         if (!o_.json) {
           std::string piece = stream.push(token);
           std::fwrite(piece.data(), 1, piece.size(), stdout);
@@ -146,6 +304,7 @@ class Chat {
         return !g_interrupted.load();
       });
     }
+    const bool interrupted = g_interrupted.load();
     cached_ = ids;
     cached_.insert(cached_.end(), r.tokens.begin(), r.tokens.end());
     if (cache_.offset() > int64_t(cached_.size())) {
@@ -161,11 +320,15 @@ class Chat {
     if (o_.json) {
       ordered_json j = {{"text", reply},
                         {"tokens", r.tokens},
-                        {"stop_reason", g_interrupted ? std::string("interrupted") : s.stop_reason},
+                        {"stop_reason", interrupted ? std::string("interrupted") : s.stop_reason},
                         {"conversation_tokens", ids.size()},
                         {"cached_tokens", keep},
+                        {"dropped_turns", n_dropped},
+                        {"context", ctx_},
                         {"prompt_n", s.n_prompt},
                         {"predicted_n", s.n_generated},
+                        {"seed", gp_.sampler.seed},
+                        {"sampler", sampler_json(sampling_)},
                         {"kv_inplace_writes", s.kv.n_inplace_writes},
                         {"kv_copying_writes", s.kv.n_copying_writes}};
       std::string line = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
@@ -179,91 +342,235 @@ class Chat {
     std::fprintf(stderr, "prompt: %lld new tokens (%zu from the cache), %.1f t/s | decode: %lld tokens, %.1f t/s | kv writes: %llu in place, %llu copying%s\n",
                  (long long)s.n_prompt, keep, s.prompt_tps(), (long long)s.n_generated, s.decode_tps(),
                  (unsigned long long)s.kv.n_inplace_writes, (unsigned long long)s.kv.n_copying_writes,
-                 g_interrupted ? " | interrupted" : "");
+                 interrupted ? " | interrupted" : "");
   }
 
  private:
+  std::vector<int32_t> encode(const ordered_json& messages) const {
+    std::string text = tpl_.render(ordered_json{{"messages", messages}, {"add_generation_prompt", true}});
+    // The template writes BOS itself: no second one from the post-processor.
+    std::vector<int32_t> ids = tok_.encode(text, false);
+    if (ids.empty()) throw InvalidInput("chat: the rendered conversation has no tokens");
+    return ids;
+  }
+
+  // Removes the first turn after the system prompt: its messages up to the next user message.
+  // False when only the system prompt and the newest (last) message are left.
+  static bool drop_oldest_turn(ordered_json& messages) {
+    size_t first = 0;
+    while (first < messages.size() && messages[first].is_object() && messages[first].value("role", "") == "system")
+      ++first;
+    if (first + 1 >= messages.size()) return false;
+    size_t end = first + 1;
+    while (end + 1 < messages.size() && !(messages[end].is_object() && messages[end].value("role", "") == "user")) ++end;
+    messages.erase(messages.begin() + long(first), messages.begin() + long(end));
+    return true;
+  }
+
   ChatOptions o_;
+  ChatSampling sampling_;
+  std::string system_;
   Tokenizer tok_;
   ChatTemplate tpl_;
   std::unique_ptr<Model> model_;
+  int64_t ctx_ = 0;
   GenerateParams gp_;
   SequenceCache cache_;
   ordered_json messages_;
   std::vector<int32_t> cached_;  // the tokens whose K/V rows cache_ holds
 };
 
-// Runs a /command; returns false for /quit.
+// Runs a /command; returns false for /exit and /quit.
 bool command(Chat& chat, const std::string& line) {
-  std::string cmd = line.substr(0, line.find(' '));
-  std::string arg = line.size() > cmd.size() ? line.substr(cmd.size() + 1) : "";
+  const size_t space = line.find(' ');
+  const std::string cmd = line.substr(0, space);
+  const size_t at = space == std::string::npos ? space : line.find_first_not_of(' ', space);
+  const std::string arg = at == std::string::npos ? "" : line.substr(at);
+  const bool takes_arg = cmd == "/system" || cmd == "/save" || cmd == "/load";
+  if (!takes_arg && !arg.empty() && (cmd == "/quit" || cmd == "/exit" || cmd == "/help" || cmd == "/reset"))
+    throw InvalidInput(cmd + " takes no argument (\"" + arg + "\")");
   if (cmd == "/quit" || cmd == "/exit") return false;
-  if (cmd == "/reset") {
+  if (cmd == "/help") {
+    std::fputs(kHelp, stderr);
+  } else if (cmd == "/reset") {
     chat.reset();
+  } else if (cmd == "/system") {
+    if (arg.empty())
+      std::fprintf(stderr, "system prompt: %s\n", chat.system().empty() ? "(none)" : chat.system().c_str());
+    else
+      chat.set_system(arg);
   } else if (cmd == "/save" || cmd == "/load") {
     if (arg.empty()) throw InvalidInput(cmd + ": give a file name");
     if (cmd == "/save") chat.save(arg);
     else chat.load(arg);
   } else {
-    throw InvalidInput("unknown command " + cmd + " (/reset, /save FILE, /load FILE, /quit)");
+    throw InvalidInput("unknown command " + cmd + " (/help lists the commands)");
   }
   return true;
 }
 
-int run_chat(const ChatOptions& o) {
-  if (o.threads >= 0) set_cpu_threads(o.threads);
-  const std::string dir = o.model.empty() ? default_model_dir() : o.model;
-  if (!fs::exists(dir)) throw IoError("model folder " + dir + " does not exist");
-  Chat chat(o, dir);
-  const bool tty = isatty(STDIN_FILENO);
-  if (!tty) {
-    // Scripts: one user message per line, one reply per message; errors end the run.
-    std::string line;
-    while (std::getline(std::cin, line)) {
-      if (!line.empty() && line.back() == '\r') line.pop_back();
-      if (line.rfind("/", 0) == 0) {
-        if (!command(chat, line)) break;
-        continue;
-      }
-      chat.turn(line);
+// Scripts: one message per line (or as the multi-line rules join them), one reply per
+// message; an error ends the run.
+int run_script(Chat& chat) {
+  MessageReader reader;
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (!reader.pending() && line.rfind("/", 0) == 0) {
+      if (!command(chat, line)) return 0;
+      continue;
     }
-    return 0;
+    if (std::optional<std::string> message = reader.push(line); message && !message->empty()) chat.turn(*message);
   }
-  std::fprintf(stderr, "/reset, /save FILE, /load FILE, /quit; Ctrl-C stops a reply, Ctrl-D leaves\n");
+  if (reader.pending())
+    throw InvalidInput("the input ended inside a message of several lines (an open \"\"\" block, or a last line ending in \\)");
+  return 0;
+}
+
+// The line editor's key reader: a Ctrl-C (the signal, or the key when the terminal passes it
+// through) ends the line being edited as end-of-file, with g_interrupted set.
+extern "C" int read_key(FILE*) {
+  for (;;) {
+    if (g_interrupted) return EOF;  // a Ctrl-C before the editor read its first key
+    unsigned char c = 0;
+    const ssize_t n = ::read(STDIN_FILENO, &c, 1);
+    if (n == 1) {
+      if (c != 3) return c;
+      g_interrupted = true;
+      return EOF;
+    }
+    if (n < 0 && errno == EINTR && !g_interrupted) continue;
+    return EOF;
+  }
+}
+
+// The line editor's history, kept in <data home>/osprey/chat_history across runs. A history
+// that cannot be read or written is a warning, once; the chat goes on.
+class History {
+ public:
+  explicit History(const std::string& data_home) {
+    stifle_history(1000);
+    if (data_home.empty()) {
+      std::fprintf(stderr, "osprey: warning: neither XDG_DATA_HOME nor HOME is set: the chat history is not kept\n");
+      return;
+    }
+    const fs::path dir = fs::path(data_home) / "osprey";
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) {
+      warn("cannot create " + dir.string() + ": " + ec.message());
+      return;
+    }
+    path_ = (dir / "chat_history").string();
+    if (fs::exists(path_, ec) && read_history(path_.c_str()) != 0) warn("cannot read " + path_);
+  }
+
+  void add(const std::string& line) {
+    add_history(line.c_str());
+    if (!path_.empty() && write_history(path_.c_str()) != 0) warn("cannot write " + path_);
+  }
+
+ private:
+  void warn(const std::string& what) {
+    if (!warned_) std::fprintf(stderr, "osprey: warning: %s: the chat history is not kept\n", what.c_str());
+    warned_ = true;
+  }
+  std::string path_;
+  bool warned_ = false;
+};
+
+int run_interactive(Chat& chat) {
+  // Before the editor's first use: it installs no signal handlers of its own, and reads keys
+  // through read_key so that Ctrl-C reaches the loop below.
+  rl_catch_signals = 0;
+  rl_getc_function = read_key;
   using_history();
-  while (char* raw = readline("> ")) {
+  History history(env_options().data_home);
+  SigintScope sigint;
+  std::fprintf(stderr, "Type a message and press Enter; /help lists the commands. Ctrl-C stops a reply; /exit or Ctrl-D leaves.\n");
+  MessageReader reader;
+  bool warned = false;  // the last prompt ended with a Ctrl-C
+  for (;;) {
+    char* raw = readline(reader.pending() ? "... " : "> ");
+    if (g_interrupted) {
+      g_interrupted = false;  // a Ctrl-C from here on counts as the second
+      std::free(raw);
+      reader.clear();
+      if (warned) {
+        std::fputc('\n', stderr);
+        break;
+      }
+      std::fprintf(stderr, "\n(press Ctrl-C again or /exit to leave)\n");
+      warned = true;
+      continue;
+    }
+    if (!raw) {  // Ctrl-D
+      std::fputc('\n', stderr);
+      break;
+    }
+    warned = false;
     std::string line(raw);
     std::free(raw);
-    if (line.empty()) continue;
-    add_history(line.c_str());
+    if (!line.empty()) history.add(line);
     try {
-      if (line[0] == '/') {
+      if (!reader.pending() && line.rfind("/", 0) == 0) {
         if (!command(chat, line)) break;
         continue;
       }
-      chat.turn(line);
+      if (std::optional<std::string> message = reader.push(line); message && !message->empty()) chat.turn(*message);
     } catch (const InvalidInput& e) {
       std::fprintf(stderr, "osprey: error: %s\n", e.what());
     } catch (const IoError& e) {
       std::fprintf(stderr, "osprey: error: %s\n", e.what());
     }
+    g_interrupted = false;  // a Ctrl-C that stopped the reply is spent
   }
   return 0;
+}
+
+int run_chat(const ChatOptions& o, const CLI::App& app) {
+  if (o.threads >= 0) set_cpu_threads(o.threads);
+  const std::string dir = model_folder(o.model, o.download);
+  if (!fs::exists(dir)) throw IoError("model folder " + dir + " does not exist");
+  const ChatSampling sampling = chat_sampling(o, dir, app);
+  Chat chat(o, dir, sampling);
+  std::fprintf(stderr, "osprey: %s | %s | context %lld tokens\n", model_name(dir).c_str(),
+               device_words(chat.device(), o.device.empty() ? env_options().device : o.device, 1).c_str(),
+               (long long)chat.context());
+  if (o.verbose) {
+    const SamplerParams& p = sampling.params;
+    std::fprintf(stderr,
+                 "seed: %llu\nsampler: temperature %g, top-k %d, top-p %g, min-p %g, repeat-penalty %g (unset flags "
+                 "from %s)\ncontext: %lld tokens\n",
+                 (unsigned long long)p.seed, printable(p.temperature), p.top_k, printable(p.top_p), printable(p.min_p),
+                 printable(p.repetition_penalty), sampling.defaults.c_str(), (long long)chat.context());
+  }
+  return isatty(STDIN_FILENO) ? run_interactive(chat) : run_script(chat);
 }
 
 }  // namespace
 
 Command add_chat(CLI::App& app) {
   auto o = std::make_shared<ChatOptions>();
-  app.add_option("-m,--model", o->model, "Model folder with a chat template (default: the embedded default model)");
+  app.add_option("-m,--model", o->model, "Model folder with a chat template, or a Hub id org/name[:revision] (default: the embedded default model)");
+  app.add_flag("--download", o->download, "Fetch a Hub model missing from the Hugging Face cache (as osprey pull does)");
   app.add_option("--system", o->system, "System message opening the conversation");
   app.add_option("--template-name", o->template_name, "Which of the folder's named templates (default: \"default\")");
-  app.add_option("-n,--n-predict", o->n_predict, "Most tokens per reply")->check(int_range(0, INT32_MAX));
-  add_sampler_options(app, o->sampler);
+  app.add_option("-n,--n-predict", o->n_predict, "Most tokens per reply (default 512; -1: until the context is full)")
+      ->check(int_range(-1, INT32_MAX));
+  app.add_option("-c,--ctx-size", o->ctx_size,
+                 "Context length in tokens (default 0: the model's); when the conversation fills it, the oldest turns "
+                 "leave it")
+      ->check(int_range(0, INT32_MAX));
+  add_sampler_options(app, o->sampler, /*checkpoint_defaults=*/true);
   app.add_option("--device", o->device, "cpu, cuda or cuda:N (default: OSPREY_DEVICE, else cuda when present)");
   add_threads_option(app, o->threads);
-  app.add_flag("--json", o->json, "Print one JSON object per reply (text, tokens, cache counters) instead of streaming");
-  return [o] { return run_chat(*o); };
+  app.add_flag("--json", o->json,
+               "Print one JSON object per reply (text, tokens, seed, sampler settings, cache counters) instead of "
+               "streaming");
+  app.add_flag("-v,--verbose", o->verbose, "Print the seed, the sampler settings and the context on stderr");
+  const CLI::App* parsed = &app;
+  return [o, parsed] { return run_chat(*o, *parsed); };
 }
 
 }  // namespace osprey::cli

@@ -4,6 +4,7 @@
 #include <functional>
 #include <string>
 
+#include "core/device.h"
 #include "core/env.h"
 #include "core/error.h"
 #include "engine/generator.h"
@@ -30,10 +31,22 @@ Command add_convert(CLI::App& app);
 Command add_template(CLI::App& app);
 Command add_chat(CLI::App& app);
 Command add_serve(CLI::App& app);
+Command add_pull(CLI::App& app);
+
+// The model folder -m names (hub::resolve_model, with the environment's Hugging Face cache):
+// a folder, a file in one, or a Hub id in the cache, fetched first when `download` is set;
+// the embedded default when `model` is empty.
+std::string model_folder(const std::string& model, bool download);
 
 // The model folder to use when -m is not given: the embedded default. Throws IoError with
 // a hint when it has not been made.
 std::string default_model_dir();
+
+// The folder's name, as the banner and the server's model id show it ("models/demo/" -> "demo").
+std::string model_name(const std::string& dir);
+// What runs the model, for the banner: "cuda:0 NVIDIA H200, 139 GiB" or "CPU, 8 threads, AVX2"
+// ("CPU (no CUDA device found), ..." when a CUDA build took the CPU without being asked to).
+std::string device_words(const Device& device, const std::string& asked, int tensor_parallel);
 
 // GenerateParams with the environment's decode switches (OSPREY_FORCE_SYNC, OSPREY_CUDA_GRAPHS).
 GenerateParams generate_params(const EnvOptions& env);

@@ -79,16 +79,35 @@ std::vector<int64_t> parse_int_list(const std::string& flag, const std::string& 
   }
 }
 
-void add_sampler_options(CLI::App& app, SamplerParams& p) {
-  app.add_option("--temp", p.temperature, "Temperature (0: greedy)")->check(real_range(0, 1e9));
-  app.add_option("--top-k", p.top_k, "Top-k (0: off)")->check(int_range(0, INT32_MAX));
-  app.add_option("--top-p", p.top_p, "Top-p (1: off)")->check(real_range(0, 1, true, false));
-  app.add_option("--min-p", p.min_p, "Min-p (0: off)")->check(real_range(0, 1, false, true));
-  app.add_option("--repeat-penalty", p.repetition_penalty, "Repetition penalty (1: off)")
-      ->check(real_range(0, 1e9, true, false));
+void add_sampler_options(CLI::App& app, SamplerParams& p, bool checkpoint_defaults) {
+  // With checkpoint_defaults the values in `p` are not the defaults: the command fills what no
+  // flag set from the checkpoint's generation_config.json (osprey chat).
+  const std::string from_checkpoint = " (default: the checkpoint's generation_config.json, else llama.cpp's)";
+  auto add = [&](const char* name, auto& value, const char* help, CLI::Validator check) {
+    CLI::Option* opt = app.add_option(name, value, help + (checkpoint_defaults ? from_checkpoint : ""))->check(check);
+    if (!checkpoint_defaults) opt->capture_default_str();
+  };
+  add("--temp", p.temperature, "Temperature (0: greedy)", real_range(0, 1e9));
+  add("--top-k", p.top_k, "Top-k (0: off)", int_range(0, INT32_MAX));
+  add("--top-p", p.top_p, "Top-p (1: off)", real_range(0, 1, true, false));
+  add("--min-p", p.min_p, "Min-p (0: off)", real_range(0, 1, false, true));
+  add("--repeat-penalty", p.repetition_penalty, "Repetition penalty (1: off)", real_range(0, 1e9, true, false));
   app.add_option("--repeat-last-n", p.repeat_last_n, "Tokens the repetition penalty looks back over")
-      ->check(int_range(0, INT32_MAX));
-  app.add_option("--seed", p.seed, "Sampling seed")->check(unsigned_u64());
+      ->check(int_range(0, INT32_MAX))
+      ->capture_default_str();
+  // Without --seed, or with --seed -1 (llama.cpp's "random"), the seed is a fresh random one.
+  p.seed = random_seed();
+  app.add_option_function<std::string>(
+         "--seed", [&p](const std::string& s) { p.seed = s == "-1" ? random_seed() : std::stoull(s); },
+         "Sampling seed: the same seed repeats a sampled reply (default and -1: a random seed)")
+      ->check(CLI::Validator(
+          [](std::string& s) -> std::string {
+            if (s == "-1") return {};
+            std::string t = s;
+            const std::string e = unsigned_u64()(t);
+            return e.empty() ? e : "\"" + s + "\" is not -1 or an integer in [0, 2^64 - 1]";
+          },
+          "-1|UINT64"));
 }
 
 CLI::Option* add_threads_option(CLI::App& app, int& threads) {
@@ -100,11 +119,11 @@ CLI::Option* add_tensor_parallel_option(CLI::App& app, int& ranks) {
   return app
       .add_option("--tensor-parallel", ranks,
                   "-tp N: split the model across N ranks (tensor parallelism; llama and qwen2 models; N must divide "
-                  "the "
-                  "attention heads). With --device cuda:I: GPUs I .. I + N - 1 over NCCL. On the CPU: N threads "
+                  "the attention heads). With --device cuda:I: GPUs I .. I + N - 1 over NCCL. On the CPU: N threads "
                   "of this process, a check of the sharding and not a speed-up")
       ->check(int_range(1, kMaxTensorParallel))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group("Advanced");
 }
 
 }  // namespace osprey::cli

@@ -23,7 +23,9 @@ std::vector<int64_t> parse_int_list(const std::string& flag, const std::string& 
 
 // The sampling flags of generate and chat (--temp, --top-k, --top-p, --min-p,
 // --repeat-penalty, --repeat-last-n, --seed), each range-checked as the sampler requires.
-void add_sampler_options(CLI::App& app, SamplerParams& p);
+// Sets p.seed to random_seed() at once: a parse without --seed (or with --seed -1) samples
+// with a fresh seed; --seed N stores N.
+void add_sampler_options(CLI::App& app, SamplerParams& p, bool checkpoint_defaults = false);
 
 // -t, --threads: 0 (one per core) up to the thread pool's bound.
 CLI::Option* add_threads_option(CLI::App& app, int& threads);

@@ -1,10 +1,18 @@
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <iterator>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "backend/cpu_isa.h"
+#include "backend/cuda_available.h"
 #include "backend/device_select.h"
 #include "chat/chat_template.h"
 #include "cli/commands.h"
@@ -14,8 +22,9 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "engine/generator.h"
-#include "dist/sharded_model.h"
+#include "engine/sharded_model.h"
 #include "model/model.h"
+#include "server/stop_matcher.h"
 #include "tokenizer/tokenizer.h"
 
 namespace osprey::cli {
@@ -29,21 +38,70 @@ std::string default_model_dir() {
   return dir.string();
 }
 
+// The folder's name, as the banner and the server's model id show it ("models/demo/" -> "demo").
+std::string model_name(const std::string& dir) {
+  fs::path p = fs::path(dir).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();
+  return p.filename().string();
+}
+
+// What runs the model, in a few words: "NVIDIA H200, 139 GiB" (cuda:N) or "CPU, 8 threads,
+// AVX2"; says so when a CUDA build found no device and took the CPU without being asked to.
+std::string device_words(const Device& device, const std::string& asked, int tensor_parallel) {
+  std::string out;
+  if (device.is_cpu()) {
+    out = "CPU";
+    if (asked.empty() && cuda_built()) out += " (no CUDA device found)";
+    out += ", " + std::to_string(cpu_pool().n_threads()) + " threads, " + cpu_isa_name();
+  } else {
+    std::string gpu = cuda_description(device.index);
+    gpu = gpu.substr(0, gpu.find(", driver"));
+    out = device.str() + " " + gpu;
+  }
+  if (tensor_parallel > 1) out += ", " + std::to_string(tensor_parallel) + " tensor-parallel ranks";
+  return out;
+}
+
 namespace {
 
 struct GenerateOptions {
   std::string model;
+  bool download = false;
   std::optional<std::string> prompt;
+  std::string prompt_file;
   std::string token_ids;
+  std::optional<std::string> system;  // --system, with --chat
+  std::vector<std::string> stops;
   int n_predict = 128;
+  int64_t ctx_size = 0;  // 0: the model's max_position_embeddings
   SamplerParams sampler;
   bool json = false;
+  bool verbose = false;
   bool ignore_eos = false;
   bool chat = false;
+  bool quiet = false;
   int threads = -1;
   std::string device;
   int tensor_parallel = 1;
 };
+
+// -f PATH: the whole file ("-": stdin), less one final newline (which editors add).
+std::string read_prompt_file(const std::string& path) {
+  std::string text;
+  if (path == "-") {
+    text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+    if (std::cin.bad()) throw IoError("-f -: cannot read the prompt from stdin");
+  } else {
+    if (fs::is_directory(path)) throw IoError("-f " + path + ": is a directory, not a file");
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw IoError("-f " + path + ": cannot open: " + std::strerror(errno));
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    if (in.bad()) throw IoError("-f " + path + ": read failed");
+  }
+  if (!text.empty() && text.back() == '\n') text.pop_back();
+  if (!text.empty() && text.back() == '\r') text.pop_back();
+  return text;
+}
 
 std::vector<int32_t> parse_token_ids(const std::string& s) {
   std::vector<int32_t> ids;
@@ -66,31 +124,53 @@ std::vector<int32_t> parse_token_ids(const std::string& s) {
 
 int run_generate(const GenerateOptions& o) {
   if (o.threads >= 0) set_cpu_threads(o.threads);
-  const std::string dir = o.model.empty() ? default_model_dir() : o.model;
+  const std::string dir = model_folder(o.model, o.download);
   if (!fs::exists(dir)) throw IoError("model folder " + dir + " does not exist");
 
+  std::optional<std::string> text = o.prompt;
+  if (!o.prompt_file.empty()) text = read_prompt_file(o.prompt_file);
   std::optional<Tokenizer> tokenizer;
-  if (o.prompt || fs::exists(fs::path(dir) / "tokenizer.json")) tokenizer = Tokenizer::load(dir);
+  if (text || fs::exists(fs::path(dir) / "tokenizer.json")) tokenizer = Tokenizer::load(dir);
+  if (!o.stops.empty() && !tokenizer)
+    throw UsageError("generate --stop: needs the model's tokenizer.json to read the reply's text");
   std::vector<int32_t> prompt;
   if (o.chat) {
+    nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+    if (o.system) messages.push_back({{"role", "system"}, {"content", *o.system}});
+    messages.push_back({{"role", "user"}, {"content", *text}});
     // The template writes BOS itself: no second one from the post-processor.
-    nlohmann::ordered_json request = {{"messages", {{{"role", "user"}, {"content", *o.prompt}}}}};
+    nlohmann::ordered_json request = {{"messages", messages}, {"add_generation_prompt", true}};
     prompt = tokenizer->encode(ChatTemplate::load(dir).render(request), false);
   } else {
-    prompt = o.prompt ? tokenizer->encode(*o.prompt, true) : parse_token_ids(o.token_ids);
+    prompt = text ? tokenizer->encode(*text, true) : parse_token_ids(o.token_ids);
   }
 
+  const std::string asked_device = o.device.empty() ? env_options().device : o.device;
   std::unique_ptr<Model> model;
   {
-    ProgressBar bar("loading " + fs::path(dir).filename().string());
+    ProgressBar bar("loading " + model_name(dir));
     LoadOptions lo;
-    lo.device = select_device(o.device.empty() ? env_options().device : o.device);
+    lo.device = select_device(asked_device);
     lo.progress = [&](size_t done, size_t total) { bar.update(done, total); };
     model = load_sharded_model(dir, o.tensor_parallel, lo);
   }
 
+  const int64_t max_ctx = model->info().max_position_embeddings;
+  if (o.ctx_size > 0 && max_ctx > 0 && o.ctx_size > max_ctx)
+    throw UsageError("-c/--ctx-size " + std::to_string(o.ctx_size) + " exceeds the model's context of " +
+                     std::to_string(max_ctx) + " tokens (max_position_embeddings in config.json)");
+  const int64_t ctx = o.ctx_size > 0 ? o.ctx_size : max_ctx;
+  if (ctx > 0 && int64_t(prompt.size()) > ctx)
+    throw InvalidInput("the prompt (" + std::to_string(prompt.size()) + " tokens) exceeds the context of " +
+                       std::to_string(ctx) + " tokens" + (o.ctx_size > 0 ? " (-c)" : ""));
+  if (!o.quiet)
+    std::fprintf(stderr, "osprey: %s | %s | context %lld tokens\n", model_name(dir).c_str(),
+                 device_words(model->info().device, asked_device, o.tensor_parallel).c_str(), (long long)ctx);
+
   GenerateParams gp = generate_params(env_options());
   gp.max_tokens = o.n_predict;
+  // Prompt and reply together fit in -c (the engine itself stops at the model's context).
+  if (o.ctx_size > 0) gp.max_tokens = int(std::min<int64_t>(o.n_predict, ctx - int64_t(prompt.size())));
   gp.sampler = o.sampler;
   if (!o.ignore_eos) {
     gp.stop_ids = model->info().eos_ids;
@@ -99,6 +179,7 @@ int run_generate(const GenerateOptions& o) {
         if (std::find(gp.stop_ids.begin(), gp.stop_ids.end(), id) == gp.stop_ids.end()) gp.stop_ids.push_back(id);
   }
   validate(gp.sampler);
+  if (o.verbose) std::fprintf(stderr, "seed: %llu\n", (unsigned long long)gp.sampler.seed);
 
   const EnvOptions& env = env_options();
   KVCacheParams co;
@@ -106,32 +187,42 @@ int run_generate(const GenerateOptions& o) {
   co.inplace = env.kv_inplace_write;
   SequenceCache cache = model->make_cache(co);
 
+  // The reply's text passes through the stop strings: what precedes one is printed (or, with
+  // --json, kept), the stop string and what follows are not, and the generation ends there.
   std::optional<Tokenizer::StreamDecoder> stream;
-  if (tokenizer && !o.json) stream.emplace(*tokenizer);
-  GenerateResult r = generate(*model, cache, prompt, gp, [&](int32_t token) {
-    if (stream) {
-      std::string piece = stream->push(token);
-      if (!piece.empty()) {
-        std::fwrite(piece.data(), 1, piece.size(), stdout);
-        std::fflush(stdout);
-      }
+  if (tokenizer) stream.emplace(*tokenizer);
+  StopMatcher stop(o.stops);
+  std::string reply;
+  auto emit = [&](const std::string& piece) {
+    if (o.json) {
+      reply += piece;
+    } else if (!piece.empty()) {
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fflush(stdout);
     }
-    return true;
+  };
+  GenerateResult r = generate(*model, cache, prompt, gp, [&](int32_t token) {
+    if (stream) emit(stop.push(stream->push(token)));
+    return !stop.stopped();
   });
   if (stream) {
-    std::string rest = stream->flush();
-    std::fwrite(rest.data(), 1, rest.size(), stdout);
-    std::fputc('\n', stdout);
-    std::fflush(stdout);
+    emit(stop.push(stream->flush()));
+    emit(stop.flush());
+    if (!o.json) {
+      std::fputc('\n', stdout);
+      std::fflush(stdout);
+    }
   }
 
-  const GenerateStats& s = r.stats;
+  GenerateStats& s = r.stats;
+  if (stop.stopped()) s.stop_reason = "stop";
   if (o.json) {
     nlohmann::json j;
     j["prompt_tokens"] = prompt;
     j["tokens"] = r.tokens;
-    j["text"] = tokenizer ? tokenizer->decode(r.tokens, true) : std::string();
+    j["text"] = reply;
     j["stop_reason"] = s.stop_reason;
+    j["seed"] = gp.sampler.seed;
     j["timings"] = {{"prompt_n", s.n_prompt},
                     {"prompt_ms", s.prompt_seconds * 1e3},
                     {"prompt_per_second", s.prompt_tps()},
@@ -148,7 +239,8 @@ int run_generate(const GenerateOptions& o) {
     std::string out = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     std::printf("%s\n", out.c_str());
   }
-  std::fprintf(stderr, "prompt: %lld tokens, %.1f t/s | decode: %lld tokens, %.1f t/s | kv writes: %llu in place, %llu copying\n",
+  if (!o.quiet)
+    std::fprintf(stderr, "prompt: %lld tokens, %.1f t/s | decode: %lld tokens, %.1f t/s | kv writes: %llu in place, %llu copying\n",
                (long long)s.n_prompt, s.prompt_tps(), (long long)s.n_generated, s.decode_tps(),
                (unsigned long long)s.kv.n_inplace_writes, (unsigned long long)s.kv.n_copying_writes);
   return 0;
@@ -165,21 +257,40 @@ GenerateParams generate_params(const EnvOptions& env) {
 
 Command add_generate(CLI::App& app) {
   auto o = std::make_shared<GenerateOptions>();
-  app.add_option("-m,--model", o->model, "Model folder (default: the embedded default model)");
+  app.add_option("-m,--model", o->model, "Model folder, or a Hub id org/name[:revision] (default: the embedded default model)");
+  app.add_flag("--download", o->download, "Fetch a Hub model missing from the Hugging Face cache (as osprey pull does)");
   auto* p = app.add_option("-p,--prompt", o->prompt, "Prompt text (tokenized with the model's tokenizer.json)");
+  auto* f = app.add_option("-f,--file", o->prompt_file,
+                           "Read the prompt from a file ('-': stdin); one final newline is dropped")
+                   ->type_name("FILE");
   auto* t = app.add_option("--token-ids", o->token_ids, "Prompt as comma-separated token ids");
-  p->excludes(t);
-  app.add_option("-n,--n-predict", o->n_predict, "Tokens to generate")->check(int_range(0, INT32_MAX));
+  p->excludes(f)->excludes(t);
+  f->excludes(t);
+  app.add_option("-n,--n-predict", o->n_predict, "Tokens to generate")->check(int_range(0, INT32_MAX))->capture_default_str();
+  app.add_option("-c,--ctx-size", o->ctx_size,
+                 "Context length: prompt and reply together stop there (0: the model's max_position_embeddings)")
+      ->check(int_range(0, INT32_MAX))
+      ->capture_default_str();
+  app.add_option("--stop", o->stops,
+                 "Stop the generation where this text appears; the text itself is not printed (repeatable)")
+      ->check(CLI::Validator([](std::string& s) { return s.empty() ? std::string("the stop text is empty") : std::string(); },
+                             ""))
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   add_sampler_options(app, o->sampler);
   app.add_option("--device", o->device, "cpu, cuda or cuda:N (default: OSPREY_DEVICE, else cuda when present)");
   add_threads_option(app, o->threads);
   add_tensor_parallel_option(app, o->tensor_parallel);
   app.add_flag("--json", o->json, "Print one JSON object instead of streaming text");
+  app.add_flag("-v,--verbose", o->verbose, "Print the sampling seed on stderr");
   app.add_flag("--ignore-eos", o->ignore_eos, "Do not stop at end-of-sequence tokens");
-  app.add_flag("--chat", o->chat, "Apply the model's chat template to -p as one user message")->excludes(t);
-  return [o, p, t] {
-    if (!*p && !*t) throw UsageError("generate: give a prompt with -p TEXT or --token-ids 1,2,3");
-    if (o->chat && !*p) throw UsageError("generate --chat: give the user message with -p TEXT");
+  auto* chat = app.add_flag("--chat", o->chat, "Apply the model's chat template to the prompt as one user message");
+  chat->excludes(t);
+  auto* system = app.add_option("--system", o->system, "With --chat: a system message before the user's");
+  app.add_flag("-q,--quiet", o->quiet, "No banner and no timing line on stderr");
+  return [o, p, f, t, chat, system] {
+    if (!*p && !*f && !*t) throw UsageError("generate: give a prompt with -p TEXT, -f FILE or --token-ids 1,2,3");
+    if (*system && !*chat) throw UsageError("generate --system: needs --chat (the system message goes through the chat template)");
     return run_generate(*o);
   };
 }

@@ -13,12 +13,13 @@ namespace {
 
 struct TokenizeOptions {
   std::string model;
+  bool download = false;
   std::string text;
   bool special = false;
 };
 
 int run_tokenize(const TokenizeOptions& o) {
-  const std::string dir = o.model.empty() ? default_model_dir() : o.model;
+  const std::string dir = model_folder(o.model, o.download);
   Tokenizer tok = Tokenizer::load(dir);
   std::string text = o.text;
   if (text == "-") text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
@@ -31,7 +32,8 @@ int run_tokenize(const TokenizeOptions& o) {
 
 Command add_tokenize(CLI::App& app) {
   auto o = std::make_shared<TokenizeOptions>();
-  app.add_option("-m,--model", o->model, "Folder with tokenizer.json (default: the embedded default model)");
+  app.add_option("-m,--model", o->model, "Folder with tokenizer.json, or a Hub id org/name[:revision] (default: the embedded default model)");
+  app.add_flag("--download", o->download, "Fetch a Hub model missing from the Hugging Face cache (as osprey pull does)");
   app.add_flag("--special", o->special, "Add what the post-processor adds (BOS)");
   app.add_option("text", o->text, "Text to tokenize ('-' reads stdin)")->required();
   return [o] { return run_tokenize(*o); };

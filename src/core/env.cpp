@@ -31,6 +31,23 @@ int parse_int(const char* name, int fallback, int min_value, int max_value) {
   return int(x);
 }
 
+std::string read_string(const char* name, std::string fallback = "") {
+  const char* v = std::getenv(name);
+  return v && *v ? std::string(v) : fallback;
+}
+
+// huggingface_hub's reading of a boolean: 1/true/on/yes (any case) or 0/false/off/no; another
+// value is an error naming the variable.
+bool parse_strict_switch(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return false;
+  std::string s(v);
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+  if (s == "1" || s == "true" || s == "on" || s == "yes") return true;
+  if (s == "0" || s == "false" || s == "off" || s == "no") return false;
+  throw InvalidInput(std::string(name) + "=" + v + ": expected 1/true/on/yes or 0/false/off/no");
+}
+
 EnvOptions read_env() {
   EnvOptions o;
   o.kv_inplace_write = parse_switch(std::getenv("OSPREY_KV_INPLACE_WRITE"), true);
@@ -45,6 +62,18 @@ EnvOptions read_env() {
   o.paged_split_keys = parse_int("OSPREY_PAGED_SPLIT_KEYS", 0, 0, 1 << 20);
   if (o.paged_split_keys % 64 != 0)
     throw InvalidInput("OSPREY_PAGED_SPLIT_KEYS must be 0 or a multiple of 64, got " + std::to_string(o.paged_split_keys));
+  o.hf_hub_cache = read_string("HF_HUB_CACHE");
+  o.hf_home = read_string("HF_HOME");
+  o.xdg_cache_home = read_string("XDG_CACHE_HOME");
+  o.home = read_string("HOME");
+  o.hf_endpoint = read_string("HF_ENDPOINT", o.hf_endpoint);
+  o.hf_token = read_string("HF_TOKEN");
+  o.hf_hub_offline = parse_strict_switch("HF_HUB_OFFLINE");
+  if (const char* v = std::getenv("XDG_DATA_HOME"); v && v[0] == '/') {
+    o.data_home = v;
+  } else if (const char* home = std::getenv("HOME"); home && *home) {
+    o.data_home = std::string(home) + "/.local/share";
+  }
   return o;
 }
 

@@ -1,7 +1,7 @@
 #pragma once
 // Every OSPREY_ environment variable is read here, once, into EnvOptions; components take
 // the values they need through their own parameter structs. docs/environment-variables.md
-// lists them all.
+// lists them all, with the Hugging Face variables read for models named by Hub id.
 #include <string>
 
 namespace osprey {
@@ -20,6 +20,17 @@ struct EnvOptions {
   int paged_split_keys = 0;        // OSPREY_PAGED_SPLIT_KEYS: keys per split of paged attention (0: chosen)
   bool cuda_pdl = true;            // OSPREY_CUDA_PDL: 0 turns programmatic dependent launch off
   std::string cpu_level;           // OSPREY_CPU_LEVEL: scalar, v3, v4, v4-bf16 (empty: the CPU's best)
+  // huggingface_hub's variables, raw (hub/hub_cache.h's resolve_options orders the cache's).
+  std::string hf_hub_cache;    // HF_HUB_CACHE: the Hub cache folder
+  std::string hf_home;         // HF_HOME: its parent (the cache is $HF_HOME/hub)
+  std::string xdg_cache_home;  // XDG_CACHE_HOME: else $XDG_CACHE_HOME/huggingface/hub
+  std::string home;            // HOME: else ~/.cache/huggingface/hub
+  std::string hf_endpoint = "https://huggingface.co";  // HF_ENDPOINT
+  std::string hf_token;        // HF_TOKEN: sent as "Authorization: Bearer"
+  bool hf_hub_offline = false;  // HF_HUB_OFFLINE: 1/true/on/yes forbid downloads
+  // The user's data folder (XDG Base Directory): XDG_DATA_HOME when it is an absolute path,
+  // else $HOME/.local/share; empty when neither is set. osprey chat keeps its history there.
+  std::string data_home;
 };
 
 // Read once, on first use; later changes to the environment are not seen.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <random>
 #include <string>
 
 #include "core/error.h"
@@ -19,6 +20,11 @@ void validate(const SamplerParams& p) {
   if (p.repeat_last_n < 0) bad("repeat-last-n must be >= 0");
   if (!(p.presence_penalty >= -2.0f && p.presence_penalty <= 2.0f)) bad("presence penalty must be in [-2, 2]");
   if (!(p.frequency_penalty >= -2.0f && p.frequency_penalty <= 2.0f)) bad("frequency penalty must be in [-2, 2]");
+}
+
+uint64_t random_seed() {
+  std::random_device rd;
+  return (uint64_t(rd()) << 32) ^ uint64_t(rd());
 }
 
 bool uses_history(const SamplerParams& p) {

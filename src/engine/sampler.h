@@ -21,8 +21,14 @@ struct SamplerParams {
   // presence_penalty + c * frequency_penalty from its logit. 0: off. Range [-2, 2].
   float presence_penalty = 0.0f;
   float frequency_penalty = 0.0f;
+  // The draws are a function of (seed, draw index): the same seed repeats a reply. Front ends
+  // give random_seed() when the user names none (the CLI without --seed or with --seed -1, a
+  // server request without "seed"); the fixed default keeps library callers reproducible.
   uint64_t seed = 0x5eed;
 };
+
+// A fresh seed from std::random_device (a different one on every call, with high probability).
+uint64_t random_seed();
 
 // Throws InvalidInput naming the parameter when one is out of range.
 void validate(const SamplerParams& p);

@@ -161,14 +161,15 @@ struct PagedPool::Impl {
     return b;
   }
 
-  // Copies block `src` into block `dst` in every layer (keys and values).
+  // Copies block `src` into block `dst` in every layer (keys and values). With in-place writes
+  // on, the copy is one copying write per layer; off, the rows' commit counts them instead.
   void copy_block(int32_t dst, int32_t src) {
     for (size_t l = 0; l < keys.size(); ++l) {
       ops::copy_into(keys[l].slice_rows(dst, dst + 1), keys[l].slice_rows(src, src + 1));
       ops::copy_into(values[l].slice_rows(dst, dst + 1), values[l].slice_rows(src, src + 1));
     }
     ++stats.n_cow;
-    counters.n_copying_writes += keys.size();
+    if (params.inplace) counters.n_copying_writes += keys.size();
     counters.bytes_copied += uint64_t(block_bytes);
   }
 };
@@ -270,7 +271,7 @@ bool PagedPool::reserve(SeqId seq, int64_t n) {
   // prefix cache share committed blocks only).
   const bool partial = s.length % bs != 0;
   const size_t last = size_t(s.length / bs);
-  const bool copy = partial && !writable_in_place(seq, s.table[last]);
+  const bool copy = partial && (!m.params.inplace || !writable_in_place(seq, s.table[last]));
   const int64_t grow = std::max<int64_t>(0, m.blocks_for(s.length + n) - int64_t(s.table.size()));
   if (grow + (copy ? 1 : 0) > n_available()) return false;
 
@@ -315,7 +316,7 @@ void PagedPool::commit(SeqId seq, int64_t n) {
                        " at length " + std::to_string(s.length) + " (rows reserved up to " +
                        std::to_string(s.reserved) + ")");
   s.length += n;
-  m.counters.n_inplace_writes += uint64_t(n) * m.keys.size();
+  (m.params.inplace ? m.counters.n_inplace_writes : m.counters.n_copying_writes) += uint64_t(n) * m.keys.size();
 }
 
 void PagedPool::truncate(SeqId seq, int64_t length) {

@@ -25,6 +25,10 @@ struct PagedPoolParams {
   std::vector<KVCacheParams> layers;
   int64_t block_size = 16;  // rows per block
   int64_t n_blocks = 0;     // blocks in the pool (each holds block_size rows of every layer)
+  // OSPREY_KV_INPLACE_WRITE. Off: every write is a copying write, as on the dense path: a write
+  // into a partly filled block first copies it into a fresh block even when the sequence holds
+  // it alone, and every row counts as a copying write (KVCounters), none as in place.
+  bool inplace = true;
 };
 
 // Bytes one block takes over all layers (keys and values).
@@ -90,7 +94,7 @@ class PagedPool {
   // (length <= row0, row0 + n <= length + the rows reserve() granted).
   void slots(SeqId seq, int64_t row0, int64_t n, int32_t* out) const;
   // Advances the length by n rows (written through slots()) and counts the writes: each row
-  // in every layer is one in-place write.
+  // in every layer is one in-place write (one copying write with `inplace` off).
   void commit(SeqId seq, int64_t n);
   // Rewinds the sequence to `length` rows, freeing its blocks past the new end.
   void truncate(SeqId seq, int64_t length);

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "core/array.h"
-#include "dist/communicator.h"
+#include "backend/communicator.h"
 #include "kv/kv_cache.h"
 #include "model/linear_group.h"
 #include "model/model.h"

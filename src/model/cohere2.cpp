@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "model/blocks.h"
 #include "model/config_reader.h"
+#include "model/decoder_dims.h"
 #include "model/layer_types.h"
 #include "model/model.h"
 #include "model/rope.h"
@@ -20,15 +21,7 @@
 namespace osprey {
 namespace {
 
-struct Cohere2Config {
-  int64_t vocab_size = 0;
-  int64_t hidden_size = 0;
-  int64_t intermediate_size = 0;
-  int64_t n_layers = 0;
-  int64_t n_heads = 0;
-  int64_t n_kv_heads = 0;
-  int64_t head_dim = 0;  // always hidden_size / num_attention_heads
-  int64_t max_position_embeddings = 0;
+struct Cohere2Config : DecoderDims {  // head_dim: always hidden_size / num_attention_heads
   double layer_norm_eps = 1e-5;
   double logit_scale = 0.0625;
   int64_t sliding_window = 0;
@@ -42,13 +35,14 @@ struct Cohere2Config {
 // With Cohere2Config's defaults for omitted keys.
 Cohere2Config parse_cohere2_config(const ConfigReader& c) {
   Cohere2Config cfg;
-  cfg.vocab_size = c.get_int("vocab_size", 256000);
-  cfg.hidden_size = c.get_int("hidden_size", 8192);
-  cfg.intermediate_size = c.get_int("intermediate_size", 22528);
-  cfg.n_layers = c.get_int("num_hidden_layers", 40);
-  cfg.n_heads = c.get_int("num_attention_heads", 64);
-  cfg.n_kv_heads = c.get_int("num_key_value_heads", cfg.n_heads);
-  cfg.max_position_embeddings = c.get_int("max_position_embeddings", 8192);
+  DecoderDefaults defaults;  // Cohere2Config's
+  defaults.vocab_size = 256000;
+  defaults.hidden_size = 8192;
+  defaults.intermediate_size = 22528;
+  defaults.n_layers = 40;
+  defaults.n_heads = 64;
+  defaults.max_position_embeddings = 8192;
+  static_cast<DecoderDims&>(cfg) = parse_decoder_dims(c, defaults);
   cfg.layer_norm_eps = c.get_float("layer_norm_eps", 1e-5);
   cfg.logit_scale = c.get_float("logit_scale", 0.0625);
   cfg.sliding_window = c.get_int("sliding_window", 4096);
@@ -57,20 +51,9 @@ Cohere2Config parse_cohere2_config(const ConfigReader& c) {
   auto positive = [&](const char* key, int64_t v) {
     if (v <= 0) c.fail(key, "must be positive, got " + std::to_string(v));
   };
-  positive("vocab_size", cfg.vocab_size);
-  positive("hidden_size", cfg.hidden_size);
-  positive("intermediate_size", cfg.intermediate_size);
-  positive("num_hidden_layers", cfg.n_layers);
-  positive("num_attention_heads", cfg.n_heads);
-  positive("num_key_value_heads", cfg.n_kv_heads);
-  if (cfg.n_heads % cfg.n_kv_heads != 0)
-    c.fail("num_key_value_heads", "must divide num_attention_heads (" + std::to_string(cfg.n_heads) + ")");
-  if (cfg.hidden_size % cfg.n_heads != 0) c.fail("hidden_size", "is not a multiple of num_attention_heads");
-  cfg.head_dim = cfg.hidden_size / cfg.n_heads;
-  if (c.has("head_dim") && c.get_int("head_dim") != cfg.head_dim)
-    c.fail("head_dim", "Cohere2's head size is hidden_size / num_attention_heads = " + std::to_string(cfg.head_dim) +
-                           ", got " + std::to_string(c.get_int("head_dim")));
-  if (cfg.head_dim % 2 != 0) c.fail("head_dim", "hidden_size / num_attention_heads must be even for rotary embeddings");
+  if (cfg.hidden_size % cfg.n_heads != 0 || cfg.head_dim != cfg.hidden_size / cfg.n_heads)
+    c.fail("head_dim", "Cohere2's head size is hidden_size / num_attention_heads = " +
+                           std::to_string(cfg.hidden_size / cfg.n_heads) + ", got " + std::to_string(cfg.head_dim));
   if (!(cfg.layer_norm_eps > 0)) c.fail("layer_norm_eps", "must be positive");
   if (!std::isfinite(cfg.logit_scale) || cfg.logit_scale == 0)
     c.fail("logit_scale", "must be a finite non-zero number, got " + c.json()["logit_scale"].dump());

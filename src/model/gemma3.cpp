@@ -17,6 +17,7 @@
 #include "core/log.h"
 #include "model/blocks.h"
 #include "model/config_reader.h"
+#include "model/decoder_dims.h"
 #include "model/layer_types.h"
 #include "model/model.h"
 #include "model/rope.h"
@@ -26,16 +27,8 @@
 namespace osprey {
 namespace {
 
-struct Gemma3Config {
+struct Gemma3Config : DecoderDims {
   std::string model_type;
-  int64_t vocab_size = 0;
-  int64_t hidden_size = 0;
-  int64_t intermediate_size = 0;
-  int64_t n_layers = 0;
-  int64_t n_heads = 0;
-  int64_t n_kv_heads = 0;
-  int64_t head_dim = 0;
-  int64_t max_position_embeddings = 0;
   double rms_norm_eps = 1e-6;
   double query_pre_attn_scalar = 256;  // attention scale = query_pre_attn_scalar^-0.5
   int64_t sliding_window = 0;
@@ -52,14 +45,16 @@ struct Gemma3Config {
 // gemma-3-4b text_config leaves out vocab_size, head_dim, query_pre_attn_scalar, rope_theta ...).
 Gemma3Config parse_gemma3_text_config(const ConfigReader& c) {
   Gemma3Config cfg;
-  cfg.vocab_size = c.get_int("vocab_size", 262208);
-  cfg.hidden_size = c.get_int("hidden_size", 2304);
-  cfg.intermediate_size = c.get_int("intermediate_size", 9216);
-  cfg.n_layers = c.get_int("num_hidden_layers", 26);
-  cfg.n_heads = c.get_int("num_attention_heads", 8);
-  cfg.n_kv_heads = c.get_int("num_key_value_heads", 4);
-  cfg.head_dim = c.get_int("head_dim", 256);
-  cfg.max_position_embeddings = c.get_int("max_position_embeddings", 131072);
+  DecoderDefaults defaults;  // Gemma3TextConfig's
+  defaults.vocab_size = 262208;
+  defaults.hidden_size = 2304;
+  defaults.intermediate_size = 9216;
+  defaults.n_layers = 26;
+  defaults.n_heads = 8;
+  defaults.n_kv_heads = 4;
+  defaults.head_dim = 256;
+  defaults.max_position_embeddings = 131072;
+  static_cast<DecoderDims&>(cfg) = parse_decoder_dims(c, defaults);
   cfg.rms_norm_eps = c.get_float("rms_norm_eps", 1e-6);
   cfg.query_pre_attn_scalar = c.get_float("query_pre_attn_scalar", 256);
   cfg.sliding_window = c.get_int("sliding_window", 4096);
@@ -70,16 +65,6 @@ Gemma3Config parse_gemma3_text_config(const ConfigReader& c) {
   auto positive = [&](const char* key, int64_t v) {
     if (v <= 0) c.fail(key, "must be positive, got " + std::to_string(v));
   };
-  positive("vocab_size", cfg.vocab_size);
-  positive("hidden_size", cfg.hidden_size);
-  positive("intermediate_size", cfg.intermediate_size);
-  positive("num_hidden_layers", cfg.n_layers);
-  positive("num_attention_heads", cfg.n_heads);
-  positive("num_key_value_heads", cfg.n_kv_heads);
-  positive("head_dim", cfg.head_dim);
-  if (cfg.n_heads % cfg.n_kv_heads != 0)
-    c.fail("num_key_value_heads", "must divide num_attention_heads (" + std::to_string(cfg.n_heads) + ")");
-  if (cfg.head_dim % 2 != 0) c.fail("head_dim", "must be even for rotary embeddings");
   if (!(cfg.rms_norm_eps > 0)) c.fail("rms_norm_eps", "must be positive");
   if (!(cfg.query_pre_attn_scalar > 0) || !std::isfinite(cfg.query_pre_attn_scalar))
     c.fail("query_pre_attn_scalar", "must be a positive number (the attention scale is its inverse square root), got " +

@@ -14,39 +14,12 @@ namespace osprey {
 
 LlamaConfig parse_llama_config(const ConfigReader& c, double default_rope_theta) {
   LlamaConfig cfg;
+  static_cast<DecoderDims&>(cfg) = parse_decoder_dims(c, DecoderDefaults{});
   cfg.model_type = c.get_string("model_type");
-  cfg.vocab_size = c.get_int("vocab_size");
-  cfg.hidden_size = c.get_int("hidden_size");
-  cfg.intermediate_size = c.get_int("intermediate_size");
-  cfg.n_layers = c.get_int("num_hidden_layers");
-  cfg.n_heads = c.get_int("num_attention_heads");
-  cfg.n_kv_heads = c.get_int("num_key_value_heads", cfg.n_heads);
-  cfg.max_position_embeddings = c.get_int("max_position_embeddings", 2048);
   cfg.rms_norm_eps = c.get_float("rms_norm_eps", 1e-6);
   cfg.tie_word_embeddings = c.get_bool("tie_word_embeddings", false);
-  auto positive = [&](const char* key, int64_t v) {
-    if (v <= 0) c.fail(key, "must be positive, got " + std::to_string(v));
-    if (v > INT32_MAX) c.fail(key, "must be below 2^31, got " + std::to_string(v));
-  };
-  positive("max_position_embeddings", cfg.max_position_embeddings);
   if (!(cfg.rms_norm_eps > 0) || !std::isfinite(cfg.rms_norm_eps))
     c.fail("rms_norm_eps", "must be positive, got " + c.json()["rms_norm_eps"].dump());
-  positive("vocab_size", cfg.vocab_size);
-  positive("hidden_size", cfg.hidden_size);
-  positive("intermediate_size", cfg.intermediate_size);
-  positive("num_hidden_layers", cfg.n_layers);
-  positive("num_attention_heads", cfg.n_heads);
-  positive("num_key_value_heads", cfg.n_kv_heads);
-  if (cfg.n_heads % cfg.n_kv_heads != 0)
-    c.fail("num_key_value_heads", "must divide num_attention_heads (" + std::to_string(cfg.n_heads) + ")");
-  if (c.has("head_dim")) {
-    cfg.head_dim = c.get_int("head_dim");
-  } else {
-    if (cfg.hidden_size % cfg.n_heads != 0) c.fail("hidden_size", "is not a multiple of num_attention_heads");
-    cfg.head_dim = cfg.hidden_size / cfg.n_heads;
-  }
-  positive("head_dim", cfg.head_dim);
-  if (cfg.head_dim % 2 != 0) c.fail("head_dim", "must be even for rotary embeddings");
   cfg.rope = parse_rope(c, default_rope_theta);
   cfg.quant = parse_quant_config(c);
   return cfg;
@@ -56,6 +29,7 @@ namespace {
 
 struct LlamaLayer {
   Array attn_norm, mlp_norm;  // [hidden] f32
+  Array q_norm, k_norm;       // [head_dim] f32 when qk_norm
   LinearGroup qkv;            // q [n_heads hd, hidden], k, v [n_kv_heads hd, hidden], biases when attention_bias
   LinearWeight wo;            // [hidden, n_heads hd]
   Array bo;                   // [hidden] f32 or undefined
@@ -93,6 +67,10 @@ class LlamaModel final : public Model {
       LlamaLayer L;
       L.attn_norm = w.vector_f32(p + "input_layernorm.weight", h);
       L.mlp_norm = w.vector_f32(p + "post_attention_layernorm.weight", h);
+      if (cfg.qk_norm) {
+        L.q_norm = w.vector_f32(p + "self_attn.q_norm.weight", hd);
+        L.k_norm = w.vector_f32(p + "self_attn.k_norm.weight", hd);
+      }
       // A row-split layer's bias is added once, by rank 0, before the reduction.
       auto row_split_bias = [&](const std::string& name) {
         if (lead) return w.vector_f32(name, h);
@@ -135,7 +113,7 @@ class LlamaModel final : public Model {
 
  protected:
   KVCacheParams layer_cache_params(int64_t, const KVCacheParams& params) const override {
-    return layer_kv_params(params, heads_.n_kv_heads, cfg_.head_dim, DType::f16, 0);
+    return layer_kv_params(params, heads_.n_kv_heads, cfg_.head_dim, DType::f16, cfg_.sliding_window);
   }
 
   Array forward_tokens(const Array& tokens, const Array& positions, SequenceCache& cache, bool all_logits) override {
@@ -148,10 +126,16 @@ class LlamaModel final : public Model {
     Array h = ops::rms_norm(x, layers_[0].attn_norm, eps);
     for (size_t li = 0; li < layers_.size(); ++li) {
       const LlamaLayer& L = layers_[li];
-      AttentionInputs in = attention_inputs(h, L.qkv, shape, positions, inv_freq_);
+      QKTransform t;
+      t.inv_freq = inv_freq_;
+      t.q_norm = L.q_norm;
+      t.k_norm = L.k_norm;
+      t.norm_eps = eps;
+      AttentionInputs in = attention_inputs(h, L.qkv, shape, positions, t);
       KVView kv = cache.layer(li).update_and_fetch(in.k, in.v, positions);
       ops::AttentionParams ap = kv.attention_params();
       ap.scale = scale;
+      ap.window = int(cfg_.sliding_window);
       Array a = ops::attention(in.q, kv.keys, kv.values, ap);  // [n, nh * hd]
       Array o = ops::linear(a, L.wo, L.bo);
       if (comm_) comm_->all_reduce_sum_(o);

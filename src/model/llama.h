@@ -1,31 +1,30 @@
 #pragma once
 // The Llama decoder (Llama 3.x) and its close relatives that differ only in typed config
-// fields (Qwen2: q/k/v biases, tied embeddings).
+// fields (Qwen2: q/k/v biases, tied embeddings; Qwen3: q/k norms; Mistral: a sliding window).
 #include <memory>
 #include <string>
 
+#include "model/decoder_dims.h"
 #include "model/model.h"
 #include "model/rope.h"
 #include "model/weight_loader.h"
 
 namespace osprey {
 
-struct LlamaConfig {
+struct LlamaConfig : DecoderDims {
   std::string model_type;
-  int64_t vocab_size = 0;
-  int64_t hidden_size = 0;
-  int64_t intermediate_size = 0;
-  int64_t n_layers = 0;
-  int64_t n_heads = 0;
-  int64_t n_kv_heads = 0;
-  int64_t head_dim = 0;  // hidden_size / n_heads unless the config says otherwise
-  int64_t max_position_embeddings = 0;
   double rms_norm_eps = 1e-5;
   RopeConfig rope;
   bool tie_word_embeddings = false;
   bool attention_bias = false;  // q/k/v (and o, for Llama's attention_bias) biases
   bool o_proj_bias = false;
   bool mlp_bias = false;
+  // Qwen3: q and k go through a per-head RMSNorm (self_attn.q_norm / k_norm, [head_dim]) between
+  // the projection and RoPE.
+  bool qk_norm = false;
+  // Mistral: every layer attends to the last sliding_window positions (a rotating cache of that
+  // many rows); 0: full attention.
+  int64_t sliding_window = 0;
   QuantConfig quant;  // MLX affine quantization; not present for a dense checkpoint
 };
 

@@ -67,7 +67,7 @@ class Model {
   }
   // One cache per layer, each as the family says (layer_cache_params) from `options` (step and
   // inplace; the rest is filled in) on the model's device.
-  // (A tensor-parallel model's holds every rank's layers: dist/sharded_model.h.)
+  // (A tensor-parallel model's holds every rank's layers: engine/sharded_model.h.)
   virtual SequenceCache make_cache(const KVCacheParams& options) const;
   // What layer `layer`'s cache holds (K/V heads, head size, row type, window), for caches made
   // outside make_cache (the paged pool).

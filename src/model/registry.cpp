@@ -15,6 +15,8 @@ void register_llama_family();
 void register_qwen2_family();
 void register_gemma3_family();
 void register_cohere2_family();
+void register_qwen3_family();
+void register_mistral_family();
 
 namespace {
 
@@ -30,6 +32,8 @@ const std::map<std::string, FamilyLoader>& families() {
     register_qwen2_family();
     register_gemma3_family();
     register_cohere2_family();
+    register_qwen3_family();
+    register_mistral_family();
   });
   return table();
 }

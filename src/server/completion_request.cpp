@@ -123,7 +123,9 @@ CompletionRequest read_completion_fields(const json& body, bool chat) {
   s.repeat_last_n = int(int_field(body, "repeat_last_n", 0, 1 << 30).value_or(64));
   s.presence_penalty = float(number_field(body, "presence_penalty", -2, 2).value_or(0.0));
   s.frequency_penalty = float(number_field(body, "frequency_penalty", -2, 2).value_or(0.0));
-  if (auto seed = int_field(body, "seed", INT64_MIN, INT64_MAX)) s.seed = uint64_t(*seed);
+  // No seed, or -1 (llama.cpp's "random"): a fresh random seed for this request.
+  const std::optional<int64_t> seed = int_field(body, "seed", -1, INT64_MAX);
+  s.seed = seed && *seed >= 0 ? uint64_t(*seed) : random_seed();
 
   if (const json* stop = field(body, "stop")) {
     if (stop->is_string()) {

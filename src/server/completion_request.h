@@ -8,7 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/scheduler.h"
+#include "serve/scheduler.h"
 
 namespace osprey {
 

@@ -38,8 +38,8 @@ std::map<std::pair<std::string, int>, uint64_t> HttpCounters::snapshot() const {
 }
 
 std::string render_metrics(const MetricsInput& in) {
-  const SchedulerStats& s = in.scheduler;
-  const PromptCacheStats& pc = in.prompt_cache;
+  const SchedulerStats& s = in.serve.scheduler;
+  const PromptCacheStats& pc = in.serve.prompt_cache;
   Page p;
   p.header("osprey:http_requests_total", "counter", "HTTP requests answered, by route and status.");
   for (const auto& [key, n] : in.http)
@@ -93,8 +93,8 @@ std::string render_metrics(const MetricsInput& in) {
   p.metric("osprey:preemptions_total", "counter",
            "Running sequences sent back to the queue because the KV pool was full (computed again on admission).",
            double(s.n_preempted));
-  if (in.has_pool) {
-    const PagedPoolStats& kp = in.pool;
+  if (in.serve.pool) {
+    const PagedPoolStats& kp = *in.serve.pool;
     p.metric("osprey:kv_pool_blocks", "gauge", "Blocks in the paged KV pool.", double(kp.n_blocks));
     p.metric("osprey:kv_pool_blocks_in_use", "gauge", "Blocks held by running sequences.", double(kp.n_in_use));
     p.metric("osprey:kv_pool_blocks_cached", "gauge", "Blocks held by the prefix cache alone (evictable).",

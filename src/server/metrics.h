@@ -9,9 +9,7 @@
 #include <string>
 #include <utility>
 
-#include "engine/scheduler.h"
-#include "kv/paged_pool.h"
-#include "server/prompt_cache.h"
+#include "serve/serve_stats.h"
 
 namespace osprey {
 
@@ -30,10 +28,7 @@ struct MetricsInput {
   bool ready = false;
   int n_slots = 0;
   double uptime_seconds = 0;
-  SchedulerStats scheduler;
-  PromptCacheStats prompt_cache;
-  bool has_pool = false;  // the paged layout: pool is set
-  PagedPoolStats pool;
+  ServeStats serve;
   std::map<std::pair<std::string, int>, uint64_t> http;
 };
 

@@ -18,13 +18,13 @@
 #include "chat/chat_template.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "engine/scheduler.h"
+#include "serve/scheduler.h"
 #include "server/api_error.h"
 #include "server/completion_request.h"
 #include "backend/ops.h"
 #include "core/env.h"
-#include "engine/paged_backend.h"
-#include "server/dense_backend.h"
+#include "serve/paged_backend.h"
+#include "serve/dense_backend.h"
 #include "server/metrics.h"
 #include "server/stop_matcher.h"
 #include "tokenizer/tokenizer.h"
@@ -684,22 +684,13 @@ struct Server::Impl {
     in.n_slots = opt.n_slots;
     in.uptime_seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
     if (ready) {
-      in.scheduler = scheduler->stats();
-      in.prompt_cache = prompt_cache->stats();
+      in.serve.scheduler = scheduler->stats();
       if (paged) {
         // The prefix cache is the prompt cache of the paged layout: entries are blocks.
-        const PrefixCacheStats ps = paged->prefix_stats();
-        PromptCacheStats& pc = in.prompt_cache;
-        pc.n_hits = ps.n_hits;
-        pc.n_misses = ps.n_misses;
-        pc.n_restored_tokens = ps.n_restored_tokens;
-        pc.n_stored = ps.n_stored_blocks;
-        pc.n_evictions = ps.n_evicted_blocks;
-        pc.n_entries = uint64_t(ps.n_cached_blocks);
-        pc.bytes = uint64_t(ps.cached_bytes);
-        pc.budget_bytes = uint64_t(ps.pool_bytes);
-        in.pool = paged->pool_stats();
-        in.has_pool = true;
+        in.serve.prompt_cache = paged->prefix_stats();
+        in.serve.pool = paged->pool_stats();
+      } else {
+        in.serve.prompt_cache = prompt_cache->stats();
       }
     }
     in.http = http_counters.snapshot();
@@ -758,6 +749,7 @@ void Server::load() {
     po.prefix_cache = m.opt.prompt_cache_mib > 0;
     po.graphs = m.opt.graphs;
     po.split_keys = env_options().paged_split_keys;
+    po.inplace = m.opt.cache.inplace;
     auto b = std::make_unique<PagedBackend>(*m.model, po);
     m.paged = b.get();
     m.backend = std::move(b);

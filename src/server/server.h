@@ -13,13 +13,13 @@
 
 #include "core/device.h"
 #include "model/model.h"
-#include "server/prompt_cache.h"
+#include "serve/prompt_cache.h"
 
 namespace osprey {
 
 // Where running sequences keep their K/V rows.
 enum class KVLayout {
-  paged,  // one paged pool; decode steps batch every running sequence (engine/paged_backend.h)
+  paged,  // one paged pool; decode steps batch every running sequence (serve/paged_backend.h)
   dense,  // one dense cache per slot, decoded in turn; the prompt cache keeps whole snapshots
 };
 

@@ -348,7 +348,7 @@ TEST(CliHostile, OptionValuesOutOfRangeAreUsageErrors) {
       {"--top-p 2", "--top-p"},         {"--top-p 0", "--top-p"},      {"--top-k -1", "--top-k"},
       {"--min-p 1", "--min-p"},         {"--min-p -0.5", "--min-p"},   {"--repeat-penalty 0", "--repeat-penalty"},
       {"--repeat-penalty nan", "--repeat-penalty"}, {"--repeat-last-n -2", "--repeat-last-n"},
-      {"--seed -1", "--seed"},          {"--seed 18446744073709551616", "--seed"}, {"-n -4", "--n-predict"},
+      {"--seed -2", "--seed"},          {"--seed 18446744073709551616", "--seed"}, {"-n -4", "--n-predict"},
   };
   for (const auto& [flags, name] : cases) {
     SCOPED_TRACE(flags);

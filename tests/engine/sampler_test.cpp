@@ -238,3 +238,27 @@ TEST(Sampler, NonFiniteLogitsAreAnErrorNamingThem) {
 }
 
 }  // namespace osprey
+
+namespace osprey {
+
+// Two draws from std::random_device agree with probability 2^-64 (per pair); three distinct
+// seeds also sample different sequences.
+TEST(Sampler, RandomSeedsDifferFromCallToCall) {
+  const uint64_t a = random_seed(), b = random_seed(), c = random_seed();
+  EXPECT_NE(a, b);
+  EXPECT_NE(b, c);
+  EXPECT_NE(a, c);
+  SamplerParams p;
+  p.temperature = 1.0f;
+  std::vector<std::vector<int32_t>> seqs;
+  for (uint64_t seed : {a, b}) {
+    p.seed = seed;
+    Sampler s(p);
+    std::vector<int32_t> seq;
+    for (int i = 0; i < 64; ++i) seq.push_back(s.sample(kLogits, {}));
+    seqs.push_back(seq);
+  }
+  EXPECT_NE(seqs[0], seqs[1]);
+}
+
+}  // namespace osprey

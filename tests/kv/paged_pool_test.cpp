@@ -570,6 +570,41 @@ TEST(PagedPoolCounters, ScriptedSequence) {
   EXPECT_EQ(content_mismatch(pool, sb, b), "");
 }
 
+// OSPREY_KV_INPLACE_WRITE=0 on the paged path: a sequence that holds its blocks alone still
+// copies its partly filled last block before each write into it, keeps every row, and no write
+// counts as in place.
+TEST(PagedPoolCounters, CopyingArmCopiesEveryPartialBlockAndNothingGoesInPlace) {
+  PagedPoolParams p = pool_params();
+  p.inplace = false;
+  PagedPool pool(p);
+  const uint64_t block_bytes = uint64_t(kLayers) * 2 * kHeads * kBlock * kDim * 2;
+  Tokens a;
+  const SeqId sa = pool.create();
+  std::vector<int32_t> last_blocks;
+  for (int32_t t = 1; t <= 6; ++t) {  // rows 0..5, one at a time; kBlock is 4
+    ASSERT_TRUE(append(pool, sa, a, {t}));
+    last_blocks.push_back(pool.block_table(sa).back());
+    EXPECT_EQ(content_mismatch(pool, sa, a), "") << "after row " << t - 1;
+  }
+  // Rows 0 and 4 start a block (nothing to copy); rows 1, 2, 3 and 5 land in a partial block.
+  EXPECT_EQ(pool.stats().n_cow, 4u);
+  for (size_t r : {1u, 2u, 3u, 5u}) EXPECT_NE(last_blocks[r], last_blocks[r - 1]) << "row " << r << " was not copied";
+  const KVCounters c = pool.counters();
+  EXPECT_EQ(c.n_inplace_writes, 0u);
+  EXPECT_EQ(c.n_copying_writes, 6u * kLayers);
+  EXPECT_EQ(c.bytes_copied, 4 * block_bytes);
+  // Nothing leaks: the blocks copied out of are free again.
+  EXPECT_EQ(pool.stats().n_in_use, 2);
+  // The same rows with the switch on: no copy at all.
+  PagedPool on(pool_params());
+  Tokens b;
+  const SeqId sb = on.create();
+  for (int32_t t = 1; t <= 6; ++t) ASSERT_TRUE(append(on, sb, b, {t}));
+  EXPECT_EQ(on.stats().n_cow, 0u);
+  EXPECT_EQ(on.counters().n_inplace_writes, 6u * kLayers);
+  EXPECT_EQ(on.counters().n_copying_writes, 0u);
+}
+
 TEST(PagedPoolCounters, BlockBytesOverMixedLayers) {
   PagedPoolParams p;
   KVCacheParams l0, l1;

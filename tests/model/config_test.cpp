@@ -106,3 +106,55 @@ TEST(Config, BadFieldsAreNamed) {
 }
 
 }  // namespace osprey
+
+namespace osprey {
+
+// The shared dimension fields: a family's defaults fill what the config leaves out, and every
+// bad field is named with one message, whichever family reads it.
+TEST(DecoderDims, DefaultsFillOmittedKeysAndBadFieldsAreNamed) {
+  DecoderDefaults gemma;
+  gemma.vocab_size = 262208;
+  gemma.hidden_size = 2304;
+  gemma.intermediate_size = 9216;
+  gemma.n_layers = 26;
+  gemma.n_heads = 8;
+  gemma.n_kv_heads = 4;
+  gemma.head_dim = 256;
+  const DecoderDims g = parse_decoder_dims(ConfigReader(nlohmann::json::object(), "config.json"), gemma);
+  EXPECT_EQ(g.vocab_size, 262208);
+  EXPECT_EQ(g.n_kv_heads, 4);
+  EXPECT_EQ(g.head_dim, 256);  // the default, not 2304 / 8
+  EXPECT_EQ(g.max_position_embeddings, 2048);
+
+  const DecoderDims l = parse_decoder_dims(ConfigReader(base(), "config.json"), DecoderDefaults{});
+  EXPECT_EQ(l.head_dim, 4096 / 32);
+  EXPECT_EQ(l.n_layers, 32);
+
+  auto error = [](const nlohmann::json& j, const DecoderDefaults& d) {
+    try {
+      parse_decoder_dims(ConfigReader(j, "config.json"), d);
+    } catch (const InvalidInput& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  auto with = [](const char* key, const nlohmann::json& v) {
+    nlohmann::json j = base();
+    j[key] = v;
+    return j;
+  };
+  nlohmann::json no_vocab = base();
+  no_vocab.erase("vocab_size");
+  EXPECT_NE(error(no_vocab, DecoderDefaults{}).find("vocab_size"), std::string::npos);
+  EXPECT_EQ(error(no_vocab, gemma), "no error");
+  EXPECT_NE(error(with("num_key_value_heads", 5), {}).find("\"num_key_value_heads\": must divide num_attention_heads (32)"),
+            std::string::npos);
+  EXPECT_NE(error(with("hidden_size", -4), {}).find("\"hidden_size\": must be positive"), std::string::npos);
+  EXPECT_NE(error(with("num_hidden_layers", int64_t(1) << 31), {}).find("must be below 2^31"), std::string::npos);
+  EXPECT_NE(error(with("head_dim", 15), {}).find("\"head_dim\": must be even"), std::string::npos);
+  EXPECT_NE(error(with("hidden_size", 4097), {}).find("\"hidden_size\": is not a multiple of num_attention_heads"),
+            std::string::npos);
+  EXPECT_EQ(error(with("hidden_size", 4097), gemma), "no error");  // head_dim comes from the default
+}
+
+}  // namespace osprey

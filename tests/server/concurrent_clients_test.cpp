@@ -13,6 +13,10 @@
 #include "server/harness.h"
 
 namespace osprey {
+
+// gtest's listing of the parameter (else the enum's bytes); found by ADL, so in osprey itself.
+void PrintTo(KVLayout layout, std::ostream* os) { *os << (layout == KVLayout::paged ? "paged" : "dense"); }
+
 namespace {
 
 using nlohmann::json;

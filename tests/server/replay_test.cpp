@@ -196,6 +196,38 @@ TEST(PromptCacheReplay, PagedPrefixCacheRepliesAreIdenticalWithAndWithoutIt) {
   EXPECT_EQ(uncached.metric("osprey:kv_pool_blocks_cached"), 0);
 }
 
+// OSPREY_KV_INPLACE_WRITE governs the paged path as it does the dense one: the same script
+// with the switch off gives the same replies, and its counters show copying writes only.
+TEST(PromptCacheReplay, PagedKVWriteSwitchGivesTheSameRepliesAndCountsEachArm) {
+  ServerOptions o = testing::demo_server_options();
+  o.kv_layout = KVLayout::paged;
+  o.n_slots = 2;
+  o.kv_cache_mib = 1;
+  o.batch_invariant = true;
+  o.cache.inplace = true;
+  testing::TestServer inplace(o);
+  Replayer r1(inplace, false);
+  const auto with_inplace = r1.run();
+
+  o.cache.inplace = false;
+  testing::TestServer copying(o);
+  Replayer r2(copying, false);
+  const auto with_copying = r2.run();
+
+  ASSERT_EQ(with_inplace.size(), 12u);
+  ASSERT_EQ(with_copying.size(), 12u);
+  for (const auto& [key, rep] : with_inplace) {
+    SCOPED_TRACE(key);
+    EXPECT_FALSE(rep.tokens.empty());
+    EXPECT_EQ(with_copying.at(key).tokens, rep.tokens);
+    EXPECT_EQ(with_copying.at(key).text, rep.text);
+  }
+  EXPECT_GT(inplace.metric("osprey:kv_inplace_writes_total"), 0);
+  EXPECT_EQ(copying.metric("osprey:kv_inplace_writes_total"), 0);
+  EXPECT_GT(copying.metric("osprey:kv_copying_writes_total"), inplace.metric("osprey:kv_copying_writes_total"));
+  EXPECT_GT(copying.metric("osprey:kv_bytes_copied_total"), inplace.metric("osprey:kv_bytes_copied_total"));
+}
+
 // The dense cache without the guard's identity and length rules (the cache's test seam): every
 // single-row write that fits goes in place, whoever else holds the buffers.
 class UnguardedKVCache final : public DenseKVCache {

@@ -258,6 +258,33 @@ TEST(Server, SeedMakesSamplingRepeatable) {
   EXPECT_NE(a["choices"][0]["text"], c["choices"][0]["text"]);
 }
 
+// Without "seed" (or with -1, llama.cpp's "random") each request samples with a fresh seed:
+// two such replies of 30 tokens at temperature 1, with nothing cut from the distribution,
+// differ; the same seed twice gives the same tokens.
+TEST(Server, RequestsWithoutASeedSampleWithAFreshOne) {
+  TestServer s;
+  const json body = {{"prompt", "Emma"}, {"max_tokens", 30}, {"temperature", 1.0}, {"top_p", 1.0},
+                     {"ignore_eos", true}, {"logprobs", 0}};
+  auto tokens = [&](const json& b) {
+    auto [st, r] = s.post_json("/v1/completions", b);
+    EXPECT_EQ(st, 200) << r.dump();
+    return r["choices"][0]["logprobs"]["tokens"];
+  };
+  const json a = tokens(body), b = tokens(body);
+  ASSERT_EQ(a.size(), 30u);
+  EXPECT_NE(a, b);
+  json random = body;
+  random["seed"] = -1;
+  EXPECT_NE(tokens(random), tokens(random));
+  json seeded = body;
+  seeded["seed"] = 5;
+  EXPECT_EQ(tokens(seeded), tokens(seeded));
+  json bad = body;
+  bad["seed"] = -2;
+  auto [st, r] = s.post_json("/v1/completions", bad);
+  expect_error(st, r, 400, "seed");
+}
+
 TEST(Server, LogprobsAreTheLogSoftmaxOfTheLogits) {
   TestServer s;
   auto [st, r] = s.post_json("/v1/completions", greedy({{"prompt", "Emma"}, {"max_tokens", 6}, {"logprobs", 3}}));

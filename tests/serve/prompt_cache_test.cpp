@@ -3,7 +3,7 @@
 #include "core/error.h"
 #include "kv/dense_cache.h"
 #include "kv/rotating_cache.h"
-#include "server/prompt_cache.h"
+#include "serve/prompt_cache.h"
 
 namespace osprey {
 namespace {

@@ -11,7 +11,8 @@
 #include <vector>
 
 #include "backend/graph.h"
-#include "engine/scheduler.h"
+#include "serve/scheduler.h"
+#include "serve/serve_stats.h"
 #include "kv/paged_cache.h"
 #include "kv/paged_pool.h"
 #include "model/model.h"
@@ -34,18 +35,8 @@ struct PagedBackendOptions {
   // Keys per split of the paged attention (a multiple of 64). 0: 128 with batch invariance on,
   // else by bucket (64 for buckets of 1 and 2, 128 up to 8, 1024 beyond; measured on the H200).
   int64_t split_keys = 0;
-};
-
-// What the prefix cache did, in the terms of the server's prompt cache metrics.
-struct PrefixCacheStats {
-  uint64_t n_hits = 0;             // admissions that found at least one cached block
-  uint64_t n_misses = 0;
-  uint64_t n_restored_tokens = 0;  // prompt tokens taken from cached blocks
-  uint64_t n_stored_blocks = 0;    // blocks handed to the prefix cache as sequences ended
-  uint64_t n_evicted_blocks = 0;
-  int64_t n_cached_blocks = 0;     // held by the prefix cache alone now
-  int64_t cached_bytes = 0;
-  int64_t pool_bytes = 0;
+  // OSPREY_KV_INPLACE_WRITE: off, every K/V write is a copying write (PagedPoolParams::inplace).
+  bool inplace = true;
 };
 
 class PagedBackend final : public SequenceBackend {
@@ -65,7 +56,8 @@ class PagedBackend final : public SequenceBackend {
   KVCounters kv_counters() const override;
 
   // Thread-safe.
-  PrefixCacheStats prefix_stats() const;
+  // The prefix cache as the prompt cache of this layout (serve/serve_stats.h).
+  PromptCacheStats prefix_stats() const;
   PagedPoolStats pool_stats() const;
   int64_t block_size() const { return options_.block_size; }
   int64_t n_blocks() const;
@@ -109,7 +101,7 @@ class PagedBackend final : public SequenceBackend {
   int64_t table_width_ = 0;  // blocks of one full context: every bucket's table row
   uint64_t n_graph_replays_ = 0, n_graph_captures_ = 0;
   mutable std::mutex stats_mu_;
-  PrefixCacheStats prefix_;      // guarded by stats_mu_; the pool's counts are filled in on reading
+  PromptCacheStats prefix_;      // guarded by stats_mu_; the pool's counts are filled in on reading
   PagedPoolStats pool_stats_;    // guarded by stats_mu_
   KVCounters counters_;          // guarded by stats_mu_
 };

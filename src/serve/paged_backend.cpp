@@ -1,4 +1,4 @@
-#include "engine/paged_backend.h"
+#include "serve/paged_backend.h"
 
 #include <algorithm>
 #include <cmath>
@@ -41,6 +41,7 @@ PagedBackend::PagedBackend(Model& model, const PagedBackendOptions& options) : m
   PagedPoolParams pp;
   for (int64_t l = 0; l < info.n_layers; ++l) pp.layers.push_back(model.kv_params(l));
   pp.block_size = options.block_size;
+  pp.inplace = options.inplace;
   const int64_t block_bytes = paged_block_bytes(pp);
   block_bytes_ = block_bytes;
   int64_t bytes = options.kv_cache_bytes;
@@ -282,7 +283,7 @@ void PagedBackend::end(int handle, std::span<const int32_t> tokens) {
   if (options_.prefix_cache && !tokens.empty() && pool_->length(s.id) == int64_t(tokens.size())) {
     pool_->cache_prefix(s.id, tokens);
     std::lock_guard<std::mutex> lock(stats_mu_);
-    prefix_.n_stored_blocks += uint64_t(int64_t(tokens.size()) / options_.block_size);
+    prefix_.n_stored += uint64_t(int64_t(tokens.size()) / options_.block_size);
   }
   pool_->free(s.id);
   s.id = -1;
@@ -307,13 +308,13 @@ KVCounters PagedBackend::kv_counters() const {
   return counters_;
 }
 
-PrefixCacheStats PagedBackend::prefix_stats() const {
+PromptCacheStats PagedBackend::prefix_stats() const {
   std::lock_guard<std::mutex> lock(stats_mu_);
-  PrefixCacheStats s = prefix_;
-  s.n_evicted_blocks = pool_stats_.n_evicted;
-  s.n_cached_blocks = pool_stats_.n_cached;
-  s.cached_bytes = pool_stats_.n_cached * block_bytes_;
-  s.pool_bytes = pool_stats_.n_blocks * block_bytes_;
+  PromptCacheStats s = prefix_;
+  s.n_evictions = pool_stats_.n_evicted;
+  s.n_entries = uint64_t(pool_stats_.n_cached);
+  s.bytes = uint64_t(pool_stats_.n_cached * block_bytes_);
+  s.budget_bytes = uint64_t(pool_stats_.n_blocks * block_bytes_);
   return s;
 }
 

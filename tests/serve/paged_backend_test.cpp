@@ -1,4 +1,4 @@
-// The paged backend (engine/paged_backend.h) against the dense single-sequence path: a batch
+// The paged backend (serve/paged_backend.h) against the dense single-sequence path: a batch
 // decoded over the pool computes what each sequence computes alone in its own dense cache;
 // with batch invariance on, a greedy sequence's tokens and logits are the same bit for bit
 // alone, in any batch and after a prefix-cache hit; preemption loses no request; and the pool
@@ -11,9 +11,9 @@
 
 #include "backend/cuda_available.h"
 #include "backend/ops.h"
-#include "engine/paged_backend.h"
+#include "serve/paged_backend.h"
 #include "engine/sampler.h"
-#include "engine/scheduler.h"
+#include "serve/scheduler.h"
 #include "model/model.h"
 #include "support/families.h"
 #include "support/test_util.h"
@@ -27,6 +27,9 @@ struct Case {
   std::string family;
   bool cuda = false;
 };
+
+// gtest's listing of the parameter (else a dump of the struct's bytes).
+void PrintTo(const Case& c, std::ostream* os) { *os << c.family << (c.cuda ? " on cuda" : " on cpu"); }
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   std::string n = info.param.family + (info.param.cuda ? "_cuda" : "_cpu");

@@ -1,7 +1,7 @@
 #pragma once
 // Batched throughput after llama-batched-bench (docs/benchmarks.md, "Batched decoding"): for
 // each batch size B, B sequences of n_prompt random tokens are prefilled one after another,
-// then decoded together for n_gen steps through the paged backend (engine/paged_backend.h),
+// then decoded together for n_gen steps through the paged backend (serve/paged_backend.h),
 // one token per sequence per step, each fed its own greedy choice. Distinct random prompts,
 // so no prefix is shared.
 #include <cstddef>
@@ -20,6 +20,7 @@ struct BatchedBenchParams {
   uint64_t seed = 1234;
   bool graphs = true;       // PagedBackendOptions::graphs
   int64_t split_keys = 0;   // PagedBackendOptions::split_keys
+  bool inplace = true;      // PagedBackendOptions::inplace
 };
 
 struct BatchedBenchResult {

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "core/error.h"
-#include "dist/communicator.h"
+#include "backend/communicator.h"
 
 namespace osprey {
 

@@ -11,8 +11,8 @@
 #include "backend/cuda_available.h"
 #include "backend/ops.h"
 #include "core/error.h"
-#include "dist/communicator.h"
-#include "dist/sharded_model.h"
+#include "backend/communicator.h"
+#include "engine/sharded_model.h"
 #include "engine/generator.h"
 #include "model/blocks.h"
 #include "model/model.h"
@@ -280,6 +280,14 @@ TEST(TensorParallel, LlamaBf16MatchesUnsharded) {
 TEST(TensorParallel, Qwen2TiedHeadAndQkvBiasesMatchUnsharded) {
   expect_sharded_equals_whole(fixture("qwen2"), 2);
   expect_sharded_equals_whole(fixture("qwen2"), 4);
+}
+
+TEST(TensorParallel, Qwen3HeadNormsMatchUnsharded) {
+  expect_sharded_equals_whole(fixture("qwen3"), 2);
+}
+
+TEST(TensorParallel, MistralSlidingWindowMatchesUnsharded) {
+  expect_sharded_equals_whole(fixture("mistral"), 2);
 }
 
 TEST(TensorParallel, Qwen2QuantizedMatchesUnsharded) {

@@ -1,4 +1,4 @@
-#include "server/prompt_cache.h"
+#include "serve/prompt_cache.h"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include "dist/sharded_model.h"
+#include "engine/sharded_model.h"
 
 #include <algorithm>
 #include <condition_variable>
@@ -11,7 +11,7 @@
 #include "backend/ops.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
-#include "dist/communicator.h"
+#include "backend/communicator.h"
 
 namespace osprey {
 namespace {

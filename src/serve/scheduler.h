@@ -7,7 +7,7 @@
 // admits waiting prompts in chunks while the step's prompt-token budget allows, so a long prompt
 // delays the running decodes by at most one chunk per step. The model work goes through a
 // SequenceBackend: the dense batch-1 backend runs the sequences of a step one after another; the
-// paged backend (engine/paged_backend.h) runs them as one batch behind the same interface.
+// paged backend (serve/paged_backend.h) runs them as one batch behind the same interface.
 //
 // When the backend's KV pool cannot hold the next rows of a sequence, the most recently admitted
 // running sequence is preempted: its cache is given back (the backend may keep its full blocks

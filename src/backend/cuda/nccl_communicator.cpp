@@ -10,7 +10,7 @@
 #include "backend/cuda/runtime.h"
 #include "backend/ops.h"
 #include "core/error.h"
-#include "dist/communicator.h"
+#include "backend/communicator.h"
 
 namespace osprey {
 namespace {
@@ -82,7 +82,7 @@ class NcclCommunicator final : public Communicator {
 
   void barrier() override {
     // A one-element all-reduce that every rank waits for.
-    if (!token_.defined()) token_ = Array::zeros({1}, DType::f32, Device::cuda(device_));
+    if (!token_.defined()) token_ = ops::to_device(Array::zeros({1}, DType::f32), Device::cuda(device_));
     OSPREY_NCCL_CHECK(ncclAllReduce(token_.raw(), token_.raw(), 1, ncclFloat, ncclSum, comm_, cuda::stream()));
     OSPREY_CUDA_CHECK(cudaStreamSynchronize(cuda::stream()));
   }

@@ -1,4 +1,4 @@
-#include "engine/scheduler.h"
+#include "serve/scheduler.h"
 
 #include <algorithm>
 #include <chrono>

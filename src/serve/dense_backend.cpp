@@ -1,11 +1,11 @@
-#include "server/dense_backend.h"
+#include "serve/dense_backend.h"
 
 #include <algorithm>
 
 #include "backend/ops.h"
 #include "core/error.h"
 #include "engine/decode_stepper.h"
-#include "server/prompt_cache.h"
+#include "serve/prompt_cache.h"
 
 namespace osprey {
 namespace {

@@ -1,4 +1,4 @@
-#include "engine/batched_bench.h"
+#include "serve/batched_bench.h"
 
 #include <chrono>
 #include <random>
@@ -6,7 +6,7 @@
 #include "backend/ops.h"
 #include "core/buffer.h"
 #include "core/error.h"
-#include "engine/paged_backend.h"
+#include "serve/paged_backend.h"
 #include "engine/sampler.h"
 
 namespace osprey {
@@ -23,6 +23,7 @@ BatchedBenchResult run_one(Model& model, const BatchedBenchParams& p, int batch,
   o.prefix_cache = false;
   o.graphs = p.graphs;
   o.split_keys = p.split_keys;
+  o.inplace = p.inplace;
   Allocator& alloc = allocator_for(info.device);
   ops::synchronize(info.device);
   alloc.reset_peak();
@@ -32,7 +33,7 @@ BatchedBenchResult run_one(Model& model, const BatchedBenchParams& p, int batch,
   r.n_prompt = p.n_prompt;
   r.n_gen = p.n_gen;
   r.batch = batch;
-  r.pool_bytes = size_t(backend.prefix_stats().pool_bytes);
+  r.pool_bytes = size_t(backend.prefix_stats().budget_bytes);
   std::uniform_int_distribution<int32_t> token(0, int32_t(info.vocab_size - 1));
   const size_t nb = static_cast<size_t>(batch);
   std::vector<std::vector<int32_t>> prompts(nb);

@@ -8,7 +8,7 @@
 #include <memory>
 #include <vector>
 
-#include "engine/scheduler.h"
+#include "serve/scheduler.h"
 #include "model/model.h"
 
 namespace osprey {

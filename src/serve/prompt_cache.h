@@ -17,20 +17,9 @@
 #include <vector>
 
 #include "kv/kv_cache.h"
+#include "serve/serve_stats.h"
 
 namespace osprey {
-
-struct PromptCacheStats {
-  uint64_t n_hits = 0;             // lookups that found a common prefix (and used it)
-  uint64_t n_misses = 0;
-  uint64_t n_unusable = 0;         // lookups whose match the cache could not rewind to (see unusable())
-  uint64_t n_restored_tokens = 0;  // tokens reused by hits
-  uint64_t n_stored = 0;
-  uint64_t n_evictions = 0;
-  uint64_t n_entries = 0;
-  uint64_t bytes = 0;              // held by entries (a buffer two entries share counts twice)
-  uint64_t budget_bytes = 0;
-};
 
 class PromptCache {
  public:

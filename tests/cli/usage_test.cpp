@@ -1,0 +1,96 @@
+// The CLI's usage errors and help: a mistyped command or flag gets the name that was meant
+// ("did you mean"), and --help is headed by the command line it describes and shows defaults.
+#include <gtest/gtest.h>
+
+#include "support/test_util.h"
+
+namespace osprey {
+namespace {
+
+using testing::run_osprey;
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+TEST(CliUsage, MistypedCommandSuggestsTheNearestOne) {
+  auto r = run_osprey("generat -p hello");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "unknown command 'generat'")) << r.err;
+  EXPECT_TRUE(contains(r.err, "did you mean 'generate'?")) << r.err;
+  EXPECT_TRUE(r.out.empty()) << r.out;
+}
+
+TEST(CliUsage, CommandFarFromEveryNameGetsNoSuggestion) {
+  auto r = run_osprey("xyzzy");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "unknown command 'xyzzy'")) << r.err;
+  EXPECT_FALSE(contains(r.err, "did you mean")) << r.err;
+}
+
+TEST(CliUsage, NoCommandListsTheCommands) {
+  auto r = run_osprey("");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "generate")) << r.err;
+  EXPECT_TRUE(contains(r.err, "serve")) << r.err;
+}
+
+TEST(CliUsage, LongerFlagSuggestsTheFlagItBeginsWith) {
+  auto r = run_osprey("generate --temperature 0.5 -p hello");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "unknown option '--temperature'")) << r.err;
+  EXPECT_TRUE(contains(r.err, "did you mean '--temp'?")) << r.err;
+}
+
+TEST(CliUsage, FlagWithAValueAfterEqualsIsNamedWithoutIt) {
+  auto r = run_osprey("serve --kvlayout=dense");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "unknown option '--kvlayout'; did you mean '--kv-layout'?")) << r.err;
+}
+
+TEST(CliUsage, MisspelledFlagSuggestsTheNearestOfItsCommand) {
+  // An underscore for a dash: edit distance 1 from generate's --n-predict.
+  auto r = run_osprey("generate --n_predict 4 -p hello");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "did you mean '--n-predict'?")) << r.err;
+}
+
+TEST(CliUsage, UnknownShortFlagIsNamed) {
+  auto r = run_osprey("generate -x -p hello");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "unknown option '-x'")) << r.err;
+}
+
+TEST(CliUsage, StrayArgumentIsNamed) {
+  auto r = run_osprey("generate hello");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "unexpected argument 'hello'")) << r.err;
+}
+
+TEST(CliUsage, TopLevelHelpIsHeadedByTheProgramName) {
+  auto r = run_osprey("--help");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "Usage: osprey ")) << r.out;
+  EXPECT_TRUE(contains(r.out, "generate")) << r.out;
+}
+
+TEST(CliUsage, CommandHelpIsHeadedByItsCommandLineAndShowsDefaults) {
+  auto r = run_osprey("generate --help");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "Usage: osprey generate")) << r.out;
+  // generate's documented default of -n (README.md's CLI table).
+  EXPECT_TRUE(contains(r.out, "(default: 128)")) << r.out;
+  EXPECT_TRUE(contains(r.out, "--stop")) << r.out;
+}
+
+TEST(CliUsage, ServeHelpKeepsTheEngineKnobsUnderAdvanced) {
+  auto r = run_osprey("serve --help");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  const size_t advanced = r.out.find("Advanced:");
+  ASSERT_NE(advanced, std::string::npos) << r.out;
+  EXPECT_GT(r.out.find("--kv-layout"), advanced) << r.out;
+  EXPECT_GT(r.out.find("--block-size"), advanced) << r.out;
+  EXPECT_LT(r.out.find("--port"), advanced) << r.out;
+  EXPECT_TRUE(contains(r.out, "(default: 8080)")) << r.out;
+}
+
+}  // namespace
+}  // namespace osprey

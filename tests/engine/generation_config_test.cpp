@@ -1,0 +1,100 @@
+// The sampling defaults osprey chat takes from a checkpoint's generation_config.json.
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "engine/generation_config.h"
+#include "support/test_util.h"
+
+namespace osprey {
+namespace {
+
+using testing::TempDir;
+
+struct Expected {
+  float temperature;
+  int top_k;
+  float top_p;
+  float min_p;
+  float repetition_penalty;
+  std::string source;
+};
+
+void expect_defaults(const std::string& file, const Expected& want) {
+  SCOPED_TRACE(file);
+  TempDir d;
+  if (!file.empty()) testing::write_file(d / "generation_config.json", file);
+  const SamplingDefaults got = read_sampling_defaults(d.path());
+  EXPECT_FLOAT_EQ(got.params.temperature, want.temperature);
+  EXPECT_EQ(got.params.top_k, want.top_k);
+  EXPECT_FLOAT_EQ(got.params.top_p, want.top_p);
+  EXPECT_FLOAT_EQ(got.params.min_p, want.min_p);
+  EXPECT_FLOAT_EQ(got.params.repetition_penalty, want.repetition_penalty);
+  EXPECT_EQ(got.source, want.source);
+}
+
+}  // namespace
+
+// llama.cpp's documented defaults (common/common.h: temp 0.80, top_k 40, top_p 0.95,
+// min_p 0.05, penalty_repeat 1.00).
+TEST(GenerationConfig, WithoutSamplingFieldsTheDefaultsAreLlamaCpps) {
+  const Expected llama{0.8f, 40, 0.95f, 0.05f, 1.0f, "llama.cpp defaults"};
+  expect_defaults("", llama);  // no file
+  expect_defaults(R"({"bos_token_id": 1, "eos_token_id": 2, "transformers_version": "4.51.0"})", llama);
+  expect_defaults(R"({"eos_token_id": 2, "min_p": null})", llama);  // null is absent
+}
+
+// transformers' GenerationConfig defaults for the fields a sampling file leaves out:
+// temperature 1.0, top_k 50, top_p 1.0, no min_p, repetition_penalty 1.0.
+TEST(GenerationConfig, DoSampleTakesTheFileOverTransformersDefaults) {
+  expect_defaults(R"({"do_sample": true})", {1.0f, 50, 1.0f, 0.0f, 1.0f, "generation_config.json"});
+  // Llama 3.1 Instruct's file.
+  expect_defaults(R"({"do_sample": true, "temperature": 0.6, "top_p": 0.9, "bos_token_id": 128000})",
+                  {0.6f, 50, 0.9f, 0.0f, 1.0f, "generation_config.json"});
+  // Qwen2.5 Instruct's file.
+  expect_defaults(R"({"do_sample": true, "repetition_penalty": 1.05, "temperature": 0.7, "top_p": 0.8, "top_k": 20})",
+                  {0.7f, 20, 0.8f, 0.0f, 1.05f, "generation_config.json"});
+  expect_defaults(R"({"do_sample": true, "min_p": 0.1, "top_k": 0})", {1.0f, 0, 1.0f, 0.1f, 1.0f, "generation_config.json"});
+}
+
+TEST(GenerationConfig, GreedyOnlyWhenTheFileSaysSo) {
+  // do_sample false: greedy, whatever temperature the file also names; its penalty applies.
+  expect_defaults(R"({"do_sample": false, "temperature": 0.7, "repetition_penalty": 1.2})",
+                  {0.0f, 0, 1.0f, 0.0f, 1.2f, "generation_config.json"});
+  // Temperature 0 is greedy too.
+  expect_defaults(R"({"temperature": 0})", {0.0f, 40, 0.95f, 0.05f, 1.0f, "generation_config.json"});
+  // No do_sample but a temperature: the checkpoint means to sample at it, with llama.cpp's
+  // values for the rest.
+  expect_defaults(R"({"temperature": 0.5, "top_k": 10})", {0.5f, 10, 0.95f, 0.05f, 1.0f, "generation_config.json"});
+}
+
+TEST(GenerationConfig, BadFieldsAreErrorsNamingTheFileAndTheField) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"do_sample": "yes"})", "do_sample"},
+      {R"({"temperature": -1})", "temperature"},
+      {R"({"temperature": "hot"})", "temperature"},
+      {R"({"top_k": -5})", "top_k"},
+      {R"({"top_k": 1.5})", "top_k"},
+      {R"({"top_p": 0})", "top_p"},
+      {R"({"top_p": 1.5})", "top_p"},
+      {R"({"min_p": 1})", "min_p"},
+      {R"({"repetition_penalty": 0})", "repetition_penalty"},
+      {R"({"do_sample": false, "top_p": 7})", "top_p"},  // checked although greedy ignores it
+      {R"({"do_sample": true,)", "malformed JSON"},
+      {R"([1, 2])", "expected a JSON object"},
+  };
+  for (const auto& [file, field] : cases) {
+    SCOPED_TRACE(file);
+    TempDir d;
+    testing::write_file(d / "generation_config.json", file);
+    try {
+      read_sampling_defaults(d.path());
+      ADD_FAILURE() << "no error";
+    } catch (const InvalidInput& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("generation_config.json"), std::string::npos) << what;
+      EXPECT_NE(what.find(field), std::string::npos) << what;
+    }
+  }
+}
+
+}  // namespace osprey
