@@ -1,16 +1,17 @@
 #include "backend/cpu_isa.h"
 
+#include "backend/cpu_level.h"
+
 namespace osprey {
 
-// The same tests as the kernels' headers, on the same flags (the whole build shares them).
 const char* cpu_isa_name() {
-#if defined(__AVX512F__)
-  return "AVX-512";
-#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-  return "AVX2";
-#else
-  return "scalar";
-#endif
+  switch (cpu_level()) {
+    case CpuLevel::scalar: return "scalar";
+    case CpuLevel::v3: return "AVX2";
+    case CpuLevel::v4: return "AVX-512";
+    case CpuLevel::v4_bf16: return "AVX-512 BF16";
+  }
+  return "?";
 }
 
 }  // namespace osprey

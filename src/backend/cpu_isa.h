@@ -3,8 +3,8 @@
 
 namespace osprey {
 
-// "AVX-512", "AVX2" or "scalar": the widest SIMD path the CPU kernels were compiled for
-// (src/backend/cpu/gemm_simd.h and quant_simd.h pick theirs from the same compiler flags).
+// "AVX-512 BF16", "AVX-512", "AVX2" or "scalar": the widest SIMD path of the level the CPU
+// kernels run (backend/cpu_level.h: v4-bf16, v4, v3, scalar).
 const char* cpu_isa_name();
 
 }  // namespace osprey

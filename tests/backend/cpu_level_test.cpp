@@ -9,12 +9,14 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #if defined(__x86_64__)
 #include <cpuid.h>
 #endif
 
+#include "backend/cpu_isa.h"
 #include "backend/cpu_level.h"
 #include "core/error.h"
 #include "support/test_util.h"
@@ -127,6 +129,16 @@ TEST(CpuLevel, ScopedLevelRunsTheKernelsAtItAndRestores) {
       EXPECT_EQ(cpu_level_name(), cpu_level_name(level));
     }
     EXPECT_EQ(cpu_level(), before) << "after " << cpu_level_name(level);
+  }
+}
+
+TEST(CpuLevel, IsaNameFollowsTheLevel) {
+  const std::pair<CpuLevel, const char*> words[] = {
+      {CpuLevel::scalar, "scalar"}, {CpuLevel::v3, "AVX2"}, {CpuLevel::v4, "AVX-512"}, {CpuLevel::v4_bf16, "AVX-512 BF16"}};
+  for (const auto& [level, name] : words) {
+    if (!cpu_level_supported(level)) continue;
+    ScopedCpuLevel scope(level);
+    EXPECT_STREQ(cpu_isa_name(), name) << cpu_level_name(level);
   }
 }
 
