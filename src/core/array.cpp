@@ -1,5 +1,7 @@
 #include "core/array.h"
 
+#include <algorithm>
+
 #include <atomic>
 #include <cstring>
 
@@ -98,6 +100,12 @@ Array Array::zeros(const Shape& shape, DType dtype, Device device) {
   if (!device.is_cpu()) throw Unsupported("Array::zeros on " + device.str());
   Array a = empty(shape, dtype, device);
   std::memset(a.raw(), 0, a.nbytes());
+  return a;
+}
+
+Array host_i32(std::span<const int32_t> ids) {
+  Array a = Array::empty({int64_t(ids.size())}, DType::i32);
+  std::copy(ids.begin(), ids.end(), a.data<int32_t>());
   return a;
 }
 

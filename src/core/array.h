@@ -4,6 +4,7 @@
 // an op or a view gets a new identity, from a 64-bit counter that never repeats.
 #include <cstdint>
 #include <memory>
+#include <span>
 
 #include "core/buffer.h"
 #include "core/dtype.h"
@@ -55,5 +56,8 @@ class Array {
 
 // A human description for errors and logs: "bfloat16[2, 3]".
 std::string describe(const Array& a);
+
+// A host i32 array [ids.size()] holding `ids` (token ids, positions).
+Array host_i32(std::span<const int32_t> ids);
 
 }  // namespace osprey

@@ -26,12 +26,6 @@ std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint64_t seed) {
   return ids;
 }
 
-Array token_array(std::span<const int32_t> ids) {
-  Array a = Array::empty({int64_t(ids.size())}, DType::i32);
-  std::copy(ids.begin(), ids.end(), a.data<int32_t>());
-  return a;
-}
-
 uint64_t mix(uint64_t a, uint64_t b) {
   uint64_t x = a ^ (b + 0x9e3779b97f4a7c15ull + (a << 6) + (a >> 2));
   x ^= x >> 31;
@@ -76,7 +70,7 @@ RunResult run_once(Model& model, const BenchTest& test, const BenchParams& param
   const int64_t chunk = std::max<int64_t>(1, params.depth_chunk);
   for (int64_t b = 0; b < test.depth; b += chunk) {
     const int64_t e = std::min(test.depth, b + chunk);
-    model.forward(token_array(std::span<const int32_t>(fill).subspan(size_t(b), size_t(e - b))), cache, false);
+    model.forward(host_i32(std::span<const int32_t>(fill).subspan(size_t(b), size_t(e - b))), cache, false);
   }
 
   raise_to(memory.test, read_peaks(model.info().device));
@@ -87,7 +81,7 @@ RunResult run_once(Model& model, const BenchTest& test, const BenchParams& param
       random_tokens(test.kind == BenchTest::Kind::prompt ? test.n_tokens : 1, vocab, mix(run_seed, 2));
   const KVCounters before = cache.counters();
   if (test.kind == BenchTest::Kind::prompt) {
-    Array tokens = token_array(input);
+    Array tokens = host_i32(input);
     const auto t0 = Clock::now();
     model.forward(tokens, cache, false);
     ops::synchronize(model.info().device);

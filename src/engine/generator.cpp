@@ -17,12 +17,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-Array token_array(std::span<const int32_t> ids) {
-  Array a = Array::empty({int64_t(ids.size())}, DType::i32);
-  std::copy(ids.begin(), ids.end(), a.data<int32_t>());
-  return a;
-}
-
 ops::DeviceSampling device_sampling(const SamplerParams& p) {
   ops::DeviceSampling d;
   d.temperature = p.temperature;
@@ -74,7 +68,7 @@ GenerateResult generate(Model& model, SequenceCache& cache, std::span<const int3
   const int64_t chunk = std::max<int64_t>(1, params.prefill_chunk);
   for (size_t b = 0; b < prompt.size(); b += size_t(chunk)) {
     size_t e = std::min(prompt.size(), b + size_t(chunk));
-    logits = model.forward(token_array(prompt.subspan(b, e - b)), cache, false);
+    logits = model.forward(host_i32(prompt.subspan(b, e - b)), cache, false);
   }
 
   // Chooses token `i` from `logits`: on the device into stepper.token() (read back through

@@ -34,7 +34,7 @@ std::string lower(std::string s) {
   return s;
 }
 
-std::string trim(const std::string& s) {
+std::string trim_space(const std::string& s) {
   size_t b = s.find_first_not_of(" \t\r\n");
   if (b == std::string::npos) return "";
   return s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1);
@@ -58,7 +58,7 @@ std::string url_quote(const std::string& s, const std::string& safe) {
 
 // huggingface_hub's _normalize_etag: no weak marker, no quotes.
 std::string normalize_etag(std::string e) {
-  e = trim(e);
+  e = trim_space(e);
   if (e.rfind("W/", 0) == 0) e = e.substr(2);
   if (e.size() >= 2 && e.front() == '"' && e.back() == '"') e = e.substr(1, e.size() - 2);
   return e;
@@ -114,7 +114,7 @@ size_t on_header(char* data, size_t size, size_t n, void* user) {
     size_t sp = line.find(' ');
     t->status = sp == std::string::npos ? 0 : std::strtol(line.c_str() + sp + 1, nullptr, 10);
   } else if (size_t colon = line.find(':'); colon != std::string::npos) {
-    t->headers[lower(trim(line.substr(0, colon)))] = trim(line.substr(colon + 1));
+    t->headers[lower(trim_space(line.substr(0, colon)))] = trim_space(line.substr(colon + 1));
   }
   return size * n;
 }

@@ -5,12 +5,6 @@
 namespace osprey {
 namespace {
 
-// The rows [row0, row0 + n) of a [heads, capacity, head_dim] cache array, as a view.
-Array rows_view(const Array& cache, int64_t row0, int64_t n) {
-  const Shape& s = cache.strides();
-  return Array::strided(cache.buffer(), cache.byte_offset() + size_t(row0 * s[1]) * cache.itemsize(),
-                        {cache.dim(0), n, cache.dim(2)}, s, cache.dtype());
-}
 
 }  // namespace
 
@@ -60,8 +54,8 @@ KVView DenseKVCache::update_and_fetch(const Array& k, const Array& v, const Arra
   // Every write, copying or in place, re-arms the guard.
   arm_guard();
   KVView view;
-  view.keys = rows_view(keys_, 0, offset_);
-  view.values = rows_view(values_, 0, offset_);
+  view.keys = kv_rows_view(keys_, 0, offset_);
+  view.values = kv_rows_view(values_, 0, offset_);
   view.pos0 = pos0;
   view.positions = positions;
   view.max_keys = capacity();
@@ -108,8 +102,8 @@ void DenseKVCache::copying_write(const Array& k, const Array& v, int64_t n) {
   Array nk = Array::empty(shape, params_.dtype, params_.device);
   Array nv = Array::empty(shape, params_.dtype, params_.device);
   if (offset_ > 0) {
-    ops::copy_into(rows_view(nk, 0, offset_), rows_view(keys_, 0, offset_));
-    ops::copy_into(rows_view(nv, 0, offset_), rows_view(values_, 0, offset_));
+    ops::copy_into(kv_rows_view(nk, 0, offset_), kv_rows_view(keys_, 0, offset_));
+    ops::copy_into(kv_rows_view(nv, 0, offset_), kv_rows_view(values_, 0, offset_));
     counters_.bytes_copied += 2 * uint64_t(offset_ * params_.n_kv_heads * params_.head_dim) * dtype_size(params_.dtype);
   }
   ops::write_kv_rows(nk, nv, k, v, offset_);

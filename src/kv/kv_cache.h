@@ -13,6 +13,13 @@
 
 namespace osprey {
 
+// Rows [row0, row0 + n) of a [heads, rows, head_dim] cache array, as a view (a new identity).
+inline Array kv_rows_view(const Array& a, int64_t row0, int64_t n) {
+  const Shape& s = a.strides();
+  return Array::strided(a.buffer(), a.byte_offset() + size_t(row0 * s[1]) * a.itemsize(), {a.dim(0), n, a.dim(2)}, s,
+                        a.dtype());
+}
+
 class ReplayableCache;
 
 struct KVCounters {

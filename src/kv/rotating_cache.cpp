@@ -8,12 +8,6 @@
 namespace osprey {
 namespace {
 
-// Rows [row0, row0 + n) of a [heads, rows, head_dim] array, as a view (a new identity).
-Array rows_view(const Array& a, int64_t row0, int64_t n) {
-  const Shape& s = a.strides();
-  return Array::strided(a.buffer(), a.byte_offset() + size_t(row0 * s[1]) * a.itemsize(), {a.dim(0), n, a.dim(2)}, s,
-                        a.dtype());
-}
 
 }  // namespace
 
@@ -48,8 +42,8 @@ void RotatingKVCache::arm_guard() {
 
 KVView RotatingKVCache::ring_view(int64_t pos0, const Array& positions) const {
   KVView view;
-  view.keys = rows_view(keys_, 0, rows_);
-  view.values = rows_view(values_, 0, rows_);
+  view.keys = kv_rows_view(keys_, 0, rows_);
+  view.values = kv_rows_view(values_, 0, rows_);
   view.pos0 = pos0;
   view.positions = positions;
   view.max_keys = rows_;
@@ -105,8 +99,8 @@ std::pair<const void*, const void*> RotatingKVCache::buffers() const {
 void RotatingKVCache::copy_positions(const Array& dst, int64_t dst_row0, const Array& src, int64_t p0, int64_t n) {
   if (n <= 0) return;
   const int64_t r0 = p0 % rows_, first = std::min(n, rows_ - r0);
-  ops::copy_into(rows_view(dst, dst_row0, first), rows_view(src, r0, first));
-  if (first < n) ops::copy_into(rows_view(dst, dst_row0 + first, n - first), rows_view(src, 0, n - first));
+  ops::copy_into(kv_rows_view(dst, dst_row0, first), kv_rows_view(src, r0, first));
+  if (first < n) ops::copy_into(kv_rows_view(dst, dst_row0 + first, n - first), kv_rows_view(src, 0, n - first));
 }
 
 void RotatingKVCache::copying_write_row(const Array& k, const Array& v) {
@@ -118,11 +112,11 @@ void RotatingKVCache::copying_write_row(const Array& k, const Array& v) {
   if (keep > 0) {
     const int64_t r0 = keep_lo % rows_;
     const int64_t first = std::min(keep, rows_ - r0);
-    ops::copy_into(rows_view(nk, r0, first), rows_view(keys_, r0, first));
-    ops::copy_into(rows_view(nv, r0, first), rows_view(values_, r0, first));
+    ops::copy_into(kv_rows_view(nk, r0, first), kv_rows_view(keys_, r0, first));
+    ops::copy_into(kv_rows_view(nv, r0, first), kv_rows_view(values_, r0, first));
     if (first < keep) {
-      ops::copy_into(rows_view(nk, 0, keep - first), rows_view(keys_, 0, keep - first));
-      ops::copy_into(rows_view(nv, 0, keep - first), rows_view(values_, 0, keep - first));
+      ops::copy_into(kv_rows_view(nk, 0, keep - first), kv_rows_view(keys_, 0, keep - first));
+      ops::copy_into(kv_rows_view(nv, 0, keep - first), kv_rows_view(values_, 0, keep - first));
     }
     counters_.bytes_copied += 2 * uint64_t(keep * params_.n_kv_heads * params_.head_dim) * dtype_size(params_.dtype);
   }
@@ -155,8 +149,8 @@ KVView RotatingKVCache::copying_write_chunk(const Array& k, const Array& v, cons
   Array nv = Array::empty(shape, params_.dtype, params_.device);
   for (int64_t p = ring_lo; p < end;) {
     const int64_t r = p % rows_, run = std::min(end - p, rows_ - r);
-    ops::copy_into(rows_view(nk, r, run), rows_view(lk, p - lin_pos0, run));
-    ops::copy_into(rows_view(nv, r, run), rows_view(lv, p - lin_pos0, run));
+    ops::copy_into(kv_rows_view(nk, r, run), kv_rows_view(lk, p - lin_pos0, run));
+    ops::copy_into(kv_rows_view(nv, r, run), kv_rows_view(lv, p - lin_pos0, run));
     p += run;
   }
   keys_ = std::move(nk);
@@ -198,7 +192,7 @@ void RotatingKVCache::rewind_own_write(int64_t n) {
 KVState RotatingKVCache::snapshot() const {
   // New views of the buffers: they count as holders, so the wrap's in-place writes spare them.
   if (!keys_.defined()) return {Array(), Array(), offset_};
-  return {rows_view(keys_, 0, rows_), rows_view(values_, 0, rows_), offset_};
+  return {kv_rows_view(keys_, 0, rows_), kv_rows_view(values_, 0, rows_), offset_};
 }
 
 void RotatingKVCache::restore(const KVState& state) {

@@ -10,12 +10,6 @@
 namespace osprey {
 namespace {
 
-Array token_array(std::span<const int32_t> ids) {
-  Array a = Array::empty({int64_t(ids.size())}, DType::i32);
-  std::copy(ids.begin(), ids.end(), a.data<int32_t>());
-  return a;
-}
-
 // The last row of `logits` ([n, vocab] f32 on any device), on the host.
 void last_row(const Array& logits, std::vector<float>& out) {
   Array host = ops::to_device(logits, Device::cpu());
@@ -103,7 +97,7 @@ void DenseSlotBackend::prefill(int handle, std::span<const int32_t> tokens, bool
   Slot& s = slot(handle);
   if (s.cache.offset() + int64_t(tokens.size()) > context_)
     throw InvalidInput("the sequence would exceed the context of " + std::to_string(context_));
-  Array out = model_.forward(token_array(tokens), s.cache, false);
+  Array out = model_.forward(host_i32(tokens), s.cache, false);
   if (want_logits) last_row(out, logits);
 }
 
