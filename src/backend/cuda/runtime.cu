@@ -31,11 +31,12 @@ __global__ void kernel_image_probe() {}
 
 // Throws Unsupported naming the GPU, its architecture and the build's when this build has no
 // kernel image (nor PTX it can compile) for the device, instead of a "no kernel image" error
-// at the first launch.
-void require_kernel_image(int device, int major, int minor) {
+// at the first launch. Returns the architecture the device's kernels were compiled for (10 *
+// major + minor): lower than the device's when it runs an older architecture's PTX.
+int require_kernel_image(int device, int major, int minor) {
   cudaFuncAttributes attr{};
   const cudaError_t e = cudaFuncGetAttributes(&attr, kernel_image_probe);
-  if (e == cudaSuccess) return;
+  if (e == cudaSuccess) return attr.binaryVersion;
   (void)cudaGetLastError();
   cudaDeviceProp prop{};
   const std::string name = cudaGetDeviceProperties(&prop, device) == cudaSuccess ? prop.name : "this GPU";
@@ -93,8 +94,10 @@ void select_device(int device) {
   int major = 0, minor = 0;
   OSPREY_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   OSPREY_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  require_kernel_image(device, major, minor);
-  r.pdl = major >= 9 && env_options().cuda_pdl;
+  const int kernel_arch = require_kernel_image(device, major, minor);
+  // NOTE: kernels compiled for an architecture before 9.0 (an older architecture's PTX that the
+  // driver compiled for this GPU) have no pdl_wait(): they must not be launched for PDL.
+  r.pdl = major >= 9 && kernel_arch >= 90 && env_options().cuda_pdl;
   r.device = device;
 }
 
