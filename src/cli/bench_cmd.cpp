@@ -243,8 +243,7 @@ int run_bench_cmd(const BenchOptions& o) {
   if (!lo.device.is_cpu()) h.backend = "CUDA (" + cuda_description(lo.device.index) + ")";
   if (o.tensor_parallel > 1) h.backend += ", tensor parallel " + std::to_string(o.tensor_parallel);
   h.model_path = dir;
-  h.model_name = fs::path(dir).lexically_normal().filename().string();
-  if (h.model_name.empty()) h.model_name = fs::path(dir).lexically_normal().parent_path().filename().string();
+  h.model_name = model_name(dir);
   if (!o.model.empty() && !fs::exists(o.model)) h.model_name = o.model;  // a Hub id names itself
   h.model_type = info.model_type;
   h.weight_dtype = dtype_name(info.weight_dtype);

@@ -534,9 +534,7 @@ int run_chat(const ChatOptions& o, const CLI::App& app) {
   if (!fs::exists(dir)) throw IoError("model folder " + dir + " does not exist");
   const ChatSampling sampling = chat_sampling(o, dir, app);
   Chat chat(o, dir, sampling);
-  std::fprintf(stderr, "osprey: %s | %s | context %lld tokens\n", model_name(dir).c_str(),
-               device_words(chat.device(), o.device.empty() ? env_options().device : o.device, 1).c_str(),
-               (long long)chat.context());
+  print_banner(dir, chat.device(), o.device.empty() ? env_options().device : o.device, 1, chat.context());
   if (o.verbose) {
     const SamplerParams& p = sampling.params;
     std::fprintf(stderr,

@@ -44,9 +44,11 @@ std::string default_model_dir();
 
 // The folder's name, as the banner and the server's model id show it ("models/demo/" -> "demo").
 std::string model_name(const std::string& dir);
-// What runs the model, for the banner: "cuda:0 NVIDIA H200, 139 GiB" or "CPU, 8 threads, AVX2"
-// ("CPU (no CUDA device found), ..." when a CUDA build took the CPU without being asked to).
-std::string device_words(const Device& device, const std::string& asked, int tensor_parallel);
+// The one-line banner on stderr: the model (its folder's name), what runs it ("cuda:0 NVIDIA
+// H200, 139 GiB" or "CPU, 8 threads, AVX2"; "CPU (no CUDA device found), ..." when a CUDA build
+// took the CPU without being asked to) and the context. `asked`: the --device the user gave.
+void print_banner(const std::string& dir, const Device& device, const std::string& asked, int tensor_parallel,
+                  int64_t context);
 
 // GenerateParams with the environment's decode switches (OSPREY_FORCE_SYNC, OSPREY_CUDA_GRAPHS).
 GenerateParams generate_params(const EnvOptions& env);

@@ -45,6 +45,8 @@ std::string model_name(const std::string& dir) {
   return p.filename().string();
 }
 
+namespace {
+
 // What runs the model, in a few words: "NVIDIA H200, 139 GiB" (cuda:N) or "CPU, 8 threads,
 // AVX2"; says so when a CUDA build found no device and took the CPU without being asked to.
 std::string device_words(const Device& device, const std::string& asked, int tensor_parallel) {
@@ -60,6 +62,14 @@ std::string device_words(const Device& device, const std::string& asked, int ten
   }
   if (tensor_parallel > 1) out += ", " + std::to_string(tensor_parallel) + " tensor-parallel ranks";
   return out;
+}
+
+}  // namespace
+
+void print_banner(const std::string& dir, const Device& device, const std::string& asked, int tensor_parallel,
+                  int64_t context) {
+  std::fprintf(stderr, "osprey: %s | %s | context %lld tokens\n", model_name(dir).c_str(),
+               device_words(device, asked, tensor_parallel).c_str(), (long long)context);
 }
 
 namespace {
@@ -164,8 +174,7 @@ int run_generate(const GenerateOptions& o) {
     throw InvalidInput("the prompt (" + std::to_string(prompt.size()) + " tokens) exceeds the context of " +
                        std::to_string(ctx) + " tokens" + (o.ctx_size > 0 ? " (-c)" : ""));
   if (!o.quiet)
-    std::fprintf(stderr, "osprey: %s | %s | context %lld tokens\n", model_name(dir).c_str(),
-                 device_words(model->info().device, asked_device, o.tensor_parallel).c_str(), (long long)ctx);
+    print_banner(dir, model->info().device, asked_device, o.tensor_parallel, ctx);
 
   GenerateParams gp = generate_params(env_options());
   gp.max_tokens = o.n_predict;
