@@ -55,14 +55,6 @@ AttentionInputs attention_inputs(const Array& h, const LinearGroup& qkv, const A
   return a;
 }
 
-AttentionInputs attention_inputs(const Array& h, const LinearGroup& qkv, const AttentionShape& shape,
-                                 const Array& positions, const Array& inv_freq, bool interleaved) {
-  QKTransform t;
-  t.inv_freq = inv_freq;
-  t.interleaved = interleaved;
-  return attention_inputs(h, qkv, shape, positions, t);
-}
-
 DType kv_rows_dtype(DType weight_dtype) { return weight_dtype == DType::bf16 ? DType::bf16 : DType::f16; }
 
 Array silu_gate(const Array& h, const LinearGroup& gate_up) {
@@ -112,12 +104,6 @@ HeadShard shard_heads(int64_t n_heads, int64_t n_kv_heads, const ShardSpec& shar
     hs.kv_head0 = hs.q_head0 / (n_heads / n_kv_heads);
   }
   return hs;
-}
-
-void require_unsharded(const LoadOptions& options, const std::string& model_type) {
-  if (options.comm && options.comm->size() > 1)
-    throw Unsupported("tensor parallelism (" + std::to_string(options.comm->size()) + " ranks) is not supported for " +
-                      model_type + " models yet (supported: llama, qwen2)");
 }
 
 }  // namespace osprey

@@ -37,10 +37,6 @@ struct HeadShard {
 // neither divide nor are divided by the K/V heads. `shard.size == 1`: every head.
 HeadShard shard_heads(int64_t n_heads, int64_t n_kv_heads, const ShardSpec& shard);
 
-// Throws Unsupported naming `model_type` when `options` asks for more than one
-// tensor-parallel rank (a family that does not shard its weights yet).
-void require_unsharded(const LoadOptions& options, const std::string& model_type);
-
 // What happens to the q and k heads between the projection and attention, in this order.
 struct QKTransform {
   // Per-head RMSNorm (ops::head_rms_norm_): weights [head_dim] f32, both or neither defined.
@@ -57,11 +53,6 @@ struct QKTransform {
 // q and k transformed as `t` says at `positions` (i32 [n]).
 AttentionInputs attention_inputs(const Array& h, const LinearGroup& qkv, const AttentionShape& shape,
                                  const Array& positions, const QKTransform& t);
-// The same with rotary embeddings only: `inv_freq` f32 [head_dim / 2] (see ops::rope_ for
-// `interleaved`).
-AttentionInputs attention_inputs(const Array& h, const LinearGroup& qkv, const AttentionShape& shape,
-                                 const Array& positions, const Array& inv_freq, bool interleaved = false);
-
 // The element type of cached K/V rows (KVCacheParams::dtype) for a checkpoint whose weights
 // are `weight_dtype`, for families whose activations may pass float16's range: bf16 for a
 // bf16 checkpoint, f16 otherwise.

@@ -25,4 +25,16 @@ std::vector<bool> parse_sliding_layers(const ConfigReader& c, int64_t n_layers, 
   return sliding;
 }
 
+SlidingLayers parse_sliding_window(const ConfigReader& c, int64_t n_layers, int64_t default_pattern,
+                                   int64_t default_window) {
+  SlidingLayers out;
+  out.window = c.get_int("sliding_window", default_window);
+  out.sliding = parse_sliding_layers(c, n_layers, default_pattern);
+  bool any_sliding = false;
+  for (bool s : out.sliding) any_sliding = any_sliding || s;
+  if (any_sliding && out.window <= 0) c.fail("sliding_window", "must be positive, got " + std::to_string(out.window));
+  if (out.window > INT32_MAX) c.fail("sliding_window", "is too large");
+  return out;
+}
+
 }  // namespace osprey

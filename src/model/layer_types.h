@@ -14,4 +14,13 @@ namespace osprey {
 // pattern below 1) and Unsupported for a layer type other than the two.
 std::vector<bool> parse_sliding_layers(const ConfigReader& config, int64_t n_layers, int64_t default_pattern);
 
+// The layers that slide (parse_sliding_layers) and their window (`sliding_window`, else
+// `default_window`), which must be positive when a layer slides and below 2^31.
+struct SlidingLayers {
+  std::vector<bool> sliding;
+  int64_t window = 0;
+};
+SlidingLayers parse_sliding_window(const ConfigReader& config, int64_t n_layers, int64_t default_pattern,
+                                   int64_t default_window);
+
 }  // namespace osprey

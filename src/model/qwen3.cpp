@@ -1,21 +1,19 @@
-// Qwen3 (dense): the Llama decoder with a per-head RMSNorm of q and k before RoPE, no q/k/v
-// bias, head_dim given by the config (not hidden_size / heads), rope_theta 1e6.
+// Qwen3 (dense): the Llama decoder with a per-head RMSNorm of q and k before RoPE, optional
+// q/k/v/o biases, head_dim given by the config (not hidden_size / heads), rope_theta 1e6.
 #include "core/error.h"
-#include "model/config_reader.h"
 #include "model/llama.h"
 
 namespace osprey {
 
 void register_qwen3_family() {
   register_family("qwen3", [](const ConfigReader& c, const SafeTensors& st, const LoadOptions& o) {
-    LlamaConfig cfg = parse_llama_config(c, 1000000.0);
-    c.get_choice("hidden_act", "silu", {"silu"});
-    cfg.attention_bias = c.get_bool("attention_bias", false);
-    cfg.o_proj_bias = false;
-    cfg.qk_norm = true;
+    DecoderSpec spec = parse_llama_config(c, 1000000.0);
+    spec.attention_bias = c.get_bool("attention_bias", false);
+    spec.o_proj_bias = spec.attention_bias;  // Qwen3Attention's o_proj takes it too
+    spec.qk_norm = true;
     if (c.get_bool("use_sliding_window", false))
       throw Unsupported(c.where() + ": use_sliding_window=true is not supported for qwen3");
-    return build_llama_model(cfg, st, o);
+    return build_decoder(spec, st, o);
   });
 }
 

@@ -20,6 +20,11 @@ void register_mistral_family();
 
 namespace {
 
+// One line a family file. A checkpoint type with the layout of a registered one is a
+// register_family call in that family's file, under its own model_type.
+constexpr void (*kFamilies[])() = {register_llama_family, register_qwen2_family, register_gemma3_family,
+                                   register_cohere2_family, register_qwen3_family, register_mistral_family};
+
 std::map<std::string, FamilyLoader>& table() {
   static std::map<std::string, FamilyLoader> m;
   return m;
@@ -28,12 +33,7 @@ std::map<std::string, FamilyLoader>& table() {
 const std::map<std::string, FamilyLoader>& families() {
   static std::once_flag once;
   std::call_once(once, [] {
-    register_llama_family();
-    register_qwen2_family();
-    register_gemma3_family();
-    register_cohere2_family();
-    register_qwen3_family();
-    register_mistral_family();
+    for (void (*register_fn)() : kFamilies) register_fn();
   });
   return table();
 }

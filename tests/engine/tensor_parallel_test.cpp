@@ -290,6 +290,14 @@ TEST(TensorParallel, MistralSlidingWindowMatchesUnsharded) {
   expect_sharded_equals_whole(fixture("mistral"), 2);
 }
 
+TEST(TensorParallel, Gemma3SandwichNormsAndSlidingLayersMatchUnsharded) {
+  expect_sharded_equals_whole(fixture("gemma3"), 2);
+}
+
+TEST(TensorParallel, Cohere2ParallelBlockMatchesUnsharded) {
+  expect_sharded_equals_whole(fixture("cohere2"), 2);
+}
+
 TEST(TensorParallel, Qwen2QuantizedMatchesUnsharded) {
   // 4- and 6-bit groups of 32 (o_proj's 64 inputs split into whole groups on 2 ranks), a
   // dense down_proj and o_proj, and a quantized embedding that is also the head.
@@ -328,7 +336,6 @@ TEST(TensorParallel, BadInputIsNamed) {
   const std::string q = error_of([] { load_sharded_model(fixture("llama-q4"), 2); });
   EXPECT_NE(q.find("o_proj.weight is quantized in groups of 64"), std::string::npos) << q;
   EXPECT_NE(q.find("[0, 32)"), std::string::npos) << q;
-  EXPECT_THROW(load_sharded_model(fixture("gemma3"), 2), Unsupported);
   EXPECT_THROW(load_sharded_model(fixture("llama"), 3), InvalidInput);
 }
 

@@ -30,7 +30,7 @@ TEST(Config, HubAndTransformers5RopeFormsAgree) {
                            {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
                            {"original_max_position_embeddings", 8192}};
   v5["layer_types"] = std::vector<std::string>(32, "full_attention");
-  LlamaConfig a = parse_llama_config(reader(hub), 10000.0), b = parse_llama_config(reader(v5), 10000.0);
+  DecoderSpec a = parse_llama_config(reader(hub), 10000.0), b = parse_llama_config(reader(v5), 10000.0);
   EXPECT_EQ(a.head_dim, 128);
   EXPECT_EQ(a.n_kv_heads, 8);
   for (const RopeConfig* r : {&a.rope, &b.rope}) {
