@@ -70,7 +70,7 @@ int64_t checked_block(const char* op, const char* name, const int32_t* table, in
   return b;
 }
 
-Array paged_attention(const Array& q, const Array& k, const Array& v, const AttentionParams& p) {
+Array paged_attention(const Array& q, const Array& k, const Array& v, const AttentionParams& ap, const PagedKeys& p) {
   const char* op = "attention (paged)";
   const bool gpu = on_cuda(op, {&q, &k, &v, &p.block_tables, &p.seq_lens});
   require(q.ndim() == 3 && q.dtype() == DType::f32, op, "q must be float32 [n, n_heads, head_dim], got " + describe(q));
@@ -88,8 +88,8 @@ Array paged_attention(const Array& q, const Array& k, const Array& v, const Atte
   require_i32(op, "block_tables", p.block_tables, 2, n, "[" + std::to_string(n) + ", max_blocks]");
   require(p.block_tables.dim(1) >= 1, op, "block_tables must have at least one column, got " + describe(p.block_tables));
   require_i32(op, "seq_lens", p.seq_lens, 1, n, "[" + std::to_string(n) + "]");
-  require(p.window >= 0 && p.softcap >= 0.0f, op,
-          "window " + std::to_string(p.window) + " and softcap " + std::to_string(p.softcap) + " must be >= 0");
+  require(ap.window >= 0 && ap.softcap >= 0.0f, op,
+          "window " + std::to_string(ap.window) + " and softcap " + std::to_string(ap.softcap) + " must be >= 0");
   const int64_t max_blocks = p.block_tables.dim(1);
   Array out = Array::empty({n, n_heads * hd}, DType::f32, q.device());
   if (n == 0) return out;
@@ -107,14 +107,14 @@ Array paged_attention(const Array& q, const Array& k, const Array& v, const Atte
   a.block_tables = p.block_tables.data<int32_t>();
   a.seq_lens = p.seq_lens.data<int32_t>();
   a.max_blocks = max_blocks;
-  a.scale = p.scale;
-  a.window = p.window;
-  a.softcap = p.softcap;
+  a.scale = ap.scale;
+  a.window = ap.window;
+  a.softcap = ap.softcap;
   a.out = out.data<float>();
   a.bf16 = k.dtype() == DType::bf16;
-  if (p.paged_split_keys != 0) a.split_keys = p.paged_split_keys;
+  if (p.split_keys != 0) a.split_keys = p.split_keys;
   require(a.split_keys >= 64 && a.split_keys % 64 == 0 && a.split_keys <= (int64_t(1) << 24), op,
-          "paged_split_keys " + std::to_string(a.split_keys) + " must be a positive multiple of 64");
+          "split_keys " + std::to_string(a.split_keys) + " must be a positive multiple of 64");
   if (gpu) {
     // NOTE: the tables and lengths stay on the device (a captured step replays with new
     // ones); the kernel reads no block outside the pool and clamps lengths to the table.
@@ -543,7 +543,10 @@ void rope_(Array& x, const Array& positions, const Array& inv_freq, bool interle
 }
 
 Array attention(const Array& q, const Array& k, const Array& v, const AttentionParams& p) {
-  if (p.block_tables.defined() || p.seq_lens.defined()) return paged_attention(q, k, v, p);
+  if (const auto* paged = std::get_if<PagedKeys>(&p.keys)) return paged_attention(q, k, v, p, *paged);
+  const auto* ring = std::get_if<RingKeys>(&p.keys);
+  const int64_t R = ring ? ring->rows : 0;
+  const int64_t key_pos0 = ring ? 0 : std::get<LinearKeys>(p.keys).key_pos0;
   const bool gpu = on_cuda("attention", {&q, &k, &v});
   require_f32_contiguous("attention", "q", q);
   require(q.ndim() == 3, "attention", "q must be [n, n_heads, head_dim], got " + describe(q));
@@ -556,14 +559,14 @@ Array attention(const Array& q, const Array& k, const Array& v, const AttentionP
           "k " + describe(k) + ", v " + describe(v) + " and q " + describe(q) + " disagree");
   require(k.strides()[2] == 1 && v.strides()[2] == 1, "attention", "k and v rows must be contiguous");
   require(k.dim(0) > 0 && q.dim(1) % k.dim(0) == 0, "attention", "n_heads must be a multiple of n_kv_heads");
-  const int64_t n = q.dim(0), R = p.ring_rows;
-  require(p.q_pos0 >= 0 && p.key_pos0 >= 0 && R >= 0 && (R == 0 || p.key_pos0 == 0), "attention",
-          "q_pos0 " + std::to_string(p.q_pos0) + ", key_pos0 " + std::to_string(p.key_pos0) + " and ring_rows " +
-              std::to_string(R) + " must be >= 0, and a ring has no key_pos0");
+  const int64_t n = q.dim(0);
+  require(p.q_pos0 >= 0 && key_pos0 >= 0 && (!ring || R > 0), "attention",
+          "q_pos0 " + std::to_string(p.q_pos0) + ", key_pos0 " + std::to_string(key_pos0) + " and ring rows " +
+              std::to_string(R) + " must be >= 0 (a ring: > 0)");
   // The keys as the kernels index them: key j at position key_lo + j (in a ring, at row
   // (ring_base + j) % R).
-  int64_t n_keys = k.dim(1), key_lo = p.key_pos0, ring_base = 0;
-  if (R > 0) {
+  int64_t n_keys = k.dim(1), key_lo = key_pos0, ring_base = 0;
+  if (ring) {
     require(k.dim(1) == R, "attention",
             "a ring of " + std::to_string(R) + " rows needs k and v of that many rows, got " + describe(k));
     require(p.window > 0 && p.window + n - 1 <= R, "attention",
@@ -574,12 +577,12 @@ Array attention(const Array& q, const Array& k, const Array& v, const AttentionP
     key_lo = p.q_pos0 + n - n_keys;
     ring_base = key_lo % R;
   } else {
-    require(p.q_pos0 >= p.key_pos0 && p.q_pos0 - p.key_pos0 + n <= k.dim(1), "attention",
+    require(p.q_pos0 >= key_pos0 && p.q_pos0 - key_pos0 + n <= k.dim(1), "attention",
             "query positions [" + std::to_string(p.q_pos0) + ", " + std::to_string(p.q_pos0 + n) +
                 ") run past the " + std::to_string(k.dim(1)) + " cached keys from position " +
-                std::to_string(p.key_pos0));
-    require(p.key_pos0 == 0 || (p.window > 0 && p.q_pos0 - p.window + 1 >= p.key_pos0), "attention",
-            "keys from position " + std::to_string(p.key_pos0) + " leave out keys that the query at " +
+                std::to_string(key_pos0));
+    require(key_pos0 == 0 || (p.window > 0 && p.q_pos0 - p.window + 1 >= key_pos0), "attention",
+            "keys from position " + std::to_string(key_pos0) + " leave out keys that the query at " +
                 std::to_string(p.q_pos0) + " sees (window " + std::to_string(p.window) + ")");
   }
   Array out = Array::empty({q.dim(0), q.dim(1) * q.dim(2)}, DType::f32, q.device());
@@ -605,7 +608,7 @@ Array attention(const Array& q, const Array& k, const Array& v, const AttentionP
   a.q_pos0 = p.q_pos0 - key_lo;
   a.ring_rows = R;
   a.ring_base = ring_base;
-  a.key_pos0 = p.key_pos0;
+  a.key_pos0 = key_pos0;
   a.scale = p.scale;
   a.window = p.window;
   a.softcap = p.softcap;

@@ -5,6 +5,7 @@
 // Ops return new arrays (new identities); ops ending in `_` write into an argument.
 #include <cstdint>
 #include <span>
+#include <variant>
 
 #include "core/array.h"
 
@@ -75,11 +76,51 @@ Array gelu_tanh_mul(const Array& gate, const Array& up);
 // (i, i + head_dim/2). cos and sin are multiplied by `mscale`.
 void rope_(Array& x, const Array& positions, const Array& inv_freq, bool interleaved, float mscale = 1.0f);
 
-// Causal grouped-query attention of n query rows against L cached rows.
-//   q [n, n_heads, head_dim] f32; k, v [n_kv_heads, L, head_dim] both f16 or both bf16 (strided
-//   views allowed); query row i sits at absolute position q_pos0 + i and sees the key at
-//   position j iff j <= q_pos0 + i and, when window > 0, j > q_pos0 + i - window (positions of
-//   keys: see key_pos0 and ring_rows). Returns [n, n_heads * head_dim] f32.
+// Where attention's keys sit: one of three layouts, as a type, so that a kernel is never handed
+// a mix.
+//
+// k, v [n_kv_heads, L, head_dim], row j holding position key_pos0 + j (key_pos0 > 0 when a
+// bounded cache hands over only its recent rows; then window > 0 and q_pos0 - window + 1 >=
+// key_pos0, so that every key a query sees is there).
+struct LinearKeys {
+  int64_t key_pos0 = 0;
+};
+// k, v a ring of `rows` rows holding the last `rows` positions, position p at row p % rows (a
+// rotating cache's buffers), the newest being the last query's. Needs window > 0, window + n - 1
+// <= rows and k.dim(1) == rows.
+struct RingKeys {
+  int64_t rows = 0;
+};
+// A paged pool (kv/paged_pool.h) for a batch of sequences decoding one token each: k and v are
+// the pool's [n_blocks, n_kv_heads, block_size, head_dim] arrays (f16 or bf16), q holds one
+// query row per sequence (n sequences; rows may be strided, heads contiguous), and
+//   block_tables i32 [n, max_blocks] on q's device: sequence i's key position j sits at row
+//     j % block_size of block block_tables[i, j / block_size];
+//   seq_lens i32 [n] on q's device: sequence i has seq_lens[i] >= 1 keys (positions
+//     0 .. seq_lens[i] - 1, the last one just written), and its query sits at position
+//     seq_lens[i] - 1 (window applies; q_pos0 and positions are unused). A length of 0 (a
+//     padded batch entry) gives a row of zeros.
+// The CPU checks lengths (<= max_blocks * block_size) and the block ids they use, and throws
+// InvalidInput; a CUDA kernel cannot (they stay on the device): it clamps lengths to the table
+// and reads zeros for an id outside the pool. CUDA takes head_dim 32, 64, 128 or 256. The
+// launch shape depends on n and max_blocks only (a captured graph stays valid while the lengths
+// grow), and each sequence's result is the same bit for bit whatever the other rows of the
+// batch are (the reduction over keys is split at fixed key positions).
+struct PagedKeys {
+  Array block_tables;
+  Array seq_lens;
+  // Keys per split (0: the default, 512): a positive multiple of 64. The result of a sequence
+  // depends on it; keep it fixed for batch invariance. Smaller splits spread a few short
+  // sequences over more of the device.
+  int64_t split_keys = 0;
+};
+using KeyLayout = std::variant<LinearKeys, RingKeys, PagedKeys>;
+
+// Causal grouped-query attention of n query rows against the cached keys.
+//   q [n, n_heads, head_dim] f32; k, v both f16 or both bf16 (strided views allowed) laid out as
+//   `keys` says; query row i sits at absolute position q_pos0 + i and sees the key at position
+//   j iff j <= q_pos0 + i and, when window > 0, j > q_pos0 + i - window. Returns
+//   [n, n_heads * head_dim] f32. Errors name a violation of the layout's conditions.
 struct AttentionParams {
   int64_t q_pos0 = 0;
   float scale = 1.0f;
@@ -91,37 +132,7 @@ struct AttentionParams {
   // length. The CPU runs eagerly and reads q_pos0.
   Array positions;
   int64_t max_keys = 0;
-  // Where the keys sit. ring_rows == 0: k, v row j holds position key_pos0 + j (key_pos0 > 0
-  // when a bounded cache hands over only its recent rows). ring_rows > 0: k, v are a ring of
-  // ring_rows rows holding the last ring_rows positions, position p at row p % ring_rows (a
-  // rotating cache's buffers; key_pos0 must be 0), the newest being the last query's. Both
-  // forms must hold every key the queries see: key_pos0 > 0 needs window > 0 and
-  // q_pos0 - window + 1 >= key_pos0; a ring needs window > 0 and window + n - 1 <= ring_rows
-  // and k.dim(1) == ring_rows. Errors name a violation.
-  int64_t key_pos0 = 0;
-  int64_t ring_rows = 0;
-  // Paged keys (a batch of sequences decoding one token each over a paged pool, kv/paged_pool.h).
-  // When `block_tables` is defined, k and v are the pool's [n_blocks, n_kv_heads, block_size,
-  // head_dim] arrays (f16 or bf16), q holds one query row per sequence (n sequences), and:
-  //   block_tables i32 [n, max_blocks] on q's device: sequence i's key position j sits at row
-  //     j % block_size of block block_tables[i, j / block_size];
-  //   seq_lens i32 [n] on q's device: sequence i has seq_lens[i] >= 1 keys (positions
-  //     0 .. seq_lens[i] - 1, the last one just written), and its query sits at position
-  //     seq_lens[i] - 1 (window applies; q_pos0, positions, key_pos0 and ring_rows are unused).
-  //     A length of 0 (a padded batch entry) gives a row of zeros.
-  //   q's rows may be strided (heads contiguous). The CPU checks lengths (<= max_blocks *
-  //   block_size) and the block ids they use, and throws InvalidInput; a CUDA kernel cannot
-  //   (they stay on the device): it clamps lengths to the table and reads zeros for an id
-  //   outside the pool. CUDA takes head_dim 32, 64, 128 or 256.
-  // The launch shape depends on n and max_blocks only (a captured graph stays valid while the
-  // lengths grow), and each sequence's result is the same bit for bit whatever the other rows
-  // of the batch are (the reduction over keys is split at fixed key positions).
-  Array block_tables;
-  Array seq_lens;
-  // Keys per split of the paged kernel (0: the default, 512): a positive multiple of 64. The
-  // result of a sequence depends on it; keep it fixed for batch invariance. Smaller splits
-  // spread a few short sequences over more of the device.
-  int64_t paged_split_keys = 0;
+  KeyLayout keys;
 };
 Array attention(const Array& q, const Array& k, const Array& v, const AttentionParams& p);
 

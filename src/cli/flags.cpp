@@ -118,7 +118,7 @@ CLI::Option* add_threads_option(CLI::App& app, int& threads) {
 CLI::Option* add_tensor_parallel_option(CLI::App& app, int& ranks) {
   return app
       .add_option("--tensor-parallel", ranks,
-                  "-tp N: split the model across N ranks (tensor parallelism; llama, qwen2, qwen3 and mistral models; N must divide "
+                  "-tp N: split the model across N ranks (tensor parallelism, every family; N must divide "
                   "the attention heads). With --device cuda:I: GPUs I .. I + N - 1 over NCCL. On the CPU: N threads "
                   "of this process, a check of the sharding and not a speed-up")
       ->check(int_range(1, kMaxTensorParallel))

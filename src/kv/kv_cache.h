@@ -77,16 +77,9 @@ struct KVView {
   // An upper bound on n_keys for as long as these buffers live (the capacity): attention's
   // launch shape depends on it alone, so a captured graph stays valid while n_keys grows.
   int64_t max_keys = 0;
-  // ring_rows == 0: key row j holds position key_pos0 + j. ring_rows > 0: keys and values
-  // are a ring of ring_rows rows in which position p sits at row p % ring_rows (the rows of
-  // the last ring_rows positions).
-  int64_t key_pos0 = 0;
-  int64_t ring_rows = 0;
-  // A paged pool's decode step (kv/paged_cache.h): keys and values are the pool's blocks, and
-  // these say where each sequence's rows are and how many it has (ops::AttentionParams).
-  Array block_tables;
-  Array seq_lens;
-  int64_t paged_split_keys = 0;
+  // Where the keys sit: rows in position order (a dense cache; a rotating cache's recent rows),
+  // a ring (a rotating cache's buffers), or a paged pool's blocks (kv/paged_cache.h).
+  ops::KeyLayout layout;
 
   // The attention parameters these facts fix (the caller adds scale, window, softcap).
   ops::AttentionParams attention_params() const {
@@ -94,11 +87,7 @@ struct KVView {
     p.q_pos0 = pos0;
     p.positions = positions;
     p.max_keys = max_keys;
-    p.key_pos0 = key_pos0;
-    p.ring_rows = ring_rows;
-    p.block_tables = block_tables;
-    p.seq_lens = seq_lens;
-    p.paged_split_keys = paged_split_keys;
+    p.keys = layout;
     return p;
   }
 };

@@ -18,9 +18,7 @@ class PagedLayerView final : public KVCache {
     if (step_.decode) {
       view.keys = keys;
       view.values = values;
-      view.block_tables = step_.block_tables;
-      view.seq_lens = step_.seq_lens;
-      view.paged_split_keys = step_.split_keys;
+      view.layout = ops::PagedKeys{step_.block_tables, step_.seq_lens, step_.split_keys};
       view.max_keys = step_.block_tables.dim(1) * pool_.block_size();
       return view;
     }

@@ -47,7 +47,7 @@ KVView RotatingKVCache::ring_view(int64_t pos0, const Array& positions) const {
   view.pos0 = pos0;
   view.positions = positions;
   view.max_keys = rows_;
-  view.ring_rows = rows_;
+  view.layout = ops::RingKeys{rows_};
   return view;
 }
 
@@ -165,7 +165,7 @@ KVView RotatingKVCache::copying_write_chunk(const Array& k, const Array& v, cons
   view.pos0 = L;
   view.positions = positions;
   view.max_keys = m + n;
-  view.key_pos0 = lin_pos0;
+  view.layout = ops::LinearKeys{lin_pos0};
   return view;
 }
 

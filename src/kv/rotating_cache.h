@@ -7,14 +7,14 @@
 // written. A query at position q sees keys (q - window, q].
 //
 // Writes:
-// - a single row (decode) returns a ring view (KVView::ring_rows = R, max_keys = R). It goes in
+// - a single row (decode) returns a ring view (KVView::layout a RingKeys of R rows, max_keys = R). It goes in
 //   place under the dense cache's guard (the current arrays are this cache's own last write, at
 //   the length it left) and, once the row to write holds a live position (offset >= R), only
 //   when this cache is the sole holder of its buffers: no snapshot, restored or detached state
 //   and no earlier view holds them. Otherwise one copying write into a new ring.
 // - n > 1 rows (a prefill chunk, any n, possibly wrapping) is a copying write: the view is a
 //   linear buffer of the min(offset, window - 1) positions before the chunk followed by the
-//   chunk's rows (KVView::key_pos0 = its first position), so each query of the chunk finds its
+//   chunk's rows (KVView::layout LinearKeys from its first position), so each query of the chunk finds its
 //   own last `window` positions; the last R positions then go into a new ring.
 //
 // A view is valid until the cache's next write; to keep rows, take a snapshot (its arrays are

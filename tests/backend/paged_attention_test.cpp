@@ -24,6 +24,8 @@
 namespace osprey {
 namespace {
 
+ops::PagedKeys& paged(ops::AttentionParams& p) { return std::get<ops::PagedKeys>(p.keys); }
+
 using testing::rel_error;
 
 // f32 -> bf16 bits from the definition (round to nearest even on the dropped 16 bits).
@@ -189,8 +191,7 @@ class PagedDevice : public ::testing::TestWithParam<std::string> {
     p.scale = c.used_scale();
     p.window = c.window;
     p.softcap = c.softcap;
-    p.block_tables = x.tables;
-    p.seq_lens = x.lens;
+    p.keys = ops::PagedKeys{x.tables, x.lens};
     return p;
   }
   std::vector<float> run(const PagedCase& c, const PagedData& d) const {
@@ -363,17 +364,17 @@ TEST_P(PagedAttention, RejectsBadArguments) {
   EXPECT_THROW(ops::attention(x.q, k_strided, k_strided, good), InvalidInput) << "a strided pool";
 
   ops::AttentionParams p = good;
-  p.block_tables = x.tables.slice_rows(0, 1);
+  paged(p).block_tables = x.tables.slice_rows(0, 1);
   EXPECT_THROW(ops::attention(x.q, x.k, x.v, p), InvalidInput) << "block_tables rows != n";
   p = good;
-  p.seq_lens = x.lens.slice_rows(0, 1);
+  paged(p).seq_lens = x.lens.slice_rows(0, 1);
   EXPECT_THROW(ops::attention(x.q, x.k, x.v, p), InvalidInput) << "seq_lens length != n";
   p = good;
-  p.block_tables = ops::cast(x.tables, DType::f32);
+  paged(p).block_tables = ops::cast(x.tables, DType::f32);
   EXPECT_THROW(ops::attention(x.q, x.k, x.v, p), InvalidInput) << "f32 block_tables";
   p = good;
-  p.block_tables = Array();
-  EXPECT_THROW(ops::attention(x.q, x.k, x.v, p), InvalidInput) << "seq_lens without block_tables";
+  paged(p).block_tables = Array();
+  EXPECT_THROW(ops::attention(x.q, x.k, x.v, p), InvalidInput) << "a paged layout without block_tables";
   p = good;
   p.window = -1;
   EXPECT_THROW(ops::attention(x.q, x.k, x.v, p), InvalidInput) << "negative window";
@@ -389,12 +390,12 @@ TEST_P(PagedAttention, RejectsBadArguments) {
     std::vector<int32_t> lens = d.lens;
     lens[1] = int32_t(d.max_blocks * c.block_size + 1);
     p = good;
-    p.seq_lens = upload(lens, {n}, DType::i32);
+    paged(p).seq_lens = upload(lens, {n}, DType::i32);
     EXPECT_THROW(ops::attention(x.q, x.k, x.v, p), InvalidInput) << "a length past the table";
     std::vector<int32_t> tables = d.tables;
     tables[0] = int32_t(d.n_blocks);
     p = good;
-    p.block_tables = upload(tables, {n, d.max_blocks}, DType::i32);
+    paged(p).block_tables = upload(tables, {n, d.max_blocks}, DType::i32);
     EXPECT_THROW(ops::attention(x.q, x.k, x.v, p), InvalidInput) << "a block id outside the pool";
   } else {
     PagedCase c48 = c;

@@ -417,7 +417,8 @@ TEST(RotatingKVCache, AttentionRefusesViewsMissingVisibleKeys) {
   const Array q1 = slice(s.q, 20, 1, kHeads, Device::cpu());
   KVView ring = c.update_and_fetch(slice(s.k, 20, 1, kKVHeads, Device::cpu()), slice(s.v, 20, 1, kKVHeads, Device::cpu()));
   ops::AttentionParams ap = ring.attention_params();
-  EXPECT_EQ(ap.ring_rows, kWindow);
+  ASSERT_TRUE(std::holds_alternative<ops::RingKeys>(ap.keys));
+  EXPECT_EQ(std::get<ops::RingKeys>(ap.keys).rows, kWindow);
   ap.window = 0;  // a ring cannot serve full attention
   EXPECT_THROW(ops::attention(q1, ring.keys, ring.values, ap), InvalidInput);
   ap.window = kWindow + 1;
@@ -425,8 +426,8 @@ TEST(RotatingKVCache, AttentionRefusesViewsMissingVisibleKeys) {
   const Array q3 = slice(s.q, 21, 3, kHeads, Device::cpu());
   KVView lin = c.update_and_fetch(slice(s.k, 21, 3, kKVHeads, Device::cpu()), slice(s.v, 21, 3, kKVHeads, Device::cpu()));
   ops::AttentionParams lp = lin.attention_params();
-  EXPECT_EQ(lp.key_pos0, 21 - (kWindow - 1));
-  EXPECT_EQ(lp.ring_rows, 0);
+  ASSERT_TRUE(std::holds_alternative<ops::LinearKeys>(lp.keys));
+  EXPECT_EQ(std::get<ops::LinearKeys>(lp.keys).key_pos0, 21 - (kWindow - 1));
   lp.window = kWindow + 1;  // the first query would see position 13, not in the view
   EXPECT_THROW(ops::attention(q3, lin.keys, lin.values, lp), InvalidInput);
   lp.window = kWindow;
