@@ -21,9 +21,6 @@ namespace osprey::cuda {
 // all unless x alone needs more than 48 MiB (a chunk gets at least 16 MiB).
 // NOTE: with f16 scales, |x| or a dequantised |w| beyond 65504 overflows in the many-rows path.
 void linear_q(const float* x, int64_t n, const QuantArgs& w, const float* bias, float* y, cudaStream_t s);
-// out[i, :] = dequant(w)[ids[i], :] * scale, out [n, in] f32 (ids trusted in range).
-void embedding_q(const QuantArgs& w, const int32_t* ids, int64_t n, float scale, float* out, cudaStream_t s);
-// The whole matrix dequantized into out [w.out, w.in] of out_dtype (f32 | f16 | bf16).
-void dequantize(const QuantArgs& w, DType out_dtype, void* out, cudaStream_t s);
+// embedding_q and dequantize: op_list.inc.
 
 }  // namespace osprey::cuda
