@@ -90,12 +90,6 @@ void set_level(CpuLevel level) {
   return *g_table.load(std::memory_order_acquire);
 }
 
-inline const cpu::KernelTable& kernels() {
-  const cpu::KernelTable* t = g_table.load(std::memory_order_acquire);
-  if (t == nullptr) [[unlikely]]
-    return choose_from_env();
-  return *t;
-}
 
 }  // namespace
 
@@ -152,7 +146,7 @@ void select_cpu_level(std::string_view requested) {
 }
 
 CpuLevel cpu_level() {
-  kernels();
+  cpu::kernels();
   return g_level.load(std::memory_order_relaxed);
 }
 
@@ -173,58 +167,12 @@ ScopedCpuLevel::~ScopedCpuLevel() {
 
 namespace cpu {
 
-void linear(const float* x, int64_t n, int64_t in, const void* w, DType w_dtype, int64_t out, const float* bias,
-            float* y, ThreadPool& pool) {
-  kernels().linear(x, n, in, w, w_dtype, out, bias, y, pool);
+const KernelTable& kernels() {
+  const KernelTable* t = g_table.load(std::memory_order_acquire);
+  if (t == nullptr) [[unlikely]]
+    return choose_from_env();
+  return *t;
 }
-void linear_rows(const float* x, int64_t n, int64_t in, const void* w, DType w_dtype, int64_t out,
-                 const float* bias, float* y, ThreadPool& pool) {
-  kernels().linear_rows(x, n, in, w, w_dtype, out, bias, y, pool);
-}
-void linear_gemm(const float* x, int64_t n, int64_t in, const void* w, DType w_dtype, int64_t out,
-                 const float* bias, float* y, ThreadPool& pool) {
-  kernels().linear_gemm(x, n, in, w, w_dtype, out, bias, y, pool);
-}
-void linear_invariant(const float* x, int64_t n, int64_t in, const void* w, DType w_dtype, int64_t out,
-                      const float* bias, float* y, ThreadPool& pool) {
-  kernels().linear_invariant(x, n, in, w, w_dtype, out, bias, y, pool);
-}
-void attention(const AttentionArgs& a, ThreadPool& pool) { kernels().attention(a, pool); }
-void paged_attention(const PagedAttentionArgs& a, ThreadPool& pool) { kernels().paged_attention(a, pool); }
-
-void embedding(const Array& table, const Array& ids, float scale, Array& out) {
-  kernels().embedding(table, ids, scale, out);
-}
-void rms_norm(const Array& x, const Array& weight, float eps, bool unit_offset, Array& out) {
-  kernels().rms_norm(x, weight, eps, unit_offset, out);
-}
-void layer_norm(const Array& x, const Array& weight, const Array& bias, float eps, Array& out) {
-  kernels().layer_norm(x, weight, bias, eps, out);
-}
-void add_(Array& x, const Array& y) { kernels().add_(x, y); }
-void scale_(Array& x, float s) { kernels().scale_(x, s); }
-void silu_mul(const Array& gate, const Array& up, Array& out) { kernels().silu_mul(gate, up, out); }
-void gelu_tanh_mul(const Array& gate, const Array& up, Array& out) { kernels().gelu_tanh_mul(gate, up, out); }
-void gelu_tanh_mul_split(const Array& gu, Array& out) { kernels().gelu_tanh_mul_split(gu, out); }
-void head_rms_norm_(Array& x, const Array& weight, float eps, bool unit_offset) {
-  kernels().head_rms_norm_(x, weight, eps, unit_offset);
-}
-void softcap_(Array& x, float cap) { kernels().softcap_(x, cap); }
-void rope_(Array& x, const Array& positions, const Array& inv_freq, bool interleaved, float mscale) {
-  kernels().rope_(x, positions, inv_freq, interleaved, mscale);
-}
-void copy_into(const Array& dst, const Array& src) { kernels().copy_into(dst, src); }
-
-void linear_q(const float* x, int64_t n, const QuantArgs& w, const float* bias, float* y, ThreadPool& pool) {
-  kernels().linear_q(x, n, w, bias, y, pool);
-}
-void linear_q_f32(const float* x, int64_t n, const QuantArgs& w, const float* bias, float* y, ThreadPool& pool) {
-  kernels().linear_q_f32(x, n, w, bias, y, pool);
-}
-void dequantize_rows(const QuantArgs& w, const int32_t* rows, int64_t n, float scale, float* out) {
-  kernels().dequantize_rows(w, rows, n, scale, out);
-}
-void dequantize(const QuantArgs& w, DType out_dtype, void* out) { kernels().dequantize(w, out_dtype, out); }
 
 }  // namespace cpu
 }  // namespace osprey

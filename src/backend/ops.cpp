@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "backend/cpu/kernel_table.h"
 #include "backend/cpu/basic_ops.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cuda/cuda_ops.h"
@@ -129,7 +130,7 @@ Array paged_attention(const Array& q, const Array& k, const Array& v, const Atte
                 std::to_string(bs) + ")");
     for (int64_t b = 0; b * bs < len; ++b) checked_block(op, "block_tables", a.block_tables, i * max_blocks + b, n_blocks);
   }
-  cpu::paged_attention(a, cpu_pool());
+  cpu::kernels().paged_attention(a, cpu_pool());
   return out;
 }
 
@@ -159,7 +160,7 @@ Array embedding(const Array& table, const Array& ids, float scale) {
     return out;
   }
   check_token_ids({ids.data<int32_t>(), size_t(ids.numel())}, table.dim(0));
-  cpu::embedding(table, ids, scale, out);
+  cpu::kernels().embedding(table, ids, scale, out);
   return out;
 }
 
@@ -174,7 +175,7 @@ Array rms_norm(const Array& x, const Array& weight, float eps, bool unit_offset)
                    unit_offset ? 1.0f : 0.0f, out.data<float>());
     return out;
   }
-  cpu::rms_norm(x, weight, eps, unit_offset, out);
+  cpu::kernels().rms_norm(x, weight, eps, unit_offset, out);
   return out;
 }
 
@@ -191,7 +192,7 @@ Array layer_norm(const Array& x, const Array& weight, const Array& bias, float e
                      x.numel() / x.dim(-1), x.dim(-1), eps, out.data<float>());
     return out;
   }
-  cpu::layer_norm(x, weight, bias, eps, out);
+  cpu::kernels().layer_norm(x, weight, bias, eps, out);
   return out;
 }
 
@@ -214,9 +215,9 @@ Array linear(const Array& x, const Array& w, const Array& bias) {
     return y;
   }
   if (invariant)
-    cpu::linear_invariant(x.data<float>(), n, in, w.raw(), w.dtype(), out_features, b, y.data<float>(), cpu_pool());
+    cpu::kernels().linear_invariant(x.data<float>(), n, in, w.raw(), w.dtype(), out_features, b, y.data<float>(), cpu_pool());
   else
-    cpu::linear(x.data<float>(), n, in, w.raw(), w.dtype(), out_features, b, y.data<float>(), cpu_pool());
+    cpu::kernels().linear(x.data<float>(), n, in, w.raw(), w.dtype(), out_features, b, y.data<float>(), cpu_pool());
   return y;
 }
 
@@ -229,7 +230,7 @@ void add_(Array& x, const Array& y) {
     cuda_ops::add_inplace(x.data<float>(), y.data<float>(), x.numel());
     return;
   }
-  cpu::add_(x, y);
+  cpu::kernels().add_(x, y);
 }
 
 void scale_(Array& x, float s) {
@@ -239,7 +240,7 @@ void scale_(Array& x, float s) {
     cuda_ops::scale_inplace(x.data<float>(), s, x.numel());
     return;
   }
-  cpu::scale_(x, s);
+  cpu::kernels().scale_(x, s);
 }
 
 Array add_rms_norm(Array& x, const Array& y, const Array& weight, float eps, bool unit_offset) {
@@ -255,7 +256,7 @@ Array add_rms_norm(Array& x, const Array& y, const Array& weight, float eps, boo
                        unit_offset ? 1.0f : 0.0f, out.data<float>());
     return out;
   }
-  cpu::add_(x, y);
+  cpu::kernels().add_(x, y);
   return rms_norm(x, weight, eps, unit_offset);
 }
 
@@ -272,7 +273,7 @@ Array silu_mul_split(const Array& gu) {
   const Shape half{n, f}, strides{2 * f, 1};
   Array g = Array::strided(gu.buffer(), gu.byte_offset(), half, strides, DType::f32);
   Array u = Array::strided(gu.buffer(), gu.byte_offset() + size_t(f) * 4, half, strides, DType::f32);
-  cpu::silu_mul(cast(g, DType::f32), cast(u, DType::f32), out);
+  cpu::kernels().silu_mul(cast(g, DType::f32), cast(u, DType::f32), out);
   return out;
 }
 
@@ -286,7 +287,7 @@ Array gelu_tanh_mul_split(const Array& gu) {
     cuda_ops::gelu_tanh_mul_split(gu.data<float>(), n, f, out.data<float>());
     return out;
   }
-  cpu::gelu_tanh_mul_split(gu, out);
+  cpu::kernels().gelu_tanh_mul_split(gu, out);
   return out;
 }
 
@@ -307,7 +308,7 @@ void head_rms_norm_(Array& x, const Array& weight, float eps, bool unit_offset) 
                             unit_offset ? 1.0f : 0.0f);
     return;
   }
-  cpu::head_rms_norm_(x, weight, eps, unit_offset);
+  cpu::kernels().head_rms_norm_(x, weight, eps, unit_offset);
 }
 
 void softcap_(Array& x, float cap) {
@@ -318,7 +319,7 @@ void softcap_(Array& x, float cap) {
     cuda_ops::softcap_inplace(x.data<float>(), cap, x.numel());
     return;
   }
-  cpu::softcap_(x, cap);
+  cpu::kernels().softcap_(x, cap);
 }
 
 void write_kv_rows(const Array& keys, const Array& values, const Array& k, const Array& v, int64_t row0,
@@ -380,9 +381,9 @@ void write_kv_rows(const Array& keys, const Array& values, const Array& k, const
       return Array::strided(a.buffer(), a.byte_offset() + size_t(src0 * a.strides()[0]) * 4, {m, n_kv, hd},
                             a.strides(), DType::f32);
     };
-    cpu::copy_into(Array::strided(keys.buffer(), keys.byte_offset() + off, dst_shape, dst_strides, keys.dtype()),
+    cpu::kernels().copy_into(Array::strided(keys.buffer(), keys.byte_offset() + off, dst_shape, dst_strides, keys.dtype()),
                    src_rows(k));
-    cpu::copy_into(Array::strided(values.buffer(), values.byte_offset() + off, dst_shape, dst_strides, keys.dtype()),
+    cpu::kernels().copy_into(Array::strided(values.buffer(), values.byte_offset() + off, dst_shape, dst_strides, keys.dtype()),
                    src_rows(v));
   };
   if (ring_rows == 0) {
@@ -449,9 +450,9 @@ void write_kv_paged(const Array& keys, const Array& values, const Array& k, cons
     auto src_row = [&](const Array& x, int64_t stride) {
       return Array::strided(x.buffer(), x.byte_offset() + size_t(i * stride) * 4, src_shape, src_strides, DType::f32);
     };
-    cpu::copy_into(Array::strided(keys.buffer(), keys.byte_offset() + off, dst_shape, dst_strides, keys.dtype()),
+    cpu::kernels().copy_into(Array::strided(keys.buffer(), keys.byte_offset() + off, dst_shape, dst_strides, keys.dtype()),
                    src_row(k, a.k_row_stride));
-    cpu::copy_into(Array::strided(values.buffer(), values.byte_offset() + off, dst_shape, dst_strides, keys.dtype()),
+    cpu::kernels().copy_into(Array::strided(values.buffer(), values.byte_offset() + off, dst_shape, dst_strides, keys.dtype()),
                    src_row(v, a.v_row_stride));
   }
 }
@@ -486,7 +487,7 @@ Array gather_kv_blocks(const Array& pool, const Array& block_ids, int64_t n_rows
   for (int64_t jb = 0; jb < need; ++jb) {
     const int64_t b = checked_block(op, "block_ids", ids, jb, n_blocks), m = std::min(bs, n_rows - jb * bs);
     const Shape shape{n_kv, m, hd};
-    cpu::copy_into(Array::strided(out.buffer(), out.byte_offset() + size_t(jb * bs * hd) * 2, shape,
+    cpu::kernels().copy_into(Array::strided(out.buffer(), out.byte_offset() + size_t(jb * bs * hd) * 2, shape,
                                   {n_rows * hd, hd, 1}, pool.dtype()),
                    Array::strided(pool.buffer(), pool.byte_offset() + size_t(b * n_kv * bs * hd) * 2, shape,
                                   {bs * hd, hd, 1}, pool.dtype()));
@@ -504,7 +505,7 @@ Array silu_mul(const Array& gate, const Array& up) {
     cuda_ops::silu_mul(gate.data<float>(), up.data<float>(), out.data<float>(), gate.numel());
     return out;
   }
-  cpu::silu_mul(gate, up, out);
+  cpu::kernels().silu_mul(gate, up, out);
   return out;
 }
 
@@ -518,7 +519,7 @@ Array gelu_tanh_mul(const Array& gate, const Array& up) {
     cuda_ops::gelu_tanh_mul(gate.data<float>(), up.data<float>(), out.data<float>(), gate.numel());
     return out;
   }
-  cpu::gelu_tanh_mul(gate, up, out);
+  cpu::kernels().gelu_tanh_mul(gate, up, out);
   return out;
 }
 
@@ -539,7 +540,7 @@ void rope_(Array& x, const Array& positions, const Array& inv_freq, bool interle
                        inv_freq.data<float>(), interleaved, mscale);
     return;
   }
-  cpu::rope_(x, positions, inv_freq, interleaved, mscale);
+  cpu::kernels().rope_(x, positions, inv_freq, interleaved, mscale);
 }
 
 Array attention(const Array& q, const Array& k, const Array& v, const AttentionParams& p) {
@@ -622,7 +623,7 @@ Array attention(const Array& q, const Array& k, const Array& v, const AttentionP
     cuda_ops::attention(a);
     return out;
   }
-  cpu::attention(a, cpu_pool());
+  cpu::kernels().attention(a, cpu_pool());
   return out;
 }
 
@@ -659,7 +660,7 @@ void copy_into(const Array& dst, const Array& src) {
     cuda_ops::copy_strided(dst.raw(), dst.dtype(), ds, src.raw(), src.dtype(), ss, shape);
     return;
   }
-  cpu::copy_into(dst, src);
+  cpu::kernels().copy_into(dst, src);
 }
 
 void fill_i32_(Array& a, int32_t value) {

@@ -2,6 +2,7 @@
 // (backend/cpu/quant_kernels.h) or CUDA (backend/cuda/quant_kernels.h) kernels.
 #include "backend/quant.h"
 
+#include "backend/cpu/kernel_table.h"
 #include "backend/cpu/quant_kernels.h"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/ops.h"
@@ -78,10 +79,10 @@ Array linear(const Array& x, const QuantizedMatrix& w, const Array& bias) {
     // else the fused f32 matvec), whose arithmetic differs from the many-row kernels'. Costs
     // one pass over w per row.
     for (int64_t j = 0; j < n; ++j)
-      cpu::linear_q(x.data<float>() + j * a.in, 1, a, b, y.data<float>() + j * a.out, cpu_pool());
+      cpu::kernels().linear_q(x.data<float>() + j * a.in, 1, a, b, y.data<float>() + j * a.out, cpu_pool());
     return y;
   }
-  cpu::linear_q(x.data<float>(), n, a, b, y.data<float>(), cpu_pool());
+  cpu::kernels().linear_q(x.data<float>(), n, a, b, y.data<float>(), cpu_pool());
   return y;
 }
 
@@ -104,7 +105,7 @@ Array embedding(const QuantizedMatrix& table, const Array& ids, float scale) {
     return out;
   }
   check_token_ids({ids.data<int32_t>(), size_t(ids.numel())}, a.out);
-  cpu::dequantize_rows(a, ids.data<int32_t>(), ids.numel(), scale, out.data<float>());
+  cpu::kernels().dequantize_rows(a, ids.data<int32_t>(), ids.numel(), scale, out.data<float>());
   return out;
 }
 
@@ -124,7 +125,7 @@ Array dequantize(const QuantizedMatrix& w, DType dtype) {
     cuda_ops::dequantize(a, dtype, out.raw());
     return out;
   }
-  cpu::dequantize(a, dtype, out.raw());
+  cpu::kernels().dequantize(a, dtype, out.raw());
   return out;
 }
 

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/kernel_table.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "core/half.h"
 #include "support/attention_reference.h"
@@ -43,7 +44,7 @@ double run_and_compare(const AttnCase& s, ThreadPool& pool, uint32_t seed) {
   a.window = s.window;
   a.softcap = s.softcap;
   a.out = out.data();
-  cpu::attention(a, pool);
+  cpu::kernels().attention(a, pool);
   const std::vector<double> ref = testing::attention_reference(s, d, s.scale > 0.0f ? s.scale : 1.0 / std::sqrt(double(s.head_dim)));
   double max_err = 0.0, max_ref = 0.0;
   for (size_t i = 0; i < ref.size(); ++i) {

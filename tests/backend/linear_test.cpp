@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/kernel_table.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "core/error.h"
 #include "core/half.h"
@@ -109,9 +110,9 @@ void check_all(LinearFn fn, const char* name) {
 
 class Linear : public testing::CpuLevelTest {};
 
-TEST_P(Linear, MatchesDoubleReference) { check_all(&cpu::linear, "linear"); }
-TEST_P(Linear, RowsPathMatchesDoubleReference) { check_all(&cpu::linear_rows, "linear_rows"); }
-TEST_P(Linear, GemmPathMatchesDoubleReference) { check_all(&cpu::linear_gemm, "linear_gemm"); }
+TEST_P(Linear, MatchesDoubleReference) { check_all(cpu::kernels().linear, "linear"); }
+TEST_P(Linear, RowsPathMatchesDoubleReference) { check_all(cpu::kernels().linear_rows, "linear_rows"); }
+TEST_P(Linear, GemmPathMatchesDoubleReference) { check_all(cpu::kernels().linear_gemm, "linear_gemm"); }
 
 TEST_P(Linear, LargeGemmMatchesDoubleReference) {
   // Several k blocks and many panels, ragged edges in every dimension; more rows than one
@@ -123,7 +124,7 @@ TEST_P(Linear, LargeGemmMatchesDoubleReference) {
     const std::vector<float> x = random_vector(size_t(c.n * c.in), rng);
     const std::vector<float> bias = random_vector(size_t(c.out), rng);
     std::vector<float> y(static_cast<size_t>(c.n * c.out));
-    cpu::linear(x.data(), c.n, c.in, w.data(), DType::bf16, c.out, bias.data(), y.data(), pool);
+    cpu::kernels().linear(x.data(), c.n, c.in, w.data(), DType::bf16, c.out, bias.data(), y.data(), pool);
     EXPECT_LT(relative_error(x, c.n, c.in, w, c.out, bias.data(), y), 1e-5) << "n=" << c.n;
   }
 }
@@ -132,8 +133,8 @@ TEST_P(Linear, RejectsIntegerWeights) {
   ThreadPool pool(1);
   std::vector<float> x(4, 1.0f), y(2);
   std::vector<int32_t> w(8, 1);
-  EXPECT_THROW(cpu::linear(x.data(), 1, 4, w.data(), DType::i32, 2, nullptr, y.data(), pool), Unsupported);
-  EXPECT_THROW(cpu::linear(x.data(), 8, 4, w.data(), DType::i32, 2, nullptr, y.data(), pool), Unsupported);
+  EXPECT_THROW(cpu::kernels().linear(x.data(), 1, 4, w.data(), DType::i32, 2, nullptr, y.data(), pool), Unsupported);
+  EXPECT_THROW(cpu::kernels().linear(x.data(), 8, 4, w.data(), DType::i32, 2, nullptr, y.data(), pool), Unsupported);
 }
 
 // Throughput on this machine (run with --gtest_also_run_disabled_tests). GEMM: n=512,
@@ -161,7 +162,7 @@ TEST_P(Linear, DISABLED_LinearThroughput) {
       const std::vector<float> x = random_vector(size_t(n * in), rng);
       std::vector<float> y(static_cast<size_t>(n * out));
       const double s = best_seconds(5, [&](int) {
-        cpu::linear(x.data(), n, in, w.data(), DType::bf16, out, nullptr, y.data(), pool);
+        cpu::kernels().linear(x.data(), n, in, w.data(), DType::bf16, out, nullptr, y.data(), pool);
       });
       std::cout << "gemm 512x2048x2048 bf16, " << pool.n_threads() << " threads: " << 2.0 * n * in * out / s / 1e9
                 << " GFLOP/s\n";
@@ -173,7 +174,7 @@ TEST_P(Linear, DISABLED_LinearThroughput) {
       const std::vector<float> x = random_vector(size_t(in), rng);
       std::vector<float> y(static_cast<size_t>(out));
       const double s = best_seconds(64, [&](int r) {
-        cpu::linear(x.data(), 1, in, ws[r % 8].data(), DType::bf16, out, nullptr, y.data(), pool);
+        cpu::kernels().linear(x.data(), 1, in, ws[r % 8].data(), DType::bf16, out, nullptr, y.data(), pool);
       });
       std::cout << "matvec 4096x4096 bf16, " << pool.n_threads() << " threads: " << 2.0 * in * out / s / 1e9
                 << " GB/s of weights\n";

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/cpu/kernel_table.h"
 #include "backend/cpu/quant_int8.h"
 #include "backend/cpu/quant_kernels.h"
 #include "core/error.h"
@@ -163,7 +164,7 @@ TEST_P(QuantLinear, F32ActivationsMatchDoubleReference) {
               for (ThreadPool* pool : {&pool1, &pool3})
                 for (const float* b : {static_cast<const float*>(nullptr), bias.data()}) {
                   std::vector<float> y(size_t(n * out), std::nanf(""));
-                  cpu::linear_q_f32(x.data(), n, a, b, y.data(), *pool);
+                  cpu::kernels().linear_q_f32(x.data(), n, a, b, y.data(), *pool);
                   EXPECT_LT(worst_error(y, ref, mag, out, b), 2e-6)
                       << "bits=" << bits << " group=" << g << " scales=" << dtype_name(sd) << " n=" << n
                       << " in=" << in << " out=" << out << " threads=" << pool->n_threads()
@@ -187,7 +188,7 @@ TEST_P(QuantLinear, F32ActivationsLargerShapesMatchDoubleReference) {
         std::vector<double> ref, mag;
         reference(m, x, n, ref, mag);
         std::vector<float> y(size_t(n * out), std::nanf(""));
-        cpu::linear_q_f32(x.data(), n, m.args(), bias.data(), y.data(), pool);
+        cpu::kernels().linear_q_f32(x.data(), n, m.args(), bias.data(), y.data(), pool);
         EXPECT_LT(worst_error(y, ref, mag, out, bias.data()), 2e-6) << "bits=" << bits << " group=" << g << " n=" << n;
       }
     }
@@ -301,7 +302,7 @@ TEST_P(QuantLinear, Int8ErrorAgainstF32ActivationsStaysWithinTheRoundingBound) {
       reference(m, x, n, ref, mag);
       int8_reference(m, x, n, iref, imag, bound);
       std::vector<float> y(size_t(n * out), std::nanf(""));
-      cpu::linear_q(x.data(), n, m.args(), nullptr, y.data(), pool);
+      cpu::kernels().linear_q(x.data(), n, m.args(), nullptr, y.data(), pool);
       double worst_rel = 0.0;
       for (size_t e = 0; e < y.size(); ++e) {
         const double err = std::abs(double(y[e]) - ref[e]);
@@ -325,7 +326,7 @@ TEST_P(QuantLinear, Int8PathLeavesOtherBitsOnF32Activations) {
       std::vector<double> ref, mag;
       reference(m, x, n, ref, mag);
       std::vector<float> y(size_t(n * m.out), std::nanf(""));
-      cpu::linear_q(x.data(), n, m.args(), nullptr, y.data(), pool);
+      cpu::kernels().linear_q(x.data(), n, m.args(), nullptr, y.data(), pool);
       EXPECT_LT(worst_error(y, ref, mag, m.out, nullptr), 2e-6) << "bits=" << bits << " n=" << n;
     }
   }
@@ -348,11 +349,11 @@ TEST_P(QuantLinear, Int8PathFollowsTheLevel) {
   for (int64_t n : {1, 20}) {
     const std::vector<float> x = random_vector(size_t(n * m.in), rng);
     std::vector<float> got(size_t(n * m.out), std::nanf("")), expected(got.size(), std::nanf(""));
-    cpu::linear_q(x.data(), n, m.args(), nullptr, got.data(), pool);
+    cpu::kernels().linear_q(x.data(), n, m.args(), nullptr, got.data(), pool);
     if (want)
       cpu::linear_q4_int8(x.data(), n, m.args(), nullptr, expected.data(), pool, *want);
     else
-      cpu::linear_q_f32(x.data(), n, m.args(), nullptr, expected.data(), pool);
+      cpu::kernels().linear_q_f32(x.data(), n, m.args(), nullptr, expected.data(), pool);
     EXPECT_EQ(std::memcmp(got.data(), expected.data(), got.size() * sizeof(float)), 0)
         << "n=" << n << ", expected " << (want ? cpu::int8_isa_name(*want) : "f32 activations");
   }
@@ -398,7 +399,7 @@ TEST_P(QuantLinear, DequantizeRowsMatchesReference) {
         const int64_t n = int64_t(rows.size());
         for (float scale : {1.0f, 0.37f}) {
           std::vector<float> out(size_t(n * m.in), std::nanf(""));
-          cpu::dequantize_rows(m.args(), rows.data(), n, scale, out.data());
+          cpu::kernels().dequantize_rows(m.args(), rows.data(), n, scale, out.data());
           for (int64_t i = 0; i < n; ++i)
             for (int64_t k = 0; k < m.in; ++k) {
               const double w = m.w[size_t(rows[size_t(i)] * m.in + k)];
@@ -426,12 +427,12 @@ TEST_P(QuantLinear, DequantizeMatchesReference) {
         const QMatrix m = make_matrix(19, 5 * g, bits, g, sd, rng);
         const size_t count = size_t(m.out * m.in);
         std::vector<float> f32(count, std::nanf(""));
-        cpu::dequantize(m.args(), DType::f32, f32.data());
+        cpu::kernels().dequantize(m.args(), DType::f32, f32.data());
         for (size_t e = 0; e < count; ++e)
           ASSERT_EQ(f32[e], float(m.w[e])) << "bits=" << bits << " group=" << g << " element " << e;
         for (DType od : {DType::f16, DType::bf16}) {
           std::vector<uint16_t> h(count, 0xffffu);
-          cpu::dequantize(m.args(), od, h.data());
+          cpu::kernels().dequantize(m.args(), od, h.data());
           // Nearest rounding to 11 (f16) or 8 (bf16) significant bits, plus f16's subnormal step.
           const double rel = od == DType::f16 ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8);
           const double abs_step = od == DType::f16 ? std::ldexp(1.0, -25) : 0.0;
@@ -449,12 +450,12 @@ TEST_P(QuantLinear, RejectsUnsupportedFormats) {
   std::vector<float> x(64, 1.0f), y(4);
   QuantArgs a = m.args();
   a.bits = 5;
-  EXPECT_THROW(cpu::linear_q(x.data(), 1, a, nullptr, y.data(), pool), Unsupported);
+  EXPECT_THROW(cpu::kernels().linear_q(x.data(), 1, a, nullptr, y.data(), pool), Unsupported);
   a = m.args();
   a.group_size = 16;
-  EXPECT_THROW(cpu::linear_q(x.data(), 1, a, nullptr, y.data(), pool), Unsupported);
+  EXPECT_THROW(cpu::kernels().linear_q(x.data(), 1, a, nullptr, y.data(), pool), Unsupported);
   std::vector<int32_t> out(size_t(m.out * m.in));
-  EXPECT_THROW(cpu::dequantize(m.args(), DType::i32, out.data()), Unsupported);
+  EXPECT_THROW(cpu::kernels().dequantize(m.args(), DType::i32, out.data()), Unsupported);
 }
 
 // Throughput on this machine (run with --gtest_also_run_disabled_tests), with x in f32 and
@@ -497,8 +498,8 @@ TEST_P(QuantLinear, DISABLED_QuantLinearThroughput) {
   for (int i = 0; i < 4; ++i) ms.push_back(make_bench_matrix(out, in, rng));
   const double w_bytes = double(ms[0].packed.size()) * 4 + double(ms[0].scales.size()) * 4;
   using Kernel = void (*)(const float*, int64_t, const QuantArgs&, const float*, float*, ThreadPool&);
-  for (const auto& [name, kernel] : {std::pair<const char*, Kernel>{"f32 x", &cpu::linear_q_f32},
-                                     std::pair<const char*, Kernel>{"linear_q", &cpu::linear_q}})
+  for (const auto& [name, kernel] : {std::pair<const char*, Kernel>{"f32 x", cpu::kernels().linear_q_f32},
+                                     std::pair<const char*, Kernel>{"linear_q", cpu::kernels().linear_q}})
   for (int threads : {1, 2}) {
     ThreadPool pool(threads);
     std::cout << name << ":\n";

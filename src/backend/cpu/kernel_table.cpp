@@ -11,29 +11,8 @@
 extern "C" const osprey::cpu::KernelTable* OSPREY_CPU_CONCAT(osprey_cpu_kernels_, OSPREY_CPU_LEVEL)() {
   using namespace osprey::cpu;
   // constexpr: no dynamic initialisation, so that nothing of a level runs before it is chosen.
-  static constexpr KernelTable table{
-      .linear = &linear,
-      .linear_rows = &linear_rows,
-      .linear_gemm = &linear_gemm,
-      .linear_invariant = &linear_invariant,
-      .attention = &attention,
-      .paged_attention = &paged_attention,
-      .embedding = &embedding,
-      .rms_norm = &rms_norm,
-      .layer_norm = &layer_norm,
-      .add_ = &add_,
-      .scale_ = &scale_,
-      .silu_mul = &silu_mul,
-      .gelu_tanh_mul = &gelu_tanh_mul,
-      .gelu_tanh_mul_split = &gelu_tanh_mul_split,
-      .head_rms_norm_ = &head_rms_norm_,
-      .softcap_ = &softcap_,
-      .rope_ = &rope_,
-      .copy_into = &copy_into,
-      .linear_q = &linear_q,
-      .linear_q_f32 = &linear_q_f32,
-      .dequantize_rows = &dequantize_rows,
-      .dequantize = &dequantize,
-  };
+#define OSPREY_CPU_KERNEL_ENTRY(name) .name = &name,
+  static constexpr KernelTable table{OSPREY_CPU_KERNELS(OSPREY_CPU_KERNEL_ENTRY)};
+#undef OSPREY_CPU_KERNEL_ENTRY
   return &table;
 }

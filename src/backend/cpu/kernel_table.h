@@ -1,6 +1,6 @@
 #pragma once
 // The entry points of one level's build of the kernels, as function pointers: each level's
-// kernel_table.cpp fills one, and backend/cpu_level.cpp calls the chosen level's through it.
+// kernel_table.cpp fills one, and the dispatch calls the chosen level's through kernels().
 // The contracts are those of cpu_kernels.h, basic_ops.h and quant_kernels.h.
 #include "backend/cpu/basic_ops.h"
 #include "backend/cpu/cpu_kernels.h"
@@ -8,33 +8,24 @@
 
 namespace osprey::cpu {
 
+// Every entry point, in one list: X(name) for each function of cpu_kernels.h, basic_ops.h
+// and quant_kernels.h that the dispatch (backend/ops.cpp, quant_ops.cpp) calls. Adding a CPU
+// kernel entry: its declaration in one of those headers and its name here.
+#define OSPREY_CPU_KERNELS(X)                                                                    \
+  X(linear) X(linear_rows) X(linear_gemm) X(linear_invariant) X(attention) X(paged_attention)    \
+  X(embedding) X(rms_norm) X(layer_norm) X(add_) X(scale_) X(silu_mul) X(gelu_tanh_mul)          \
+  X(gelu_tanh_mul_split) X(head_rms_norm_) X(softcap_) X(rope_) X(copy_into) X(linear_q)         \
+  X(linear_q_f32) X(dequantize_rows) X(dequantize)
+
 struct KernelTable {
-  // cpu_kernels.h
-  decltype(&cpu::linear) linear;
-  decltype(&cpu::linear_rows) linear_rows;
-  decltype(&cpu::linear_gemm) linear_gemm;
-  decltype(&cpu::linear_invariant) linear_invariant;
-  decltype(&cpu::attention) attention;
-  decltype(&cpu::paged_attention) paged_attention;
-  // basic_ops.h
-  decltype(&cpu::embedding) embedding;
-  decltype(&cpu::rms_norm) rms_norm;
-  decltype(&cpu::layer_norm) layer_norm;
-  decltype(&cpu::add_) add_;
-  decltype(&cpu::scale_) scale_;
-  decltype(&cpu::silu_mul) silu_mul;
-  decltype(&cpu::gelu_tanh_mul) gelu_tanh_mul;
-  decltype(&cpu::gelu_tanh_mul_split) gelu_tanh_mul_split;
-  decltype(&cpu::head_rms_norm_) head_rms_norm_;
-  decltype(&cpu::softcap_) softcap_;
-  decltype(&cpu::rope_) rope_;
-  decltype(&cpu::copy_into) copy_into;
-  // quant_kernels.h
-  decltype(&cpu::linear_q) linear_q;
-  decltype(&cpu::linear_q_f32) linear_q_f32;
-  decltype(&cpu::dequantize_rows) dequantize_rows;
-  decltype(&cpu::dequantize) dequantize;
+#define OSPREY_CPU_KERNEL_MEMBER(name) decltype(&cpu::name) name;
+  OSPREY_CPU_KERNELS(OSPREY_CPU_KERNEL_MEMBER)
+#undef OSPREY_CPU_KERNEL_MEMBER
 };
+
+// The table of the level the process runs (backend/cpu_level.h: chosen at the first call from
+// OSPREY_CPU_LEVEL, else the host's best). The dispatch calls kernels().linear(...) and so on.
+const KernelTable& kernels();
 
 }  // namespace osprey::cpu
 
