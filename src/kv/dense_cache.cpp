@@ -3,16 +3,10 @@
 #include "kv/dense_cache.h"
 
 namespace osprey {
-namespace {
 
-
-}  // namespace
-
-DenseKVCache::DenseKVCache(const KVCacheParams& params) : params_(params) {
+DenseKVCache::DenseKVCache(const KVCacheParams& params) : GuardedKVCache(params) {
   if (params.n_kv_heads <= 0 || params.head_dim <= 0 || params.step <= 0)
     throw InvalidInput("KV cache needs positive n_kv_heads, head_dim and step");
-  if (params.dtype != DType::f16 && params.dtype != DType::bf16)
-    throw Unsupported(std::string("a ") + dtype_name(params.dtype) + " KV cache is not supported (f16 or bf16)");
 }
 
 DenseKVCache::~DenseKVCache() { evict_buffers(); }
@@ -23,34 +17,20 @@ void DenseKVCache::evict_buffers() {
     if (a->defined()) a->buffer()->evict_on_release();
 }
 
-bool DenseKVCache::owns_current_state() const {
-  return keys_.id() == own_keys_.id() && values_.id() == own_values_.id() && offset_ == own_length_;
-}
-
 bool DenseKVCache::next_write_in_place(int64_t n) const {
   if (!params_.inplace || n != 1 || !keys_.defined()) return false;
   return owns_current_state() && offset_ + n <= capacity();
 }
 
-void DenseKVCache::arm_guard() {
-  own_keys_ = keys_;
-  own_values_ = values_;
-  own_length_ = offset_;
-}
-
 KVView DenseKVCache::update_and_fetch(const Array& k, const Array& v, const Array& positions) {
-  if (k.ndim() != 3 || k.dim(1) != params_.n_kv_heads || k.dim(2) != params_.head_dim || !(k.shape() == v.shape()) ||
-      k.dtype() != DType::f32 || v.dtype() != DType::f32)
-    throw InvalidInput("KV cache write: k " + describe(k) + " and v " + describe(v) + " must be float32 [n, " +
-                       std::to_string(params_.n_kv_heads) + ", " + std::to_string(params_.head_dim) + "]");
+  check_write(k, v, positions);
   const int64_t n = k.dim(0), pos0 = offset_;
-  if (positions.defined() && (positions.dtype() != DType::i32 || positions.numel() != n))
-    throw InvalidInput("KV cache write: positions " + describe(positions) + " must be int32 [" + std::to_string(n) +
-                       "]");
-  if (next_write_in_place(n))
-    inplace_write(k, v, n, positions);
-  else
+  if (next_write_in_place(n)) {
+    ops::write_kv_rows(keys_, values_, k, v, offset_, positions);
+    adopt_inplace(n);
+  } else {
     copying_write(k, v, n);
+  }
   // Every write, copying or in place, re-arms the guard.
   arm_guard();
   KVView view;
@@ -62,33 +42,10 @@ KVView DenseKVCache::update_and_fetch(const Array& k, const Array& v, const Arra
   return view;
 }
 
-void DenseKVCache::inplace_write(const Array& k, const Array& v, int64_t n, const Array& positions) {
-  ops::write_kv_rows(keys_, values_, k, v, offset_, positions);
-  adopt_inplace(n);
-}
-
-void DenseKVCache::adopt_inplace(int64_t n) {
-  // The outputs adopt the same buffers as new arrays.
-  keys_ = Array::strided(keys_.buffer(), keys_.byte_offset(), keys_.shape(), keys_.strides(), keys_.dtype());
-  values_ = Array::strided(values_.buffer(), values_.byte_offset(), values_.shape(), values_.strides(), values_.dtype());
-  offset_ += n;
-  ++counters_.n_inplace_writes;
-}
-
 void DenseKVCache::commit_replayed_write() {
   if (!next_write_in_place(1)) throw InvalidInput("KV cache: a replayed write needs the in-place path");
   adopt_inplace(1);
   arm_guard();
-}
-
-std::pair<const void*, const void*> DenseKVCache::buffers() const {
-  return {keys_.defined() ? keys_.buffer().get() : nullptr, values_.defined() ? values_.buffer().get() : nullptr};
-}
-
-void DenseKVCache::rewind_own_write(int64_t n) {
-  const bool own = keys_.defined() && owns_current_state();
-  trim(n);
-  if (own) own_length_ = offset_;
 }
 
 void DenseKVCache::copying_write(const Array& k, const Array& v, int64_t n) {
@@ -104,7 +61,7 @@ void DenseKVCache::copying_write(const Array& k, const Array& v, int64_t n) {
   if (offset_ > 0) {
     ops::copy_into(kv_rows_view(nk, 0, offset_), kv_rows_view(keys_, 0, offset_));
     ops::copy_into(kv_rows_view(nv, 0, offset_), kv_rows_view(values_, 0, offset_));
-    counters_.bytes_copied += 2 * uint64_t(offset_ * params_.n_kv_heads * params_.head_dim) * dtype_size(params_.dtype);
+    counters_.bytes_copied += row_bytes(offset_);
   }
   ops::write_kv_rows(nk, nv, k, v, offset_);
   keys_ = std::move(nk);
@@ -130,15 +87,5 @@ void DenseKVCache::restore(const KVState& state) {
   offset_ = state.keys.defined() ? state.offset : 0;
 }
 
-KVState DenseKVCache::detach() {
-  KVState s{std::move(keys_), std::move(values_), offset_};
-  keys_ = Array();
-  values_ = Array();
-  own_keys_ = Array();
-  own_values_ = Array();
-  own_length_ = -1;
-  offset_ = 0;
-  return s;
-}
 
 }  // namespace osprey

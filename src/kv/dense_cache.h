@@ -11,54 +11,31 @@
 // does not strand memory in its cache.
 #include <algorithm>
 
-#include "kv/kv_cache.h"
-#include "kv/replay.h"
+#include "kv/guarded_cache.h"
 
 namespace osprey {
 
-class DenseKVCache : public KVCache, public ReplayableCache {
+class DenseKVCache : public GuardedKVCache {
  public:
   explicit DenseKVCache(const KVCacheParams& params);
   ~DenseKVCache() override;
 
   KVView update_and_fetch(const Array& k, const Array& v, const Array& positions = {}) override;
-  int64_t offset() const override { return offset_; }
   int64_t capacity() const override { return keys_.defined() ? keys_.dim(1) : 0; }
   void reserve(int64_t n) override { reserved_ = std::max(reserved_, n); }
   void trim(int64_t n) override;
-  void rewind_own_write(int64_t n) override;
   KVState snapshot() const override;
   void restore(const KVState& state) override;
-  KVState detach() override;
-  KVCounters counters() const override { return counters_; }
-  ReplayableCache* replayable() override { return this; }
 
   // ReplayableCache
-  std::pair<const void*, const void*> buffers() const override;
   bool next_write_in_place(int64_t n_rows) const override;
   void commit_replayed_write() override;
 
- protected:
-  // The guard's identity and length rules: whether the current buffers are the ones this
-  // cache's last write produced, at the length that write left. Nothing else may be written
-  // in place. Virtual only as a test seam: a test subclass drops the rules to prove that the
-  // snapshot tests catch the corruption that would follow.
-  virtual bool owns_current_state() const;
-
  private:
   void copying_write(const Array& k, const Array& v, int64_t n);
-  void inplace_write(const Array& k, const Array& v, int64_t n, const Array& positions);
-  void adopt_inplace(int64_t n);
-  void arm_guard();
   void evict_buffers();
 
-  KVCacheParams params_;
-  Array keys_, values_;          // current state
-  int64_t offset_ = 0;
-  int64_t reserved_ = 0;         // rows the next growth reaches at least (reserve)
-  Array own_keys_, own_values_;  // what this cache's last write produced (handles held)
-  int64_t own_length_ = -1;      // the length that write left
-  KVCounters counters_;
+  int64_t reserved_ = 0;  // rows the next growth reaches at least (reserve)
 };
 
 }  // namespace osprey

@@ -6,20 +6,10 @@
 #include "core/error.h"
 
 namespace osprey {
-namespace {
 
-
-}  // namespace
-
-RotatingKVCache::RotatingKVCache(const KVCacheParams& params) : params_(params), rows_(params.window) {
+RotatingKVCache::RotatingKVCache(const KVCacheParams& params) : GuardedKVCache(params), rows_(params.window) {
   if (params.n_kv_heads <= 0 || params.head_dim <= 0 || params.window <= 0)
     throw InvalidInput("rotating KV cache needs positive n_kv_heads, head_dim and window");
-  if (params.dtype != DType::f16 && params.dtype != DType::bf16)
-    throw Unsupported(std::string("a ") + dtype_name(params.dtype) + " KV cache is not supported (f16 or bf16)");
-}
-
-bool RotatingKVCache::owns_current_state() const {
-  return keys_.id() == own_keys_.id() && values_.id() == own_values_.id() && offset_ == own_length_;
 }
 
 bool RotatingKVCache::sole_holder() const {
@@ -34,12 +24,6 @@ bool RotatingKVCache::next_write_in_place(int64_t n) const {
   return offset_ < rows_ || sole_holder();
 }
 
-void RotatingKVCache::arm_guard() {
-  own_keys_ = keys_;
-  own_values_ = values_;
-  own_length_ = offset_;
-}
-
 KVView RotatingKVCache::ring_view(int64_t pos0, const Array& positions) const {
   KVView view;
   view.keys = kv_rows_view(keys_, 0, rows_);
@@ -52,19 +36,13 @@ KVView RotatingKVCache::ring_view(int64_t pos0, const Array& positions) const {
 }
 
 KVView RotatingKVCache::update_and_fetch(const Array& k, const Array& v, const Array& positions) {
-  if (k.ndim() != 3 || k.dim(1) != params_.n_kv_heads || k.dim(2) != params_.head_dim || !(k.shape() == v.shape()) ||
-      k.dtype() != DType::f32 || v.dtype() != DType::f32)
-    throw InvalidInput("KV cache write: k " + describe(k) + " and v " + describe(v) + " must be float32 [n, " +
-                       std::to_string(params_.n_kv_heads) + ", " + std::to_string(params_.head_dim) + "]");
+  check_write(k, v, positions);
   const int64_t n = k.dim(0), pos0 = offset_;
   if (n < 1) throw InvalidInput("KV cache write: no rows");
-  if (positions.defined() && (positions.dtype() != DType::i32 || positions.numel() != n))
-    throw InvalidInput("KV cache write: positions " + describe(positions) + " must be int32 [" + std::to_string(n) +
-                       "]");
   KVView view;
   if (next_write_in_place(n)) {
     ops::write_kv_rows(keys_, values_, k, v, offset_, positions, rows_);
-    adopt_inplace();
+    adopt_inplace_row();
     view = ring_view(pos0, positions);
   } else if (n == 1) {
     copying_write_row(k, v);
@@ -77,23 +55,15 @@ KVView RotatingKVCache::update_and_fetch(const Array& k, const Array& v, const A
   return view;
 }
 
-void RotatingKVCache::adopt_inplace() {
-  // The outputs adopt the same buffers as new arrays.
-  keys_ = Array::strided(keys_.buffer(), keys_.byte_offset(), keys_.shape(), keys_.strides(), keys_.dtype());
-  values_ = Array::strided(values_.buffer(), values_.byte_offset(), values_.shape(), values_.strides(), values_.dtype());
-  ++offset_;
+void RotatingKVCache::adopt_inplace_row() {
+  GuardedKVCache::adopt_inplace(1);
   held_lo_ = std::max<int64_t>(held_lo_, offset_ - rows_);
-  ++counters_.n_inplace_writes;
 }
 
 void RotatingKVCache::commit_replayed_write() {
   if (!next_write_in_place(1)) throw InvalidInput("KV cache: a replayed write needs the in-place path");
-  adopt_inplace();
+  adopt_inplace_row();
   arm_guard();
-}
-
-std::pair<const void*, const void*> RotatingKVCache::buffers() const {
-  return {keys_.defined() ? keys_.buffer().get() : nullptr, values_.defined() ? values_.buffer().get() : nullptr};
 }
 
 void RotatingKVCache::copy_positions(const Array& dst, int64_t dst_row0, const Array& src, int64_t p0, int64_t n) {
@@ -118,7 +88,7 @@ void RotatingKVCache::copying_write_row(const Array& k, const Array& v) {
       ops::copy_into(kv_rows_view(nk, 0, keep - first), kv_rows_view(keys_, 0, keep - first));
       ops::copy_into(kv_rows_view(nv, 0, keep - first), kv_rows_view(values_, 0, keep - first));
     }
-    counters_.bytes_copied += 2 * uint64_t(keep * params_.n_kv_heads * params_.head_dim) * dtype_size(params_.dtype);
+    counters_.bytes_copied += row_bytes(keep);
   }
   ops::write_kv_rows(nk, nv, k, v, offset_, {}, rows_);
   keys_ = std::move(nk);
@@ -138,7 +108,7 @@ KVView RotatingKVCache::copying_write_chunk(const Array& k, const Array& v, cons
   if (m > 0) {
     copy_positions(lk, 0, keys_, lin_pos0, m);
     copy_positions(lv, 0, values_, lin_pos0, m);
-    counters_.bytes_copied += 2 * uint64_t(m * params_.n_kv_heads * params_.head_dim) * dtype_size(params_.dtype);
+    counters_.bytes_copied += row_bytes(m);
   }
   ops::write_kv_rows(lk, lv, k, v, m);
 
@@ -183,12 +153,6 @@ void RotatingKVCache::trim(int64_t n) {
   if (offset_ == 0) held_lo_ = 0;
 }
 
-void RotatingKVCache::rewind_own_write(int64_t n) {
-  const bool own = keys_.defined() && owns_current_state();
-  trim(n);
-  if (own) own_length_ = offset_;
-}
-
 KVState RotatingKVCache::snapshot() const {
   // New views of the buffers: they count as holders, so the wrap's in-place writes spare them.
   if (!keys_.defined()) return {Array(), Array(), offset_};
@@ -210,15 +174,8 @@ void RotatingKVCache::restore(const KVState& state) {
 }
 
 KVState RotatingKVCache::detach() {
-  KVState s{std::move(keys_), std::move(values_), offset_};
-  keys_ = Array();
-  values_ = Array();
-  own_keys_ = Array();
-  own_values_ = Array();
-  own_length_ = -1;
-  offset_ = 0;
   held_lo_ = 0;
-  return s;
+  return GuardedKVCache::detach();
 }
 
 }  // namespace osprey

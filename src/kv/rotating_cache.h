@@ -19,18 +19,16 @@
 //
 // A view is valid until the cache's next write; to keep rows, take a snapshot (its arrays are
 // new views of the buffers, so a later write that would change them copies instead).
-#include "kv/kv_cache.h"
-#include "kv/replay.h"
+#include "kv/guarded_cache.h"
 
 namespace osprey {
 
-class RotatingKVCache : public KVCache, public ReplayableCache {
+class RotatingKVCache : public GuardedKVCache {
  public:
   // params.window > 0 is the ring's row count.
   explicit RotatingKVCache(const KVCacheParams& params);
 
   KVView update_and_fetch(const Array& k, const Array& v, const Array& positions = {}) override;
-  int64_t offset() const override { return offset_; }
   // The ring's rows: the buffers never grow.
   int64_t capacity() const override { return keys_.defined() ? rows_ : 0; }
   // After the ring has wrapped, the rows of older positions are gone: a trim is possible only
@@ -39,21 +37,15 @@ class RotatingKVCache : public KVCache, public ReplayableCache {
   bool can_trim(int64_t n) const override;
   // Throws InvalidInput when !can_trim(n).
   void trim(int64_t n) override;
-  void rewind_own_write(int64_t n) override;
   KVState snapshot() const override;
   void restore(const KVState& state) override;
   KVState detach() override;
-  KVCounters counters() const override { return counters_; }
-  ReplayableCache* replayable() override { return this; }
 
   // ReplayableCache
-  std::pair<const void*, const void*> buffers() const override;
   bool next_write_in_place(int64_t n_rows) const override;
   void commit_replayed_write() override;
 
  protected:
-  // The guard's identity and length rules, as the dense cache's.
-  virtual bool owns_current_state() const;
   // The rule after the wrap: no one but this cache holds its buffers. Virtual only as a test
   // seam: a test subclass drops it to prove that the snapshot tests catch the corruption.
   virtual bool sole_holder() const;
@@ -61,21 +53,14 @@ class RotatingKVCache : public KVCache, public ReplayableCache {
  private:
   void copying_write_row(const Array& k, const Array& v);
   KVView copying_write_chunk(const Array& k, const Array& v, const Array& positions);
-  void adopt_inplace();
-  void arm_guard();
+  void adopt_inplace_row();  // adopt_inplace(1), and the ring's lowest held position
   // Rows [row0, row0 + n) of a [heads, rows, head_dim] array, as a view.
   KVView ring_view(int64_t pos0, const Array& positions) const;
   // Copies positions [p0, p0 + n) of the ring `src` (rows p % R) to rows dst_row0.. of `dst`.
   void copy_positions(const Array& dst, int64_t dst_row0, const Array& src, int64_t p0, int64_t n);
 
-  KVCacheParams params_;
-  int64_t rows_;                 // R
-  Array keys_, values_;          // [n_kv_heads, R, head_dim], the current ring
-  int64_t offset_ = 0;
-  int64_t held_lo_ = 0;          // the lowest position whose row the current ring still holds
-  Array own_keys_, own_values_;  // what this cache's last write produced (handles held)
-  int64_t own_length_ = -1;
-  KVCounters counters_;
+  int64_t rows_;        // R (keys_ and values_ are [n_kv_heads, R, head_dim])
+  int64_t held_lo_ = 0;  // the lowest position whose row the current ring still holds
 };
 
 }  // namespace osprey
