@@ -216,8 +216,7 @@ void Scheduler::drop_cancelled_waiting() {
   for (auto& s : dropped) finish(*s, "cancelled");
 }
 
-void Scheduler::finish(Sequence& s, const std::string& reason) {
-  if (s.ended) return;
+SequenceEvent Scheduler::end_sequence(Sequence& s) {
   s.ended = true;
   if (s.handle >= 0) {
     try {
@@ -228,10 +227,16 @@ void Scheduler::finish(Sequence& s, const std::string& reason) {
     s.handle = -1;
   }
   SequenceEvent e;
-  e.kind = SequenceEvent::Kind::finished;
-  e.finish_reason = reason;
   e.n_prompt = s.n_prompt();
   e.n_cached = s.n_cached;
+  return e;
+}
+
+void Scheduler::finish(Sequence& s, const std::string& reason) {
+  if (s.ended) return;
+  SequenceEvent e = end_sequence(s);
+  e.kind = SequenceEvent::Kind::finished;
+  e.finish_reason = reason;
   s.request.channel->push(std::move(e));
   std::lock_guard<std::mutex> lock(mu_);
   ++(reason == "cancelled" ? stats_.n_cancelled : stats_.n_finished);
@@ -239,19 +244,9 @@ void Scheduler::finish(Sequence& s, const std::string& reason) {
 
 void Scheduler::fail(Sequence& s, const std::string& error) {
   if (s.ended) return;
-  s.ended = true;
-  if (s.handle >= 0) {
-    try {
-      backend_.end(s.handle, std::span<const int32_t>(s.tokens).first(size_t(s.n_in_cache)));
-    } catch (const std::exception&) {
-    }
-    s.handle = -1;
-  }
-  SequenceEvent e;
+  SequenceEvent e = end_sequence(s);
   e.kind = SequenceEvent::Kind::failed;
   e.error = error;
-  e.n_prompt = s.n_prompt();
-  e.n_cached = s.n_cached;
   s.request.channel->push(std::move(e));
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.n_failed;

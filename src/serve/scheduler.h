@@ -188,6 +188,9 @@ class Scheduler {
   void loop();
   void step();
   void drop_cancelled_waiting();
+  // Marks s ended and gives its cache back (a failure to do so is logged); the event to send,
+  // with the prompt counts filled in.
+  SequenceEvent end_sequence(Sequence& s);
   void finish(Sequence& s, const std::string& reason);
   void fail(Sequence& s, const std::string& error);
   // Samples the next token of `s` from `logits` (or takes `chosen`, when >= 0) and emits it;
