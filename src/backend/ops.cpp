@@ -6,9 +6,9 @@
 #include <cstdint>
 #include <cstring>
 
-#include "backend/cpu/kernel_table.h"
 #include "backend/cpu/basic_ops.h"
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/kernel_table.h"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/op_checks.h"
 #include "core/buffer.h"
@@ -215,7 +215,8 @@ Array linear(const Array& x, const Array& w, const Array& bias) {
     return y;
   }
   if (invariant)
-    cpu::kernels().linear_invariant(x.data<float>(), n, in, w.raw(), w.dtype(), out_features, b, y.data<float>(), cpu_pool());
+    cpu::kernels().linear_invariant(x.data<float>(), n, in, w.raw(), w.dtype(), out_features, b, y.data<float>(),
+                                    cpu_pool());
   else
     cpu::kernels().linear(x.data<float>(), n, in, w.raw(), w.dtype(), out_features, b, y.data<float>(), cpu_pool());
   return y;
@@ -381,10 +382,10 @@ void write_kv_rows(const Array& keys, const Array& values, const Array& k, const
       return Array::strided(a.buffer(), a.byte_offset() + size_t(src0 * a.strides()[0]) * 4, {m, n_kv, hd},
                             a.strides(), DType::f32);
     };
-    cpu::kernels().copy_into(Array::strided(keys.buffer(), keys.byte_offset() + off, dst_shape, dst_strides, keys.dtype()),
-                   src_rows(k));
-    cpu::kernels().copy_into(Array::strided(values.buffer(), values.byte_offset() + off, dst_shape, dst_strides, keys.dtype()),
-                   src_rows(v));
+    cpu::kernels().copy_into(
+        Array::strided(keys.buffer(), keys.byte_offset() + off, dst_shape, dst_strides, keys.dtype()), src_rows(k));
+    cpu::kernels().copy_into(
+        Array::strided(values.buffer(), values.byte_offset() + off, dst_shape, dst_strides, keys.dtype()), src_rows(v));
   };
   if (ring_rows == 0) {
     write_run(0, row0, n);
@@ -450,10 +451,12 @@ void write_kv_paged(const Array& keys, const Array& values, const Array& k, cons
     auto src_row = [&](const Array& x, int64_t stride) {
       return Array::strided(x.buffer(), x.byte_offset() + size_t(i * stride) * 4, src_shape, src_strides, DType::f32);
     };
-    cpu::kernels().copy_into(Array::strided(keys.buffer(), keys.byte_offset() + off, dst_shape, dst_strides, keys.dtype()),
-                   src_row(k, a.k_row_stride));
-    cpu::kernels().copy_into(Array::strided(values.buffer(), values.byte_offset() + off, dst_shape, dst_strides, keys.dtype()),
-                   src_row(v, a.v_row_stride));
+    cpu::kernels().copy_into(
+        Array::strided(keys.buffer(), keys.byte_offset() + off, dst_shape, dst_strides, keys.dtype()),
+        src_row(k, a.k_row_stride));
+    cpu::kernels().copy_into(
+        Array::strided(values.buffer(), values.byte_offset() + off, dst_shape, dst_strides, keys.dtype()),
+        src_row(v, a.v_row_stride));
   }
 }
 
@@ -488,39 +491,39 @@ Array gather_kv_blocks(const Array& pool, const Array& block_ids, int64_t n_rows
     const int64_t b = checked_block(op, "block_ids", ids, jb, n_blocks), m = std::min(bs, n_rows - jb * bs);
     const Shape shape{n_kv, m, hd};
     cpu::kernels().copy_into(Array::strided(out.buffer(), out.byte_offset() + size_t(jb * bs * hd) * 2, shape,
-                                  {n_rows * hd, hd, 1}, pool.dtype()),
-                   Array::strided(pool.buffer(), pool.byte_offset() + size_t(b * n_kv * bs * hd) * 2, shape,
-                                  {bs * hd, hd, 1}, pool.dtype()));
+                                            {n_rows * hd, hd, 1}, pool.dtype()),
+                             Array::strided(pool.buffer(), pool.byte_offset() + size_t(b * n_kv * bs * hd) * 2, shape,
+                                            {bs * hd, hd, 1}, pool.dtype()));
   }
   return out;
 }
 
-Array silu_mul(const Array& gate, const Array& up) {
-  const bool gpu = on_cuda("silu_mul", {&gate, &up});
-  require_f32_contiguous("silu_mul", "gate", gate);
-  require_f32_contiguous("silu_mul", "up", up);
-  require(gate.shape() == up.shape(), "silu_mul", "shapes differ: " + describe(gate) + " and " + describe(up));
+namespace {
+
+// act(gate) * up element-wise, for the activations of a gated MLP.
+Array gated(const char* op, const Array& gate, const Array& up,
+            void (*cuda_fn)(const float*, const float*, float*, int64_t),
+            decltype(cpu::KernelTable::silu_mul) cpu::KernelTable::*cpu_fn) {
+  const bool gpu = on_cuda(op, {&gate, &up});
+  require_f32_contiguous(op, "gate", gate);
+  require_f32_contiguous(op, "up", up);
+  require(gate.shape() == up.shape(), op, "shapes differ: " + describe(gate) + " and " + describe(up));
   Array out = Array::empty(gate.shape(), DType::f32, gate.device());
-  if (gpu) {
-    cuda_ops::silu_mul(gate.data<float>(), up.data<float>(), out.data<float>(), gate.numel());
-    return out;
-  }
-  cpu::kernels().silu_mul(gate, up, out);
+  if (gpu)
+    cuda_fn(gate.data<float>(), up.data<float>(), out.data<float>(), gate.numel());
+  else
+    (cpu::kernels().*cpu_fn)(gate, up, out);
   return out;
+}
+
+}  // namespace
+
+Array silu_mul(const Array& gate, const Array& up) {
+  return gated("silu_mul", gate, up, &cuda_ops::silu_mul, &cpu::KernelTable::silu_mul);
 }
 
 Array gelu_tanh_mul(const Array& gate, const Array& up) {
-  const bool gpu = on_cuda("gelu_tanh_mul", {&gate, &up});
-  require_f32_contiguous("gelu_tanh_mul", "gate", gate);
-  require_f32_contiguous("gelu_tanh_mul", "up", up);
-  require(gate.shape() == up.shape(), "gelu_tanh_mul", "shapes differ: " + describe(gate) + " and " + describe(up));
-  Array out = Array::empty(gate.shape(), DType::f32, gate.device());
-  if (gpu) {
-    cuda_ops::gelu_tanh_mul(gate.data<float>(), up.data<float>(), out.data<float>(), gate.numel());
-    return out;
-  }
-  cpu::kernels().gelu_tanh_mul(gate, up, out);
-  return out;
+  return gated("gelu_tanh_mul", gate, up, &cuda_ops::gelu_tanh_mul, &cpu::KernelTable::gelu_tanh_mul);
 }
 
 void rope_(Array& x, const Array& positions, const Array& inv_freq, bool interleaved, float mscale) {
@@ -579,9 +582,8 @@ Array attention(const Array& q, const Array& k, const Array& v, const AttentionP
     ring_base = key_lo % R;
   } else {
     require(p.q_pos0 >= key_pos0 && p.q_pos0 - key_pos0 + n <= k.dim(1), "attention",
-            "query positions [" + std::to_string(p.q_pos0) + ", " + std::to_string(p.q_pos0 + n) +
-                ") run past the " + std::to_string(k.dim(1)) + " cached keys from position " +
-                std::to_string(key_pos0));
+            "query positions [" + std::to_string(p.q_pos0) + ", " + std::to_string(p.q_pos0 + n) + ") run past the " +
+                std::to_string(k.dim(1)) + " cached keys from position " + std::to_string(key_pos0));
     require(key_pos0 == 0 || (p.window > 0 && p.q_pos0 - p.window + 1 >= key_pos0), "attention",
             "keys from position " + std::to_string(key_pos0) + " leave out keys that the query at " +
                 std::to_string(p.q_pos0) + " sees (window " + std::to_string(p.window) + ")");

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu/kernel_table.h"
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/kernel_table.h"
 #include "core/half.h"
 #include "support/attention_reference.h"
 #include "support/cpu_levels.h"

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu/kernel_table.h"
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/kernel_table.h"
 #include "core/error.h"
 #include "core/half.h"
 #include "support/cpu_levels.h"
@@ -161,9 +161,8 @@ TEST_P(Linear, DISABLED_LinearThroughput) {
       const Weights w = make_weights(DType::bf16, out, in, rng);
       const std::vector<float> x = random_vector(size_t(n * in), rng);
       std::vector<float> y(static_cast<size_t>(n * out));
-      const double s = best_seconds(5, [&](int) {
-        cpu::kernels().linear(x.data(), n, in, w.data(), DType::bf16, out, nullptr, y.data(), pool);
-      });
+      const double s = best_seconds(
+          5, [&](int) { cpu::kernels().linear(x.data(), n, in, w.data(), DType::bf16, out, nullptr, y.data(), pool); });
       std::cout << "gemm 512x2048x2048 bf16, " << pool.n_threads() << " threads: " << 2.0 * n * in * out / s / 1e9
                 << " GFLOP/s\n";
     }
