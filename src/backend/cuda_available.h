@@ -14,5 +14,11 @@ std::string cuda_description(int device = 0);
 // Bytes of device memory free now (cudaMemGetInfo; memory the allocator caches counts as used).
 // Throws Unsupported without the backend.
 size_t cuda_free_memory(int device = 0);
+// At a clean exit, after every model, cache and buffer is gone: waits for the device, then
+// returns the allocator's cached blocks, the scratch area, the cuBLAS handle and the stream to
+// the driver, so that no device allocation outlives the process's work. Does nothing when the
+// device was never used or is in an error state; never throws. Device work after it starts the
+// runtime afresh.
+void release_cuda_device() noexcept;
 
 }  // namespace osprey

@@ -18,6 +18,7 @@ bool cuda_available() { return false; }
 int cuda_device_count() { return 0; }
 std::string cuda_description(int) { return kNoBackend; }
 size_t cuda_free_memory(int) { throw Unsupported(kNoBackend); }
+void release_cuda_device() noexcept {}
 
 Allocator& cuda_allocator(int device) {
   throw Unsupported("device cuda:" + std::to_string(device) + " requested, but " + kNoBackend);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "backend/cpu_level.h"
+#include "backend/cuda_available.h"
 #include "cli/commands.h"
 #include "cli/suggest.h"
 #include "core/env.h"
@@ -199,6 +200,11 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   try {
+    // The command's models and caches are gone when this runs (on return or while an error
+    // unwinds): the device's memory goes back to the driver before the process ends.
+    struct ReleaseDevice {
+      ~ReleaseDevice() { osprey::release_cuda_device(); }
+    } release_device;
     // The process-wide settings from the environment; the commands read the rest of
     // env_options() and pass it down.
     const osprey::EnvOptions& env = osprey::env_options();

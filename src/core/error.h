@@ -29,6 +29,15 @@ class OutOfMemory : public Error {
   using Error::Error;
 };
 
+// The device cannot run anything more in this process: an error that poisons its context
+// (an illegal address, a launch failure, an uncorrectable ECC error). Every later call fails
+// the same way, so a server reports itself unhealthy and exits for its supervisor to restart
+// it rather than failing each request.
+class DeviceLost : public Error {
+ public:
+  using Error::Error;
+};
+
 // A file that cannot be opened, mapped or read.
 class IoError : public Error {
  public:

@@ -7,13 +7,41 @@
 #include "backend/cuda_available.h"
 #include "core/caching_allocator.h"
 #include "core/env.h"
+#include "core/log.h"
 
 namespace osprey {
 namespace cuda {
 
+namespace {
+
+// The errors after which the CUDA context is unusable until the process ends ("sticky" in the
+// runtime's documentation): every later call returns them again.
+bool context_lost(cudaError_t e) {
+  switch (e) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorECCUncorrectable:
+    case cudaErrorAssert:
+    case cudaErrorLaunchTimeout:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
 void throw_cuda_error(cudaError_t e, const char* expr, const char* file, int line) {
   if (e == cudaErrorMemoryAllocation)
     throw OutOfMemory(std::string(file) + ":" + std::to_string(line) + ": CUDA out of memory in " + expr);
+  if (context_lost(e))
+    throw DeviceLost(std::string(file) + ":" + std::to_string(line) + ": the CUDA device failed and cannot be used "
+                     "again in this process: " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ") in " + expr);
   throw Error(std::string(file) + ":" + std::to_string(line) + ": CUDA error " + cudaGetErrorName(e) + " (" +
               cudaGetErrorString(e) + ") in " + expr);
 }
@@ -147,10 +175,46 @@ class CudaAllocator final : public CachingAllocator {
 }  // namespace
 }  // namespace cuda
 
+namespace {
+cuda::CudaAllocator& the_allocator() {
+  static cuda::CudaAllocator* a = new cuda::CudaAllocator();  // never destroyed, as the runtime
+  return *a;
+}
+}  // namespace
+
 Allocator& cuda_allocator(int device) {
   cuda::select_device(device);
-  static cuda::CudaAllocator* a = new cuda::CudaAllocator();
-  return *a;
+  return the_allocator();
+}
+
+void release_cuda_device() noexcept {
+  cuda::Runtime& r = cuda::rt();
+  std::lock_guard<std::mutex> lock(r.mu);
+  if (r.device < 0) return;
+  // A device in an error state cannot be drained: leave it to the process's end.
+  if (cudaStreamSynchronize(r.stream) != cudaSuccess) return;
+  try {
+    the_allocator().trim();
+  } catch (const std::exception&) {
+    return;
+  }
+  if (r.scratch) {
+    (void)cudaFreeAsync(r.scratch, r.stream);
+    r.scratch = nullptr;
+    r.scratch_bytes = 0;
+    ++r.scratch_generation;
+  }
+  (void)cudaStreamSynchronize(r.stream);
+  cudaMemPool_t pool = nullptr;
+  if (cudaDeviceGetDefaultMemPool(&pool, r.device) == cudaSuccess) (void)cudaMemPoolTrimTo(pool, 0);
+  (void)cublasDestroy(r.cublas);
+  (void)cudaStreamDestroy(r.stream);
+  r.cublas = nullptr;
+  r.stream = nullptr;
+  r.device = -1;
+  const AllocatorStats left = the_allocator().stats();
+  if (left.live_bytes > 0)
+    log_debug("cuda: " + std::to_string(left.live_bytes) + " bytes of device memory still held by live buffers at exit");
 }
 
 bool cuda_built() { return true; }
