@@ -1,4 +1,9 @@
-// cpu::attention against a naive double-precision softmax(q k^T) v.
+// The attention kernels (cpu::attention at every level of the CPU kernels, with one and three
+// threads; cuda::attention) against a naive double-precision softmax(q k^T) v over the same
+// f16 or bf16 cache (tests/support/attention_reference.h). Cache rows past the live length
+// hold NaN and outputs start as NaN, so a read past the length or an unwritten element fails.
+// The CUDA kernels' own paths (tensor-core tiles, device positions, captured graphs) are in
+// cuda_attention_test.cpp.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,63 +16,94 @@
 
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/kernel_table.h"
-#include "core/half.h"
 #include "support/attention_reference.h"
-#include "support/cpu_levels.h"
+#include "support/device_test.h"
+#include "support/numeric.h"
+
+#ifdef OSPREY_WITH_CUDA
+#include "backend/cuda/kernels.h"
+#include "support/cuda_buffers.h"
+#endif
 
 namespace osprey {
 namespace {
 
 using testing::AttnCase;
 using testing::AttnData;
-using testing::make_attn_data;
 
-// Max |out - ref| over max |ref|.
-double run_and_compare(const AttnCase& s, ThreadPool& pool, uint32_t seed) {
-  std::mt19937 rng(seed);
-  const AttnData d = make_attn_data(s, rng);
-  std::vector<float> out(size_t(s.n * s.n_heads * s.head_dim), std::nanf(""));
-  cpu::AttentionArgs a;
-  a.q = d.q.data();
-  a.n = s.n;
-  a.n_heads = s.n_heads;
-  a.head_dim = s.head_dim;
-  a.k = d.k.data();
-  a.v = d.v.data();
-  a.bf16 = s.bf16;
-  a.n_kv_heads = s.n_kv_heads;
-  a.n_keys = s.n_keys;
-  a.k_head_stride = a.v_head_stride = d.head_stride;
-  a.k_row_stride = a.v_row_stride = d.row_stride;
-  a.q_pos0 = s.q_pos0;
-  a.scale = s.scale > 0.0f ? s.scale : 1.0f / std::sqrt(float(s.head_dim));
-  a.window = s.window;
-  a.softcap = s.softcap;
-  a.out = out.data();
-  cpu::kernels().attention(a, pool);
-  const std::vector<double> ref = testing::attention_reference(s, d, s.scale > 0.0f ? s.scale : 1.0 / std::sqrt(double(s.head_dim)));
+// max |got - ref| over max |ref| (NaN anywhere: infinite).
+double max_rel_error(const std::vector<float>& got, const std::vector<double>& ref) {
   double max_err = 0.0, max_ref = 0.0;
   for (size_t i = 0; i < ref.size(); ++i) {
-    const double e = std::fabs(double(out[i]) - ref[i]);
+    const double e = std::fabs(double(got[i]) - ref[i]);
     max_err = std::isnan(e) ? INFINITY : std::max(max_err, e);
     max_ref = std::max(max_ref, std::fabs(ref[i]));
   }
   return max_ref > 0.0 ? max_err / max_ref : max_err;
 }
 
-void expect_close(AttnCase s, const char* what, std::initializer_list<int64_t> head_dims = {64, 128, 80}) {
-  ThreadPool pool1(1), pool3(3);
-  uint32_t seed = 17;
-  for (int64_t head_dim : head_dims) {
-    s.head_dim = head_dim;
-    for (ThreadPool* pool : {&pool1, &pool3}) {
-      const double err = run_and_compare(s, *pool, seed++);
-      EXPECT_LT(err, 1e-4) << what << " head_dim=" << head_dim << " threads=" << pool->n_threads();
-    }
-  }
+std::vector<float> cpu_attention(const AttnCase& s, const AttnData& d, ThreadPool& pool) {
+  std::vector<float> out(d.q.size(), std::nanf(""));
+  cpu::AttentionArgs a;
+  testing::set_attention_args(a, s, d);
+  a.q = d.q.data();
+  a.k = d.k.data();
+  a.v = d.v.data();
+  a.out = out.data();
+  cpu::kernels().attention(a, pool);
+  return out;
 }
 
-class Attention : public testing::CpuLevelTest {};
+#ifdef OSPREY_WITH_CUDA
+std::vector<float> cuda_attention(const AttnCase& s, const AttnData& d) {
+  testing::DeviceVec<float> q(d.q), out(std::vector<float>(d.q.size(), std::nanf("")));
+  testing::DeviceVec<uint16_t> k(d.k), v(d.v);
+  cuda::AttentionArgs a{};
+  testing::set_attention_args(a, s, d);
+  a.q = q.get();
+  a.k = k.get();
+  a.v = v.get();
+  a.out = out.get();
+  cuda::attention(a, testing::st());
+  return out.download();
+}
+#endif
+
+class Attention : public testing::DeviceTest {
+ protected:
+  // The case at each of `head_dims` (and, on the CPU, with one and with three threads) against
+  // the reference. The CPU computes in f32 from the 16-bit rows: max error over max |ref| under
+  // 1e-4. CUDA's tensor-core paths round q * scale and the softmax weights to the rows' type:
+  // ||got - ref|| / ||ref|| under 1e-3 with f16 rows, 1e-2 with bf16 (8 significant bits).
+  void expect_close(AttnCase s, const std::string& what, std::initializer_list<int64_t> head_dims = {64, 128, 80}) {
+    uint32_t seed = 17;
+    for (int64_t head_dim : head_dims) {
+      s.head_dim = head_dim;
+      if (on_cuda()) {
+        EXPECT_LT(error(s, seed++, nullptr), s.bf16 ? 1e-2 : 1e-3) << what << " head_dim=" << head_dim;
+        continue;
+      }
+      for (ThreadPool* pool : {&pool1_, &pool3_})
+        EXPECT_LT(error(s, seed++, pool), 1e-4) << what << " head_dim=" << head_dim << " threads=" << pool->n_threads();
+    }
+  }
+
+ private:
+  double error(const AttnCase& s, uint32_t seed, ThreadPool* pool) const {
+    std::mt19937 rng(seed);
+    const AttnData d = testing::make_attn_data(s, rng);
+    const std::vector<double> ref = testing::attention_reference(s, d, testing::attention_scale(s));
+    if (pool) return max_rel_error(cpu_attention(s, d, *pool), ref);
+#ifdef OSPREY_WITH_CUDA
+    return testing::rel_error(cuda_attention(s, d), ref);
+#else
+    ADD_FAILURE() << "a CUDA instance in a build without CUDA";
+    return INFINITY;
+#endif
+  }
+
+  ThreadPool pool1_{1}, pool3_{3};
+};
 
 TEST_P(Attention, DecodeOverThousandsOfKeys) {
   AttnCase s;
@@ -75,7 +111,12 @@ TEST_P(Attention, DecodeOverThousandsOfKeys) {
   s.n_keys = 3000;
   s.q_pos0 = 2999;
   s.scale = 0.5f;  // peaked enough that the running max matters
-  expect_close(s, "decode L=3000");
+  expect_close(s, "decode L=3000", {64, 80, 96, 128, 256});
+  s.row_major_heads = true;
+  expect_close(s, "decode L=3000 [L, kv, hd] cache", {128});
+  s.row_major_heads = false;
+  s.head_pad = 4;  // rows not 16-byte aligned
+  expect_close(s, "decode L=3000 unaligned rows", {64, 80});
 }
 
 TEST_P(Attention, DecodeShortCache) {
@@ -83,16 +124,18 @@ TEST_P(Attention, DecodeShortCache) {
     AttnCase s;
     s.n_keys = L;
     s.q_pos0 = L - 1;
-    expect_close(s, ("decode L=" + std::to_string(L)).c_str());
+    expect_close(s, "decode L=" + std::to_string(L));
   }
 }
 
 TEST_P(Attention, Prefill) {
   AttnCase s;
   s.n = s.n_keys = 37;
-  expect_close(s, "prefill n=L=37");
+  expect_close(s, "prefill n=L=37", {64, 80, 96, 128, 256});
   s.n = s.n_keys = 150;
   expect_close(s, "prefill n=L=150");
+  s.n_heads = 16;  // 8 query heads per kv head
+  expect_close(s, "prefill n=L=150 GQA 16:2", {128});
 }
 
 TEST_P(Attention, ChunkAfterCachedRows) {
@@ -105,6 +148,10 @@ TEST_P(Attention, ChunkAfterCachedRows) {
   s.q_pos0 = 130;
   s.n_keys = 200;
   expect_close(s, "chunk n=70 pos0=130 L=200");
+  s.n = 4;
+  s.q_pos0 = 2996;
+  s.n_keys = 3000;
+  expect_close(s, "chunk n=4 pos0=2996 L=3000 (keys split)");
 }
 
 TEST_P(Attention, SlidingWindow) {
@@ -132,6 +179,9 @@ TEST_P(Attention, Softcap) {
   s.n = s.n_keys = 37;
   expect_close(s, "prefill softcap");
   s.n = 1;
+  s.n_keys = 3000;
+  s.q_pos0 = 2999;
+  expect_close(s, "decode softcap");
   s.n_keys = 1500;
   s.q_pos0 = 1499;
   s.window = 100;
@@ -143,11 +193,11 @@ TEST_P(Attention, HeadGroupings) {
     AttnCase s;
     s.n_kv_heads = kv;
     s.n = s.n_keys = 33;
-    expect_close(s, "prefill grouping");
+    expect_close(s, "prefill grouping kv=" + std::to_string(kv));
     s.n = 1;
     s.n_keys = 1000;
     s.q_pos0 = 999;
-    expect_close(s, "decode grouping");
+    expect_close(s, "decode grouping kv=" + std::to_string(kv));
   }
 }
 
@@ -164,6 +214,7 @@ TEST_P(Attention, InterleavedCacheLayout) {
   expect_close(s, "decode [L, kv, D] layout");
 }
 
+// Head sizes that are not a multiple of the CPU's vector width, and CUDA's CUDA-core path.
 TEST_P(Attention, HeadDimsOffTheVectorWidth) {
   AttnCase s;
   s.n = s.n_keys = 40;
@@ -175,12 +226,13 @@ TEST_P(Attention, HeadDimsOffTheVectorWidth) {
 }
 
 // bf16 rows, with keys and values up to 2e5 (past f16's 65504, which would make them inf):
-// q small enough that the logits stay in a range where the softmax is not one-hot.
+// q small enough that the logits stay of order one (rounding q to bf16 then moves them by well
+// under 1%).
 TEST_P(Attention, Bf16RowsBeyondTheF16Range) {
   AttnCase s;
   s.bf16 = true;
   s.kv_range = 2.0e5f;
-  s.q_range = 2.0e-4f;
+  s.q_range = 2.0e-5f;
   s.n = s.n_keys = 37;
   expect_close(s, "bf16 prefill");
   s.n = 5;
@@ -209,7 +261,7 @@ TEST_P(Attention, RowWithoutVisibleKeysIsZero) {
   expect_close(s, "rows beyond the cache");
 }
 
-INSTANTIATE_TEST_SUITE_P(CpuLevels, Attention, OSPREY_ALL_CPU_LEVELS);
+INSTANTIATE_TEST_SUITE_P(Devices, Attention, OSPREY_DEVICE_LEVELS);
 
 }  // namespace
 }  // namespace osprey

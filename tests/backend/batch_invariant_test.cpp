@@ -4,24 +4,22 @@
 // layers and for the norms, activations, rotary embedding, embedding lookups and element-wise
 // ops. Invariant-mode linear layers are also checked against a double-precision reference, so
 // that a kernel cannot pass by being consistently wrong. argmax_rows against a plain host
-// argmax. The CUDA instances skip without a CUDA device.
+// argmax.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 #include <functional>
 #include <limits>
-#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
-#include "backend/cuda_available.h"
 #include "backend/ops.h"
 #include "backend/quant.h"
 #include "core/error.h"
 #include "model/quantize.h"
-#include "support/cpu_levels.h"
+#include "support/device_test.h"
 #include "support/numeric.h"
 
 namespace osprey {
@@ -43,38 +41,16 @@ struct InvariantMode {
   InvariantMode& operator=(const InvariantMode&) = delete;
 };
 
-class BatchInvariant : public ::testing::TestWithParam<std::string> {
+class BatchInvariant : public testing::DeviceTest {
  protected:
-  void SetUp() override {
-    if (GetParam() == "cuda") {
-      if (!cuda_available()) GTEST_SKIP() << "no CUDA device: " << cuda_description();
-      device_ = Device::cuda(0);
-    } else if (const std::string skip = testing::enter_device_param(GetParam(), cpu_level_); !skip.empty()) {
-      GTEST_SKIP() << skip;
-    }
-  }
   void TearDown() override { EXPECT_FALSE(ops::batch_invariant()) << "the mode leaked out of the test"; }
 
   // Rows [first, first + count) of a host matrix [*, row] on the device.
   Array rows_on_device(const std::vector<float>& v, int64_t row, int64_t first, int64_t count) const {
-    Array a = Array::empty({count, row}, DType::f32);
-    std::copy(v.begin() + first * row, v.begin() + (first + count) * row, a.data<float>());
-    return ops::to_device(a, device_);
+    return on_device({v.begin() + first * row, v.begin() + (first + count) * row}, {count, row});
   }
   Array ids_on_device(const std::vector<int32_t>& v, int64_t first, int64_t count) const {
-    Array a = Array::empty({count}, DType::i32);
-    std::copy(v.begin() + first, v.begin() + first + count, a.data<int32_t>());
-    return ops::to_device(a, device_);
-  }
-  Array on_device(const std::vector<float>& v, Shape shape) const {
-    Array a = Array::empty(shape, DType::f32);
-    std::copy(v.begin(), v.end(), a.data<float>());
-    return ops::to_device(a, device_);
-  }
-  static std::vector<float> host(const Array& a) {
-    Array c = a.is_contiguous() ? a : ops::cast(a, a.dtype());
-    Array h = ops::to_device(c.dtype() == DType::f32 ? c : ops::cast(c, DType::f32), Device::cpu());
-    return {h.data<float>(), h.data<float>() + h.numel()};
+    return upload(std::vector<int32_t>(v.begin() + first, v.begin() + first + count), {count}, DType::i32);
   }
 
   // f(first, count) runs the op on input rows [first, first + count) and returns its result
@@ -104,9 +80,6 @@ class BatchInvariant : public ::testing::TestWithParam<std::string> {
       EXPECT_EQ(mismatches, 0) << what << " n=" << n;
     }
   }
-
-  Device device_ = Device::cpu();
-  std::optional<ScopedCpuLevel> cpu_level_;  // the kernels' level on a cpu_<level> parameter
 };
 
 // ---- the mode itself ----------------------------------------------------------------------
@@ -151,7 +124,7 @@ TEST_P(BatchInvariant, DenseLinearRowsMatchTheRowAlone) {
       const std::vector<float> wv = random_floats(size_t(s.out * s.in), rng, -0.5f, 0.5f);
       std::copy(wv.begin(), wv.end(), w32.data<float>());
       Array w_cpu = ops::cast(w32, dt);
-      Array w = ops::to_device(w_cpu, device_);
+      Array w = ops::to_device(w_cpu, device());
       Array bias = on_device(b, {s.out});
       const std::string what = std::string("linear ") + dtype_name(dt) + " [" + std::to_string(s.out) + ", " +
                                std::to_string(s.in) + "]";
@@ -180,9 +153,9 @@ TEST_P(BatchInvariant, QuantizedLinearRowsMatchTheRowAlone) {
         std::copy(wv.begin(), wv.end(), w32.data<float>());
         const QuantizedMatrix q_cpu = quantize_affine(w32, bits, 64, sdt);
         QuantizedMatrix q = q_cpu;
-        q.packed = ops::to_device(q_cpu.packed, device_);
-        q.scales = ops::to_device(q_cpu.scales, device_);
-        q.biases = ops::to_device(q_cpu.biases, device_);
+        q.packed = ops::to_device(q_cpu.packed, device());
+        q.scales = ops::to_device(q_cpu.scales, device());
+        q.biases = ops::to_device(q_cpu.biases, device());
         Array bias = on_device(b, {s.out});
         const std::string what = "linear q" + std::to_string(bits) + " g64 " + dtype_name(sdt) + " [" +
                                  std::to_string(s.out) + ", " + std::to_string(s.in) + "]";
@@ -344,7 +317,7 @@ TEST_P(BatchInvariant, EmbeddingRowsMatchTheRowAlone) {
   const std::vector<float> tv = random_floats(size_t(vocab * d), rng);
   std::copy(tv.begin(), tv.end(), t32.data<float>());
   for (DType dt : {DType::f32, DType::f16, DType::bf16}) {
-    Array table = ops::to_device(ops::cast(t32, dt), device_);
+    Array table = ops::to_device(ops::cast(t32, dt), device());
     expect_rows_invariant(std::string("embedding ") + dtype_name(dt), d, [&](int64_t first, int64_t count) {
       return host(ops::embedding(table, ids_on_device(ids, first, count), 1.5f));
     });
@@ -352,9 +325,9 @@ TEST_P(BatchInvariant, EmbeddingRowsMatchTheRowAlone) {
   for (int bits : {4, 8}) {
     const QuantizedMatrix q_cpu = quantize_affine(t32, bits, 64, DType::bf16);
     QuantizedMatrix q = q_cpu;
-    q.packed = ops::to_device(q_cpu.packed, device_);
-    q.scales = ops::to_device(q_cpu.scales, device_);
-    q.biases = ops::to_device(q_cpu.biases, device_);
+    q.packed = ops::to_device(q_cpu.packed, device());
+    q.scales = ops::to_device(q_cpu.scales, device());
+    q.biases = ops::to_device(q_cpu.biases, device());
     expect_rows_invariant("embedding q" + std::to_string(bits), d, [&](int64_t first, int64_t count) {
       return host(ops::embedding(q, ids_on_device(ids, first, count), 1.5f));
     });
@@ -403,8 +376,8 @@ TEST_P(BatchInvariant, ArgmaxRowsMatchesAHostArgmax) {
         }
       }
       Array logits = on_device(v, {n, vocab});
-      Array out = ops::to_device(Array::empty({n}, DType::i32), device_);
-      Array bad = ops::to_device(Array::empty({n}, DType::i32), device_);
+      Array out = ops::to_device(Array::empty({n}, DType::i32), device());
+      Array bad = ops::to_device(Array::empty({n}, DType::i32), device());
       ops::argmax_rows(logits, out, bad);
       Array out_h = ops::to_device(out, Device::cpu()), bad_h = ops::to_device(bad, Device::cpu());
       for (int64_t i = 0; i < n; ++i) {
@@ -418,8 +391,8 @@ TEST_P(BatchInvariant, ArgmaxRowsMatchesAHostArgmax) {
 
 TEST_P(BatchInvariant, ArgmaxRowsNamesABadArgument) {
   Array logits = on_device(std::vector<float>(12, 0.0f), {3, 4});
-  Array out = ops::to_device(Array::empty({3}, DType::i32), device_);
-  Array bad = ops::to_device(Array::empty({3}, DType::i32), device_);
+  Array out = ops::to_device(Array::empty({3}, DType::i32), device());
+  Array bad = ops::to_device(Array::empty({3}, DType::i32), device());
   auto message = [](const std::function<void()>& f) -> std::string {
     try {
       f();
@@ -430,14 +403,13 @@ TEST_P(BatchInvariant, ArgmaxRowsNamesABadArgument) {
   };
   Array flat = on_device(std::vector<float>(12, 0.0f), {12});
   EXPECT_NE(message([&] { ops::argmax_rows(flat, out, bad); }).find("logits must"), std::string::npos);
-  Array short_out = ops::to_device(Array::empty({2}, DType::i32), device_);
+  Array short_out = ops::to_device(Array::empty({2}, DType::i32), device());
   EXPECT_NE(message([&] { ops::argmax_rows(logits, short_out, bad); }).find("out must"), std::string::npos);
-  Array f32_flags = ops::to_device(Array::empty({3}, DType::f32), device_);
+  Array f32_flags = ops::to_device(Array::empty({3}, DType::f32), device());
   EXPECT_NE(message([&] { ops::argmax_rows(logits, out, f32_flags); }).find("nonfinite must"), std::string::npos);
 }
 
-INSTANTIATE_TEST_SUITE_P(BatchInvariantDevices, BatchInvariant, ::testing::ValuesIn(testing::device_params()),
-                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(BatchInvariantDevices, BatchInvariant, OSPREY_DEVICE_LEVELS);
 
 }  // namespace
 }  // namespace osprey

@@ -54,8 +54,6 @@ size_t count_bit_differences(const std::vector<float>& a, const std::vector<floa
   return n;
 }
 
-float scale_of(const AttnCase& s) { return s.scale > 0.0f ? s.scale : 1.0f / std::sqrt(float(s.head_dim)); }
-
 std::string describe(const AttnCase& s) {
   return "n=" + std::to_string(s.n) + " q_pos0=" + std::to_string(s.q_pos0) + " n_keys=" + std::to_string(s.n_keys) +
          " heads=" + std::to_string(s.n_heads) + "/" + std::to_string(s.n_kv_heads) +
@@ -93,21 +91,10 @@ struct DeviceCase {
   // Host positions (q_pos_dev null); the caller sets q_pos_dev / max_keys.
   cuda::AttentionArgs args(const AttnCase& s, const AttnData& d) const {
     cuda::AttentionArgs a{};
+    testing::set_attention_args(a, s, d);
     a.q = q.get();
-    a.n = s.n;
-    a.n_heads = s.n_heads;
-    a.head_dim = s.head_dim;
     a.k = k.get();
     a.v = v.get();
-    a.bf16 = s.bf16;
-    a.n_kv_heads = s.n_kv_heads;
-    a.n_keys = s.n_keys;
-    a.k_head_stride = a.v_head_stride = d.head_stride;
-    a.k_row_stride = a.v_row_stride = d.row_stride;
-    a.q_pos0 = s.q_pos0;
-    a.scale = scale_of(s);
-    a.window = s.window;
-    a.softcap = s.softcap;
     a.out = out.get();
     return a;
   }
@@ -130,7 +117,7 @@ double host_error(const AttnCase& s, uint32_t seed) {
   const AttnData d = testing::make_attn_data(s, rng);
   DeviceCase dc(d);
   const std::vector<float> got = dc.run(dc.args(s, d));
-  return rel_error(got, testing::attention_reference(s, d, scale_of(s)));
+  return rel_error(got, testing::attention_reference(s, d, testing::attention_scale(s)));
 }
 
 TEST(CudaFlashAttention, PrefillAcrossLengthsHeadDimsAndGroups) {
@@ -242,6 +229,13 @@ TEST(CudaFlashAttention, StridedCacheViews) {
   }
 }
 
+TEST(CudaFlashAttention, RejectsUnsupportedHeadDim) {
+  SKIP_WITHOUT_CUDA();
+  AttnCase s;
+  s.head_dim = 100;  // not a multiple of 8
+  EXPECT_THROW(host_error(s, 1), Unsupported);
+}
+
 // One graph captured with q_pos_dev and max_keys, replayed at several lengths: each replay
 // matches the reference and is bit-identical to an eager call with host positions and the
 // same max_keys.
@@ -288,7 +282,7 @@ void check_device_positions(AttnCase s, std::initializer_list<int64_t> lengths, 
     } else {
       got = dc.run(dev);
     }
-    const std::vector<double> ref = testing::attention_reference(s, d, scale_of(s));
+    const std::vector<double> ref = testing::attention_reference(s, d, testing::attention_scale(s));
     EXPECT_LT(rel_error(got, ref), s.bf16 ? 1e-2 : kTol) << describe(s) << " device position, max_keys " << max_keys;
 
     cuda::AttentionArgs host = dc.args(s, d);

@@ -1,20 +1,17 @@
 // The ops that the Gemma 3 and Cohere2 layers add (GeGLU of a fused gate/up row, per-head
 // RMSNorm over strided rows, final-logit softcapping), through backend/ops.h on every device,
-// against plain double-precision loops written from the definitions. The CUDA instances skip
-// without a CUDA device.
+// against plain double-precision loops written from the definitions.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <limits>
-#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
-#include "backend/cuda_available.h"
 #include "backend/ops.h"
 #include "core/error.h"
-#include "support/cpu_levels.h"
+#include "support/device_test.h"
 #include "support/numeric.h"
 
 namespace osprey {
@@ -23,28 +20,7 @@ namespace {
 using testing::random_floats;
 using testing::rel_error;
 
-class FamilyOps : public ::testing::TestWithParam<std::string> {
- protected:
-  void SetUp() override {
-    if (GetParam() == "cuda") {
-      if (!cuda_available()) GTEST_SKIP() << "no CUDA device: " << cuda_description();
-      device_ = Device::cuda(0);
-    } else if (const std::string skip = testing::enter_device_param(GetParam(), cpu_level_); !skip.empty()) {
-      GTEST_SKIP() << skip;
-    }
-  }
-  Array on_device(const std::vector<float>& v, Shape shape) const {
-    Array a = Array::empty(shape, DType::f32);
-    std::copy(v.begin(), v.end(), a.data<float>());
-    return ops::to_device(a, device_);
-  }
-  static std::vector<float> host(const Array& a) {
-    Array h = ops::to_device(a.is_contiguous() ? a : ops::cast(a, a.dtype()), Device::cpu());
-    return {h.data<float>(), h.data<float>() + h.numel()};
-  }
-  Device device_ = Device::cpu();
-  std::optional<ScopedCpuLevel> cpu_level_;  // the kernels' level on a cpu_<level> parameter
-};
+class FamilyOps : public testing::DeviceTest {};
 
 double gelu_tanh_ref(double x) {
   const double c = std::sqrt(2.0 / M_PI);
@@ -146,8 +122,7 @@ TEST_P(FamilyOps, SoftcapRefusesANonPositiveCap) {
   EXPECT_THROW(ops::softcap_(x, std::numeric_limits<float>::infinity()), InvalidInput);
 }
 
-INSTANTIATE_TEST_SUITE_P(Devices, FamilyOps, ::testing::ValuesIn(testing::device_params()),
-                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(Devices, FamilyOps, OSPREY_DEVICE_LEVELS);
 
 }  // namespace
 }  // namespace osprey

@@ -10,6 +10,7 @@
 
 #include "backend/ops.h"
 #include "core/error.h"
+#include "support/device_test.h"
 #include "support/numeric.h"
 
 namespace osprey {
@@ -18,15 +19,7 @@ namespace {
 constexpr int64_t kHeads = 2, kDim = 16, kRows = 8;
 constexpr uint16_t kSentinel = 0x7bcd;
 
-// f32 -> bf16 from the definition: keep the top 16 bits; the dropped 16 bits decide, above
-// half an ulp up, below it down, exactly half to the even neighbour. (Inputs are finite.)
-uint16_t bf16_nearest_even(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  const uint32_t upper = u >> 16, dropped = u & 0xffffu;
-  if (dropped > 0x8000u || (dropped == 0x8000u && (upper & 1u))) return uint16_t(upper + 1);
-  return uint16_t(upper);
-}
+using testing::bf16_nearest_even;
 
 float from_bits(uint32_t u) {
   float f;
@@ -49,23 +42,15 @@ std::vector<float> probe_values(size_t n, std::mt19937& rng) {
   return v;
 }
 
-class KVRows : public ::testing::TestWithParam<bool> {
+class KVRows : public testing::DeviceTest {
  protected:
-  Device device() const { return GetParam() ? Device::cuda() : Device::cpu(); }
-  void SetUp() override {
-    if (GetParam() && !cuda_available()) GTEST_SKIP() << "no CUDA device";
-  }
-  Array on_device(const Array& a) const { return ops::to_device(a, device()); }
   // A [kHeads, kRows, kDim] cache of `dtype` filled with the sentinel bits.
   Array sentinel_cache(DType dtype) const {
     Array a = Array::empty({kHeads, kRows, kDim}, dtype);
     for (int64_t i = 0; i < a.numel(); ++i) a.data<uint16_t>()[i] = kSentinel;
     return on_device(a);
   }
-  static std::vector<uint16_t> bits(const Array& a) {
-    Array h = ops::to_device(a, Device::cpu());
-    return std::vector<uint16_t>(h.data<uint16_t>(), h.data<uint16_t>() + h.numel());
-  }
+  static std::vector<uint16_t> bits(const Array& a) { return download<uint16_t>(a); }
 };
 
 // Source rows [n, kHeads, kDim] of `values` (in order).
@@ -142,8 +127,7 @@ TEST_P(KVRows, RejectsARingOfAnotherSize) {
   EXPECT_THROW(ops::write_kv_rows(keys, values, k, k, kRows, {}), InvalidInput);
 }
 
-INSTANTIATE_TEST_SUITE_P(Devices, KVRows, ::testing::Values(false, true),
-                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "Cuda" : "Cpu"; });
+INSTANTIATE_TEST_SUITE_P(Devices, KVRows, OSPREY_DEVICES);
 
 }  // namespace
 }  // namespace osprey

@@ -1,4 +1,4 @@
-// The paged KV ops on the CPU and on CUDA (the CUDA instances skip without a device):
+// The paged KV ops on every device:
 // ops::attention over a paged pool against a double-precision loop written here, its batch
 // invariance (each sequence's row bit for bit the same alone and in a batch), its agreement
 // with the dense op on the gathered blocks, and the write_kv_paged / gather_kv_blocks round trip.
@@ -9,16 +9,14 @@
 #include <cstdint>
 #include <cstring>
 #include <numeric>
-#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
-#include "backend/cuda_available.h"
 #include "backend/ops.h"
 #include "core/error.h"
 #include "core/half.h"
-#include "support/cpu_levels.h"
+#include "support/device_test.h"
 #include "support/numeric.h"
 
 namespace osprey {
@@ -28,14 +26,7 @@ ops::PagedKeys& paged(ops::AttentionParams& p) { return std::get<ops::PagedKeys>
 
 using testing::rel_error;
 
-// f32 -> bf16 bits from the definition (round to nearest even on the dropped 16 bits).
-uint16_t bf16_nearest_even(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  const uint32_t upper = u >> 16, dropped = u & 0xffffu;
-  if (dropped > 0x8000u || (dropped == 0x8000u && (upper & 1u))) return uint16_t(upper + 1);
-  return uint16_t(upper);
-}
+using testing::bf16_nearest_even;
 
 double bits_to_double(uint16_t b, bool bf16) { return bf16 ? double(bf16_to_f32(b)) : double(f16_to_f32(b)); }
 
@@ -142,28 +133,8 @@ std::vector<double> reference(const PagedCase& c, const PagedData& d) {
   return out;
 }
 
-class PagedDevice : public ::testing::TestWithParam<std::string> {
+class PagedDevice : public testing::DeviceTest {
  protected:
-  void SetUp() override {
-    if (GetParam() == "cuda") {
-      if (!cuda_available()) GTEST_SKIP() << "no CUDA device: " << cuda_description();
-      device_ = Device::cuda(0);
-    } else if (const std::string skip = testing::enter_device_param(GetParam(), cpu_level_); !skip.empty()) {
-      GTEST_SKIP() << skip;
-    }
-  }
-  bool on_cuda() const { return GetParam() == "cuda"; }
-  template <class T>
-  Array upload(const std::vector<T>& v, const Shape& shape, DType dtype) const {
-    Array a = Array::empty(shape, dtype);
-    std::memcpy(a.raw(), v.data(), a.nbytes());
-    return ops::to_device(a, device_);
-  }
-  template <class T>
-  static std::vector<T> download(const Array& a) {
-    Array h = ops::to_device(a.is_contiguous() ? a : ops::cast(a, a.dtype()), Device::cpu());
-    return {h.data<T>(), h.data<T>() + h.numel()};
-  }
   // Tolerance on ||out - ref|| / ||ref||: the CPU accumulates f32 products of the f32 query;
   // CUDA rounds q and the softmax weights to the pool's type for the tensor cores.
   double tol(bool bf16) const { return on_cuda() ? (bf16 ? 1e-2 : 1e-3) : 1e-4; }
@@ -205,9 +176,6 @@ class PagedDevice : public ::testing::TestWithParam<std::string> {
     const PagedData d = make_data(c, rng);
     return rel_error(run(c, d), reference(c, d));
   }
-
-  Device device_ = Device::cpu();
-  std::optional<ScopedCpuLevel> cpu_level_;  // the kernels' level on a cpu_<level> parameter
 };
 
 class PagedAttention : public PagedDevice {};
@@ -505,10 +473,8 @@ TEST_P(PagedKV, RejectsBadArguments) {
   EXPECT_THROW(ops::gather_kv_blocks(keys, ops::cast(ids, DType::f32), 4), InvalidInput) << "f32 block ids";
 }
 
-INSTANTIATE_TEST_SUITE_P(Devices, PagedAttention, ::testing::ValuesIn(testing::device_params()),
-                         [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
-INSTANTIATE_TEST_SUITE_P(Devices, PagedKV, ::testing::ValuesIn(testing::device_params()),
-                         [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
+INSTANTIATE_TEST_SUITE_P(Devices, PagedAttention, OSPREY_DEVICE_LEVELS);
+INSTANTIATE_TEST_SUITE_P(Devices, PagedKV, OSPREY_DEVICE_LEVELS);
 
 }  // namespace
 }  // namespace osprey

@@ -1,5 +1,5 @@
 // --device: asking for CUDA where there is none, or for an unknown device, is a clear error.
-// (The families' CUDA references run with the CPU ones in tests/model/reference_test.cpp.)
+// (The families' CUDA references run with the CPU ones in tests/model/family_test.cpp.)
 #include <gtest/gtest.h>
 
 #include "backend/cuda_available.h"

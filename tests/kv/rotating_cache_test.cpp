@@ -20,6 +20,7 @@
 #include "kv/dense_cache.h"
 #include "kv/replay.h"
 #include "kv/rotating_cache.h"
+#include "support/device_test.h"
 #include "support/numeric.h"
 
 namespace osprey {
@@ -118,15 +119,11 @@ std::vector<float> step(KVCache& c, const Sequence& s, int64_t n, int64_t window
   return host_floats(out);
 }
 
-class RingAttention : public ::testing::TestWithParam<bool> {
+class RingAttention : public testing::DeviceTest {
  protected:
-  Device device() const { return GetParam() ? Device::cuda() : Device::cpu(); }
-  void SetUp() override {
-    if (GetParam() && !cuda_available()) GTEST_SKIP() << "no CUDA device";
-  }
   // The CPU computes in f32 from the exact rows; CUDA rounds q and the softmax weights to the
   // cache's 16-bit type for the tensor cores.
-  double tolerance(DType dtype) const { return !GetParam() ? 1e-4 : dtype == DType::bf16 ? 1e-2 : 2e-3; }
+  double tolerance(DType dtype) const { return !on_cuda() ? 1e-4 : dtype == DType::bf16 ? 1e-2 : 2e-3; }
 };
 
 // Chunk schedules past three wraps: single rows, chunks of 3, of window and of 2 * window + 1
@@ -165,7 +162,7 @@ TEST_P(RingAttention, MatchesSlidingWindowReferenceOverChunkSchedules) {
 // One decode step captured as a graph and replayed across the wrap (CUDA): the write's row and
 // the query's position come from device memory, the launch shape from the ring's size.
 TEST_P(RingAttention, ReplayedDecodeStepAcrossTheWrap) {
-  if (!GetParam()) GTEST_SKIP() << "graphs are a CUDA feature";
+  if (!on_cuda()) GTEST_SKIP() << "graphs are a CUDA feature";
   const int64_t window = 8, total = 5 * window;
   for (DType dtype : {DType::f16, DType::bf16}) {
     const Sequence s(total, 77);
@@ -208,8 +205,7 @@ TEST_P(RingAttention, ReplayedDecodeStepAcrossTheWrap) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Devices, RingAttention, ::testing::Values(false, true),
-                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "Cuda" : "Cpu"; });
+INSTANTIATE_TEST_SUITE_P(Devices, RingAttention, OSPREY_DEVICES);
 
 // ---- ownership, counters, trim (CPU) ----
 

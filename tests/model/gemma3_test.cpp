@@ -1,169 +1,41 @@
-// The Gemma 3 family (model_type gemma3_text, and gemma3's language model) against a plain
-// double-precision forward written from the definition (tests/support/family_reference.cpp),
-// on tiny random checkpoints the test writes: prompts longer than the sliding window, both
-// weight layouts of the conditional-generation checkpoint, activations past float16's range,
-// and the config errors. CPU and CUDA (skipped without a device).
+// What is particular to the Gemma 3 family (model_type gemma3_text, and gemma3's language
+// model), against a plain double-precision forward written from the definition
+// (tests/support/family_reference.cpp) on tiny random checkpoints the test writes, on every
+// device: both weight layouts of the conditional-generation checkpoint, activations past
+// float16's range; and the config errors. What every family shares is in family_test.cpp.
 #include <gtest/gtest.h>
 
 #include <cmath>
 
-#include "backend/cuda_available.h"
 #include "backend/ops.h"
 #include "core/error.h"
 #include "model/model.h"
-#include "support/family_reference.h"
+#include "support/device_test.h"
+#include "support/family_harness.h"
 #include "support/test_util.h"
 
 namespace osprey {
 namespace {
 
+using testing::contains;
+using testing::load_error;
+using testing::random_prompt;
 using testing::RefWeights;
 using testing::TempDir;
-using testing::tokens_of;
+using testing::tiny_gemma3_config;
+using testing::worst_error;
 
-nlohmann::json tiny_gemma3_config(int64_t head_dim = 64) {
-  return {
-      {"model_type", "gemma3_text"},
-      {"vocab_size", 256},
-      {"hidden_size", 64},
-      {"intermediate_size", 96},
-      {"num_hidden_layers", 4},
-      {"num_attention_heads", 4},
-      {"num_key_value_heads", 2},
-      {"head_dim", head_dim},
-      {"rms_norm_eps", 1e-6},
-      {"query_pre_attn_scalar", 48},
-      {"sliding_window", 8},
-      {"layer_types", {"sliding_attention", "full_attention", "sliding_attention", "full_attention"}},
-      {"rope_theta", 1e6},
-      {"rope_scaling", {{"rope_type", "linear"}, {"factor", 8.0}}},
-      {"rope_local_base_freq", 1e4},
-      {"final_logit_softcapping", 30.0},
-      {"tie_word_embeddings", true},
-      {"hidden_activation", "gelu_pytorch_tanh"},
-      {"bos_token_id", 2},
-      {"eos_token_id", 1},
-  };
-}
-
-// The element type of the K/V rows `m`'s cache keeps (the reference rounds its K/V alike).
-DType kv_rows(Model& m) {
-  SequenceCache c = m.make_cache({});
-  m.forward(tokens_of({3}), c, false);
-  return c.snapshot()[0].keys.dtype();
-}
-
-std::vector<int32_t> prompt(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> d(3, 255);
-  std::vector<int32_t> ids(n);
-  for (auto& id : ids) id = d(rng);
-  return ids;
-}
-
-// max over positions of max |ours - ref| / range(ref).
-double worst_error(const Array& ours, const std::vector<std::vector<double>>& ref, int64_t row0 = 0) {
-  const int64_t vocab = ours.dim(1);
-  double worst = 0;
-  for (int64_t t = 0; t < ours.dim(0); ++t) {
-    const std::vector<double>& r = ref[size_t(row0 + t)];
-    double lo = r[0], hi = r[0], err = 0;
-    for (int64_t j = 0; j < vocab; ++j) {
-      lo = std::min(lo, r[size_t(j)]);
-      hi = std::max(hi, r[size_t(j)]);
-      const double o = ours.data<float>()[t * vocab + j];
-      err = std::isfinite(o) ? std::max(err, std::fabs(o - r[size_t(j)])) : INFINITY;
-    }
-    worst = std::max(worst, err / (hi - lo));
-  }
-  return worst;
-}
-
-class Gemma3 : public ::testing::TestWithParam<std::string> {
+class Gemma3 : public testing::DeviceTest {
  protected:
-  void SetUp() override {
-    if (GetParam() == "cuda") {
-      if (!cuda_available()) GTEST_SKIP() << "no CUDA device: " << cuda_description();
-      lo_.device = Device::cuda(0);
-    }
-  }
-  std::unique_ptr<Model> load(const std::filesystem::path& dir) { return load_model(dir, lo_); }
-  Array logits(Model& m, const std::vector<int32_t>& ids, SequenceCache& cache, bool all) {
-    return ops::to_device(m.forward(tokens_of(ids), cache, all), Device::cpu());
-  }
-  // Full forward over `ids`, then the same prompt again one token at a time after a short
-  // prefill: both against the reference at every position.
-  void expect_matches(Model& m, const std::vector<int32_t>& ids, const std::vector<std::vector<double>>& ref,
-                      double tol) {
-    SequenceCache full = m.make_cache({});
-    const double e_full = worst_error(logits(m, ids, full, true), ref);
-    EXPECT_LT(e_full, tol) << "full forward over " << ids.size() << " tokens";
-    SequenceCache step = m.make_cache({});
-    double e_step = worst_error(logits(m, {ids.begin(), ids.begin() + 3}, step, true), ref);
-    for (size_t t = 3; t < ids.size(); ++t)
-      e_step = std::max(e_step, worst_error(logits(m, {ids[t]}, step, false), ref, int64_t(t)));
-    EXPECT_LT(e_step, tol) << "token-by-token decode";
-    RecordProperty("worst_rel_error_full", std::to_string(e_full));
-    RecordProperty("worst_rel_error_decode", std::to_string(e_step));
-  }
-  LoadOptions lo_;
+  std::unique_ptr<Model> load(const std::filesystem::path& dir) const { return testing::load_on(dir, device()); }
+  // The reference rounds K/V rows as the engine stores them; what remains is f32 arithmetic
+  // and, on CUDA, prefill GEMM inputs rounded to the weights' bf16: fp16-class there.
+  double tolerance() const { return on_cuda() ? 1e-2 : 3e-3; }
 };
-
-// The reference rounds K/V rows as the engine stores them; what remains is f32 arithmetic and,
-// on CUDA, prefill GEMM inputs rounded to the weights' bf16: an fp16-class tolerance there.
-double tolerance(const std::string& device) { return device == "cuda" ? 1e-2 : 3e-3; }
-
-TEST_P(Gemma3, LogitsMatchADoublePrecisionReferencePastTheWindow) {
-  TempDir dir;
-  const nlohmann::json c = tiny_gemma3_config();
-  const RefWeights w = testing::gemma3_weights(c, 31);
-  testing::write_checkpoint(dir.path(), c, w);
-  auto m = load(dir.path());
-  EXPECT_EQ(m->info().model_type, "gemma3_text");
-  const std::vector<int32_t> ids = prompt(40, 5);  // five times the window
-  expect_matches(*m, ids, testing::gemma3_reference(c, w, ids, "model.", nullptr, kv_rows(*m)), tolerance(GetParam()));
-}
-
-TEST_P(Gemma3, HeadDim256) {
-  TempDir dir;
-  nlohmann::json c = tiny_gemma3_config(256);
-  c["num_hidden_layers"] = 2;
-  c["layer_types"] = {"sliding_attention", "full_attention"};
-  c["query_pre_attn_scalar"] = 256;
-  const RefWeights w = testing::gemma3_weights(c, 32);
-  testing::write_checkpoint(dir.path(), c, w);
-  auto m = load(dir.path());
-  const std::vector<int32_t> ids = prompt(24, 6);
-  expect_matches(*m, ids, testing::gemma3_reference(c, w, ids, "model.", nullptr, kv_rows(*m)), tolerance(GetParam()));
-}
-
-TEST_P(Gemma3, OlderConfigFormsGiveTheSameModel) {
-  // sliding_window_pattern instead of layer_types; transformers 5's rope_parameters by layer
-  // type instead of rope_theta / rope_scaling / rope_local_base_freq.
-  nlohmann::json c = tiny_gemma3_config();
-  c["layer_types"] = {"sliding_attention", "sliding_attention", "full_attention", "sliding_attention"};
-  const RefWeights w = testing::gemma3_weights(c, 33);
-  const std::vector<int32_t> ids = prompt(20, 7);
-  const auto ref = testing::gemma3_reference(c, w, ids, "model.", nullptr, DType::bf16);
-  nlohmann::json pattern = c;
-  pattern.erase("layer_types");
-  pattern["sliding_window_pattern"] = 3;
-  nlohmann::json v5 = c;
-  for (const char* k : {"rope_theta", "rope_scaling", "rope_local_base_freq"}) v5.erase(k);
-  v5["rope_parameters"] = {{"full_attention", {{"rope_type", "linear"}, {"factor", 8.0}, {"rope_theta", 1e6}}},
-                           {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 1e4}}}};
-  for (const nlohmann::json& form : {pattern, v5}) {
-    TempDir dir;
-    testing::write_checkpoint(dir.path(), form, w);
-    auto m = load(dir.path());
-    SequenceCache cache = m->make_cache({});
-    EXPECT_LT(worst_error(logits(*m, ids, cache, true), ref), tolerance(GetParam())) << form.dump();
-  }
-}
 
 TEST_P(Gemma3, ConditionalGenerationCheckpointsLoadTheLanguageModelInEitherLayout) {
   const nlohmann::json text = tiny_gemma3_config();
-  const std::vector<int32_t> ids = prompt(20, 8);
+  const std::vector<int32_t> ids = random_prompt(20, 8);
   for (const std::string prefix : {"language_model.model.", "model.language_model."}) {
     RefWeights w = testing::gemma3_weights(text, 34, {}, prefix);
     const auto ref = testing::gemma3_reference(text, w, ids, prefix, nullptr, DType::bf16);
@@ -181,7 +53,7 @@ TEST_P(Gemma3, ConditionalGenerationCheckpointsLoadTheLanguageModelInEitherLayou
     EXPECT_EQ(m->info().n_layers, 4);
     EXPECT_EQ(m->info().eos_ids, (std::vector<int32_t>{1, 106})) << prefix;
     SequenceCache cache = m->make_cache({});
-    EXPECT_LT(worst_error(logits(*m, ids, cache, true), ref), tolerance(GetParam())) << prefix;
+    EXPECT_LT(worst_error(testing::host_logits(*m, ids, cache, true), ref), tolerance()) << prefix;
   }
 }
 
@@ -200,7 +72,7 @@ TEST_P(Gemma3, ActivationsPastFloat16RangeStayExact) {
   const RefWeights w = testing::gemma3_weights(c, 35, scales);
   TempDir dir;
   testing::write_checkpoint(dir.path(), c, w);
-  const std::vector<int32_t> ids = prompt(24, 9);
+  const std::vector<int32_t> ids = random_prompt(24, 9);
   testing::RefStats stats;
   const auto ref = testing::gemma3_reference(c, w, ids, "model.", &stats, DType::bf16);
   ASSERT_GT(stats.max_abs_residual, 65504.0 * 4);
@@ -208,30 +80,15 @@ TEST_P(Gemma3, ActivationsPastFloat16RangeStayExact) {
   RecordProperty("max_abs_residual", std::to_string(stats.max_abs_residual));
   RecordProperty("max_abs_down_proj_input", std::to_string(stats.max_abs_down_proj_input));
   auto m = load(dir.path());
-  ASSERT_EQ(kv_rows(*m), DType::bf16);  // nothing of a bf16 checkpoint is kept in float16
-  expect_matches(*m, ids, ref, tolerance(GetParam()));
+  ASSERT_EQ(testing::kv_rows(*m), DType::bf16);  // nothing of a bf16 checkpoint is kept in float16
+  const testing::FullAndStepErrors e = testing::full_and_step_errors(*m, ids, ref);
+  EXPECT_LT(e.full, tolerance()) << "full forward";
+  EXPECT_LT(e.step, tolerance()) << "token-by-token decode";
 }
 
-INSTANTIATE_TEST_SUITE_P(Devices, Gemma3, ::testing::Values("cpu", "cuda"),
-                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(Devices, Gemma3, OSPREY_DEVICES);
 
 // Config errors name the field.
-::testing::AssertionResult contains(const std::string& s, const std::string& part) {
-  if (s.find(part) != std::string::npos) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "\"" << s << "\" does not contain \"" << part << "\"";
-}
-
-std::string load_error(const nlohmann::json& config, const RefWeights& w) {
-  TempDir dir;
-  testing::write_checkpoint(dir.path(), config, w);
-  try {
-    load_model(dir.path());
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(loaded)";
-}
-
 TEST(Gemma3Config, ErrorsNameTheField) {
   const nlohmann::json c = tiny_gemma3_config();
   const RefWeights w = testing::gemma3_weights(c, 36);

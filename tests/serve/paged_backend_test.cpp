@@ -9,12 +9,12 @@
 #include <cstring>
 #include <random>
 
-#include "backend/cuda_available.h"
 #include "backend/ops.h"
 #include "serve/paged_backend.h"
 #include "engine/sampler.h"
 #include "serve/scheduler.h"
 #include "model/model.h"
+#include "support/device_test.h"
 #include "support/families.h"
 #include "support/test_util.h"
 
@@ -22,27 +22,6 @@ namespace osprey {
 namespace {
 
 std::filesystem::path fixture(const std::string& family) { return testing::source_dir() / "tests/fixtures/models" / family; }
-
-struct Case {
-  std::string family;
-  bool cuda = false;
-};
-
-// gtest's listing of the parameter (else a dump of the struct's bytes).
-void PrintTo(const Case& c, std::ostream* os) { *os << c.family << (c.cuda ? " on cuda" : " on cpu"); }
-
-std::string case_name(const ::testing::TestParamInfo<Case>& info) {
-  std::string n = info.param.family + (info.param.cuda ? "_cuda" : "_cpu");
-  std::replace(n.begin(), n.end(), '-', '_');
-  return n;
-}
-
-std::vector<Case> all_cases() {
-  std::vector<Case> c;
-  for (const std::string& f : testing::kFamilies)
-    for (bool cuda : {false, true}) c.push_back({f, cuda});
-  return c;
-}
 
 class InvariantScope {
  public:
@@ -60,13 +39,14 @@ std::vector<int32_t> random_prompt(std::mt19937& rng, int64_t n, int64_t vocab) 
   return p;
 }
 
-class PagedBackendTest : public ::testing::TestWithParam<Case> {
+class PagedBackendTest : public testing::DeviceTestOf<testing::ModelCase> {
  protected:
   void SetUp() override {
-    if (GetParam().cuda && !cuda_available()) GTEST_SKIP() << "no CUDA device: " << cuda_description();
+    DeviceTestOf::SetUp();
+    if (IsSkipped()) return;
     LoadOptions lo;
-    lo.device = GetParam().cuda ? Device::cuda(0) : Device::cpu();
-    model_ = load_model(fixture(GetParam().family), lo);
+    lo.device = device();
+    model_ = load_model(fixture(GetParam().model), lo);
     vocab_ = model_->info().vocab_size;
   }
 
@@ -156,7 +136,7 @@ TEST_P(PagedBackendTest, ABatchComputesWhatEachSequenceComputesAlone) {
   ASSERT_EQ(run.logits.size(), prompts.size());
   // f32 activations and f16/bf16 rows in both paths; the CUDA kernels differ (paged split-K
   // against the dense decode kernel, GEMMs over 8 rows against GEMVs).
-  const double tol = GetParam().cuda ? 2e-2 : 1e-3;
+  const double tol = on_cuda() ? 2e-2 : 1e-3;
   for (size_t s = 0; s < prompts.size(); ++s) {
     const auto ref = dense_reference(run.tokens[s], prompts[s].size());
     ASSERT_EQ(ref.size(), run.logits[s].size());
@@ -242,7 +222,7 @@ TEST_P(PagedBackendTest, CachedBlocksKeepTheirRowsWhileOthersWriteAfterThem) {
   EXPECT_EQ(backend.pool_stats().n_in_use, 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, PagedBackendTest, ::testing::ValuesIn(all_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(Families, PagedBackendTest, OSPREY_MODELS_ON_DEVICES(testing::kFamilies));
 
 // ---- The scheduler over the paged backend ----
 

@@ -1,6 +1,7 @@
 #pragma once
 // A naive double-precision causal GQA attention over an f16 or bf16 cache, shared by the CPU
 // and CUDA attention tests as their independent reference.
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -33,5 +34,28 @@ AttnData make_attn_data(const AttnCase& s, std::mt19937& rng);
 
 // [n, n_heads * head_dim] in double.
 std::vector<double> attention_reference(const AttnCase& s, const AttnData& d, double scale);
+
+// The scale a case asks for (AttnCase::scale, or 1 / sqrt(head_dim)).
+inline float attention_scale(const AttnCase& s) {
+  return s.scale > 0.0f ? s.scale : 1.0f / std::sqrt(float(s.head_dim));
+}
+
+// The shape, layout and masking arguments of a case, in the fields cpu::AttentionArgs and
+// cuda::AttentionArgs share; the caller sets the pointers (q, k, v, out), host positions.
+template <class Args>
+void set_attention_args(Args& a, const AttnCase& s, const AttnData& d) {
+  a.n = s.n;
+  a.n_heads = s.n_heads;
+  a.head_dim = s.head_dim;
+  a.bf16 = s.bf16;
+  a.n_kv_heads = s.n_kv_heads;
+  a.n_keys = s.n_keys;
+  a.k_head_stride = a.v_head_stride = d.head_stride;
+  a.k_row_stride = a.v_row_stride = d.row_stride;
+  a.q_pos0 = s.q_pos0;
+  a.scale = attention_scale(s);
+  a.window = s.window;
+  a.softcap = s.softcap;
+}
 
 }  // namespace osprey::testing

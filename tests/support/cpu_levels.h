@@ -2,9 +2,8 @@
 // CPU op tests run at every instruction-set level of the kernels (backend/cpu_level.h) that the
 // host has, and skip, naming it, each level it lacks.
 //  - CpuLevelTest: a fixture parameterised by the level (INSTANTIATE_TEST_SUITE_P(CpuLevels,
-//    Suite, OSPREY_ALL_CPU_LEVELS)).
-//  - device_params() / enter_device_param(): for suites parameterised by device, "cpu_<level>"
-//    for each level and "cuda".
+//    Suite, OSPREY_ALL_CPU_LEVELS)), for what only the CPU kernels have.
+//  - Suites parameterised by device run at each level too: support/device_test.h.
 #include <gtest/gtest.h>
 
 #include <optional>
@@ -48,22 +47,5 @@ class CpuLevelTest : public ::testing::TestWithParam<CpuLevel> {
       [](const ::testing::TestParamInfo<::osprey::CpuLevel>& i) { \
         return ::osprey::testing::cpu_level_param_name(i.param); \
       }
-
-// "cpu_scalar", "cpu_v3", "cpu_v4", "cpu_v4_bf16", "cuda".
-inline std::vector<std::string> device_params() {
-  std::vector<std::string> params;
-  for (CpuLevel level : kAllCpuLevels) params.push_back("cpu_" + cpu_level_param_name(level));
-  params.push_back("cuda");
-  return params;
-}
-
-// For a "cpu_<level>" parameter of device_params(): enter_cpu_level at that level. Empty for
-// "cuda"; a test failure for any other parameter.
-inline std::string enter_device_param(const std::string& param, std::optional<ScopedCpuLevel>& scope) {
-  for (CpuLevel level : kAllCpuLevels)
-    if (param == "cpu_" + cpu_level_param_name(level)) return enter_cpu_level(level, scope);
-  if (param != "cuda") ADD_FAILURE() << "not a device parameter: " << param;
-  return {};
-}
 
 }  // namespace osprey::testing

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -25,6 +27,16 @@ inline double rel_error(const std::vector<float>& got, const std::vector<double>
     den += ref[i] * ref[i];
   }
   return den > 0.0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+// f32 -> bf16 bits from the definition: keep the top 16 bits; the dropped 16 bits decide,
+// above half an ulp up, below it down, exactly half to the even neighbour. (Finite inputs.)
+inline uint16_t bf16_nearest_even(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint32_t upper = u >> 16, dropped = u & 0xffffu;
+  if (dropped > 0x8000u || (dropped == 0x8000u && (upper & 1u))) return uint16_t(upper + 1);
+  return uint16_t(upper);
 }
 
 // n floats drawn uniformly from [lo, hi).
