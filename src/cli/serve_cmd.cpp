@@ -43,6 +43,11 @@ int run_serve(ServeOptions& o) {
   so.max_body_bytes = size_t(o.max_body_mib) << 20;
   so.webui.enabled = !o.no_webui;
   if (o.no_webui && !so.webui.dir.empty()) throw UsageError("--no-webui and --webui-dir contradict each other: give one");
+  try {
+    check_webui_options(so.webui);
+  } catch (const InvalidInput& e) {
+    throw UsageError(e.what());
+  }
   so.system_fingerprint = std::string("osprey-") + OSPREY_VERSION + "-" + OSPREY_GIT_COMMIT;
 
   // SIGINT and SIGTERM are taken by one thread with sigwait(); every other thread, started

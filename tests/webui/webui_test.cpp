@@ -244,7 +244,7 @@ TEST(WebUi, ServeFlagsAreChecked) {
   EXPECT_EQ(both.exit_code, 2) << both.err;
   EXPECT_NE(both.err.find("--no-webui"), std::string::npos) << both.err;
   auto missing = testing::run_osprey("serve --port 0 --webui-dir /nonexistent/osprey-webui");
-  EXPECT_NE(missing.exit_code, 0);
+  EXPECT_EQ(missing.exit_code, 2) << missing.err;
   EXPECT_NE(missing.err.find("--webui-dir"), std::string::npos) << missing.err;
 }
 

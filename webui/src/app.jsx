@@ -410,7 +410,12 @@ function App() {
             data-testid="theme" onClick={() => setTheme(theme === 'dark' ? 'light' : 'dark')}>{theme === 'dark' ? '☀' : '☾'}</button>
           <button class="icon" aria-label="Settings" aria-expanded={showSettings} onClick={() => setShowSettings(!showSettings)}>⚙</button>
         </header>
-        {banner && <div class="banner error" role="alert" data-testid="banner">{banner}</div>}
+        {banner && (
+          <div class="banner error" role="alert">
+            <span data-testid="banner">{banner}</span>
+            <button class="icon" aria-label="Dismiss the message" onClick={() => setBanner('')}>✕</button>
+          </div>
+        )}
         <section class="messages" aria-live="polite" aria-label="Messages">
           {conv.messages.length === 0 && <p class="empty">Ask {model || 'the model'} something.</p>}
           {conv.messages.map((m, i) => (
