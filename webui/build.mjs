@@ -5,8 +5,9 @@ import { build } from 'esbuild';
 import { createHash } from 'node:crypto';
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { gzipSync, constants } from 'node:zlib';
+import { fileURLToPath } from 'node:url';
 
-const here = new URL('.', import.meta.url).pathname;
+const here = fileURLToPath(new URL('.', import.meta.url));
 const bundle = async (entry) => {
   const r = await build({
     entryPoints: [here + entry],

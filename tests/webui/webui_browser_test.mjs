@@ -9,8 +9,9 @@ import { existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, 
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import http from 'node:http';
+import { fileURLToPath } from 'node:url';
 
-const here = new URL('.', import.meta.url).pathname;
+const here = fileURLToPath(new URL('.', import.meta.url));
 const source = resolve(here, '..', '..');
 const [binary, artifacts = join(tmpdir(), 'osprey-webui-artifacts')] = process.argv.slice(2);
 const CHROMIUM = process.env.OSPREY_CHROMIUM || ['/usr/bin/chromium', '/usr/bin/chromium-browser'].find((p) => existsSync(p));

@@ -224,7 +224,13 @@ function App() {
 
   const conv = convs.find((c) => c.id === currentId) || convs[0];
 
-  useEffect(() => saveConversations(convs), [convs]);
+  useEffect(() => {
+    try {
+      saveConversations(convs);
+    } catch (e) {
+      setBanner(`Cannot save the conversations in this browser: ${e.message}`);
+    }
+  }, [convs]);
   useEffect(() => setItem('current', conv.id), [conv.id]);
   useEffect(() => setItem('apiKey', apiKey), [apiKey]);
   useEffect(() => {
