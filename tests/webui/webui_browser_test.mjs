@@ -153,7 +153,10 @@ function watch(page) {
   page.on('pageerror', (e) => pageErrors.push(`${step}: ${e.message}`));
   page.on('console', (m) => {
     // A refused request shows in the console as a failed resource load; anything else is a bug.
-    if (m.type() === 'error' && !/Failed to load resource/.test(m.text())) pageErrors.push(`${step}: console: ${m.text()}`);
+    // So does the script the sanitizing step injects to see the Content-Security-Policy refuse it.
+    const expected = /Failed to load resource/.test(m.text()) ||
+      (step === 'sanitized reply' && /Content Security Policy/.test(m.text()));
+    if (m.type() === 'error' && !expected) pageErrors.push(`${step}: console: ${m.text()}`);
   });
   return page;
 }
@@ -300,7 +303,10 @@ async function main() {
   const theme0 = await page.evaluate(() => document.documentElement.dataset.theme);
   const bg0 = await bg();
   await page.click('[data-testid="theme"]');
-  const theme1 = await page.evaluate(() => document.documentElement.dataset.theme);
+  const theme1 = await until('the theme to switch', () => page.evaluate((t0) => {
+    const t = document.documentElement.dataset.theme;
+    return t !== t0 && t;
+  }, theme0));
   check(theme0 !== theme1 && ['light', 'dark'].includes(theme1), `the theme went from ${theme0} to ${theme1}`);
   check((await bg()) !== bg0, 'the background did not change with the theme');
   await shot(page, `06-theme-${theme1}`);
@@ -374,6 +380,17 @@ async function main() {
     `the HTML is not shown as text: '${shown}'`);
   check((await page.$$('.msg.assistant img, .msg.assistant script, .msg.assistant iframe, .msg.assistant svg')).length === 0,
     'the reply holds an element that can run or load');
+  // The Content-Security-Policy is the second wall: an inline script that got into the page
+  // anyway does not run.
+  const blocked = await page.evaluate(() => new Promise((done) => {
+    window.__inline = false;
+    document.addEventListener('securitypolicyviolation', () => done(!window.__inline), { once: true });
+    const s = document.createElement('script');
+    s.textContent = 'window.__inline = true';
+    document.body.appendChild(s);
+    setTimeout(() => done(false), 2000);
+  }));
+  check(blocked, 'an injected inline script ran: the page has no working Content-Security-Policy');
   await shot(page, '08-sanitized');
   await page.close();
 

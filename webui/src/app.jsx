@@ -233,10 +233,14 @@ function App() {
   }, [convs]);
   useEffect(() => setItem('current', conv.id), [conv.id]);
   useEffect(() => setItem('apiKey', apiKey), [apiKey]);
-  useEffect(() => {
-    document.documentElement.dataset.theme = theme;
-    setItem('theme', theme);
-  }, [theme]);
+  useEffect(() => { document.documentElement.dataset.theme = theme; }, [theme]);
+  // Saved at once, not in an effect, so that a reload right after the click keeps it.
+  const switchTheme = () => {
+    const next = theme === 'dark' ? 'light' : 'dark';
+    setItem('theme', next);
+    document.documentElement.dataset.theme = next;
+    setTheme(next);
+  };
   useEffect(() => {
     let live = true;
     fetchModels(apiKey).then(
@@ -278,9 +282,9 @@ function App() {
     const t0 = performance.now();
     let tFirst = null;
     let text = '';
-    let frame = 0;
+    let timer = 0;
     const flush = () => {
-      frame = 0;
+      timer = 0;
       const now = text;
       updateLast(id, (m) => ({ ...m, content: now }));
     };
@@ -290,7 +294,8 @@ function App() {
         onDelta: (piece) => {
           if (tFirst === null) tFirst = performance.now();
           text += piece;
-          if (!frame) frame = requestAnimationFrame(flush);
+          // A timer, not requestAnimationFrame, which hidden pages do not run.
+          if (!timer) timer = setTimeout(flush, 30);
         },
       });
       const tEnd = performance.now();
@@ -308,7 +313,7 @@ function App() {
       updateLast(id, (m) => ({ ...m, content: text, pending: false, stopped, error: message,
         stats: tFirst === null ? null : { ttft_ms: tFirst - t0 } }));
     } finally {
-      if (frame) cancelAnimationFrame(frame);
+      if (timer) clearTimeout(timer);
       controller.current = null;
       setBusy(false);
     }
@@ -413,7 +418,7 @@ function App() {
           <h1 title={conv.title}>{conv.title}</h1>
           <span class="model" data-testid="model" title="The model, from /v1/models">{model || '—'}</span>
           <button class="icon" aria-label={theme === 'dark' ? 'Switch to the light theme' : 'Switch to the dark theme'}
-            data-testid="theme" onClick={() => setTheme(theme === 'dark' ? 'light' : 'dark')}>{theme === 'dark' ? '☀' : '☾'}</button>
+            data-testid="theme" onClick={switchTheme}>{theme === 'dark' ? '☀' : '☾'}</button>
           <button class="icon" aria-label="Settings" aria-expanded={showSettings} onClick={() => setShowSettings(!showSettings)}>⚙</button>
         </header>
         {banner && (
