@@ -311,7 +311,7 @@ async function main() {
   check((await bg()) !== bg0, 'the background did not change with the theme');
   await shot(page, `06-theme-${theme1}`);
   await page.reload({ waitUntil: 'load' });
-  check((await page.evaluate(() => document.documentElement.dataset.theme)) === theme1, 'the theme did not survive a reload');
+  await until('the theme to survive a reload', () => page.evaluate((t1) => document.documentElement.dataset.theme === t1, theme1), 5000);
   if (theme1 !== 'dark') await page.click('[data-testid="theme"]');
 
   step = 'phone width';

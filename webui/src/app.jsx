@@ -209,7 +209,11 @@ function App() {
     const saved = getItem('current');
     return convs.some((c) => c.id === saved) ? saved : convs[0].id;
   });
-  const [theme, setTheme] = useState(initialTheme);
+  const [theme, setTheme] = useState(() => {
+    const t = initialTheme();
+    document.documentElement.dataset.theme = t;  // before the first paint
+    return t;
+  });
   const [apiKey, setApiKey] = useState(() => getItem('apiKey'));
   const [model, setModel] = useState('');
   const [banner, setBanner] = useState('');
