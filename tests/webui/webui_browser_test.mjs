@@ -161,6 +161,8 @@ function watch(page) {
   return page;
 }
 
+// One scenario, long because its steps run in order on the state the one before left (the
+// conversation sent is the one stopped, reloaded, renamed, exported and imported).
 async function main() {
   const plain = await startServer();
   servers.push(plain);

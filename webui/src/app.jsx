@@ -200,6 +200,9 @@ function Settings({ settings, onChange, apiKey, onApiKey, onClose }) {
   );
 }
 
+// The page's state and actions. Long because it is the one owner of the state every part
+// shares (the conversations, the request in flight, the theme and key): the actions below
+// change one list, which is saved whole; the components above only draw.
 function App() {
   const [convs, setConvs] = useState(() => {
     const list = loadConversations();
