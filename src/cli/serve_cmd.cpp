@@ -26,6 +26,7 @@ struct ServeOptions {
   std::string device;
   int threads = -1;
   int64_t max_body_mib = 8;
+  bool no_webui = false;
 };
 
 int run_serve(ServeOptions& o) {
@@ -40,6 +41,13 @@ int run_serve(ServeOptions& o) {
   so.cache.inplace = env.kv_inplace_write;
   so.graphs = env.cuda_graphs;
   so.max_body_bytes = size_t(o.max_body_mib) << 20;
+  so.webui.enabled = !o.no_webui;
+  if (o.no_webui && !so.webui.dir.empty()) throw UsageError("--no-webui and --webui-dir contradict each other: give one");
+  try {
+    check_webui_options(so.webui);
+  } catch (const InvalidInput& e) {
+    throw UsageError(e.what());
+  }
   so.system_fingerprint = std::string("osprey-") + OSPREY_VERSION + "-" + OSPREY_GIT_COMMIT;
 
   // SIGINT and SIGTERM are taken by one thread with sigwait(); every other thread, started
@@ -130,6 +138,9 @@ Command add_serve(CLI::App& app) {
   app.add_option("--threads-http", s.n_http_threads, "HTTP worker threads (0: 4 * parallel + 16)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str()
+      ->group("Advanced");
+  app.add_flag("--no-webui", o->no_webui, "Do not serve the chat page at /");
+  app.add_option("--webui-dir", s.webui.dir, "Serve the chat page from this folder (its index.html) instead of the built-in one")
       ->group("Advanced");
   app.add_option("--device", o->device, "cpu, cuda or cuda:N (default: OSPREY_DEVICE, else cuda when present)");
   add_threads_option(app, o->threads);

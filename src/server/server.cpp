@@ -260,6 +260,7 @@ struct Server::Impl {
     char buf[17];
     std::snprintf(buf, sizeof buf, "%08x", unsigned(rd()));
     id_prefix = buf;
+    check_webui_options(opt.webui);
     setup_routes();
   }
 
@@ -308,6 +309,8 @@ struct Server::Impl {
       t_log.start = Clock::now();
       t_log.id = next_id++;
       if (opt.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+      if ((req.method == "GET" || req.method == "HEAD") && is_webui_target(req.target, opt.webui))
+        return httplib::Server::HandlerResponse::Unhandled;  // the page asks for the key itself
       std::string key = req.get_header_value("Authorization");
       if (key.rfind("Bearer ", 0) == 0) key = key.substr(7);
       if (equal_constant_time(key, opt.api_key)) return httplib::Server::HandlerResponse::Unhandled;
@@ -384,6 +387,29 @@ struct Server::Impl {
       res.status = 200;
       res.set_content(metrics_text(), "text/plain; version=0.0.4");
     }));
+    // The chat page and every other GET (server/webui.h answers 404 for what it does not serve).
+    // NOTE: the page goes out through a sized content provider, because httplib compresses
+    // set_content() bodies itself; errors through set_content(), which the error handler keeps.
+    http.Get(".*", [this](const httplib::Request& req, httplib::Response& res) {
+      auto page = std::make_shared<WebUiResponse>(serve_webui(
+          {req.method, req.target, req.get_header_value("If-None-Match"), req.get_header_value("Accept-Encoding")}, opt.webui));
+      res.status = page->status;
+      std::string type;
+      for (const auto& [name, value] : page->headers) {
+        if (name == "Content-Type")
+          type = value;
+        else
+          res.set_header(name, value);
+      }
+      if (page->body.empty()) return;
+      if (page->status >= 400) {
+        res.set_content(page->body, type);
+        return;
+      }
+      res.set_content_provider(page->body.size(), type, [page](size_t offset, size_t length, httplib::DataSink& sink) {
+        return sink.write(page->body.data() + offset, length);
+      });
+    });
   }
 
   // Renders a chat request's messages with the model's template. `raw` is the request body as

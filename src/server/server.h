@@ -14,6 +14,7 @@
 #include "core/device.h"
 #include "model/model.h"
 #include "serve/prompt_cache.h"
+#include "server/webui.h"
 
 namespace osprey {
 
@@ -47,6 +48,7 @@ struct ServerOptions {
   bool graphs = true;
   std::string system_fingerprint = "osprey";
   bool keep_prompt_cache_checksums = false;  // tests: see PromptCache
+  WebUiOptions webui;                 // the chat page at GET / (server/webui.h)
 };
 
 class Server {
