@@ -175,8 +175,9 @@ TEST(Gguf, HugeCountsAreRefusedBeforeAnyAllocation) {
   a.header(3, 0, 1).str("arr").put<uint32_t>(9).put<uint32_t>(0).put<uint64_t>(1ull << 60);
   EXPECT_NE(open_error(a.b).find("the value of key arr (its element count) is 1152921504606846976"), std::string::npos);
   Bytes as;
-  as.header(3, 0, 1).str("arr").put<uint32_t>(9).put<uint32_t>(8).put<uint64_t>(3).str("x").str("yy");
-  EXPECT_NE(open_error(as.b).find("truncated at byte 55 reading the value of key arr[2]"), std::string::npos)
+  as.header(3, 0, 1).str("arr").put<uint32_t>(9).put<uint32_t>(8).put<uint64_t>(3).str("x").str("yy").put<uint64_t>(5);
+  EXPECT_NE(open_error(as.b).find("truncated at byte 78 reading the value of key arr[2] (a string of 5 bytes)"),
+            std::string::npos)
       << open_error(as.b);
   Bytes a64;  // count * 8 would wrap 64 bits
   a64.header(3, 0, 1).str("arr").put<uint32_t>(9).put<uint32_t>(10).put<uint64_t>(1ull << 61);
