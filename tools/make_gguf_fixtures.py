@@ -34,7 +34,45 @@ ALIGNMENT = 32
 
 # GGUF value types and ggml tensor types (the specification's numbering).
 U32, I32, F32, BOOL, STRING, ARRAY, U64, F64 = 4, 5, 6, 7, 8, 9, 10, 12
-GGML_F32, GGML_BF16 = 0, 30
+GGML_F32, GGML_Q4_0, GGML_Q8_0, GGML_BF16 = 0, 2, 8, 30
+
+
+def f16(x):
+    """x rounded to float16 (round to nearest even), as its bits."""
+    return struct.unpack("<H", struct.pack("<e", x))[0]
+
+
+def f32(x):
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+def quantize_q8_0(values):
+    """ggml's quantize_row_q8_0_ref: per 32 values d = max|x| / 127, q = round(x / d)."""
+    out = bytearray()
+    for b in range(0, len(values), 32):
+        xs = values[b:b + 32]
+        amax = max(abs(x) for x in xs)
+        d = f32(amax / 127.0)
+        inv = f32(1.0 / d) if d else 0.0
+        out += struct.pack("<H", f16(d))
+        # roundf: half away from zero
+        out += bytes((int(math.copysign(math.floor(abs(f32(x * inv)) + 0.5), x)) & 0xFF) for x in xs)
+    return bytes(out)
+
+
+def quantize_q4_0(values):
+    """ggml's quantize_row_q4_0_ref: d = (the value of largest magnitude) / -8,
+    q = min(15, trunc(x / d + 8.5)), low nibbles the first 16 values, high the last 16."""
+    out = bytearray()
+    for b in range(0, len(values), 32):
+        xs = values[b:b + 32]
+        mx = max(xs, key=abs)
+        d = f32(mx / -8.0)
+        inv = f32(1.0 / d) if d else 0.0
+        q = [min(15, int(f32(f32(x * inv) + 8.5))) for x in xs]
+        out += struct.pack("<H", f16(d))
+        out += bytes(q[j] | (q[j + 16] << 4) for j in range(16))
+    return bytes(out)
 
 
 def read_safetensors(path):
@@ -207,7 +245,7 @@ def tiny_bpe(n_tokens, specials):
     return tokens, types, merges
 
 
-def convert(family, out_dir):
+def convert(family, out_dir, qtype=None):
     src = os.path.join(ROOT, "tests/fixtures/models", family)
     with open(os.path.join(src, "config.json")) as f:
         cfg = json.load(f)
@@ -224,7 +262,7 @@ def convert(family, out_dir):
     kvs = [
         ("general.architecture", STRING, arch),
         ("general.name", STRING, "osprey-fixture-" + family),
-        ("general.file_type", U32, 32),  # MOSTLY_BF16
+        ("general.file_type", U32, {None: 32, GGML_Q8_0: 7, GGML_Q4_0: 2}[qtype]),  # MOSTLY_BF16, Q8_0, Q4_0
         (A + "vocab_size", U32, cfg["vocab_size"]),
         (A + "context_length", U32, cfg["max_position_embeddings"]),
         (A + "embedding_length", U32, cfg["hidden_size"]),
@@ -275,7 +313,10 @@ def convert(family, out_dir):
             data = permute_rows(data, shape, n_head)
         elif arch == "llama" and g.endswith("attn_k.weight"):
             data = permute_rows(data, shape, n_kv)
-        if len(shape) == 1:
+        if qtype is not None and len(shape) == 2:
+            values = bf16_to_floats(data)
+            tensors.append((g, qtype, shape, quantize_q8_0(values) if qtype == GGML_Q8_0 else quantize_q4_0(values)))
+        elif len(shape) == 1:
             values = bf16_to_floats(data)
             if arch == "gemma3" and name.endswith("norm.weight"):
                 values = [v + 1.0 for v in values]  # rounded once, to float32, by f32_bytes
@@ -283,7 +324,8 @@ def convert(family, out_dir):
         else:
             tensors.append((g, GGML_BF16, shape, data))
     os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, family + ".gguf")
+    suffix = {None: "", GGML_Q8_0: "-q8_0", GGML_Q4_0: "-q4_0"}[qtype]
+    path = os.path.join(out_dir, family + suffix + ".gguf")
     write_gguf(path, kvs, tensors)
     print(path, os.path.getsize(path), "bytes")
 
@@ -292,6 +334,9 @@ def main():
     out_dir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "tests/fixtures/gguf")
     for family in FAMILIES:
         convert(family, out_dir)
+    # Quantized as llama.cpp's reference quantizers do (every matrix; norms stay float32).
+    convert("llama", out_dir, GGML_Q8_0)
+    convert("llama", out_dir, GGML_Q4_0)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,16 @@
 #include "model/gguf_model.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <nlohmann/json.hpp>
 
 #include "backend/ops.h"
 #include "core/error.h"
 #include "core/file_read.h"
+#include "core/half.h"
+#include "core/mapped_file.h"
 
 namespace osprey {
 namespace {
@@ -76,6 +80,86 @@ std::string hf_tensor_name(const std::string& name, bool sandwich) {
   return name;
 }
 
+// ggml's 32-value blocks that are exactly an affine quantization with one scale and bias per
+// block: Q8_0 (w = d * q, q int8), Q4_0 (w = d * (q - 8), q in [0, 16)), Q4_1 (w = d * q + m).
+// They are repacked at load into Osprey's affine layout (backend/quant.h: codes as a
+// little-endian bit stream per row, scales and biases f16 per group of 32): the same codes and
+// the same f16 values, so every weight dequantizes to the same number as in ggml.
+int repacked_bits(GgufType t) {
+  switch (t) {
+    case GgufType::Q8_0: return 8;
+    case GgufType::Q4_0: case GgufType::Q4_1: return 4;
+    default: return 0;
+  }
+}
+
+// One quantized matrix [rows, cols] repacked: the three arrays' bytes, appended to `store` at
+// 64-byte aligned offsets, and their TensorInfos under `name`'s module.
+struct RepackStore {
+  std::vector<uint8_t> bytes;
+  size_t reserve(size_t n) {
+    const size_t at = (bytes.size() + 63) / 64 * 64;
+    bytes.resize(at + n);
+    return at;
+  }
+};
+
+void repack_blocks(const GgufFile& g, const GgufTensorInfo& t, const std::string& hf_name, RepackStore& store,
+                   std::vector<TensorInfo>& infos) {
+  const std::string where = g.path().string() + ": tensor " + t.name;
+  if (t.shape.n != 2) throw InvalidInput(where + " is a " + gguf_type_name(uint32_t(t.type)) + " tensor of " +
+                                         std::to_string(t.shape.n) + " dimensions (a matrix is expected)");
+  const int bits = repacked_bits(t.type);
+  const int64_t rows = t.shape[0], cols = t.shape[1], groups = cols / 32;
+  const GgufBlock block = *gguf_block(uint32_t(t.type));
+  const std::string module = hf_name.size() > 7 && hf_name.compare(hf_name.size() - 7, 7, ".weight") == 0
+                                 ? hf_name.substr(0, hf_name.size() - 7)
+                                 : hf_name;
+  const size_t packed_bytes = size_t(rows) * size_t(cols) * size_t(bits) / 8;
+  const size_t scale_bytes = size_t(rows) * size_t(groups) * 2;
+  const size_t p_at = store.reserve(packed_bytes), s_at = store.reserve(scale_bytes), b_at = store.reserve(scale_bytes);
+  const uint8_t* src = g.file()->data() + t.byte_offset;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t k = 0; k < groups; ++k) {
+      const uint8_t* blk = src + (size_t(r) * size_t(groups) + size_t(k)) * size_t(block.bytes);
+      uint16_t d, m = 0;
+      std::memcpy(&d, blk, 2);
+      uint8_t codes[32];
+      if (t.type == GgufType::Q8_0) {
+        for (int i = 0; i < 32; ++i) codes[i] = uint8_t(int(int8_t(blk[2 + i])) + 128);
+        m = f32_to_f16(-128.0f * f16_to_f32(d));
+      } else {
+        const uint8_t* qs = blk + (t.type == GgufType::Q4_1 ? 4 : 2);
+        for (int i = 0; i < 16; ++i) codes[i] = qs[i] & 0x0F, codes[i + 16] = qs[i] >> 4;
+        if (t.type == GgufType::Q4_1) std::memcpy(&m, blk + 2, 2);
+        else m = f32_to_f16(-8.0f * f16_to_f32(d));
+      }
+      uint8_t* out = store.bytes.data() + p_at + (size_t(r) * size_t(cols) + size_t(k) * 32) * size_t(bits) / 8;
+      if (bits == 8) {
+        std::memcpy(out, codes, 32);
+      } else {
+        for (int i = 0; i < 16; ++i) out[i] = uint8_t(codes[2 * i] | (codes[2 * i + 1] << 4));
+      }
+      const size_t at = (size_t(r) * size_t(groups) + size_t(k)) * 2;
+      std::memcpy(store.bytes.data() + s_at + at, &d, 2);
+      std::memcpy(store.bytes.data() + b_at + at, &m, 2);
+    }
+  }
+  auto info = [&](const std::string& name, DType dt, Shape shape, size_t at, size_t n) {
+    TensorInfo ti;
+    ti.name = name;
+    ti.dtype = dt;
+    ti.shape = shape;
+    ti.file_index = 1;
+    ti.byte_offset = at;
+    ti.nbytes = n;
+    infos.push_back(std::move(ti));
+  };
+  info(module + ".weight", DType::u32, {rows, cols * bits / 32}, p_at, packed_bytes);
+  info(module + ".scales", DType::f16, {rows, groups}, s_at, scale_bytes);
+  info(module + ".biases", DType::f16, {rows, groups}, b_at, scale_bytes);
+}
+
 // Copies an integer key into the config when present.
 void copy_int(const GgufFile& g, const std::string& key, json& config, const char* field) {
   if (g.has(key)) config[field] = g.get_uint(key);
@@ -99,15 +183,24 @@ GgufCheckpoint read_gguf_checkpoint(const GgufFile& g) {
   const std::string A = arch_name + ".";
   const bool sandwich = arch_name == "gemma3";
 
-  // Tensors: dense ones under their Hugging Face names; rope_freqs becomes rope factors.
+  // Tensors: dense ones under their Hugging Face names (views of the mapping), Q8_0, Q4_0 and
+  // Q4_1 repacked; rope_freqs becomes rope factors.
   std::vector<TensorInfo> infos;
   std::vector<double> rope_factors;
+  auto store = std::make_shared<RepackStore>();
+  std::map<std::string, int> module_bits;  // repacked modules -> bits
   for (const GgufTensorInfo& t : g.tensors()) {
+    if (repacked_bits(t.type)) {
+      const std::string hf = hf_tensor_name(t.name, sandwich);
+      repack_blocks(g, t, hf, *store, infos);
+      module_bits[hf.substr(0, hf.size() - std::min<size_t>(hf.size(), 7))] = repacked_bits(t.type);
+      continue;
+    }
     const auto dtype = gguf_dense_dtype(t.type);
     if (!dtype || !is_float(*dtype))
       throw Unsupported(where + ": tensor " + t.name + " is " + gguf_type_name(uint32_t(t.type)) +
-                        ", which Osprey does not read yet (GGUF tensors of type F32, F16 and BF16 load; "
-                        "convert the model to F16 or BF16, or load its safetensors checkpoint)");
+                        ", which Osprey does not read yet (GGUF tensors of type F32, F16, BF16, Q8_0, Q4_0 and "
+                        "Q4_1 load; requantize the file to one of them, or load the safetensors checkpoint)");
     if (t.name == "rope_freqs.weight") {
       const Array f = ops::cast(g.tensor_array(t), DType::f32);
       for (int64_t i = 0; i < f.numel(); ++i) rope_factors.push_back(f.data<float>()[i]);
@@ -234,7 +327,24 @@ GgufCheckpoint read_gguf_checkpoint(const GgufFile& g) {
   if (!eos.empty()) c["eos_token_id"] = eos;
   if (g.has("tokenizer.ggml.bos_token_id")) c["bos_token_id"] = g.get_uint("tokenizer.ggml.bos_token_id");
 
-  std::vector<std::shared_ptr<Buffer>> buffers = {g.buffer()};
+  // Repacked weights: the most common bits as the global setting, the others per module.
+  if (!module_bits.empty()) {
+    std::map<int, int> count;
+    for (const auto& [module, bits] : module_bits) ++count[bits];
+    int global = 0;
+    for (const auto& [bits, n] : count)
+      if (global == 0 || n > count[global]) global = bits;
+    json q = {{"group_size", 32}, {"bits", global}};
+    for (const auto& [module, bits] : module_bits)
+      if (bits != global) q[module] = {{"group_size", 32}, {"bits", bits}};
+    c["quantization"] = q;
+  }
+
+  // The repacked bytes, owned by a buffer of their own (file_index 1).
+  auto* data = store->bytes.data();
+  const size_t size = store->bytes.size();
+  std::vector<std::shared_ptr<Buffer>> buffers = {
+      g.buffer(), std::make_shared<Buffer>(data, size, Device::cpu(), [keep = store](void*, size_t, bool) {})};
   return GgufCheckpoint{ConfigReader(std::move(c), where + " (GGUF metadata)"),
                         SafeTensors::adopt(g.path(), std::move(buffers), std::move(infos), arch->layout)};
 }
