@@ -100,7 +100,8 @@ TEST_P(GgufFamily, GreedyOutputEqualsTheSafetensorsCheckpoint) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, GgufFamily,
-                         ::testing::Values("llama", "qwen2", "qwen3", "gemma3", "cohere2", "mistral"));
+                         ::testing::Values("llama", "qwen2", "qwen3", "gemma3", "cohere2", "mistral"),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 // The llama fixture quantized to Q8_0 and Q4_0 by llama.cpp's reference quantizers
 // (tools/make_gguf_fixtures.py): the quantized model stays close to transformers' logits of
