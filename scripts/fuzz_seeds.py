@@ -94,6 +94,23 @@ convs = json.load(open(os.path.join(root, "tests/fixtures/chat_templates/convers
 for i, c in enumerate(convs[:12]):
     put("chat_template_fuzz", "request%d" % i, b"\1" + json.dumps(c["request"]).encode())
 
+# gguf_fuzz: small GGUF files (every value type, an array of strings, dense and block tensors)
+# written by tools/make_gguf_fixtures.py's writer, and the head of a fixture's header
+sys.path.insert(0, os.path.join(root, "tools"))
+import make_gguf_fixtures as mg  # noqa: E402
+
+gguf_path = os.path.join(out, "small.gguf.tmp")
+mg.write_gguf(gguf_path, [
+    ("general.architecture", mg.STRING, "llama"), ("general.alignment", mg.U32, 32),
+    ("f", mg.F32, 0.5), ("d", mg.F64, -2.0), ("b", mg.BOOL, True), ("q", mg.U64, 7), ("i", mg.I32, -3),
+    ("tokenizer.ggml.tokens", mg.ARRAY, (mg.STRING, ["a", "b", "ab"])),
+    ("tokenizer.ggml.token_type", mg.ARRAY, (mg.I32, [1, 1, 3]))],
+    [("token_embd.weight", mg.GGML_BF16, [3, 4], bytes(24)), ("blk.0.attn_norm.weight", mg.GGML_F32, [4], bytes(16)),
+     ("q8", 8, [2, 32], bytes(68))])
+put("gguf_fuzz", "small", read(gguf_path))
+os.remove(gguf_path)
+put("gguf_fuzz", "fixture_head", read("tests/fixtures/gguf/qwen2.gguf")[:4096])
+
 # completion_request_fuzz: request bodies
 bodies = [
     {"prompt": "Emma was", "max_tokens": 32, "temperature": 0.8, "top_p": 0.9, "stop": ["."], "stream": True,

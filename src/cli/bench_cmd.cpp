@@ -295,7 +295,7 @@ int run_bench_cmd(const BenchOptions& o) {
 Command add_bench(CLI::App& app) {
   auto o = std::make_shared<BenchOptions>();
   constexpr int64_t kMaxSize = int64_t(1) << 24;
-  app.add_option("-m,--model", o->model, "Model folder, or a Hub id org/name[:revision] (default: the embedded default model)");
+  app.add_option("-m,--model", o->model, "Model folder, a GGUF file, or a Hub id org/name[:revision] (default: the embedded default model)");
   app.add_flag("--download", o->download, "Fetch a Hub model missing from the Hugging Face cache (as osprey pull does)");
   app.add_option("-p,--n-prompt", o->n_prompt_arg, "Prompt sizes to time, comma-separated (0: no pp test)")
       ->capture_default_str();

@@ -34,6 +34,7 @@
 #include "engine/generator.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
+#include "server/model_files.h"
 
 namespace osprey::cli {
 namespace {
@@ -179,8 +180,8 @@ class Chat {
       : o_(o),
         sampling_(sampling),
         system_(o.system),
-        tok_(Tokenizer::load(dir)),
-        tpl_(ChatTemplate::load(dir, o.template_name)) {
+        tok_(load_model_tokenizer(dir)),
+        tpl_(load_model_chat_template(dir, o.template_name)) {
     ProgressBar bar("loading " + fs::path(dir).filename().string());
     LoadOptions lo;
     lo.device = select_device(o.device.empty() ? env_options().device : o.device);
@@ -550,7 +551,7 @@ int run_chat(const ChatOptions& o, const CLI::App& app) {
 
 Command add_chat(CLI::App& app) {
   auto o = std::make_shared<ChatOptions>();
-  app.add_option("-m,--model", o->model, "Model folder with a chat template, or a Hub id org/name[:revision] (default: the embedded default model)");
+  app.add_option("-m,--model", o->model, "Model folder with a chat template, a GGUF file, or a Hub id org/name[:revision] (default: the embedded default model)");
   app.add_flag("--download", o->download, "Fetch a Hub model missing from the Hugging Face cache (as osprey pull does)");
   app.add_option("--system", o->system, "System message opening the conversation");
   app.add_option("--template-name", o->template_name, "Which of the folder's named templates (default: \"default\")");

@@ -26,6 +26,7 @@
 #include "model/model.h"
 #include "server/stop_matcher.h"
 #include "tokenizer/tokenizer.h"
+#include "server/model_files.h"
 
 namespace osprey::cli {
 namespace fs = std::filesystem;
@@ -140,7 +141,7 @@ int run_generate(const GenerateOptions& o) {
   std::optional<std::string> text = o.prompt;
   if (!o.prompt_file.empty()) text = read_prompt_file(o.prompt_file);
   std::optional<Tokenizer> tokenizer;
-  if (text || fs::exists(fs::path(dir) / "tokenizer.json")) tokenizer = Tokenizer::load(dir);
+  if (text || model_has_tokenizer(dir)) tokenizer = load_model_tokenizer(dir);
   if (!o.stops.empty() && !tokenizer)
     throw UsageError("generate --stop: needs the model's tokenizer.json to read the reply's text");
   std::vector<int32_t> prompt;
@@ -150,7 +151,7 @@ int run_generate(const GenerateOptions& o) {
     messages.push_back({{"role", "user"}, {"content", *text}});
     // The template writes BOS itself: no second one from the post-processor.
     nlohmann::ordered_json request = {{"messages", messages}, {"add_generation_prompt", true}};
-    prompt = tokenizer->encode(ChatTemplate::load(dir).render(request), false);
+    prompt = tokenizer->encode(load_model_chat_template(dir).render(request), false);
   } else {
     prompt = text ? tokenizer->encode(*text, true) : parse_token_ids(o.token_ids);
   }
@@ -266,7 +267,7 @@ GenerateParams generate_params(const EnvOptions& env) {
 
 Command add_generate(CLI::App& app) {
   auto o = std::make_shared<GenerateOptions>();
-  app.add_option("-m,--model", o->model, "Model folder, or a Hub id org/name[:revision] (default: the embedded default model)");
+  app.add_option("-m,--model", o->model, "Model folder, a GGUF file, or a Hub id org/name[:revision] (default: the embedded default model)");
   app.add_flag("--download", o->download, "Fetch a Hub model missing from the Hugging Face cache (as osprey pull does)");
   auto* p = app.add_option("-p,--prompt", o->prompt, "Prompt text (tokenized with the model's tokenizer.json)");
   auto* f = app.add_option("-f,--file", o->prompt_file,

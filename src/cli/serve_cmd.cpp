@@ -87,7 +87,7 @@ int run_serve(ServeOptions& o) {
 Command add_serve(CLI::App& app) {
   auto o = std::make_shared<ServeOptions>();
   ServerOptions& s = o->server;
-  app.add_option("-m,--model", o->model, "Model folder, or a Hub id org/name[:revision] (default: the embedded default model)");
+  app.add_option("-m,--model", o->model, "Model folder, a GGUF file, or a Hub id org/name[:revision] (default: the embedded default model)");
   app.add_flag("--download", o->download, "Fetch a Hub model missing from the Hugging Face cache (as osprey pull does)");
   app.add_option("--host", s.host, "Address to listen on")->capture_default_str();
   app.add_option("--port", s.port, "Port to listen on (0: any free port)")->check(CLI::Range(0, 65535))->capture_default_str();

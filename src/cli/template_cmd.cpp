@@ -10,6 +10,7 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/file_read.h"
+#include "server/model_files.h"
 
 namespace osprey::cli {
 namespace {
@@ -23,7 +24,7 @@ struct TemplateOptions {
 
 int run_template(const TemplateOptions& o) {
   const std::string dir = model_folder(o.model, o.download);
-  ChatTemplate tpl = ChatTemplate::load(dir, o.name);
+  ChatTemplate tpl = load_model_chat_template(dir, o.name);
   std::string text;
   std::string where = o.request == "-" ? std::string("stdin") : o.request;
   if (o.request == "-") {
@@ -47,7 +48,7 @@ int run_template(const TemplateOptions& o) {
 
 Command add_template(CLI::App& app) {
   auto o = std::make_shared<TemplateOptions>();
-  app.add_option("-m,--model", o->model, "Folder with tokenizer_config.json or chat_template.jinja, or a Hub id org/name[:revision] (default: the embedded default model)");
+  app.add_option("-m,--model", o->model, "Folder with tokenizer_config.json or chat_template.jinja, a GGUF file, or a Hub id org/name[:revision] (default: the embedded default model)");
   app.add_flag("--download", o->download, "Fetch a Hub model missing from the Hugging Face cache (as osprey pull does)");
   app.add_option("--template-name", o->name, "Which of the folder's named templates (default: \"default\")");
   app.add_option("request", o->request, "JSON chat request file: messages, add_generation_prompt, tools, documents, chat_template_kwargs ('-', the default, reads stdin)");

@@ -7,6 +7,7 @@
 
 #include "cli/commands.h"
 #include "tokenizer/tokenizer.h"
+#include "server/model_files.h"
 
 namespace osprey::cli {
 namespace {
@@ -20,7 +21,7 @@ struct TokenizeOptions {
 
 int run_tokenize(const TokenizeOptions& o) {
   const std::string dir = model_folder(o.model, o.download);
-  Tokenizer tok = Tokenizer::load(dir);
+  Tokenizer tok = load_model_tokenizer(dir);
   std::string text = o.text;
   if (text == "-") text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
   nlohmann::json ids = tok.encode(text, o.special);
@@ -32,7 +33,7 @@ int run_tokenize(const TokenizeOptions& o) {
 
 Command add_tokenize(CLI::App& app) {
   auto o = std::make_shared<TokenizeOptions>();
-  app.add_option("-m,--model", o->model, "Folder with tokenizer.json, or a Hub id org/name[:revision] (default: the embedded default model)");
+  app.add_option("-m,--model", o->model, "Folder with tokenizer.json, a GGUF file, or a Hub id org/name[:revision] (default: the embedded default model)");
   app.add_flag("--download", o->download, "Fetch a Hub model missing from the Hugging Face cache (as osprey pull does)");
   app.add_flag("--special", o->special, "Add what the post-processor adds (BOS)");
   app.add_option("text", o->text, "Text to tokenize ('-' reads stdin)")->required();

@@ -149,10 +149,10 @@ std::string resolve_model(const std::string& spec, const ResolveOptions& o) {
   const fs::path path(spec);
   if (fs::exists(path, ec)) {
     if (fs::is_directory(path, ec)) return spec;
-    if (path.extension() == ".gguf")
-      throw Unsupported("-m " + spec +
-                        ": GGUF files are not supported yet; use a Hugging Face safetensors model folder "
-                        "(config.json, tokenizer.json, model.safetensors) or its Hub id");
+    if (path.extension() == ".gguf") {
+      if (!fs::is_regular_file(path, ec)) throw IoError("-m " + spec + ": not a regular file");
+      return spec;  // a GGUF file holds the whole model
+    }
     if (!fs::is_regular_file(path, ec)) throw IoError("-m " + spec + ": not a model folder or a file in one");
     const fs::path parent = path.parent_path();
     return parent.empty() ? "." : parent.string();

@@ -69,7 +69,8 @@ std::optional<std::filesystem::path> find_cached_snapshot(const std::filesystem:
 std::vector<std::string> missing_model_files(const std::filesystem::path& snapshot);
 
 // The model folder `spec` names (what -m takes):
-// - a path that exists: a folder is itself, a file is its folder; a .gguf file is Unsupported;
+// - a path that exists: a folder is itself, a .gguf file is itself (it holds the whole model:
+//   weights, tokenizer and chat template), another file is its folder;
 // - else a Hub id: its snapshot in the cache; when absent (or, with o.download, missing files)
 //   and o.download is set, downloaded (hub_download.h); else IoError naming the id, the cache
 //   and `osprey pull`;

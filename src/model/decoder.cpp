@@ -245,7 +245,17 @@ class Decoder final : public Model {
 }  // namespace
 
 std::unique_ptr<Model> build_decoder(const DecoderSpec& spec, const SafeTensors& weights, const LoadOptions& options) {
-  return std::make_unique<Decoder>(spec, weights, options);
+  // The same computation over tensors laid out otherwise (TensorLayout).
+  const TensorLayout& layout = weights.layout();
+  DecoderSpec s = spec;
+  if (layout.qk_rows_interleaved) {
+    if (spec.rope_interleaved)
+      throw InvalidInput(weights.source().string() + ": the q/k rows are marked as permuted to interleaved pairs, but " +
+                         spec.model_type + " rotates interleaved pairs already");
+    s.rope_interleaved = true;
+  }
+  if (layout.norm_unit_offset_folded && spec.norm == DecoderNorm::rms_unit_offset) s.norm = DecoderNorm::rms;
+  return std::make_unique<Decoder>(s, weights, options);
 }
 
 }  // namespace osprey

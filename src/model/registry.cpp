@@ -5,6 +5,7 @@
 #include "core/file_read.h"
 #include "core/log.h"
 #include "model/config_reader.h"
+#include "model/gguf_model.h"
 #include "model/model.h"
 #include "model/safetensors.h"
 
@@ -48,11 +49,11 @@ std::vector<std::string> registered_families() {
   return out;
 }
 
-std::unique_ptr<Model> load_model(const std::filesystem::path& dir, const LoadOptions& options) {
-  std::error_code ec;
-  if (!std::filesystem::exists(dir, ec)) throw IoError("model folder " + dir.string() + " does not exist");
-  if (!std::filesystem::is_directory(dir, ec)) throw IoError(dir.string() + " is not a model folder");
-  ConfigReader config = ConfigReader::load(dir / "config.json");
+namespace {
+
+// Runs the family that `config` names over `weights`, and merges the config's special tokens
+// into the model's info.
+std::unique_ptr<Model> load_family(const ConfigReader& config, const SafeTensors& weights, const LoadOptions& options) {
   const std::string model_type = config.get_string("model_type");
   auto it = families().find(model_type);
   if (it == families().end()) {
@@ -61,7 +62,6 @@ std::unique_ptr<Model> load_model(const std::filesystem::path& dir, const LoadOp
     throw Unsupported(config.where() + ": model_type \"" + model_type + "\" is not supported (supported: " +
                       supported + ")");
   }
-  SafeTensors weights = SafeTensors::open(dir);
   std::unique_ptr<Model> model = it->second(config, weights, options);
 
   ModelInfo& info = model->mutable_info();
@@ -72,12 +72,37 @@ std::unique_ptr<Model> load_model(const std::filesystem::path& dir, const LoadOp
   };
   add_eos(config.get_int_list("eos_token_id"));
   if (config.has("bos_token_id")) info.bos_id = config.get_token_id("bos_token_id");
+  return model;
+}
+
+}  // namespace
+
+std::unique_ptr<Model> load_model(const std::filesystem::path& dir, const LoadOptions& options) {
+  if (is_gguf_path(dir)) {
+    const GgufFile gguf = GgufFile::open(dir);
+    const GgufCheckpoint checkpoint = read_gguf_checkpoint(gguf);
+    std::unique_ptr<Model> model = load_family(checkpoint.config, checkpoint.tensors, options);
+    log_debug("loaded " + dir.string() + ": " + model->info().model_type + " from GGUF, " +
+              std::to_string(model->info().n_layers) + " layers");
+    return model;
+  }
+  std::error_code ec;
+  if (!std::filesystem::exists(dir, ec)) throw IoError("model folder " + dir.string() + " does not exist");
+  if (!std::filesystem::is_directory(dir, ec)) throw IoError(dir.string() + " is not a model folder");
+  ConfigReader config = ConfigReader::load(dir / "config.json");
+  const SafeTensors weights = SafeTensors::open(dir);
+  std::unique_ptr<Model> model = load_family(config, weights, options);
+  ModelInfo& info = model->mutable_info();
+  auto add_eos = [&](const std::vector<int32_t>& ids) {
+    for (int32_t id : ids)
+      if (std::find(info.eos_ids.begin(), info.eos_ids.end(), id) == info.eos_ids.end()) info.eos_ids.push_back(id);
+  };
   if (regular_file_exists(dir / "generation_config.json")) {
     ConfigReader gen = ConfigReader::load(dir / "generation_config.json");
     add_eos(gen.get_int_list("eos_token_id"));
     if (!info.bos_id && gen.has("bos_token_id")) info.bos_id = gen.get_token_id("bos_token_id");
   }
-  log_debug("loaded " + dir.string() + ": " + model_type + ", " + std::to_string(info.n_layers) + " layers, " +
+  log_debug("loaded " + dir.string() + ": " + info.model_type + ", " + std::to_string(info.n_layers) + " layers, " +
             std::to_string(info.weight_bytes) + " weight bytes (" + dtype_name(info.weight_dtype) + ")");
   return model;
 }

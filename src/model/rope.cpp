@@ -29,7 +29,16 @@ void read_scaling(const ConfigReader& s, RopeConfig& r) {
     if (r.high_freq_factor <= r.low_freq_factor) s.fail("high_freq_factor", "must exceed low_freq_factor");
     return;
   }
-  throw Unsupported(s.where() + ": rope type \"" + r.type + "\" is not supported (default, linear, llama3 are)");
+  if (r.type == "factors") {
+    if (!s.has("factors") || !s.json()["factors"].is_array()) s.fail("factors", "must be an array of positive numbers");
+    for (const auto& v : s.json()["factors"]) {
+      if (!v.is_number() || !(v.get<double>() > 0) || !std::isfinite(v.get<double>()))
+        s.fail("factors", "must be an array of positive numbers, got an element " + v.dump());
+      r.factors.push_back(v.get<double>());
+    }
+    return;
+  }
+  throw Unsupported(s.where() + ": rope type \"" + r.type + "\" is not supported (default, linear, llama3, factors are)");
 }
 
 }  // namespace
@@ -58,6 +67,11 @@ std::vector<float> rope_inv_freq(const RopeConfig& rope, int64_t head_dim) {
   }
   if (rope.type == "linear") {
     for (float& f : inv) f = float(f / rope.factor);
+  } else if (rope.type == "factors") {
+    if (rope.factors.size() != inv.size())
+      throw InvalidInput("rope factors: " + std::to_string(rope.factors.size()) + " given, but head_dim / 2 = " +
+                         std::to_string(inv.size()) + " are needed");
+    for (size_t i = 0; i < inv.size(); ++i) inv[i] = float(inv[i] / rope.factors[i]);
   } else if (rope.type == "llama3") {
     const double old_len = double(rope.original_max_position_embeddings);
     const double low_wavelen = old_len / rope.low_freq_factor;

@@ -9,12 +9,16 @@
 namespace osprey {
 
 struct RopeConfig {
-  std::string type = "default";  // default | linear | llama3
+  std::string type = "default";  // default | linear | llama3 | factors
   double theta = 10000.0;
   double factor = 1.0;
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
   int64_t original_max_position_embeddings = 8192;
+  // type "factors": inv_freq[i] is divided by factors[i] (head_dim / 2 of them). GGUF files
+  // state llama3-style scaling this way (the rope_freqs tensor); a config may too, as
+  // {"rope_type": "factors", "factors": [...]}.
+  std::vector<double> factors;
 };
 
 // `default_theta` applies when the config names none. With transformers 5's per-layer-type

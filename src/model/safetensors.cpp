@@ -114,6 +114,23 @@ SafeTensors SafeTensors::open_file(const fs::path& file) {
   return st;
 }
 
+SafeTensors SafeTensors::adopt(const fs::path& source, std::vector<std::shared_ptr<Buffer>> buffers,
+                               std::vector<TensorInfo> tensors, const TensorLayout& layout) {
+  SafeTensors st;
+  st.source_ = source;
+  st.layout_ = layout;
+  for (TensorInfo& ti : tensors) {
+    if (ti.file_index >= buffers.size() || ti.byte_offset > buffers[ti.file_index]->size() ||
+        ti.nbytes > buffers[ti.file_index]->size() - ti.byte_offset)
+      throw InvalidInput(source.string() + ": tensor " + ti.name + " lies outside its file");
+    std::string name = ti.name;
+    if (!st.tensors_.emplace(name, std::move(ti)).second)
+      throw InvalidInput(source.string() + ": tensor " + name + " appears twice");
+  }
+  st.buffers_ = std::move(buffers);
+  return st;
+}
+
 void SafeTensors::add_file(const fs::path& path) {
   auto file = MappedFile::open(path);
   const std::string where = path.string();
@@ -232,7 +249,8 @@ Array SafeTensors::get(const std::string& name) const {
 Array SafeTensors::get(const std::string& name, DType dtype, const Shape& shape) const {
   const TensorInfo& ti = info(name);
   if (ti.dtype != dtype || !(ti.shape == shape))
-    throw InvalidInput("tensor " + name + " in " + files_[ti.file_index]->path().string() + " is " +
+    throw InvalidInput("tensor " + name + " in " +
+                       (ti.file_index < files_.size() ? files_[ti.file_index]->path() : source_).string() + " is " +
                        dtype_name(ti.dtype) + ti.shape.str() + ", but the config implies " + dtype_name(dtype) +
                        shape.str());
   return get(name);

@@ -25,6 +25,17 @@ struct TensorInfo {
   size_t nbytes = 0;
 };
 
+// How a checkpoint's tensors differ from the Hugging Face layout that the families describe
+// (both are set for GGUF files, whose converter rewrites some tensors; model/gguf_model.h).
+struct TensorLayout {
+  // Each head's q and k projection rows hold the rotary pairs interleaved, (2i, 2i + 1), where
+  // the family's checkpoints rotate the halves (i, i + head_dim / 2): llama.cpp's converter
+  // permutes Llama's rows so. Rotating interleaved pairs gives the same attention scores.
+  bool qk_rows_interleaved = false;
+  // Norm weights already hold 1 + w where the family scales by (1 + w) (Gemma's).
+  bool norm_unit_offset_folded = false;
+};
+
 class SafeTensors {
  public:
   // A model folder: model.safetensors.index.json if present, else model.safetensors, else
@@ -33,6 +44,11 @@ class SafeTensors {
   // tensor the index names but the files lack) naming the file and tensor.
   static SafeTensors open(const std::filesystem::path& model_dir);
   static SafeTensors open_file(const std::filesystem::path& file);
+  // Tensors of another container, already checked by its reader (model/gguf.h): each
+  // TensorInfo's file_index indexes `buffers` (each over one whole mapping, keeping it alive),
+  // and its bytes lie within that buffer. `source` names the container in messages.
+  static SafeTensors adopt(const std::filesystem::path& source, std::vector<std::shared_ptr<Buffer>> buffers,
+                           std::vector<TensorInfo> tensors, const TensorLayout& layout);
 
   bool contains(const std::string& name) const { return tensors_.count(name) != 0; }
   // Throws InvalidInput "missing tensor NAME in DIR".
@@ -44,6 +60,7 @@ class SafeTensors {
   const std::filesystem::path& source() const { return source_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   size_t total_bytes() const;
+  const TensorLayout& layout() const { return layout_; }
 
  private:
   void add_file(const std::filesystem::path& path);
@@ -53,6 +70,7 @@ class SafeTensors {
   std::vector<std::shared_ptr<Buffer>> buffers_;  // one per file, over the whole mapping
   std::map<std::string, TensorInfo> tensors_;
   std::map<std::string, std::string> metadata_;
+  TensorLayout layout_;
 };
 
 // Writes `tensors` (CPU arrays, any strides) as one safetensors file, in the given order,

@@ -28,6 +28,7 @@
 #include "server/metrics.h"
 #include "server/stop_matcher.h"
 #include "tokenizer/tokenizer.h"
+#include "server/model_files.h"
 
 namespace osprey {
 namespace {
@@ -747,7 +748,7 @@ void Server::start() {
 
 void Server::load() {
   Impl& m = *impl_;
-  m.tokenizer = Tokenizer::load(m.opt.model_dir);
+  m.tokenizer = load_model_tokenizer(m.opt.model_dir);
   LoadOptions lo;
   lo.device = m.opt.device;
   m.model = load_model(m.opt.model_dir, lo);
@@ -755,7 +756,7 @@ void Server::load() {
   for (int32_t id : m.tokenizer->eos_ids())
     if (std::find(m.eos_ids.begin(), m.eos_ids.end(), id) == m.eos_ids.end()) m.eos_ids.push_back(id);
   try {
-    m.chat_template = ChatTemplate::load(m.opt.model_dir);
+    m.chat_template = load_model_chat_template(m.opt.model_dir);
   } catch (const Error& e) {
     m.chat_template_error = e.what();
     log_warn("chat completions are off: " + m.chat_template_error);

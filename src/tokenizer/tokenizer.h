@@ -30,6 +30,11 @@ class Tokenizer {
   // 1024 (naming the token and the id); Unsupported naming a component type that is not
   // implemented (e.g. "WordPiece model").
   static Tokenizer load(const std::filesystem::path& dir);
+  // The same from the texts of a tokenizer.json and a tokenizer_config.json ("{}" for none),
+  // as another container holds them (a GGUF file's metadata, model/gguf_tokenizer.h); `where`
+  // names that source in errors.
+  static Tokenizer from_json(const std::string& tokenizer_json, const std::string& config_json,
+                             const std::string& where);
 
   // text must be valid UTF-8 (InvalidInput otherwise, naming the byte offset).
   // add_special: apply the post-processor (Llama 3 prepends <|begin_of_text|>).

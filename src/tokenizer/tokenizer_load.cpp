@@ -184,4 +184,19 @@ Tokenizer Tokenizer::load(const std::filesystem::path& dir) {
   return Tokenizer(std::move(impl));
 }
 
+Tokenizer Tokenizer::from_json(const std::string& tokenizer_json, const std::string& config_json,
+                               const std::string& where) {
+  const std::string file = where + " (tokenizer.json)";
+  const std::string config_file = where + " (tokenizer_config.json)";
+  tok::TokenizerJson tokenizer = tok::read_tokenizer_json(tokenizer_json, file);
+  const Json config = parse_json(config_json, config_file);
+  auto impl = std::make_shared<Impl>();
+  try {
+    build(*impl, tokenizer.tree, std::move(tokenizer.tables), config, file, config_file);
+  } catch (const Json::exception& e) {
+    throw InvalidInput(file + ": " + e.what());
+  }
+  return Tokenizer(std::move(impl));
+}
+
 }  // namespace osprey

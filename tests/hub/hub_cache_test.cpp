@@ -196,7 +196,7 @@ TEST(HubCache, AnExistingPathWinsOverAHubId) {
   EXPECT_EQ(hub::resolve_model("org/tiny", options_for(cache.path())), (repo / "snapshots" / kMain).string());
 }
 
-TEST(HubCache, AFileNamesItsFolderAndGgufIsUnsupported) {
+TEST(HubCache, AFileNamesItsFolderAndAGgufFileIsItself) {
   TempDir d;
   write_file(d / "config.json", "{}");
   write_file(d / "model.safetensors", "x");
@@ -205,9 +205,9 @@ TEST(HubCache, AFileNamesItsFolderAndGgufIsUnsupported) {
   EXPECT_EQ(hub::resolve_model((d / "config.json").string(), o), d.path().string());
   EXPECT_EQ(hub::resolve_model((d / "model.safetensors").string(), o), d.path().string());
   EXPECT_EQ(hub::resolve_model(d.path().string(), o), d.path().string());
-  const std::string m = message_of([&] { hub::resolve_model((d / "model-q4.gguf").string(), o); });
-  EXPECT_NE(m.find("GGUF files are not supported yet"), std::string::npos) << m;
-  EXPECT_THROW(hub::resolve_model((d / "model-q4.gguf").string(), o), Unsupported);
+  EXPECT_EQ(hub::resolve_model((d / "model-q4.gguf").string(), o), (d / "model-q4.gguf").string());
+  fs::create_directories(d / "folder.gguf");  // a folder named .gguf is a folder
+  EXPECT_EQ(hub::resolve_model((d / "folder.gguf").string(), o), (d / "folder.gguf").string());
   EXPECT_THROW(hub::resolve_model((d / "absent").string(), o), IoError);
 }
 

@@ -1,0 +1,355 @@
+#include "model/gguf_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "backend/ops.h"
+#include "core/error.h"
+#include "core/file_read.h"
+#include "core/half.h"
+#include "core/mapped_file.h"
+
+namespace osprey {
+namespace {
+
+using nlohmann::json;
+
+// What an architecture's GGUF keys become: the Hugging Face model_type whose reader parses
+// the config, and how the converter laid its tensors out.
+struct GgufArch {
+  const char* arch;        // general.architecture
+  const char* model_type;  // the family that reads it
+  TensorLayout layout;
+  double default_rope_theta;
+};
+
+// NOTE: llama.cpp's converter permutes Llama's q/k rows (its rope rotates interleaved pairs)
+// and adds one to Gemma's norm weights (its RMSNorm scales by w); the others keep the
+// Hugging Face layout. Mistral's checkpoints convert to the llama architecture.
+const GgufArch kGgufArchs[] = {
+    {"llama", "llama", {true, false}, 10000.0},
+    {"qwen2", "qwen2", {false, false}, 1e6},
+    {"qwen3", "qwen3", {false, false}, 1e6},
+    {"gemma3", "gemma3_text", {false, true}, 1e6},
+    {"cohere2", "cohere2", {false, false}, 10000.0},
+};
+
+std::string supported_archs() {
+  std::string s;
+  for (const GgufArch& a : kGgufArchs) s += (s.empty() ? "" : ", ") + std::string(a.arch);
+  return s;
+}
+
+// GGUF's per-layer tensor names, after "blk.N.", and the Hugging Face module they are.
+std::string layer_tensor_name(const std::string& rest, bool sandwich) {
+  static const std::map<std::string, std::string> common = {
+      {"attn_norm", "input_layernorm"},        {"attn_q", "self_attn.q_proj"},
+      {"attn_k", "self_attn.k_proj"},          {"attn_v", "self_attn.v_proj"},
+      {"attn_output", "self_attn.o_proj"},     {"attn_q_norm", "self_attn.q_norm"},
+      {"attn_k_norm", "self_attn.k_norm"},     {"ffn_gate", "mlp.gate_proj"},
+      {"ffn_up", "mlp.up_proj"},               {"ffn_down", "mlp.down_proj"},
+      {"post_attention_norm", "post_attention_layernorm"},
+      {"post_ffw_norm", "post_feedforward_layernorm"},
+  };
+  const size_t dot = rest.rfind('.');
+  if (dot == std::string::npos) return "";
+  const std::string module = rest.substr(0, dot), suffix = rest.substr(dot);
+  if (module == "ffn_norm") return (sandwich ? "pre_feedforward_layernorm" : "post_attention_layernorm") + suffix;
+  auto it = common.find(module);
+  return it == common.end() ? "" : it->second + suffix;
+}
+
+// The Hugging Face name of a GGUF tensor; the GGUF name itself when it has none (the family
+// then names it as a tensor it does not read).
+std::string hf_tensor_name(const std::string& name, bool sandwich) {
+  if (name == "token_embd.weight") return "model.embed_tokens.weight";
+  if (name == "output_norm.weight") return "model.norm.weight";
+  if (name == "output.weight") return "lm_head.weight";
+  if (name.rfind("blk.", 0) == 0) {
+    const size_t dot = name.find('.', 4);
+    if (dot == std::string::npos || dot == 4) return name;
+    const std::string layer = name.substr(4, dot - 4);
+    if (layer.find_first_not_of("0123456789") != std::string::npos || layer.size() > 9) return name;
+    const std::string rest = layer_tensor_name(name.substr(dot + 1), sandwich);
+    if (rest.empty()) return name;
+    return "model.layers." + std::to_string(std::stol(layer)) + "." + rest;
+  }
+  return name;
+}
+
+// ggml's 32-value blocks that are exactly an affine quantization with one scale and bias per
+// block: Q8_0 (w = d * q, q int8), Q4_0 (w = d * (q - 8), q in [0, 16)), Q4_1 (w = d * q + m).
+// They are repacked at load into Osprey's affine layout (backend/quant.h: codes as a
+// little-endian bit stream per row, scales and biases f16 per group of 32): the same codes and
+// the same f16 values, so every weight dequantizes to the same number as in ggml.
+int repacked_bits(GgufType t) {
+  switch (t) {
+    case GgufType::Q8_0: return 8;
+    case GgufType::Q4_0: case GgufType::Q4_1: return 4;
+    default: return 0;
+  }
+}
+
+// One quantized matrix [rows, cols] repacked: the three arrays' bytes, appended to `store` at
+// 64-byte aligned offsets, and their TensorInfos under `name`'s module.
+struct RepackStore {
+  std::vector<uint8_t> bytes;
+  size_t reserve(size_t n) {
+    const size_t at = (bytes.size() + 63) / 64 * 64;
+    bytes.resize(at + n);
+    return at;
+  }
+};
+
+void repack_blocks(const GgufFile& g, const GgufTensorInfo& t, const std::string& hf_name, RepackStore& store,
+                   std::vector<TensorInfo>& infos) {
+  const std::string where = g.path().string() + ": tensor " + t.name;
+  if (t.shape.n != 2) throw InvalidInput(where + " is a " + gguf_type_name(uint32_t(t.type)) + " tensor of " +
+                                         std::to_string(t.shape.n) + " dimensions (a matrix is expected)");
+  const int bits = repacked_bits(t.type);
+  const int64_t rows = t.shape[0], cols = t.shape[1], groups = cols / 32;
+  const GgufBlock block = *gguf_block(uint32_t(t.type));
+  const std::string module = hf_name.size() > 7 && hf_name.compare(hf_name.size() - 7, 7, ".weight") == 0
+                                 ? hf_name.substr(0, hf_name.size() - 7)
+                                 : hf_name;
+  const size_t packed_bytes = size_t(rows) * size_t(cols) * size_t(bits) / 8;
+  const size_t scale_bytes = size_t(rows) * size_t(groups) * 2;
+  const size_t p_at = store.reserve(packed_bytes), s_at = store.reserve(scale_bytes), b_at = store.reserve(scale_bytes);
+  const uint8_t* src = g.file()->data() + t.byte_offset;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t k = 0; k < groups; ++k) {
+      const uint8_t* blk = src + (size_t(r) * size_t(groups) + size_t(k)) * size_t(block.bytes);
+      uint16_t d, m = 0;
+      std::memcpy(&d, blk, 2);
+      uint8_t codes[32];
+      if (t.type == GgufType::Q8_0) {
+        for (int i = 0; i < 32; ++i) codes[i] = uint8_t(int(int8_t(blk[2 + i])) + 128);
+        m = f32_to_f16(-128.0f * f16_to_f32(d));
+      } else {
+        const uint8_t* qs = blk + (t.type == GgufType::Q4_1 ? 4 : 2);
+        for (int i = 0; i < 16; ++i) codes[i] = qs[i] & 0x0F, codes[i + 16] = qs[i] >> 4;
+        if (t.type == GgufType::Q4_1) std::memcpy(&m, blk + 2, 2);
+        else m = f32_to_f16(-8.0f * f16_to_f32(d));
+      }
+      uint8_t* out = store.bytes.data() + p_at + (size_t(r) * size_t(cols) + size_t(k) * 32) * size_t(bits) / 8;
+      if (bits == 8) {
+        std::memcpy(out, codes, 32);
+      } else {
+        for (int i = 0; i < 16; ++i) out[i] = uint8_t(codes[2 * i] | (codes[2 * i + 1] << 4));
+      }
+      const size_t at = (size_t(r) * size_t(groups) + size_t(k)) * 2;
+      std::memcpy(store.bytes.data() + s_at + at, &d, 2);
+      std::memcpy(store.bytes.data() + b_at + at, &m, 2);
+    }
+  }
+  auto info = [&](const std::string& name, DType dt, Shape shape, size_t at, size_t n) {
+    TensorInfo ti;
+    ti.name = name;
+    ti.dtype = dt;
+    ti.shape = shape;
+    ti.file_index = 1;
+    ti.byte_offset = at;
+    ti.nbytes = n;
+    infos.push_back(std::move(ti));
+  };
+  info(module + ".weight", DType::u32, {rows, cols * bits / 32}, p_at, packed_bytes);
+  info(module + ".scales", DType::f16, {rows, groups}, s_at, scale_bytes);
+  info(module + ".biases", DType::f16, {rows, groups}, b_at, scale_bytes);
+}
+
+// Copies an integer key into the config when present.
+void copy_int(const GgufFile& g, const std::string& key, json& config, const char* field) {
+  if (g.has(key)) config[field] = g.get_uint(key);
+}
+
+}  // namespace
+
+bool is_gguf_path(const std::filesystem::path& path) {
+  return path.extension() == ".gguf" && regular_file_exists(path);
+}
+
+// NOTE: one function past 120 lines on purpose: it reads the file in one pass (tensors, then
+// the shared keys, then each architecture's few) into one config, and the per-architecture
+// branches read best beside the shared keys they complete.
+GgufCheckpoint read_gguf_checkpoint(const GgufFile& g) {
+  const std::string where = g.path().string();
+  const std::string arch_name = g.get_string("general.architecture");
+  const GgufArch* arch = nullptr;
+  for (const GgufArch& a : kGgufArchs)
+    if (arch_name == a.arch) arch = &a;
+  if (!arch)
+    throw Unsupported(where + ": general.architecture \"" + arch_name + "\" is not supported (supported: " +
+                      supported_archs() + ")");
+  const std::string A = arch_name + ".";
+  const bool sandwich = arch_name == "gemma3";
+
+  // Tensors: dense ones under their Hugging Face names (views of the mapping), Q8_0, Q4_0 and
+  // Q4_1 repacked; rope_freqs becomes rope factors.
+  std::vector<TensorInfo> infos;
+  std::vector<double> rope_factors;
+  auto store = std::make_shared<RepackStore>();
+  std::map<std::string, int> module_bits;  // repacked modules -> bits
+  for (const GgufTensorInfo& t : g.tensors()) {
+    if (repacked_bits(t.type)) {
+      const std::string hf = hf_tensor_name(t.name, sandwich);
+      repack_blocks(g, t, hf, *store, infos);
+      module_bits[hf.substr(0, hf.size() - std::min<size_t>(hf.size(), 7))] = repacked_bits(t.type);
+      continue;
+    }
+    const auto dtype = gguf_dense_dtype(t.type);
+    if (!dtype || !is_float(*dtype))
+      throw Unsupported(where + ": tensor " + t.name + " is " + gguf_type_name(uint32_t(t.type)) +
+                        ", which Osprey does not read yet (GGUF tensors of type F32, F16, BF16, Q8_0, Q4_0 and "
+                        "Q4_1 load; requantize the file to one of them, or load the safetensors checkpoint)");
+    if (t.name == "rope_freqs.weight") {
+      const Array f = ops::cast(g.tensor_array(t), DType::f32);
+      for (int64_t i = 0; i < f.numel(); ++i) rope_factors.push_back(f.data<float>()[i]);
+      continue;
+    }
+    TensorInfo ti;
+    ti.name = hf_tensor_name(t.name, sandwich);
+    ti.dtype = *dtype;
+    ti.shape = t.shape;
+    ti.file_index = 0;
+    ti.byte_offset = t.byte_offset;
+    ti.nbytes = t.nbytes;
+    infos.push_back(std::move(ti));
+  }
+  const GgufTensorInfo* embd = g.tensor("token_embd.weight");
+  if (!embd || embd->shape.n != 2) throw InvalidInput(where + ": missing the 2-D tensor token_embd.weight");
+
+  // Every layer has tensors: a block count past the tensor count is refused before anything
+  // is sized by it.
+  const uint64_t block_count = g.get_uint(A + "block_count");
+  if (block_count == 0 || block_count > g.tensors().size())
+    throw InvalidInput(where + ": " + A + "block_count is " + std::to_string(block_count) + ", but the file holds " +
+                       std::to_string(g.tensors().size()) + " tensors");
+
+  json c = json::object();
+  c["model_type"] = arch->model_type;
+  c["vocab_size"] = embd->shape[0];
+  c["hidden_size"] = g.get_uint(A + "embedding_length");
+  c["intermediate_size"] = g.get_uint(A + "feed_forward_length");
+  c["num_hidden_layers"] = block_count;
+  c["num_attention_heads"] = g.get_uint(A + "attention.head_count");
+  copy_int(g, A + "attention.head_count_kv", c, "num_key_value_heads");
+  copy_int(g, A + "context_length", c, "max_position_embeddings");
+  if (g.has(A + "attention.key_length")) {
+    c["head_dim"] = g.get_uint(A + "attention.key_length");
+    if (g.has(A + "attention.value_length") &&
+        g.get_uint(A + "attention.value_length") != g.get_uint(A + "attention.key_length"))
+      throw Unsupported(where + ": " + A + "attention.value_length differs from " + A +
+                        "attention.key_length (Osprey's attention has one head size)");
+  }
+  if (g.has(A + "attention.layer_norm_rms_epsilon"))
+    c["rms_norm_eps"] = g.get_float(A + "attention.layer_norm_rms_epsilon");
+  if (g.has(A + "attention.layer_norm_epsilon")) c["layer_norm_eps"] = g.get_float(A + "attention.layer_norm_epsilon");
+  c["tie_word_embeddings"] = g.tensor("output.weight") == nullptr;
+
+  // Rotary embeddings: base, scaling by type and factor, or per-frequency factors.
+  json rope = json::object();
+  rope["rope_theta"] = g.has(A + "rope.freq_base") ? g.get_float(A + "rope.freq_base") : arch->default_rope_theta;
+  rope["rope_type"] = "default";
+  const std::string scaling = g.has(A + "rope.scaling.type") ? g.get_string(A + "rope.scaling.type") : "none";
+  if (scaling == "linear") {
+    rope["rope_type"] = "linear";
+    rope["factor"] = g.get_float(A + "rope.scaling.factor");
+  } else if (scaling != "none") {
+    throw Unsupported(where + ": " + A + "rope.scaling.type \"" + scaling + "\" is not supported (none, linear are)");
+  }
+  if (!rope_factors.empty()) {
+    if (scaling != "none") throw Unsupported(where + ": both rope_freqs.weight and " + A + "rope.scaling.type are set");
+    rope["rope_type"] = "factors";
+    rope["factors"] = rope_factors;
+  }
+
+  // Sliding-window layers: the window, and which layers slide (an array of bools, or every
+  // n-th layer full; the architecture's pattern when the file states none, as llama.cpp has it).
+  const int64_t n_layers = int64_t(block_count);
+  auto layer_types = [&](int64_t default_pattern) {
+    std::vector<bool> sliding;
+    const std::string key = A + "attention.sliding_window_pattern";
+    const GgufValue* v = g.find(key);
+    if (v && v->type == GgufValueType::array) {
+      for (int64_t b : g.get_int_array(key)) sliding.push_back(b != 0);
+      if (int64_t(sliding.size()) != n_layers)
+        throw InvalidInput(where + ": " + key + " has " + std::to_string(sliding.size()) + " entries for " +
+                           std::to_string(n_layers) + " layers");
+    } else {
+      const int64_t pattern = v ? int64_t(g.get_uint(key)) : default_pattern;
+      if (pattern < 1) throw InvalidInput(where + ": " + key + " must be at least 1");
+      for (int64_t i = 0; i < n_layers; ++i) sliding.push_back((i + 1) % pattern != 0);
+    }
+    json types = json::array();
+    for (bool s : sliding) types.push_back(s ? "sliding_attention" : "full_attention");
+    return types;
+  };
+
+  const std::string model_type = arch->model_type;
+  if (arch_name == "llama") {
+    c["rope_parameters"] = rope;
+    if (g.has(A + "attention.sliding_window")) {  // a Mistral checkpoint with a window
+      c["model_type"] = "mistral";
+      c["sliding_window"] = g.get_uint(A + "attention.sliding_window");
+    }
+  } else if (arch_name == "qwen2" || arch_name == "qwen3") {
+    c["rope_parameters"] = rope;
+  } else if (arch_name == "gemma3") {
+    c["sliding_window"] = g.get_uint(A + "attention.sliding_window");
+    c["layer_types"] = layer_types(6);
+    json local = {{"rope_type", "default"},
+                  {"rope_theta", g.has(A + "rope.freq_base_swa") ? g.get_float(A + "rope.freq_base_swa") : 10000.0}};
+    c["rope_parameters"] = {{"full_attention", rope}, {"sliding_attention", local}};
+    if (g.has(A + "final_logit_softcapping")) c["final_logit_softcapping"] = g.get_float(A + "final_logit_softcapping");
+    if (g.has(A + "attn_logit_softcapping")) c["attn_logit_softcapping"] = g.get_float(A + "attn_logit_softcapping");
+    // The attention scale: the file's, else llama.cpp's rule (hidden / heads for the 62-layer
+    // 27B model, the head size otherwise).
+    const int64_t hidden = c["hidden_size"].get<int64_t>(), heads = c["num_attention_heads"].get<int64_t>();
+    double scalar = c.contains("head_dim") ? c["head_dim"].get<double>() : double(hidden / std::max<int64_t>(heads, 1));
+    if (n_layers == 62 && heads > 0) scalar = double(hidden / heads);
+    if (g.has(A + "attention.scale")) {
+      const double s = g.get_float(A + "attention.scale");
+      if (!(s > 0) || !std::isfinite(s)) throw InvalidInput(where + ": " + A + "attention.scale must be positive");
+      scalar = 1.0 / (s * s);
+    }
+    c["query_pre_attn_scalar"] = scalar;
+  } else if (arch_name == "cohere2") {
+    c["sliding_window"] = g.get_uint(A + "attention.sliding_window");
+    c["layer_types"] = layer_types(4);
+    c["rope_parameters"] = rope;
+    if (g.has(A + "logit_scale")) c["logit_scale"] = g.get_float(A + "logit_scale");
+  }
+
+  // Special tokens: eos, and the end-of-turn token, which ends a reply too.
+  json eos = json::array();
+  for (const char* key : {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"})
+    if (g.has(key)) eos.push_back(g.get_uint(key));
+  if (!eos.empty()) c["eos_token_id"] = eos;
+  if (g.has("tokenizer.ggml.bos_token_id")) c["bos_token_id"] = g.get_uint("tokenizer.ggml.bos_token_id");
+
+  // Repacked weights: the most common bits as the global setting, the others per module.
+  if (!module_bits.empty()) {
+    std::map<int, int> count;
+    for (const auto& [module, bits] : module_bits) ++count[bits];
+    int global = 0;
+    for (const auto& [bits, n] : count)
+      if (global == 0 || n > count[global]) global = bits;
+    json q = {{"group_size", 32}, {"bits", global}};
+    for (const auto& [module, bits] : module_bits)
+      if (bits != global) q[module] = {{"group_size", 32}, {"bits", bits}};
+    c["quantization"] = q;
+  }
+
+  // The repacked bytes, owned by a buffer of their own (file_index 1).
+  auto* data = store->bytes.data();
+  const size_t size = store->bytes.size();
+  std::vector<std::shared_ptr<Buffer>> buffers = {
+      g.buffer(), std::make_shared<Buffer>(data, size, Device::cpu(), [keep = store](void*, size_t, bool) {})};
+  return GgufCheckpoint{ConfigReader(std::move(c), where + " (GGUF metadata)"),
+                        SafeTensors::adopt(g.path(), std::move(buffers), std::move(infos), arch->layout)};
+}
+
+}  // namespace osprey

@@ -1,0 +1,146 @@
+#include "model/gguf_tokenizer.h"
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace osprey {
+namespace {
+
+using nlohmann::json;
+
+// llama.cpp's token types (tokenizer.ggml.token_type).
+enum GgufTokenType : int64_t { kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined = 4, kUnused = 5, kByte = 6 };
+
+// The pre-tokenizers of the Hugging Face tokenizers that llama.cpp names by
+// tokenizer.ggml.pre: a regex split then byte-level mapping, and the normalizer beside it.
+struct GgufPre {
+  const char* name;
+  const char* regex;  // nullptr: ByteLevel's own (GPT-2) regex
+  bool nfc;
+  bool digits;         // single digits split first (Cohere's Digits pre-tokenizer)
+  bool ignore_merges;  // a whole pre-token in the vocabulary is taken as is (Llama 3)
+};
+
+constexpr const char* kLlama3Regex =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+constexpr const char* kQwen2Regex =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
+const GgufPre kGgufPres[] = {
+    {"llama-bpe", kLlama3Regex, false, false, true},
+    {"qwen2", kQwen2Regex, true, false, false},
+    {"command-r", nullptr, true, true, false},
+    {"default", nullptr, false, false, false},
+    {"gpt2", nullptr, false, false, false},
+};
+
+json pre_tokenizer_of(const GgufPre& pre) {
+  json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true},
+                     {"use_regex", pre.regex == nullptr}};
+  json list = json::array();
+  if (pre.digits) list.push_back({{"type", "Digits"}, {"individual_digits", true}});
+  if (pre.regex)
+    list.push_back({{"type", "Split"}, {"pattern", {{"Regex", pre.regex}}}, {"behavior", "Isolated"}, {"invert", false}});
+  list.push_back(byte_level);
+  return {{"type", "Sequence"}, {"pretokenizers", list}};
+}
+
+}  // namespace
+
+GgufTokenizerJson gguf_tokenizer_json(const GgufFile& g) {
+  const std::string where = g.path().string();
+  const std::string model = g.get_string("tokenizer.ggml.model");
+  if (model != "gpt2")
+    throw Unsupported(where + ": tokenizer.ggml.model \"" + model +
+                      "\" is not supported yet (\"gpt2\", byte-level BPE, is)");
+  const std::string pre_name = g.has("tokenizer.ggml.pre") ? g.get_string("tokenizer.ggml.pre") : "default";
+  const GgufPre* pre = nullptr;
+  for (const GgufPre& p : kGgufPres)
+    if (pre_name == p.name) pre = &p;
+  if (!pre) {
+    std::string names;
+    for (const GgufPre& p : kGgufPres) names += (names.empty() ? "" : ", ") + std::string(p.name);
+    throw Unsupported(where + ": tokenizer.ggml.pre \"" + pre_name + "\" is not supported (supported: " + names + ")");
+  }
+
+  const std::vector<std::string_view> tokens = g.get_string_array("tokenizer.ggml.tokens");
+  std::vector<int64_t> types(tokens.size(), kNormal);
+  if (g.has("tokenizer.ggml.token_type")) {
+    types = g.get_int_array("tokenizer.ggml.token_type");
+    if (types.size() != tokens.size())
+      throw InvalidInput(where + ": tokenizer.ggml.token_type has " + std::to_string(types.size()) +
+                         " entries for " + std::to_string(tokens.size()) + " tokens");
+  }
+  json vocab = json::object();
+  json added = json::array();
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const std::string text(tokens[i]);
+    switch (types[i]) {
+      case kNormal: case kUnknown: case kByte:
+        if (vocab.contains(text))
+          throw InvalidInput(where + ": tokenizer.ggml.tokens holds " + json(text).dump() + " twice (ids " +
+                             std::to_string(vocab[text].get<int64_t>()) + " and " + std::to_string(i) + ")");
+        vocab[text] = i;
+        break;
+      case kControl: case kUserDefined:
+        added.push_back({{"id", i}, {"content", text}, {"special", types[i] == kControl}, {"normalized", false},
+                         {"lstrip", false}, {"rstrip", false}, {"single_word", false}});
+        break;
+      case kUnused:
+        break;  // no token (padding ids)
+      default:
+        throw InvalidInput(where + ": tokenizer.ggml.token_type[" + std::to_string(i) + "] is " +
+                           std::to_string(types[i]) + " (1 to 6 are token types)");
+    }
+  }
+  json merges = json::array();
+  for (std::string_view m : g.get_string_array("tokenizer.ggml.merges")) merges.push_back(std::string(m));
+
+  auto token_id = [&](const char* key) -> std::optional<int64_t> {
+    if (!g.has(key)) return std::nullopt;
+    const uint64_t id = g.get_uint(key);
+    if (id >= tokens.size())
+      throw InvalidInput(where + ": " + key + " is " + std::to_string(id) + ", past the " +
+                         std::to_string(tokens.size()) + " tokens");
+    return int64_t(id);
+  };
+  const auto bos = token_id("tokenizer.ggml.bos_token_id");
+  const auto eos = token_id("tokenizer.ggml.eos_token_id");
+  const bool add_bos = g.has("tokenizer.ggml.add_bos_token") && g.get_bool("tokenizer.ggml.add_bos_token");
+  const bool add_eos = g.has("tokenizer.ggml.add_eos_token") && g.get_bool("tokenizer.ggml.add_eos_token");
+
+  json t = json::object();
+  t["version"] = "1.0";
+  t["model"] = {{"type", "BPE"},       {"vocab", vocab},         {"merges", merges},
+                {"byte_fallback", false}, {"ignore_merges", pre->ignore_merges}, {"fuse_unk", false}};
+  t["added_tokens"] = added;
+  t["normalizer"] = pre->nfc ? json{{"type", "NFC"}} : json();
+  t["pre_tokenizer"] = pre_tokenizer_of(*pre);
+  t["decoder"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}};
+  // The special tokens the file says to add around a text.
+  json single = json::array(), special = json::object();
+  auto add_special = [&](const std::optional<int64_t>& id, const char* key) {
+    if (!id) throw InvalidInput(where + ": the file adds " + key + ", but tokenizer.ggml." + key + "_token_id is missing");
+    const std::string text(tokens[size_t(*id)]);
+    single.push_back({{"SpecialToken", {{"id", text}, {"type_id", 0}}}});
+    special[text] = {{"id", text}, {"ids", {*id}}, {"tokens", {text}}};
+  };
+  if (add_bos) add_special(bos, "bos");
+  single.push_back({{"Sequence", {{"id", "A"}, {"type_id", 0}}}});
+  if (add_eos) add_special(eos, "eos");
+  json pair = single;
+  pair.push_back({{"Sequence", {{"id", "B"}, {"type_id", 1}}}});
+  if (add_bos || add_eos)
+    t["post_processor"] = {{"type", "TemplateProcessing"}, {"single", single}, {"pair", pair}, {"special_tokens", special}};
+
+  json c = json::object();
+  if (bos) c["bos_token"] = std::string(tokens[size_t(*bos)]);
+  if (eos) c["eos_token"] = std::string(tokens[size_t(*eos)]);
+  c["add_bos_token"] = add_bos;
+  if (g.has("tokenizer.chat_template")) c["chat_template"] = g.get_string("tokenizer.chat_template");
+  // NOTE: invalid UTF-8 in a token (a hostile file) is replaced, not thrown, by dump().
+  return {t.dump(-1, ' ', false, json::error_handler_t::replace), c.dump(-1, ' ', false, json::error_handler_t::replace)};
+}
+
+}  // namespace osprey

