@@ -335,6 +335,40 @@ TEST(HttpFront, RequestIdIsEchoedOrMade) {
   EXPECT_NE(r2->get_header_value("X-Request-Id"), r3->get_header_value("X-Request-Id"));
 }
 
+// The latency histograms: one observation per request (per token gap for the inter-token
+// one), cumulative buckets ending in +Inf at the count.
+TEST(HttpFront, LatencyHistogramsCountEveryRequest) {
+  testing::TestServer s;
+  for (int i = 0; i < 3; ++i) {
+    auto [status, r] = s.post_json("/v1/completions", {{"prompt", "Emma"}, {"max_tokens", 4}, {"ignore_eos", true}});
+    ASSERT_EQ(status, 200) << r.dump();
+  }
+  const std::string text = s.server().metrics_text();
+  const std::vector<std::pair<std::string, double>> expected = {
+      {"vllm:time_to_first_token_seconds", 3},
+      {"vllm:e2e_request_latency_seconds", 3},
+      {"vllm:request_queue_time_seconds", 3},
+      {"vllm:inter_token_latency_seconds", 9},
+      {"vllm:time_per_output_token_seconds", 9},
+  };
+  for (const auto& [name, count] : expected) {
+    EXPECT_NE(text.find("# TYPE " + name + " histogram"), std::string::npos) << name;
+    EXPECT_EQ(metric_with_labels(text, name + "_count"), count) << name;
+    EXPECT_EQ(metric_with_labels(text, name + "_bucket{le=\"+Inf\"}"), count) << name;
+    EXPECT_GT(metric_with_labels(text, name + "_sum"), 0) << name;
+    // Cumulative: each bucket holds at least the one before it.
+    double last = 0;
+    size_t pos = 0;
+    const std::string prefix = "\n" + name + "_bucket{le=\"";
+    while ((pos = text.find(prefix, pos)) != std::string::npos) {
+      const double v = std::stod(text.substr(text.find("} ", pos) + 2));
+      EXPECT_GE(v, last) << name;
+      last = v;
+      pos += prefix.size();
+    }
+  }
+}
+
 TEST(HttpFront, ShutdownEndsStreamsInFlightWithShuttingDown) {
   ServerOptions o = testing::demo_server_options();
   o.n_slots = 2;
