@@ -72,6 +72,16 @@ TEST(CliServe, NumericFlagsAreBoundedIntegers) {
   }
 }
 
+TEST(CliServe, ApiKeyFileMustHoldKeys) {
+  const auto dir = std::filesystem::temp_directory_path() / ("osprey-keys-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  testing::write_file(dir / "empty", "# no keys here\n\n");
+  expect_usage_error("--api-key-file " + (dir / "empty").string(), "--api-key-file");
+  expect_usage_error("--api-key-file " + (dir / "missing").string(), "--api-key-file");
+  expect_usage_error("--cache-salt-by-key", "--cache-salt-by-key");
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace osprey
 
 namespace osprey {
