@@ -121,3 +121,16 @@ bodies = [
 ]
 for i, b in enumerate(bodies):
     put("completion_request_fuzz", "body%d" % i, json.dumps(b))
+
+# http_request_fuzz: whole requests (Content-Length, chunked, pipelined, HTTP/1.0)
+requests = [
+    b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 18\r\n\r\n"
+    b'{"prompt": "Emma"}',
+    b"POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"con\r\n10\r\ntent\": \"Emma\"}  \r\n0\r\n\r\n",
+    b"GET /v1/models HTTP/1.0\r\nConnection: keep-alive\r\nX-Request-Id: abc\r\n\r\n",
+    b"POST /tokenize HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n{}"
+    b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n",
+]
+for i, r in enumerate(requests):
+    put("http_request_fuzz", "request%d" % i, r)

@@ -1,6 +1,8 @@
 #include <CLI/CLI.hpp>
+#include <atomic>
 #include <csignal>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <pthread.h>
@@ -19,6 +21,17 @@ namespace osprey::cli {
 namespace fs = std::filesystem;
 namespace {
 
+// Upper bounds of the serve flags: each fits its type and what a machine can give.
+constexpr int64_t kMaxContext = int64_t(1) << 24;
+constexpr int64_t kMaxSlots = 4096;
+constexpr int64_t kMaxQueue = 1 << 20;
+constexpr int64_t kMaxBodyMib = int64_t(1) << 20;  // 2^40 bytes
+constexpr int64_t kMaxTimeout = 86400;
+constexpr int64_t kMaxHttpThreads = 4096;
+// The KV pool and the prompt cache: 1 TiB, past any device; a size the device cannot hold is
+// an out-of-memory error at load.
+constexpr int64_t kMaxCacheMib = int64_t(1) << 20;
+
 struct ServeOptions {
   ServerOptions server;
   std::string model;
@@ -27,11 +40,35 @@ struct ServeOptions {
   int threads = -1;
   int64_t max_body_mib = 8;
   bool no_webui = false;
+  int shutdown_timeout_s = 5;
+  std::string api_key_file;
 };
+
+// The keys of an --api-key-file: one a line, blank lines and '#' comments skipped.
+std::vector<std::string> read_api_keys(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw UsageError("--api-key-file: cannot read " + path);
+  std::vector<std::string> keys;
+  std::string line;
+  while (std::getline(f, line)) {
+    while (!line.empty() && (line.back() == '\r' || line.back() == ' ' || line.back() == '\t')) line.pop_back();
+    const size_t start = line.find_first_not_of(" \t");
+    if (start == std::string::npos || line[start] == '#') continue;
+    keys.push_back(line.substr(start));
+  }
+  if (keys.empty()) throw UsageError("--api-key-file: " + path + " holds no key");
+  return keys;
+}
 
 int run_serve(ServeOptions& o) {
   if (o.threads >= 0) set_cpu_threads(o.threads);
   ServerOptions& so = o.server;
+  if (!o.api_key_file.empty())
+    for (std::string& k : read_api_keys(o.api_key_file)) so.api_keys.push_back(std::move(k));
+  for (const std::string& k : so.api_keys)
+    if (k.empty()) throw UsageError("--api-key: a key must not be empty");
+  if (so.cache_salt_by_key && so.api_keys.empty())
+    throw UsageError("--cache-salt-by-key needs API keys (--api-key or --api-key-file)");
   so.model_dir = model_folder(o.model, o.download);
   if (so.alias.empty() && !o.model.empty() && !fs::exists(o.model)) so.alias = o.model;  // a Hub id names itself
   if (!fs::exists(so.model_dir)) throw IoError("model folder " + so.model_dir.string() + " does not exist");
@@ -63,11 +100,26 @@ int run_serve(ServeOptions& o) {
   const int port = server.bind();
   server.start();
   log_info("listening on http://" + so.host + ":" + std::to_string(port) + ", loading " + so.model_dir.string());
+  // The first signal drains (up to --shutdown-timeout), then ends what is left; a second
+  // signal during the drain ends it at once.
+  std::atomic<bool> draining{false};
   std::thread watcher([&] {
     int sig = 0;
     sigwait(&signals, &sig);
     log_info(std::string("received ") + (sig == SIGINT ? "SIGINT" : "SIGTERM") + ", shutting down");
+    draining = true;
+    std::thread second([&] {
+      int again = 0;
+      sigwait(&signals, &again);
+      if (!draining) return;
+      log_info("received a second signal: ending the requests in progress now");
+      server.stop();
+    });
+    server.drain(o.shutdown_timeout_s * 1000);
+    draining = false;
     server.stop();
+    pthread_kill(second.native_handle(), SIGTERM);
+    second.join();
   });
   try {
     server.load();
@@ -90,11 +142,13 @@ Command add_serve(CLI::App& app) {
   app.add_option("-m,--model", o->model, "Model folder, a GGUF file, or a Hub id org/name[:revision] (default: the embedded default model)");
   app.add_flag("--download", o->download, "Fetch a Hub model missing from the Hugging Face cache (as osprey pull does)");
   app.add_option("--host", s.host, "Address to listen on")->capture_default_str();
-  app.add_option("--port", s.port, "Port to listen on (0: any free port)")->check(CLI::Range(0, 65535))->capture_default_str();
+  app.add_option("--port", s.port, "Port to listen on (0: any free port)")->check(int_range(0, 65535))->capture_default_str();
   app.add_option("-c,--ctx-size", s.ctx_size, "Context per sequence (0: the model's max_position_embeddings)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(int_range(0, kMaxContext))
       ->capture_default_str();
-  app.add_option("--parallel", s.n_slots, "Sequences running at once (also -np)")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--parallel", s.n_slots, "Sequences running at once (also -np)")
+      ->check(int_range(1, kMaxSlots))
+      ->capture_default_str();
   app.add_option("--kv-layout", s.kv_layout,
                  "How the attention cache is kept. paged: one shared pool, and every running request is decoded "
                  "in one batch (the fast choice). dense: one cache per --parallel slot, the requests decoded one "
@@ -107,36 +161,68 @@ Command add_serve(CLI::App& app) {
   app.add_option("--prefill-chunk", s.prefill_chunk,
                  "Prompt tokens the engine prefills per step, between decode steps (larger: faster admission of "
                  "many prompts, longer pauses for running replies)")
-      ->check(CLI::Range(int64_t(1), int64_t(1) << 20))
+      ->check(int_range(1, int64_t(1) << 20))
       ->capture_default_str()
       ->group("Advanced");
   app.add_option("--block-size", s.block_size, "Paged layout: rows per KV block")
-      ->check(CLI::Range(1, 1024))
+      ->check(int_range(1, 1024))
       ->capture_default_str()
       ->group("Advanced");
   app.add_option("--kv-cache-mib", s.kv_cache_mib,
-                 "Paged layout: the KV pool in MiB (0: every sequence's full context, on CUDA at most 90% of the free "
-                 "memory)")
-      ->check(CLI::NonNegativeNumber)
+                 "Paged layout: the KV pool in MiB (0: every sequence's full context, on CUDA at most 90% of the "
+                 "free memory)")
+      ->check(int_range(0, kMaxCacheMib))
       ->capture_default_str()
       ->group("Advanced");
   app.add_flag("--batch-invariant", s.batch_invariant,
                "Every row of a batch computed bit for bit as alone: a greedy request's tokens do not depend on "
                "what else runs (slower)")
       ->group("Advanced");
-  app.add_option("--api-key", s.api_key, "Require Authorization: Bearer KEY on every route but /health");
+  app.add_option("--api-key", s.api_keys,
+                 "Require Authorization: Bearer KEY on every route but /health (repeatable: any of the keys)")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  app.add_option("--api-key-file", o->api_key_file, "Accept the API keys of this file too (one a line; '#' comments)");
+  app.add_flag("--cache-salt-by-key", s.cache_salt_by_key,
+               "Keep each API key's prompt-cache entries apart: one key's clients cannot time another's prompts");
   app.add_option("--alias", s.alias, "The model's id in the API (default: the folder's name)");
-  app.add_option("--prompt-cache-mib", s.prompt_cache_mib, "Prompt cache budget in MiB (0: off)")
+  app.add_option("--prompt-cache-mib", s.prompt_cache_mib,
+                 "Prompt cache budget in MiB (0: off)")
+      ->check(int_range(0, kMaxCacheMib))
       ->capture_default_str()
       ->group("Advanced");
-  app.add_option("--max-queue", s.max_queue, "Waiting requests past this get 429")->check(CLI::NonNegativeNumber)->capture_default_str();
-  app.add_option("--max-body-mib", o->max_body_mib, "Largest request body in MiB")
-      ->check(CLI::PositiveNumber)
+  app.add_option("--max-queue", s.max_queue,
+                 "Requests that may wait for a sequence slot; past them 429 with Retry-After")
+      ->check(int_range(0, kMaxQueue))
+      ->capture_default_str();
+  app.add_option("--max-body-mib", o->max_body_mib, "Largest request body in MiB (413 past it)")
+      ->check(int_range(1, kMaxBodyMib))
       ->capture_default_str()
       ->group("Advanced");
-  app.add_option("--timeout", s.timeout_s, "Socket read and write timeout in seconds")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--threads-http", s.n_http_threads, "HTTP worker threads (0: 4 * parallel + 16)")
-      ->check(CLI::NonNegativeNumber)
+  app.add_option("--timeout", s.timeout_s,
+                 "Seconds a request body may go without progress, and a response write may take")
+      ->check(int_range(1, kMaxTimeout))
+      ->capture_default_str();
+  app.add_option("--header-timeout", s.header_timeout_s, "Seconds within which a request's line and headers must arrive")
+      ->check(int_range(1, kMaxTimeout))
+      ->capture_default_str()
+      ->group("Advanced");
+  app.add_option("--keep-alive-timeout", s.idle_timeout_s, "Seconds an idle keep-alive connection stays open")
+      ->check(int_range(1, kMaxTimeout))
+      ->capture_default_str()
+      ->group("Advanced");
+  app.add_option("--keep-alive-max", s.max_requests_per_connection, "Requests served on one connection before it closes")
+      ->check(int_range(1, 1 << 20))
+      ->capture_default_str()
+      ->group("Advanced");
+  app.add_option("--shutdown-timeout", o->shutdown_timeout_s,
+                 "Seconds SIGTERM lets running requests finish before ending them (a second signal ends them at once)")
+      ->check(int_range(0, kMaxTimeout))
+      ->capture_default_str();
+  app.add_option("--cors-origin", s.cors_origin,
+                 "Answer CORS preflights and allow this origin (\"*\": any) to call the API from a browser (default: off)");
+  app.add_option("--threads-http", s.n_http_threads, "Threads serving generation requests (0: 4 * parallel + 16)")
+      ->check(int_range(0, kMaxHttpThreads))
       ->capture_default_str()
       ->group("Advanced");
   app.add_flag("--no-webui", o->no_webui, "Do not serve the chat page at /");

@@ -61,6 +61,7 @@ struct PagedPool::Impl {
     uint64_t last_use = 0;  // recency for eviction: registered, matched or released last at this tick
     std::vector<int32_t> tokens;    // [block_size] the token ids of its rows
     std::vector<int32_t> children;  // cached blocks whose parent it is
+    std::string salt;               // a chain's first block: the salt it was cached under
   };
   struct Seq {
     std::vector<int32_t> table;
@@ -229,7 +230,8 @@ int64_t PagedPool::length(SeqId seq) const { return impl_->seq(seq, "length").le
 
 const std::vector<int32_t>& PagedPool::block_table(SeqId seq) const { return impl_->seq(seq, "block_table").table; }
 
-int64_t PagedPool::match_prefix(SeqId seq, std::span<const int32_t> tokens, int64_t max_tokens) {
+int64_t PagedPool::match_prefix(SeqId seq, std::span<const int32_t> tokens, int64_t max_tokens,
+                                const std::string& salt) {
   Impl& m = *impl_;
   Impl::Seq& s = m.seq(seq, "match_prefix");
   if (s.length != 0 || !s.table.empty())
@@ -239,7 +241,7 @@ int64_t PagedPool::match_prefix(SeqId seq, std::span<const int32_t> tokens, int6
   const int64_t bs = m.params.block_size;
   const int64_t n_full = std::min<int64_t>(int64_t(tokens.size()), max_tokens) / bs;
   m.stats.n_prefix_queries += uint64_t(n_full);
-  uint64_t key = kRootChainKey;
+  uint64_t key = root_key(salt);
   int32_t parent = -1;
   for (int64_t i = 0; i < n_full; ++i) {
     const std::span<const int32_t> t = tokens.subspan(size_t(i * bs), size_t(bs));
@@ -250,6 +252,7 @@ int64_t PagedPool::match_prefix(SeqId seq, std::span<const int32_t> tokens, int6
     const Impl::Block& blk = m.blocks[b];
     // The key only proposes: the block must continue the chain accepted so far with these tokens.
     if (blk.parent != parent || !std::equal(t.begin(), t.end(), blk.tokens.begin())) break;
+    if (parent < 0 && blk.salt != salt) break;
     m.acquire(b);
     m.touch(b);
     s.table.push_back(b);
@@ -333,12 +336,12 @@ void PagedPool::truncate(SeqId seq, int64_t length) {
   s.length = s.reserved = length;
 }
 
-void PagedPool::cache_prefix(SeqId seq, std::span<const int32_t> tokens) {
+void PagedPool::cache_prefix(SeqId seq, std::span<const int32_t> tokens, const std::string& salt) {
   Impl& m = *impl_;
   const Impl::Seq& s = m.seq(seq, "cache_prefix");
   const int64_t bs = m.params.block_size;
   const int64_t n_full = std::min<int64_t>(s.length, int64_t(tokens.size())) / bs;
-  uint64_t key = kRootChainKey;
+  uint64_t key = root_key(salt);
   int32_t parent = -1;  // the cached block the chain resolved to so far
   for (int64_t i = 0; i < n_full; ++i) {
     const std::span<const int32_t> t = tokens.subspan(size_t(i * bs), size_t(bs));
@@ -351,6 +354,7 @@ void PagedPool::cache_prefix(SeqId seq, std::span<const int32_t> tokens) {
       // The block already there stays (it may be this one): the chain goes on through it when
       // it holds these tokens after this parent, and stops at a key collision.
       if (blk.parent != parent || !std::equal(t.begin(), t.end(), blk.tokens.begin())) break;
+      if (parent < 0 && blk.salt != salt) break;
       m.touch(e);
       parent = e;
       continue;
@@ -362,6 +366,7 @@ void PagedPool::cache_prefix(SeqId seq, std::span<const int32_t> tokens) {
     blk.key = key;
     blk.parent = parent;
     blk.tokens.assign(t.begin(), t.end());
+    blk.salt = parent < 0 ? salt : std::string();
     blk.last_use = ++m.clock;
     if (parent >= 0) m.blocks[parent].children.push_back(b);
     m.by_key.emplace(key, b);
@@ -392,6 +397,12 @@ bool PagedPool::writable_in_place(SeqId seq, int32_t block) const {
   (void)seq;
   const Impl::Block& blk = impl_->blocks[size_t(block)];
   return blk.n_seq == 1 && !blk.cached;
+}
+
+uint64_t PagedPool::root_key(const std::string& salt) {
+  uint64_t h = kRootChainKey;
+  for (unsigned char c : salt) h = mix64(h ^ (uint64_t(c) + 0x9e3779b97f4a7c15ull));
+  return salt.empty() ? kRootChainKey : mix64(h ^ salt.size());
 }
 
 uint64_t PagedPool::chain_key(uint64_t parent_key, std::span<const int32_t> tokens) const {

@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "core/array.h"
@@ -82,8 +83,10 @@ class PagedPool {
   // verifying each block's stored token ids and parent (a key alone never decides). At most
   // max_tokens tokens are matched (rounded down to whole blocks; a caller that must compute the
   // last prompt token passes tokens.size() - 1). Returns the number of tokens the sequence now
-  // holds (its length). Throws InvalidInput for a sequence that is not empty.
-  int64_t match_prefix(SeqId seq, std::span<const int32_t> tokens, int64_t max_tokens);
+  // holds (its length). Throws InvalidInput for a sequence that is not empty. `salt` keys the
+  // chain: only blocks cached under the same salt match (a chain's first block keeps it and is
+  // verified against it), so requests with different salts never share a block.
+  int64_t match_prefix(SeqId seq, std::span<const int32_t> tokens, int64_t max_tokens, const std::string& salt = "");
 
   // Makes rows [length, length + n) of the sequence writable by it alone: allocates blocks
   // (evicting the least recently used cached blocks when none is free) and copies a shared
@@ -101,7 +104,7 @@ class PagedPool {
 
   // Puts the sequence's full blocks, whose tokens are tokens[0 .. length), in the prefix
   // cache (blocks already there stay; the first block of each new chain key wins).
-  void cache_prefix(SeqId seq, std::span<const int32_t> tokens);
+  void cache_prefix(SeqId seq, std::span<const int32_t> tokens, const std::string& salt = "");
   // Drops every cached block no sequence holds (they become free).
   void clear_prefix_cache();
 
@@ -124,6 +127,8 @@ class PagedPool {
   static constexpr uint64_t kRootChainKey = 0x243f6a8885a308d3ull;
 
  private:
+  // The chain key a sequence's first block starts from: kRootChainKey without a salt.
+  static uint64_t root_key(const std::string& salt);
   struct Impl;
   std::shared_ptr<Impl> impl_;
 };

@@ -46,7 +46,7 @@ BatchedBenchResult run_one(Model& model, const BatchedBenchParams& p, int batch,
   std::vector<float> logits;
   const auto t0 = Clock::now();
   for (int i = 0; i < batch; ++i) {
-    auto begun = backend.begin(prompts[size_t(i)]);
+    auto begun = backend.begin(prompts[size_t(i)], "");
     if (!begun) throw InvalidInput("batched bench: the KV pool cannot hold " + std::to_string(batch) + " sequences");
     backend.prefill(begun->handle, prompts[size_t(i)], true, logits);
     inputs[size_t(i)] = {begun->handle, argmax(logits), true};

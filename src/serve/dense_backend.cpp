@@ -22,6 +22,7 @@ void last_row(const Array& logits, std::vector<float>& out) {
 
 struct DenseSlotBackend::Slot {
   bool busy = false;
+  std::string salt;  // the running sequence's prompt-cache salt
   SequenceCache cache;
   std::unique_ptr<DecodeStepper> decoder;
 };
@@ -64,16 +65,18 @@ void DenseSlotBackend::reset(Slot& s) {
   s.decoder = new_stepper(s.cache);
 }
 
-std::optional<SequenceBackend::Begun> DenseSlotBackend::begin(std::span<const int32_t> prompt) {
+std::optional<SequenceBackend::Begun> DenseSlotBackend::begin(std::span<const int32_t> prompt,
+                                                              const std::string& cache_salt) {
   check_prompt(prompt, context_, model_.info().vocab_size);
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& s = *slots_[i];
     if (s.busy) continue;
     s.busy = true;
+    s.salt = cache_salt;
     Begun b;
     b.handle = int(i);
     // At least the last prompt token is prefilled again: its logits choose the first token.
-    PromptCache::Match m = prompt_cache_.lookup(prompt, prompt.size() - 1);
+    PromptCache::Match m = prompt_cache_.lookup(prompt, prompt.size() - 1, cache_salt);
     if (m.entry) {
       const size_t use = std::min(m.n_common, prompt.size() - 1);
       s.cache.restore(m.entry->states);
@@ -115,7 +118,7 @@ void DenseSlotBackend::end(int handle, std::span<const int32_t> tokens) {
   Slot& s = slot(handle);
   s.busy = false;
   if (prompt_cache_.enabled() && !tokens.empty() && s.cache.offset() == int64_t(tokens.size()))
-    prompt_cache_.store(std::vector<int32_t>(tokens.begin(), tokens.end()), s.cache.snapshot());
+    prompt_cache_.store(std::vector<int32_t>(tokens.begin(), tokens.end()), s.cache.snapshot(), s.salt);
   reset(s);
 }
 

@@ -35,7 +35,7 @@ class DenseSlotBackend final : public SequenceBackend {
 
   int max_running() const override { return int(slots_.size()); }
   int64_t context_size() const override { return context_; }
-  std::optional<Begun> begin(std::span<const int32_t> prompt) override;
+  std::optional<Begun> begin(std::span<const int32_t> prompt, const std::string& cache_salt) override;
   void prefill(int handle, std::span<const int32_t> tokens, bool want_logits, std::vector<float>& logits) override;
   void decode(std::span<const DecodeInput> inputs, std::vector<DecodeOutput>& outputs) override;
   void end(int handle, std::span<const int32_t> tokens) override;

@@ -89,7 +89,7 @@ PagedBackend::Seq& PagedBackend::seq(int handle) {
   return seqs_[size_t(handle)];
 }
 
-std::optional<SequenceBackend::Begun> PagedBackend::begin(std::span<const int32_t> prompt) {
+std::optional<SequenceBackend::Begun> PagedBackend::begin(std::span<const int32_t> prompt, const std::string& cache_salt) {
   check_prompt(prompt, context_, model_.info().vocab_size);
   const int64_t bs = options_.block_size;
   if (ceil_div(int64_t(prompt.size()), bs) > pool_->n_blocks())
@@ -100,7 +100,7 @@ std::optional<SequenceBackend::Begun> PagedBackend::begin(std::span<const int32_
 
   const PagedPool::SeqId id = pool_->create();
   // At least the last prompt token is computed again: its logits choose the next token.
-  const int64_t n_cached = options_.prefix_cache ? pool_->match_prefix(id, prompt, int64_t(prompt.size()) - 1) : 0;
+  const int64_t n_cached = options_.prefix_cache ? pool_->match_prefix(id, prompt, int64_t(prompt.size()) - 1, cache_salt) : 0;
   // Admit only when the rest of the prompt fits now, so that prefill rarely preempts.
   const int64_t need = ceil_div(int64_t(prompt.size()), bs) - n_cached / bs;
   if (need > pool_->n_available()) {
@@ -110,6 +110,7 @@ std::optional<SequenceBackend::Begun> PagedBackend::begin(std::span<const int32_
   }
   free_slot->busy = true;
   free_slot->id = id;
+  free_slot->salt = cache_salt;
   {
     std::lock_guard<std::mutex> lock(stats_mu_);
     if (options_.prefix_cache) ++(n_cached > 0 ? prefix_.n_hits : prefix_.n_misses);
@@ -281,7 +282,7 @@ void PagedBackend::end(int handle, std::span<const int32_t> tokens) {
   Seq& s = seq(handle);
   s.busy = false;
   if (options_.prefix_cache && !tokens.empty() && pool_->length(s.id) == int64_t(tokens.size())) {
-    pool_->cache_prefix(s.id, tokens);
+    pool_->cache_prefix(s.id, tokens, s.salt);
     std::lock_guard<std::mutex> lock(stats_mu_);
     prefix_.n_stored += uint64_t(int64_t(tokens.size()) / options_.block_size);
   }

@@ -47,7 +47,7 @@ class PagedBackend final : public SequenceBackend {
 
   int max_running() const override { return int(seqs_.size()); }
   int64_t context_size() const override { return context_; }
-  std::optional<Begun> begin(std::span<const int32_t> prompt) override;
+  std::optional<Begun> begin(std::span<const int32_t> prompt, const std::string& cache_salt) override;
   void prefill(int handle, std::span<const int32_t> tokens, bool want_logits, std::vector<float>& logits) override;
   void decode(std::span<const DecodeInput> inputs, std::vector<DecodeOutput>& outputs) override;
   bool reserve(int handle, int64_t n) override;
@@ -68,6 +68,7 @@ class PagedBackend final : public SequenceBackend {
   struct Seq {
     bool busy = false;
     PagedPool::SeqId id = -1;
+    std::string salt;  // its prompt-cache salt
   };
   // A decode step's inputs for batches of up to `size` sequences, in device arrays that stay
   // put (views of one buffer uploaded per step), and the step captured over them.

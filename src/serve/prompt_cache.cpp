@@ -57,12 +57,13 @@ uint64_t snapshot_bytes(const std::vector<KVState>& states) {
 PromptCache::PromptCache(uint64_t budget_bytes, bool keep_checksums)
     : budget_(budget_bytes), keep_checksums_(keep_checksums) { stats_.budget_bytes = budget_bytes; }
 
-PromptCache::Match PromptCache::lookup(std::span<const int32_t> tokens, size_t max_use) {
+PromptCache::Match PromptCache::lookup(std::span<const int32_t> tokens, size_t max_use, const std::string& salt) {
   Match m;
   if (!enabled()) return m;
   std::lock_guard<std::mutex> lock(mu_);
   auto best = lru_.end();
   for (auto it = lru_.begin(); it != lru_.end(); ++it) {
+    if ((*it)->salt != salt) continue;
     const size_t n = common_prefix((*it)->tokens, tokens);
     if (n > m.n_common) {
       m.n_common = n;
@@ -90,7 +91,7 @@ void PromptCache::unusable(size_t n_use) {
   ++stats_.n_unusable;
 }
 
-void PromptCache::store(std::vector<int32_t> tokens, std::vector<KVState> states) {
+void PromptCache::store(std::vector<int32_t> tokens, std::vector<KVState> states, const std::string& salt) {
   if (!enabled() || tokens.empty()) return;
   for (const KVState& s : states)
     if (s.offset != int64_t(tokens.size()))
@@ -100,10 +101,15 @@ void PromptCache::store(std::vector<int32_t> tokens, std::vector<KVState> states
   entry->bytes = snapshot_bytes(states);
   entry->tokens = std::move(tokens);
   entry->states = std::move(states);
+  entry->salt = salt;
   if (keep_checksums_) entry->checksum = rows_checksum(entry->states);
   std::lock_guard<std::mutex> lock(mu_);
   for (auto it = lru_.begin(); it != lru_.end();) {
     const Entry& e = **it;
+    if (e.salt != salt) {
+      ++it;
+      continue;
+    }
     const size_t n = common_prefix(e.tokens, entry->tokens);
     if (n == entry->tokens.size()) {  // already covered by a longer (or equal) entry
       lru_.splice(lru_.begin(), lru_, it);

@@ -28,6 +28,7 @@ class PromptCache {
     std::vector<KVState> states;  // one per layer, each with offset == tokens.size()
     uint64_t bytes = 0;
     uint64_t checksum = 0;  // of the rows when stored, when checksums are kept (tests)
+    std::string salt;       // only lookups with the same salt see it
   };
   struct Match {
     std::shared_ptr<const Entry> entry;  // null on a miss
@@ -42,7 +43,8 @@ class PromptCache {
   // The entry sharing the longest common prefix with `tokens` (the most recently used one on
   // a tie), marked as used. Counts a hit or a miss; `n_use` (<= n_common) is what the caller
   // restores, counted as restored tokens.
-  Match lookup(std::span<const int32_t> tokens, size_t max_use);
+  // Only entries stored under `salt` are considered.
+  Match lookup(std::span<const int32_t> tokens, size_t max_use, const std::string& salt = "");
   // The caller could not use the match a lookup returned (a sliding-window layer's ring no
   // longer holds the rows before the common prefix's end, so the prompt is computed from the
   // start): that lookup counts as unusable instead of as a hit, and its `n_use` tokens are
@@ -52,7 +54,8 @@ class PromptCache {
   // replaced; when `tokens` is a prefix of an entry's (or equals one), nothing is stored.
   // Evicts the least recently used entries past the budget; an entry larger than the whole
   // budget is not kept.
-  void store(std::vector<int32_t> tokens, std::vector<KVState> states);
+  // Entries of another salt are neither replaced nor counted as covering it.
+  void store(std::vector<int32_t> tokens, std::vector<KVState> states, const std::string& salt = "");
 
   PromptCacheStats stats() const;
   // For every entry, most recently used first: its token count, the checksum of its rows when

@@ -40,6 +40,7 @@ void check_prompt(std::span<const int32_t> prompt, int64_t context, int64_t voca
 // ---- SequenceChannel ----
 
 void SequenceChannel::push(SequenceEvent event) {
+  event.time = std::chrono::steady_clock::now();
   {
     std::lock_guard<std::mutex> lock(mu_);
     events_.push_back(std::move(event));
@@ -85,6 +86,7 @@ struct Scheduler::Sequence {
   bool resumed = false;         // preempted once: tokens holds prompt and output so far
   bool preempted = false;       // this step: goes back to the queue
   bool greedy = false;          // the backend may choose the token (DecodeInput::greedy)
+  Clock::time_point admitted{};  // first begun: the end of its queue wait
 
   Sequence(SequenceRequest r) : request(std::move(r)), sampler(request.params.sampler), tokens(request.prompt) {
     const SamplerParams& sp = request.params.sampler;
@@ -254,6 +256,7 @@ void Scheduler::fail(Sequence& s, const std::string& error) {
 
 bool Scheduler::emit(Sequence& s, std::span<const float> logits, int32_t chosen) {
   SequenceEvent e;
+  e.admitted = s.admitted;
   e.token = chosen >= 0 ? chosen : s.sampler.sample(logits, s.tokens);
   const SequenceParams& p = s.request.params;
   if (p.n_top_logprobs >= 0) {
@@ -410,7 +413,8 @@ void Scheduler::step() {
         // A resumed sequence hands over every token: the backend reuses at most all but the
         // last, which the next decode step feeds.
         auto begun = backend_.begin(next->resumed ? std::span<const int32_t>(next->tokens)
-                                                  : std::span<const int32_t>(next->request.prompt));
+                                                  : std::span<const int32_t>(next->request.prompt),
+                                    next->request.cache_salt);
         if (!begun) {
           std::lock_guard<std::mutex> lock(mu_);
           waiting_.push_front(std::move(next));
@@ -418,7 +422,10 @@ void Scheduler::step() {
         }
         next->handle = begun->handle;
         next->n_in_cache = begun->n_cached;
-        if (!next->resumed) next->n_cached = begun->n_cached;
+        if (!next->resumed) {
+          next->n_cached = begun->n_cached;
+          next->admitted = Clock::now();
+        }
       } catch (const std::exception& e) {
         fail(*next, e.what());
         continue;

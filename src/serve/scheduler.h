@@ -15,6 +15,7 @@
 // to be computed again when it is admitted (vLLM's recompute preemption). Its client sees
 // nothing but a pause.
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -58,6 +59,9 @@ struct SequenceEvent {
   // On the first token and on the end: the prompt's size and how many of its tokens came
   // from the prompt cache.
   int64_t n_prompt = 0, n_cached = 0;
+  // When the channel took the event, and (token events) when the engine first admitted the
+  // sequence, which ends its wait in the queue.
+  std::chrono::steady_clock::time_point time{}, admitted{};
 };
 
 // A single-producer (engine) single-consumer (client thread) queue of events with a cancel
@@ -83,6 +87,7 @@ class SequenceChannel {
 
 struct SequenceRequest {
   uint64_t id = 0;
+  std::string cache_salt;  // see SequenceBackend::begin
   std::vector<int32_t> prompt;
   SequenceParams params;
   std::shared_ptr<SequenceChannel> channel;
@@ -98,11 +103,13 @@ class SequenceBackend {
   virtual int64_t context_size() const = 0;
   // Starts a sequence for `prompt`: returns its handle and how many leading prompt tokens are
   // already in its cache (from a prompt cache; always < prompt.size()), or nullopt when full.
+  // `cache_salt` keys the prompt cache: the sequence reuses, and at end() leaves, only entries
+  // of the same salt.
   struct Begun {
     int handle = -1;
     int64_t n_cached = 0;
   };
-  virtual std::optional<Begun> begin(std::span<const int32_t> prompt) = 0;
+  virtual std::optional<Begun> begin(std::span<const int32_t> prompt, const std::string& cache_salt) = 0;
   // Appends `tokens` to the sequence's cache. When `want_logits`, writes the logits of the
   // last one into `logits` ([vocab] f32 on the host).
   virtual void prefill(int handle, std::span<const int32_t> tokens, bool want_logits, std::vector<float>& logits) = 0;

@@ -104,6 +104,10 @@ CompletionRequest read_completion_fields(const json& body, bool chat) {
   r.chat = chat;
   r.model = string_field(body, "model").value_or("");
   string_field(body, "user");
+  if (auto salt = string_field(body, "cache_salt")) {
+    if (salt->empty()) throw bad_request("'cache_salt' must be a non-empty string", "cache_salt");
+    r.cache_salt = *salt;
+  }
   constexpr int64_t kMaxTokens = int64_t(1) << 31;
   r.max_tokens = int_field(body, "max_completion_tokens", 1, kMaxTokens);
   if (!r.max_tokens) r.max_tokens = int_field(body, "max_tokens", 1, kMaxTokens);

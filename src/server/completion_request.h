@@ -26,6 +26,7 @@ struct CompletionRequest {
   bool include_usage = false;                 // stream_options.include_usage
   bool logprobs = false;                      // completions: logprobs given; chat: logprobs true
   int top_logprobs = 0;
+  std::string cache_salt;                     // "" : none; keys the prompt cache
 };
 
 // Reads the sampling, stop, stream and logprobs fields common to both routes (not the

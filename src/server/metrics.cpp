@@ -37,6 +37,46 @@ std::map<std::pair<std::string, int>, uint64_t> HttpCounters::snapshot() const {
   return counts_;
 }
 
+Histogram::Histogram(std::vector<double> bounds) {
+  s_.bounds = std::move(bounds);
+  s_.counts.assign(s_.bounds.size() + 1, 0);
+}
+
+void Histogram::observe(double value) {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t i = 0;
+  while (i < s_.bounds.size() && value > s_.bounds[i]) ++i;
+  ++s_.counts[i];
+  s_.sum += value;
+}
+
+Histogram::Snapshot Histogram::snapshot() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return s_;
+}
+
+namespace {
+
+void histogram(Page& p, const char* name, const char* help, const Histogram& h) {
+  const Histogram::Snapshot s = h.snapshot();
+  p.header(name, "histogram", help);
+  const std::string base = name;
+  uint64_t total = 0;
+  for (size_t i = 0; i <= s.bounds.size(); ++i) {
+    total += s.counts[i];
+    char le[32];
+    if (i < s.bounds.size())
+      std::snprintf(le, sizeof le, "%g", s.bounds[i]);
+    else
+      std::snprintf(le, sizeof le, "+Inf");
+    p.sample((base + "_bucket").c_str(), std::string("le=\"") + le + "\"", double(total));
+  }
+  p.sample((base + "_sum").c_str(), "", s.sum);
+  p.sample((base + "_count").c_str(), "", double(total));
+}
+
+}  // namespace
+
 std::string render_metrics(const MetricsInput& in) {
   const SchedulerStats& s = in.serve.scheduler;
   const PromptCacheStats& pc = in.serve.prompt_cache;
@@ -107,6 +147,19 @@ std::string render_metrics(const MetricsInput& in) {
   p.metric("vllm:num_requests_waiting", "gauge", "Alias of osprey:num_requests_waiting.", double(s.n_waiting));
   p.metric("vllm:kv_cache_usage_perc", "gauge", "Alias of osprey:kv_cache_usage_perc.", s.kv_usage);
   p.metric("vllm:gpu_cache_usage_perc", "gauge", "Alias of osprey:kv_cache_usage_perc (the older name).", s.kv_usage);
+  if (in.latency) {
+    histogram(p, "vllm:time_to_first_token_seconds", "Seconds from a request's arrival to its first token.",
+              in.latency->ttft);
+    histogram(p, "vllm:inter_token_latency_seconds", "Seconds between consecutive tokens of a request.",
+              in.latency->itl);
+    histogram(p, "vllm:time_per_output_token_seconds", "Alias of vllm:inter_token_latency_seconds (the older name).",
+              in.latency->itl);
+    histogram(p, "vllm:e2e_request_latency_seconds", "Seconds from a request's arrival to its last token.",
+              in.latency->e2e);
+    histogram(p, "vllm:request_queue_time_seconds",
+              "Seconds a request waited (for a thread or in the engine's queue) before the engine admitted it.",
+              in.latency->queue);
+  }
   return p.str();
 }
 

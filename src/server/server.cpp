@@ -1,10 +1,5 @@
 #include "server/server.h"
 
-#include <httplib.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -21,6 +16,7 @@
 #include "serve/scheduler.h"
 #include "server/api_error.h"
 #include "server/completion_request.h"
+#include "server/http_transport.h"
 #include "backend/ops.h"
 #include "core/env.h"
 #include "serve/paged_backend.h"
@@ -31,6 +27,16 @@
 #include "server/model_files.h"
 
 namespace osprey {
+
+// What the per-request log line reports; filled by the handler on its own thread (a stream's
+// handler hands it on to the stream). Outside the anonymous namespace: Server::Impl keeps
+// copies of it.
+struct ServerRequestLog {
+  std::chrono::steady_clock::time_point start{};
+  uint64_t id = 0;
+  int64_t n_prompt = 0, n_cached = 0, n_generated = 0;
+};
+
 namespace {
 
 using nlohmann::json;
@@ -39,87 +45,25 @@ using Clock = std::chrono::steady_clock;
 constexpr int kPollMs = 50;
 constexpr int kMaxJsonDepth = 128;
 
-// What the per-request log line reports; filled by the handler on its own thread.
-struct RequestLog {
-  Clock::time_point start{};
-  uint64_t id = 0;
-  int64_t n_prompt = 0, n_cached = 0, n_generated = 0;
-};
-thread_local RequestLog t_log;
-
-// Calls fn(fd) for each open file descriptor of the process until it returns true.
-template <class Fn>
-void for_each_fd(Fn fn) {
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
-    // The name outlives the parse: `end` points into it.
-    const std::string name = e.path().filename().string();
-    char* end = nullptr;
-    const long fd = std::strtol(name.c_str(), &end, 10);
-    if (*end == '\0' && fn(int(fd))) return;
-  }
-}
-
-// The port of an IPv4 or IPv6 address; -1 for another family.
-int port_of(const sockaddr_storage& a) {
-  if (a.ss_family == AF_INET) return int(ntohs(reinterpret_cast<const sockaddr_in&>(a).sin_port));
-  if (a.ss_family == AF_INET6) return int(ntohs(reinterpret_cast<const sockaddr_in6&>(a).sin6_port));
-  return -1;
-}
-
-// The socket of the connection a request came on: the one whose peer and local ports are
-// the request's (the pair is unique while the connection lives). httplib does not hand
-// handlers their socket; -1 when not found.
-int find_socket(const httplib::Request& req) {
-  int found = -1;
-  for_each_fd([&](int fd) {
-    sockaddr_storage peer{}, local{};
-    socklen_t pl = sizeof peer, ll = sizeof local;
-    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0) return false;
-    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0) return false;
-    if (port_of(peer) != req.remote_port || port_of(local) != req.local_port) return false;
-    found = fd;
-    return true;
-  });
-  return found;
-}
-
-// Whether the peer closed the connection (a read would return end of file or an error).
-bool peer_gone(int fd) {
-  if (fd < 0) return false;
-  char c;
-  const ssize_t n = ::recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-  if (n == 0) return true;
-  return n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
-}
-
-// cpp-httplib listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG, compiled into the shared
-// library). A burst of clients connecting at once overflows that accept queue: the kernel drops
-// their handshakes, and a connection accepted late may bring its request only after httplib's
-// keep-alive wait, to be closed unanswered. listen() again on the bound socket raises the
-// backlog (Linux allows it on a listening socket); the socket is the listening one on `port`.
-void widen_listen_backlog(int port) {
-  for_each_fd([&](int fd) {
-    int listening = 0;
-    socklen_t len = sizeof listening;
-    if (::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || !listening) return false;
-    sockaddr_storage local{};
-    socklen_t ll = sizeof local;
-    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0 || port_of(local) != port) return false;
-    if (::listen(fd, SOMAXCONN) != 0)
-      log_warn("cannot raise the listen backlog of port " + std::to_string(port) + ": " + std::strerror(errno));
-    return false;
-  });
-}
+thread_local ServerRequestLog t_log;
+// The request on this thread was admitted and its sequences are not yet submitted.
+thread_local bool t_unsubmitted = false;
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
-void send_json(httplib::Response& res, int status, const json& body) {
-  res.status = status;
-  res.set_content(dump(body), "application/json");
+HttpResponse json_response(int status, const json& body) {
+  HttpResponse r;
+  r.status = status;
+  r.body = dump(body);
+  return r;
 }
 
-void send_error(httplib::Response& res, const ApiError& e) { send_json(res, e.status, e.body()); }
+// An OpenAI error body; a 429 says when to try again.
+HttpResponse error_response(const ApiError& e) {
+  HttpResponse r = json_response(e.status, e.body());
+  if (e.status == 429) r.headers.emplace_back("Retry-After", "1");
+  return r;
+}
 
 ApiError api_error(int status, const std::string& type, const std::string& message, const std::string& code = "") {
   ApiError e;
@@ -166,6 +110,8 @@ struct Choice {
   int64_t n_prompt = 0, n_cached = 0, n_completion = 0;
   bool done = false;
   std::string finish_reason, error;
+  LatencyHistograms* latency = nullptr;  // observed into, when set
+  Clock::time_point arrival{}, last_token{};
 
   Choice(const Tokenizer& tokenizer, std::vector<std::string> stops) : decoder(tokenizer), stop(std::move(stops)) {}
 };
@@ -191,6 +137,14 @@ bool pump(Choice& c, Delta& d, int timeout_ms) {
     if (!e) break;
     any = true;
     if (e->kind == SequenceEvent::Kind::token) {
+      if (c.latency && c.n_completion == 0) {
+        c.latency->ttft.observe(std::chrono::duration<double>(e->time - c.arrival).count());
+        if (e->admitted != Clock::time_point{})
+          c.latency->queue.observe(std::max(0.0, std::chrono::duration<double>(e->admitted - c.arrival).count()));
+      } else if (c.latency) {
+        c.latency->itl.observe(std::chrono::duration<double>(e->time - c.last_token).count());
+      }
+      c.last_token = e->time;
       if (c.n_completion == 0) c.n_cached = e->n_cached;
       ++c.n_completion;
       if (e->logprob) d.tokens.push_back({e->token, *e->logprob, std::move(e->top_logprobs)});
@@ -201,6 +155,7 @@ bool pump(Choice& c, Delta& d, int timeout_ms) {
         c.channel->cancel();
       }
     } else if (e->kind == SequenceEvent::Kind::finished) {
+      if (c.latency) c.latency->e2e.observe(std::chrono::duration<double>(e->time - c.arrival).count());
       c.n_cached = e->n_cached;
       d.text += c.stop.push(c.decoder.flush());
       d.text += c.stop.flush();
@@ -229,8 +184,7 @@ struct CompletionState {
 
 struct Server::Impl {
   ServerOptions opt;
-  httplib::Server http;
-  std::thread http_thread;
+  std::unique_ptr<HttpTransport> http;
   std::atomic<bool> ready{false};
   std::mutex stop_mu;
   std::condition_variable stop_cv;
@@ -241,6 +195,13 @@ struct Server::Impl {
   std::atomic<uint64_t> next_id{1};
   std::string id_prefix;
   HttpCounters http_counters;
+  LatencyHistograms latency;
+  // Generation requests read and not yet answered: running, queued in the engine, or waiting
+  // for a generation thread. Admission keeps it at most n_slots + max_queue.
+  std::atomic<int64_t> n_admitted{0};
+  // Of those, the ones not yet on the engine's queue (waiting for a thread, or being read).
+  std::atomic<int64_t> n_unsubmitted{0};
+  std::atomic<uint64_t> n_refused_busy{0};
 
   std::optional<Tokenizer> tokenizer;
   std::unique_ptr<Model> model;
@@ -262,7 +223,7 @@ struct Server::Impl {
     std::snprintf(buf, sizeof buf, "%08x", unsigned(rd()));
     id_prefix = buf;
     check_webui_options(opt.webui);
-    setup_routes();
+    http = std::make_unique<HttpTransport>(transport_options());
   }
 
   // "cmpl-<random><request id>": the number is the one the request's log line shows.
@@ -279,139 +240,222 @@ struct Server::Impl {
                       "model_not_found");
   }
 
-  template <class F>
-  httplib::Server::Handler wrap(F fn) {
-    return [this, fn](const httplib::Request& req, httplib::Response& res) {
-      try {
-        fn(req, res);
-      } catch (const ApiError& e) {
-        send_error(res, e);
-      } catch (const InvalidInput& e) {
-        send_error(res, bad_request(e.what()));
-      } catch (const Unsupported& e) {
-        send_error(res, bad_request(e.what()));
-      } catch (const std::exception& e) {
-        log_warn("request " + std::to_string(t_log.id) + ": internal error: " + e.what());
-        send_error(res, api_error(500, "server_error", std::string("internal error: ") + e.what()));
-      }
-    };
+  // The index of the request's API key in opt.api_keys; -1 when it has none of them.
+  int key_index(const HttpRequest& req) const {
+    std::string key = req.header("Authorization");
+    if (key.rfind("Bearer ", 0) == 0) key = key.substr(7);
+    int found = -1;
+    for (size_t i = 0; i < opt.api_keys.size(); ++i)
+      if (equal_constant_time(key, opt.api_keys[i]) && found < 0) found = int(i);
+    return found;
   }
 
-  void setup_routes() {
-    const int n_threads = opt.n_http_threads > 0 ? opt.n_http_threads : 4 * opt.n_slots + 16;
-    http.new_task_queue = [n_threads] { return new httplib::ThreadPool(size_t(n_threads)); };
-    http.set_payload_max_length(opt.max_body_bytes);
-    http.set_read_timeout(opt.timeout_s, 0);
-    http.set_write_timeout(opt.timeout_s, 0);
-    http.set_keep_alive_timeout(2);
+  bool authorized(const HttpRequest& req) const { return opt.api_keys.empty() || key_index(req) >= 0; }
 
-    http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+  // The prompt-cache salt of a request: its cache_salt field, under its API key's when the
+  // server salts by key. Distinct (key, field) pairs give distinct salts.
+  std::string cache_salt(const HttpRequest& req, const std::string& field) const {
+    if (!opt.cache_salt_by_key || opt.api_keys.empty()) return field.empty() ? "" : "f:" + field;
+    return "k" + std::to_string(key_index(req)) + (field.empty() ? "" : ":f:" + field);
+  }
+
+  void log_request(const HttpRequest& req, int status) {
+    http_counters.count(route_label(req.path), status);
+    const double ms = t_log.start == Clock::time_point{}
+                          ? 0.0
+                          : std::chrono::duration<double, std::milli>(Clock::now() - t_log.start).count();
+    char buf[160];
+    std::snprintf(buf, sizeof buf, " %d prompt=%lld cached=%lld generated=%lld %.1fms", status,
+                  (long long)t_log.n_prompt, (long long)t_log.n_cached, (long long)t_log.n_generated, ms);
+    log_info("request " + std::to_string(t_log.id) + " [" + req.request_id + "]: " + req.method + " " +
+             route_label(req.path) + buf);
+    t_log = {};
+  }
+
+  // A route's handler with what every route shares: the API key, errors as OpenAI error
+  // bodies, the count and the log line (for a stream, once it has ended).
+  template <class F>
+  HttpHandler wrap(F fn, bool open = false) {
+    return [this, fn, open](HttpRequest& req) {
       t_log = {};
       t_log.start = Clock::now();
       t_log.id = next_id++;
-      if (opt.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
-      if ((req.method == "GET" || req.method == "HEAD") && is_webui_target(req.target, opt.webui))
-        return httplib::Server::HandlerResponse::Unhandled;  // the page asks for the key itself
-      std::string key = req.get_header_value("Authorization");
-      if (key.rfind("Bearer ", 0) == 0) key = key.substr(7);
-      if (equal_constant_time(key, opt.api_key)) return httplib::Server::HandlerResponse::Unhandled;
-      send_error(res, api_error(401, "authentication_error", "invalid or missing API key (Authorization: Bearer KEY)",
-                                "invalid_api_key"));
-      return httplib::Server::HandlerResponse::Handled;
-    });
-    http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
-      if (!res.body.empty()) return;
-      ApiError e = api_error(res.status, "invalid_request_error", "HTTP error " + std::to_string(res.status));
-      if (res.status == 404) e = api_error(404, "not_found_error", "no route " + req.method + " " + req.path);
-      if (res.status == 405) e.message = "method " + req.method + " is not allowed on " + req.path;
-      if (res.status == 413)
-        e = api_error(413, "invalid_request_error",
-                      "the request body exceeds the limit of " + std::to_string(opt.max_body_bytes) + " bytes",
-                      "request_too_large");
-      if (res.status == 400) e.message = "malformed HTTP request";
-      if (res.status >= 500) e.type = "server_error";
-      send_error(res, e);
-    });
-    http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-      std::string what = "unknown";
+      HttpResponse res;
       try {
-        if (ep) std::rethrow_exception(ep);
+        if (!open && !authorized(req))
+          throw api_error(401, "authentication_error", "invalid or missing API key (Authorization: Bearer KEY)",
+                          "invalid_api_key");
+        res = fn(req);
+      } catch (const ApiError& e) {
+        res = error_response(e);
+      } catch (const InvalidInput& e) {
+        res = error_response(bad_request(e.what()));
+      } catch (const Unsupported& e) {
+        res = error_response(bad_request(e.what()));
       } catch (const std::exception& e) {
-        what = e.what();
-      } catch (...) {
+        log_warn("request " + std::to_string(t_log.id) + ": internal error: " + e.what());
+        res = error_response(api_error(500, "server_error", std::string("internal error: ") + e.what()));
       }
-      send_error(res, api_error(500, "server_error", "internal error: " + what));
-    });
-    http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
-      http_counters.count(route_label(req.path), res.status);
-      const double ms = t_log.start == Clock::time_point{}
-                            ? 0.0
-                            : std::chrono::duration<double, std::milli>(Clock::now() - t_log.start).count();
-      char buf[160];
-      std::snprintf(buf, sizeof buf, " %d prompt=%lld cached=%lld generated=%lld %.1fms", res.status,
-                    (long long)t_log.n_prompt, (long long)t_log.n_cached, (long long)t_log.n_generated, ms);
-      log_info("request " + std::to_string(t_log.id) + ": " + req.method + " " + route_label(req.path) + buf);
-      t_log = {};
-    });
-
-    http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-      if (ready)
-        send_json(res, 200, {{"status", "ok"}});
-      else
-        send_error(res, api_error(503, "unavailable_error", "the model is loading", "model_loading"));
-    });
-    auto models = wrap([this](const httplib::Request&, httplib::Response& res) {
-      json m = {{"id", model_id}, {"object", "model"}, {"created", created}, {"owned_by", "osprey"}};
-      if (ready)
-        m["meta"] = {{"n_vocab", model->info().vocab_size},
-                     {"n_ctx", backend->context_size()},
-                     {"n_ctx_train", model->info().max_position_embeddings},
-                     {"n_params", model->info().n_params}};
-      send_json(res, 200, {{"object", "list"}, {"data", json::array({m})}});
-    });
-    http.Get("/v1/models", models);
-    http.Get("/models", models);
-    auto completions = wrap([this](const httplib::Request& req, httplib::Response& res) { complete(req, res, false); });
-    http.Post("/v1/completions", completions);
-    http.Post("/completions", completions);
-    auto chat = wrap([this](const httplib::Request& req, httplib::Response& res) { complete(req, res, true); });
-    http.Post("/v1/chat/completions", chat);
-    http.Post("/chat/completions", chat);
-    http.Post("/tokenize", wrap([this](const httplib::Request& req, httplib::Response& res) { tokenize(req, res); }));
-    http.Post("/detokenize", wrap([this](const httplib::Request& req, httplib::Response& res) { detokenize(req, res); }));
-    http.Post("/apply-template", wrap([this](const httplib::Request& req, httplib::Response& res) {
-      require_ready();
-      json body = parse_body(req.body);
-      send_json(res, 200, {{"prompt", render_chat(body, req.body)}});
-    }));
-    http.Get("/metrics", wrap([this](const httplib::Request&, httplib::Response& res) {
-      res.status = 200;
-      res.set_content(metrics_text(), "text/plain; version=0.0.4");
-    }));
-    // The chat page and every other GET (server/webui.h answers 404 for what it does not serve).
-    // NOTE: the page goes out through a sized content provider, because httplib compresses
-    // set_content() bodies itself; errors through set_content(), which the error handler keeps.
-    http.Get(".*", [this](const httplib::Request& req, httplib::Response& res) {
-      auto page = std::make_shared<WebUiResponse>(serve_webui(
-          {req.method, req.target, req.get_header_value("If-None-Match"), req.get_header_value("Accept-Encoding")}, opt.webui));
-      res.status = page->status;
-      std::string type;
-      for (const auto& [name, value] : page->headers) {
-        if (name == "Content-Type")
-          type = value;
-        else
-          res.set_header(name, value);
+      if (!res.stream) {
+        log_request(req, res.status);
+        return res;
       }
-      if (page->body.empty()) return;
-      if (page->status >= 400) {
-        res.set_content(page->body, type);
-        return;
-      }
-      res.set_content_provider(page->body.size(), type, [page](size_t offset, size_t length, httplib::DataSink& sink) {
-        return sink.write(page->body.data() + offset, length);
-      });
-    });
+      auto log = t_log;
+      res.stream = [this, &req, log, inner = std::move(res.stream), status = res.status](HttpStreamWriter& w) {
+        t_log = log;
+        inner(w);
+        log_request(req, w.client_gone() ? 499 : status);
+      };
+      return res;
+    };
   }
+
+  // Generation routes: past n_slots + max_queue requests waiting or running, 429 at once
+  // (on the IO thread, before the request takes a thread).
+  std::optional<HttpResponse> admit(HttpRequest& req) {
+    const int64_t limit = int64_t(opt.n_slots) + int64_t(opt.max_queue);
+    if (n_admitted.fetch_add(1) < limit) {
+      ++n_unsubmitted;
+      return std::nullopt;
+    }
+    --n_admitted;
+    ++n_refused_busy;
+    HttpResponse r = error_response(api_error(429, "rate_limit_error",
+                                              "the server is busy: " + std::to_string(opt.max_queue) +
+                                                  " requests are already waiting",
+                                              "queue_full"));
+    t_log = {};
+    t_log.start = Clock::now();
+    t_log.id = next_id++;
+    log_request(req, 429);
+    return r;
+  }
+
+  // The request on this thread has left the admission's waiting count.
+  void submitted() {
+    if (!t_unsubmitted) return;
+    t_unsubmitted = false;
+    --n_unsubmitted;
+  }
+
+  // Releases the admission of a generation request once its answer is complete.
+  HttpHandler admitted(HttpHandler inner) {
+    return [this, inner = std::move(inner)](HttpRequest& req) {
+      // Its last copy (the handler's, or the stream's) releases the admission.
+      std::shared_ptr<void> release(nullptr, [this](void*) { --n_admitted; });
+      t_unsubmitted = true;
+      HttpResponse res = inner(req);
+      submitted();
+      if (res.stream)
+        res.stream = [release, s = std::move(res.stream)](HttpStreamWriter& w) { s(w); };
+      return res;
+    };
+  }
+
+  HttpTransportOptions transport_options() {
+    HttpTransportOptions t;
+    t.host = opt.host;
+    t.port = opt.port;
+    t.n_generate_threads = opt.n_http_threads > 0 ? opt.n_http_threads : 4 * opt.n_slots + 16;
+    t.max_body_bytes = opt.max_body_bytes;
+    t.header_timeout_s = opt.header_timeout_s;
+    t.body_timeout_s = opt.timeout_s;
+    t.write_timeout_s = opt.timeout_s;
+    t.idle_timeout_s = opt.idle_timeout_s;
+    t.max_requests_per_connection = opt.max_requests_per_connection;
+    t.cors_origin = opt.cors_origin;
+    t.error = [this](int status, const std::string& message, const std::string& code) {
+      return error_response(api_error(status, status == 404 ? "not_found_error" : "invalid_request_error", message, code));
+    };
+    t.on_transport_response = [this](const HttpRequest& req, int status) {
+      t_log = {};
+      t_log.start = Clock::now();
+      t_log.id = next_id++;
+      log_request(req, status);
+    };
+    t.route = [this](const HttpRequest& req) { return route(req); };
+    return t;
+  }
+
+  // The route table. Each path takes one method; the others get 405.
+  HttpRoute route(const HttpRequest& req) {
+    const std::string& p = req.path;
+    auto pick = [&](const char* method, HttpLane lane, HttpHandler h, bool admission = false) {
+      HttpRoute r;
+      if (req.method != method) {
+        r.allowed = method;
+        return r;
+      }
+      r.handler = std::move(h);
+      r.lane = lane;
+      if (admission) r.admit = [this](HttpRequest& q) { return admit(q); };
+      return r;
+    };
+    // Answered on the IO threads: never queued behind generation.
+    if (p == "/health") return pick("GET", HttpLane::io, health_);
+    if (p == "/metrics") return pick("GET", HttpLane::io, metrics_);
+    if (p == "/v1/models" || p == "/models") return pick("GET", HttpLane::io, models_);
+    if (p == "/v1/completions" || p == "/completions") return pick("POST", HttpLane::generate, completions_, true);
+    if (p == "/v1/chat/completions" || p == "/chat/completions") return pick("POST", HttpLane::generate, chat_, true);
+    if (p == "/tokenize") return pick("POST", HttpLane::work, tokenize_);
+    if (p == "/detokenize") return pick("POST", HttpLane::work, detokenize_);
+    if (p == "/apply-template") return pick("POST", HttpLane::work, apply_template_);
+    // The chat page, and every other GET (server/webui.h answers 404 for what it does not
+    // serve): from memory on the IO threads; from --webui-dir's files on a worker.
+    if (req.method == "GET") return pick("GET", opt.webui.dir.empty() ? HttpLane::io : HttpLane::work, webui_);
+    return {};
+  }
+
+  HttpHandler health_ = wrap(
+      [this](HttpRequest&) {
+        if (ready) return json_response(200, {{"status", "ok"}});
+        return error_response(api_error(503, "unavailable_error", "the model is loading", "model_loading"));
+      },
+      /*open=*/true);
+  HttpHandler models_ = wrap([this](HttpRequest&) {
+    json m = {{"id", model_id}, {"object", "model"}, {"created", created}, {"owned_by", "osprey"}};
+    if (ready)
+      m["meta"] = {{"n_vocab", model->info().vocab_size},
+                   {"n_ctx", backend->context_size()},
+                   {"n_ctx_train", model->info().max_position_embeddings},
+                   {"n_params", model->info().n_params}};
+    return json_response(200, {{"object", "list"}, {"data", json::array({m})}});
+  });
+  HttpHandler metrics_ = wrap([this](HttpRequest&) {
+    HttpResponse r;
+    r.content_type = "text/plain; version=0.0.4";
+    r.body = metrics_text();
+    return r;
+  });
+  HttpHandler completions_ = admitted(wrap([this](HttpRequest& req) { return complete(req, false); }));
+  HttpHandler chat_ = admitted(wrap([this](HttpRequest& req) { return complete(req, true); }));
+  // The page asks for the API key itself: its own files need none, any other GET does.
+  HttpHandler webui_ = wrap(
+      [this](HttpRequest& req) {
+        if (!is_webui_target(req.target, opt.webui) && !authorized(req))
+          throw api_error(401, "authentication_error", "invalid or missing API key (Authorization: Bearer KEY)",
+                          "invalid_api_key");
+        WebUiResponse page =
+            serve_webui({req.method, req.target, req.header("If-None-Match"), req.header("Accept-Encoding")}, opt.webui);
+        HttpResponse r;
+        r.status = page.status;
+        r.body = std::move(page.body);
+        for (auto& [name, value] : page.headers) {
+          if (name == "Content-Type")
+            r.content_type = std::move(value);
+          else
+            r.headers.emplace_back(std::move(name), std::move(value));
+        }
+        return r;
+      },
+      /*open=*/true);
+  HttpHandler tokenize_ = wrap([this](HttpRequest& req) { return tokenize(req); });
+  HttpHandler detokenize_ = wrap([this](HttpRequest& req) { return detokenize(req); });
+  HttpHandler apply_template_ = wrap([this](HttpRequest& req) {
+    require_ready();
+    json body = parse_body(req.body);
+    return json_response(200, {{"prompt", render_chat(body, req.body)}});
+  });
 
   // Renders a chat request's messages with the model's template. `raw` is the request body as
   // sent: it is read again with its keys in the client's order, so that `tojson` in a template
@@ -448,7 +492,7 @@ struct Server::Impl {
     }
   }
 
-  void tokenize(const httplib::Request& req, httplib::Response& res) {
+  HttpResponse tokenize(const HttpRequest& req) {
     require_ready();
     json body = parse_body(req.body);
     if (!body.is_object()) throw bad_request("the request body must be a JSON object");
@@ -472,10 +516,10 @@ struct Server::Impl {
       const std::string piece = tokenizer->decode(std::vector<int32_t>{id});
       tokens.push_back({{"id", id}, {"piece", piece}});
     }
-    send_json(res, 200, {{"tokens", tokens}});
+    return json_response(200, {{"tokens", tokens}});
   }
 
-  void detokenize(const httplib::Request& req, httplib::Response& res) {
+  HttpResponse detokenize(const HttpRequest& req) {
     require_ready();
     json body = parse_body(req.body);
     if (!body.is_object()) throw bad_request("the request body must be a JSON object");
@@ -487,7 +531,7 @@ struct Server::Impl {
         throw bad_request("'tokens' must hold token ids in [0, " + std::to_string(tokenizer->vocab_size()) + ")", "tokens");
       ids.push_back(int32_t(t.get<int64_t>()));
     }
-    send_json(res, 200, {{"content", tokenizer->decode(ids)}});
+    return json_response(200, {{"content", tokenizer->decode(ids)}});
   }
 
   // ---- completions ----
@@ -551,7 +595,7 @@ struct Server::Impl {
             {"system_fingerprint", opt.system_fingerprint}};
   }
 
-  void complete(const httplib::Request& req, httplib::Response& res, bool chat) {
+  HttpResponse complete(const HttpRequest& req, bool chat) {
     require_ready();
     json body = parse_body(req.body);
     auto st = std::make_shared<CompletionState>();
@@ -584,9 +628,12 @@ struct Server::Impl {
     // destructor cancels them).
     for (const auto& p : r.prompts) {
       auto c = std::make_unique<Choice>(*tokenizer, r.stop);
+      c->latency = &latency;
+      c->arrival = req.received != Clock::time_point{} ? req.received : t_log.start;
       c->n_prompt = int64_t(p.size());
       SequenceRequest sr;
       sr.id = t_log.id;
+      sr.cache_salt = cache_salt(req, r.cache_salt);
       sr.prompt = p;
       sr.params = r.params;
       sr.params.max_tokens = r.max_tokens.value_or(chat ? ctx : 16);
@@ -603,14 +650,19 @@ struct Server::Impl {
           throw api_error(503, "unavailable_error", "the server is shutting down", "shutting_down");
       }
     }
-    if (r.stream)
-      stream(req, res, st);
-    else
-      respond(req, res, *st);
+    submitted();
+    if (r.stream) return stream(st);
+    return respond(req, *st);
   }
 
-  void respond(const httplib::Request& req, httplib::Response& res, CompletionState& st) {
-    const int fd = find_socket(req);
+  // The error a failed sequence ends its request with.
+  static ApiError sequence_error(const std::string& error) {
+    if (error == "the server is shutting down")
+      return api_error(503, "unavailable_error", error, "shutting_down");
+    return api_error(500, "server_error", error);
+  }
+
+  HttpResponse respond(const HttpRequest& req, CompletionState& st) {
     json choices = json::array();
     for (size_t i = 0; i < st.choices.size(); ++i) {
       Choice& c = *st.choices[i];
@@ -619,9 +671,10 @@ struct Server::Impl {
       while (!c.done) {
         Delta d;
         if (!pump(c, d, kPollMs)) {
-          if (peer_gone(fd)) {
-            res.status = 499;  // nobody reads it; the logger shows the client left
-            return;
+          if (req.client_gone && req.client_gone()) {
+            HttpResponse gone;
+            gone.status = 499;  // nobody reads it; the log line shows the client left
+            return gone;
           }
           continue;
         }
@@ -630,9 +683,7 @@ struct Server::Impl {
       }
       t_log.n_cached += c.n_cached;
       t_log.n_generated += c.n_completion;
-      if (!c.error.empty())
-        throw api_error(c.error == "the server is shutting down" ? 503 : 500,
-                        c.error == "the server is shutting down" ? "unavailable_error" : "server_error", c.error);
+      if (!c.error.empty()) throw sequence_error(c.error);
       json choice = {{"index", i}, {"finish_reason", c.finish_reason}};
       json lp = st.request.logprobs ? logprobs_json(tokens, st.request.chat, 0) : json(nullptr);
       if (st.request.chat)
@@ -645,17 +696,15 @@ struct Server::Impl {
     json out = envelope(st, false);
     out["choices"] = choices;
     out["usage"] = usage(st);
-    send_json(res, 200, out);
+    return json_response(200, out);
   }
 
-  void stream(const httplib::Request& req, httplib::Response& res, std::shared_ptr<CompletionState> st) {
-    const int fd = find_socket(req);
-    res.set_header("Cache-Control", "no-cache");
-    res.set_chunked_content_provider("text/event-stream", [this, st, fd](size_t, httplib::DataSink& sink) {
-      auto send = [&](const json& j) {
-        const std::string s = "data: " + dump(j) + "\n\n";
-        return sink.write(s.data(), s.size());
-      };
+  HttpResponse stream(std::shared_ptr<CompletionState> st) {
+    HttpResponse res;
+    res.content_type = "text/event-stream";
+    res.headers.emplace_back("Cache-Control", "no-cache");
+    res.stream = [this, st](HttpStreamWriter& sink) {
+      auto send = [&](const json& j) { return sink.write("data: " + dump(j) + "\n\n"); };
       const bool chat = st->request.chat;
       for (size_t i = 0; i < st->choices.size(); ++i) {
         Choice& c = *st->choices[i];
@@ -663,20 +712,19 @@ struct Server::Impl {
           json j = envelope(*st, true);
           j["choices"] = json::array(
               {{{"index", i}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr}, {"finish_reason", nullptr}}});
-          if (!send(j)) return false;
+          if (!send(j)) return;
         }
         size_t offset = 0;
         while (!c.done) {
           Delta d;
           if (!pump(c, d, kPollMs)) {
-            if (peer_gone(fd)) return false;
+            if (sink.client_gone()) return;
             continue;
           }
           t_log.n_cached = c.n_cached;
           if (!c.error.empty()) {
-            send(api_error(c.error == "the server is shutting down" ? 503 : 500, "server_error", c.error).body());
-            sink.done();
-            return true;
+            send(sequence_error(c.error).body());
+            return;
           }
           if (d.empty() && !c.done) continue;
           json choice = {{"index", i}, {"finish_reason", c.done ? json(c.finish_reason) : json(nullptr)}};
@@ -688,7 +736,7 @@ struct Server::Impl {
           offset += d.text.size();
           json j = envelope(*st, true);
           j["choices"] = json::array({choice});
-          if (!send(j)) return false;
+          if (!send(j)) return;
         }
         t_log.n_generated += c.n_completion;
       }
@@ -696,13 +744,11 @@ struct Server::Impl {
         json j = envelope(*st, true);
         j["choices"] = json::array();
         j["usage"] = usage(*st);
-        if (!send(j)) return false;
+        if (!send(j)) return;
       }
-      const std::string done = "data: [DONE]\n\n";
-      sink.write(done.data(), done.size());
-      sink.done();
-      return true;
-    });
+      sink.write("data: [DONE]\n\n");
+    };
+    return res;
   }
 
   std::string metrics_text() const {
@@ -720,7 +766,11 @@ struct Server::Impl {
         in.serve.prompt_cache = prompt_cache->stats();
       }
     }
+    // Waiting requests: in the engine's queue, and admitted ones not yet there (waiting for a
+    // generation thread).
+    in.serve.scheduler.n_waiting += n_unsubmitted.load();
     in.http = http_counters.snapshot();
+    in.latency = &latency;
     return render_metrics(in);
   }
 };
@@ -729,22 +779,9 @@ Server::Server(ServerOptions options) : impl_(std::make_unique<Impl>(std::move(o
 
 Server::~Server() { stop(); }
 
-int Server::bind() {
-  Impl& m = *impl_;
-  int port = m.opt.port;
-  if (port == 0)
-    port = m.http.bind_to_any_port(m.opt.host);
-  else if (!m.http.bind_to_port(m.opt.host, port))
-    port = -1;
-  if (port <= 0) throw IoError("cannot listen on " + m.opt.host + ":" + std::to_string(m.opt.port));
-  m.opt.port = port;
-  widen_listen_backlog(port);
-  return port;
-}
+int Server::bind() { return impl_->opt.port = impl_->http->bind(); }
 
-void Server::start() {
-  impl_->http_thread = std::thread([this] { impl_->http.listen_after_bind(); });
-}
+void Server::start() { impl_->http->start(); }
 
 void Server::load() {
   Impl& m = *impl_;
@@ -799,6 +836,14 @@ void Server::load() {
            std::to_string(m.backend->context_size()) + ")");
 }
 
+void Server::drain(int timeout_ms) {
+  Impl& m = *impl_;
+  m.http->stop_accepting();
+  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (Clock::now() < deadline && (m.http->n_in_flight() > 0 || m.n_admitted > 0))
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+}
+
 void Server::stop() {
   Impl& m = *impl_;
   {
@@ -806,10 +851,14 @@ void Server::stop() {
     if (m.stopped) return;
     m.stopped = true;
   }
+  m.http->stop_accepting();
   if (m.scheduler) m.scheduler->stop();
+  // The requests the engine ended write their error; a client that does not read it within
+  // the write deadline loses it.
+  const auto deadline = Clock::now() + std::chrono::seconds(2);
+  while (Clock::now() < deadline && m.http->n_in_flight() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  m.http->stop();
   if (m.set_invariant) ops::set_batch_invariant(m.invariant_before);
-  m.http.stop();
-  if (m.http_thread.joinable()) m.http_thread.join();
   {
     std::lock_guard<std::mutex> lock(m.stop_mu);
     m.ready = false;

@@ -7,6 +7,7 @@
 // stop(). Every method is thread-safe; stop() may come from a signal-watching thread.
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,15 +29,22 @@ struct ServerOptions {
   std::filesystem::path model_dir;
   std::string host = "127.0.0.1";
   int port = 8080;                    // 0: any free port (bind() returns it)
-  std::string api_key;                // "" : no authentication
+  std::vector<std::string> api_keys;  // any one is accepted; none: no authentication
+  // Each API key's requests keep prompt-cache entries of their own (see cache_salt in
+  // docs/server.md): one key's clients cannot time another's cached prefixes.
+  bool cache_salt_by_key = false;
   std::string alias;                  // the model's id in the API ("" : the folder's name)
   int n_slots = 1;                    // -np: sequences running at once
   int64_t ctx_size = 0;               // per sequence; 0: the model's max_position_embeddings
   uint64_t prompt_cache_mib = 1024;   // 0 disables the prompt cache (paged: the prefix cache)
   int max_queue = 64;                 // waiting requests past this get 429
   size_t max_body_bytes = 8u << 20;   // larger request bodies get 413
-  int n_http_threads = 0;             // 0: 4 * n_slots + 16
-  int timeout_s = 30;                 // socket read and write timeout
+  int n_http_threads = 0;             // generation threads; 0: 4 * n_slots + 16
+  int timeout_s = 30;                 // a body's progress and a write's deadline
+  int header_timeout_s = 10;          // the request line and headers must arrive within this
+  int idle_timeout_s = 5;             // an idle keep-alive connection is closed after this
+  int max_requests_per_connection = 1000;
+  std::string cors_origin;            // "" : no CORS; "*" or one origin
   int64_t prefill_chunk = 512;
   KVLayout kv_layout = KVLayout::paged;
   int64_t block_size = 16;            // paged: rows per block
@@ -62,8 +70,11 @@ class Server {
   void start();
   // Loads the tokenizer and model and starts the engine. Throws like load_model().
   void load();
-  // Ends every waiting and running request with an error, closes the listener and joins the
-  // threads. Idempotent.
+  // Stops accepting connections and waits up to timeout_ms for the requests in progress to
+  // end (a graceful shutdown's first half; stop() is the second).
+  void drain(int timeout_ms);
+  // Ends every waiting and running request with an error (code shutting_down), closes the
+  // listener and every connection and joins the threads. Idempotent.
   void stop();
   // Blocks until stop() has finished.
   void wait();

@@ -91,7 +91,7 @@ BatchRun run_batch(PagedBackend& backend, const std::vector<std::vector<int32_t>
   BatchRun r;
   std::vector<SequenceBackend::DecodeInput> in;
   for (const auto& p : prompts) {
-    auto b = backend.begin(p);
+    auto b = backend.begin(p, "");
     EXPECT_TRUE(b.has_value());
     if (!b) return r;
     r.n_cached.push_back(b->n_cached);

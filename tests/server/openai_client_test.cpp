@@ -13,7 +13,7 @@ TEST(ServerOpenAIClient, TheNodeClientCompletesStreamsAndSeesErrors) {
     GTEST_SKIP() << "node_modules/openai is missing: run npm ci";
   if (std::system("node --version > /dev/null 2>&1") != 0) GTEST_SKIP() << "node is not installed";
   ServerOptions o = testing::demo_server_options();
-  o.api_key = "test-key";
+  o.api_keys = {"test-key"};
   // Blocks of one row: the prefix cache reuses all but the last prompt token of a repeated
   // prompt, as the script expects (with 16-row blocks a 5-token prompt has no full block).
   o.block_size = 1;

@@ -351,7 +351,7 @@ TEST(Server, BodiesOverTheLimitGet413) {
 
 TEST(Server, ApiKeyIsRequiredEverywhereButHealth) {
   ServerOptions o = testing::demo_server_options();
-  o.api_key = "sekrit";
+  o.api_keys = {"sekrit"};
   TestServer s(o);
   EXPECT_EQ(s.get("/health").first, 200);
   auto [c1, b1] = s.get("/v1/models");

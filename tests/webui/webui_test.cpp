@@ -195,7 +195,7 @@ TEST(WebUi, GunzipRefusesACorruptStream) {
 
 TEST(WebUi, ServerAnswersThePageWithoutTheApiKeyAndCompressesItOnce) {
   ServerOptions o = testing::demo_server_options();
-  o.api_key = "sekrit";
+  o.api_keys = {"sekrit"};
   testing::TestServer s(o);
   auto c = s.client();
   c->set_decompress(false);
