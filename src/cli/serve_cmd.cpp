@@ -26,6 +26,7 @@ struct ServeOptions {
   std::string device;
   int threads = -1;
   int64_t max_body_mib = 8;
+  std::string reasoning_format = "auto";
 };
 
 int run_serve(ServeOptions& o) {
@@ -40,6 +41,7 @@ int run_serve(ServeOptions& o) {
   so.cache.inplace = env.kv_inplace_write;
   so.graphs = env.cuda_graphs;
   so.max_body_bytes = size_t(o.max_body_mib) << 20;
+  so.split_reasoning = o.reasoning_format == "auto";
   so.system_fingerprint = std::string("osprey-") + OSPREY_VERSION + "-" + OSPREY_GIT_COMMIT;
 
   // SIGINT and SIGTERM are taken by one thread with sigwait(); every other thread, started
@@ -116,6 +118,11 @@ Command add_serve(CLI::App& app) {
                "Every row of a batch computed bit for bit as alone: a greedy request's tokens do not depend on "
                "what else runs (slower)")
       ->group("Advanced");
+  app.add_option("--reasoning-format", o->reasoning_format,
+                 "auto: a <think> block of a reasoning model's chat reply comes back as reasoning_content; none: "
+                 "the raw text in content")
+      ->check(CLI::IsMember({"auto", "none"}))
+      ->capture_default_str();
   app.add_option("--api-key", s.api_key, "Require Authorization: Bearer KEY on every route but /health");
   app.add_option("--alias", s.alias, "The model's id in the API (default: the folder's name)");
   app.add_option("--prompt-cache-mib", s.prompt_cache_mib, "Prompt cache budget in MiB (0: off)")
