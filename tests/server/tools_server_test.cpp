@@ -189,6 +189,17 @@ TEST(ServerTools, ReasoningFormatNoneLeavesTheRawText) {
   EXPECT_FALSE(m.contains("reasoning_content"));
 }
 
+// Qwen3 with thinking off: the template closes an empty block in the prompt; the reply is
+// content.
+TEST(ServerTools, EnableThinkingFalseAnswersAsContent) {
+  const ordered_json body = {{"messages", {{{"role", "user"}, {"content", "2+2?"}}}},
+                             {"chat_template_kwargs", {{"enable_thinking", false}}}};
+  ScriptedServer s("qwen3", body, "It is 4.");
+  const json m = post_ok(*s.server, body)["choices"][0]["message"];
+  EXPECT_EQ(m["content"], "It is 4.");
+  EXPECT_FALSE(m.contains("reasoning_content"));
+}
+
 // The npm `openai` client: a tool call read whole and streamed (its own stream accumulator
 // assembles the deltas), then the next turn with the call and its result, whose prompt must
 // be transformers' rendering.
