@@ -7,6 +7,7 @@
 
 #include <cstdio>
 
+#include "backend/cuda_available.h"
 #include "chat/chat_template.h"
 #include "server/completion_request.h"
 #include "server/harness.h"
@@ -246,8 +247,16 @@ TEST(ServerTools, OpenAIClientToolCallRoundTrip) {
 
 // ---- the rest of the surface, on the demo model ----
 
-TEST(ServerSurface, LogitBiasBansTheGreedyTokenAndForcesAnother) {
-  testing::TestServer s;
+// On the CPU, and on CUDA where there is a device (a biased request samples on the host).
+class ServerLogitBias : public ::testing::TestWithParam<bool> {};
+
+TEST_P(ServerLogitBias, BansTheGreedyTokenAndForcesAnother) {
+  ServerOptions o = testing::demo_server_options();
+  if (GetParam()) {
+    if (!cuda_available()) GTEST_SKIP() << "no CUDA device: " << cuda_description();
+    o.device = Device::cuda(0);
+  }
+  testing::TestServer s(o);
   json body = {{"prompt", "Mr. Knightley was"}, {"max_tokens", 1}, {"temperature", 0}, {"logprobs", 1}};
   auto first_token = [&](const json& b) {
     auto [status, j] = s.post_json("/v1/completions", b);
@@ -282,6 +291,9 @@ TEST(ServerSurface, LogitBiasBansTheGreedyTokenAndForcesAnother) {
   EXPECT_EQ(r2["choices"][0]["logprobs"]["tokens"].size(), 40u);
   for (const auto& t : r2["choices"][0]["logprobs"]["tokens"]) EXPECT_NE(t, greedy);
 }
+
+INSTANTIATE_TEST_SUITE_P(Devices, ServerLogitBias, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "cuda" : "cpu"; });
 
 TEST(ServerSurface, LogitBiasIsChecked) {
   testing::TestServer s;
