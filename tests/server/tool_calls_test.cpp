@@ -4,6 +4,8 @@
 // (tests/fixtures/chat_templates/tool_round_trips.json, tools/render_chat_templates.py).
 #include <gtest/gtest.h>
 
+#include <random>
+
 #include <nlohmann/json.hpp>
 
 #include "chat/chat_template.h"
@@ -193,6 +195,48 @@ TEST(ToolCalls, PlainRepliesStreamUnchanged) {
     for (char ch : text) out += p.push(std::string(1, ch)).content;
     out += p.finish().content;
     EXPECT_EQ(out, text) << format_name(f);
+  }
+}
+
+// Streaming never changes the result: random texts of tag fragments, calls and text, fed in
+// random pieces, give the same content, reasoning and calls as the whole text at once.
+TEST(ToolCalls, RandomPiecesGiveTheWholeTextsResult) {
+  const std::vector<std::string> atoms = {"<tool_call>", "</tool_call>", "{\"name\": \"get_weather\", \"arguments\": {}}",
+                                          "<", "tool_", "call>", " ", "\n", "abc", "<think>", "</think>", "{", "}",
+                                          "[TOOL_CALLS]", "<|python_tag|>"};
+  std::mt19937 rng(1234);
+  for (int iter = 0; iter < 400; ++iter) {
+    std::string text;
+    const int n = int(rng() % 12);
+    for (int i = 0; i < n; ++i) text += atoms[rng() % atoms.size()];
+    for (ToolCallFormat f : {ToolCallFormat::hermes, ToolCallFormat::llama3_json, ToolCallFormat::mistral}) {
+      SCOPED_TRACE(std::string(format_name(f)) + ": " + text);
+      auto make = [&] {
+        ToolCallParserOptions o;
+        o.format = f;
+        o.functions = kFunctions;
+        return ChatReplyParser(ReasoningParser(iter % 2 == 0), ToolCallParser(o));
+      };
+      ChatReplyParser whole = make();
+      ChatReplyDelta a = whole.push(text), a_end = whole.finish();
+      ChatReplyParser pieces = make();
+      std::string reasoning, content;
+      std::vector<ToolCall> calls;
+      auto take = [&](ChatReplyDelta d) {
+        reasoning += d.reasoning;
+        content += d.content;
+        calls.insert(calls.end(), d.calls.begin(), d.calls.end());
+      };
+      for (size_t i = 0; i < text.size();) {
+        const size_t len = 1 + rng() % 6;
+        take(pieces.push(text.substr(i, len)));
+        i += len;
+      }
+      take(pieces.finish());
+      EXPECT_EQ(reasoning, a.reasoning + a_end.reasoning);
+      EXPECT_EQ(content, a.content + a_end.content);
+      EXPECT_EQ(calls.size(), a.calls.size() + a_end.calls.size());
+    }
   }
 }
 
