@@ -44,4 +44,36 @@ ChatReplyDelta ChatReplyParser::finish() {
   return d;
 }
 
+nlohmann::json chat_message_json(const std::string& content, const std::string& reasoning,
+                                 const std::vector<ToolCall>& calls) {
+  using nlohmann::json;
+  json m = {{"role", "assistant"}, {"content", calls.empty() || !content.empty() ? json(content) : json(nullptr)}};
+  if (!reasoning.empty()) m["reasoning_content"] = reasoning;
+  if (!calls.empty()) {
+    m["tool_calls"] = json::array();
+    for (const ToolCall& t : calls)
+      m["tool_calls"].push_back(
+          {{"id", t.id}, {"type", "function"}, {"function", {{"name", t.name}, {"arguments", t.arguments}}}});
+  }
+  return m;
+}
+
+std::vector<nlohmann::json> chat_stream_deltas(const ChatReplyDelta& d, int& n_calls) {
+  using nlohmann::json;
+  std::vector<json> out;
+  json first = json::object();
+  if (!d.reasoning.empty()) first["reasoning_content"] = d.reasoning;
+  if (!d.content.empty()) first["content"] = d.content;
+  if (!first.empty()) out.push_back(first);
+  for (const ToolCall& t : d.calls) {
+    const int index = n_calls++;
+    out.push_back({{"tool_calls", json::array({{{"index", index},
+                                                {"id", t.id},
+                                                {"type", "function"},
+                                                {"function", {{"name", t.name}, {"arguments", ""}}}}})}});
+    out.push_back({{"tool_calls", json::array({{{"index", index}, {"function", {{"arguments", t.arguments}}}}})}});
+  }
+  return out;
+}
+
 }  // namespace osprey

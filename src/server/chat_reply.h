@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "server/reasoning.h"
 #include "server/tool_calls.h"
 
@@ -32,5 +34,15 @@ class ChatReplyParser {
   std::optional<ReasoningParser> reasoning_;
   std::optional<ToolCallParser> tools_;
 };
+
+// The assistant message of a whole reply: content (null when empty beside calls),
+// reasoning_content when there is reasoning, tool_calls when there are calls.
+nlohmann::json chat_message_json(const std::string& content, const std::string& reasoning,
+                                 const std::vector<ToolCall>& calls);
+
+// A chat stream's deltas for one step's output: reasoning and content first, then each call as
+// OpenAI streams one (its index, id, type and name with empty arguments, then the arguments).
+// n_calls: the calls sent before, advanced past these.
+std::vector<nlohmann::json> chat_stream_deltas(const ChatReplyDelta& d, int& n_calls);
 
 }  // namespace osprey

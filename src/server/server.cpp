@@ -555,26 +555,6 @@ struct Server::Impl {
     return c.finish_reason == "stop" && c.n_calls + n_more > 0 ? "tool_calls" : c.finish_reason;
   }
 
-  // A chat stream's deltas for what the choice produced: reasoning and content first, then
-  // each tool call as OpenAI streams one (its id, type and name with empty arguments, then the
-  // arguments). Counts the calls.
-  static std::vector<json> chat_deltas(Choice& c, const Delta& d) {
-    std::vector<json> out;
-    json first = json::object();
-    if (!d.reasoning.empty()) first["reasoning_content"] = d.reasoning;
-    if (!d.text.empty()) first["content"] = d.text;
-    if (!first.empty()) out.push_back(first);
-    for (const ToolCall& t : d.calls) {
-      const int index = c.n_calls++;
-      out.push_back({{"tool_calls", json::array({{{"index", index},
-                                                  {"id", t.id},
-                                                  {"type", "function"},
-                                                  {"function", {{"name", t.name}, {"arguments", ""}}}}})}});
-      out.push_back({{"tool_calls", json::array({{{"index", index}, {"function", {{"arguments", t.arguments}}}}})}});
-    }
-    return out;
-  }
-
   json envelope(const CompletionState& st, bool chunk) const {
     const char* object = st.request.chat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion";
     return {{"id", st.id},
@@ -695,19 +675,10 @@ struct Server::Impl {
                         c.error == "the server is shutting down" ? "unavailable_error" : "server_error", c.error);
       json choice = {{"index", i}, {"finish_reason", finish_reason(c, calls.size())}};
       json lp = st.request.logprobs ? logprobs_json(tokens, st.request.chat, 0) : json(nullptr);
-      if (st.request.chat) {
-        json message = {{"role", "assistant"}, {"content", calls.empty() || !text.empty() ? json(text) : json(nullptr)}};
-        if (!reasoning.empty()) message["reasoning_content"] = reasoning;
-        if (!calls.empty()) {
-          message["tool_calls"] = json::array();
-          for (const ToolCall& t : calls)
-            message["tool_calls"].push_back(
-                {{"id", t.id}, {"type", "function"}, {"function", {{"name", t.name}, {"arguments", t.arguments}}}});
-        }
-        choice["message"] = message;
-      } else {
+      if (st.request.chat)
+        choice["message"] = chat_message_json(text, reasoning, calls);
+      else
         choice["text"] = text;
-      }
       choice["logprobs"] = lp;
       choices.push_back(choice);
     }
@@ -751,7 +722,8 @@ struct Server::Impl {
           const json finish = c.done ? json(finish_reason(c, d.calls.size())) : json(nullptr);
           json lp = st->request.logprobs && !d.tokens.empty() ? logprobs_json(d.tokens, chat, offset) : json(nullptr);
           offset += d.text.size();
-          std::vector<json> deltas = chat ? chat_deltas(c, d) : std::vector<json>{};
+          std::vector<json> deltas =
+              chat ? chat_stream_deltas({d.reasoning, d.text, d.calls}, c.n_calls) : std::vector<json>{};
           if (chat && deltas.empty()) deltas.push_back(json::object());
           const size_t n_chunks = chat ? deltas.size() : 1;
           for (size_t k = 0; k < n_chunks; ++k) {
