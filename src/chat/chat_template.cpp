@@ -144,6 +144,7 @@ std::string render_request(const jinja::Template& tpl, const std::vector<std::pa
 ChatTemplate::ChatTemplate(const std::string& source, std::vector<std::pair<std::string, std::string>> special_tokens,
                            std::vector<std::string> names)
     : template_(std::make_shared<const jinja::Template>(source)),
+      source_(source),
       special_tokens_(std::move(special_tokens)),
       names_(std::move(names)) {}
 

@@ -43,11 +43,15 @@ class ChatTemplate {
   // Names of the templates the folder offers ("default", "tool_use", "rag", ...).
   std::vector<std::string> names() const;
 
+  // The template's source text.
+  const std::string& source() const { return source_; }
+
   // The special-token texts given to the template (bos_token, eos_token, ...).
   const std::vector<std::pair<std::string, std::string>>& special_tokens() const { return special_tokens_; }
 
  private:
   std::shared_ptr<const jinja::Template> template_;
+  std::string source_;
   std::vector<std::pair<std::string, std::string>> special_tokens_;
   std::vector<std::string> names_;
 };

@@ -42,6 +42,7 @@ struct ServeOptions {
   bool no_webui = false;
   int shutdown_timeout_s = 5;
   std::string api_key_file;
+  std::string reasoning_format = "auto";
 };
 
 // The keys of an --api-key-file: one a line, blank lines and '#' comments skipped.
@@ -85,6 +86,7 @@ int run_serve(ServeOptions& o) {
   } catch (const InvalidInput& e) {
     throw UsageError(e.what());
   }
+  so.split_reasoning = o.reasoning_format == "auto";
   so.system_fingerprint = std::string("osprey-") + OSPREY_VERSION + "-" + OSPREY_GIT_COMMIT;
 
   // SIGINT and SIGTERM are taken by one thread with sigwait(); every other thread, started
@@ -185,6 +187,11 @@ Command add_serve(CLI::App& app) {
   app.add_option("--api-key-file", o->api_key_file, "Accept the API keys of this file too (one a line; '#' comments)");
   app.add_flag("--cache-salt-by-key", s.cache_salt_by_key,
                "Keep each API key's prompt-cache entries apart: one key's clients cannot time another's prompts");
+  app.add_option("--reasoning-format", o->reasoning_format,
+                 "auto: a <think> block of a reasoning model's chat reply comes back as reasoning_content; none: "
+                 "the raw text in content")
+      ->check(CLI::IsMember({"auto", "none"}))
+      ->capture_default_str();
   app.add_option("--alias", s.alias, "The model's id in the API (default: the folder's name)");
   app.add_option("--prompt-cache-mib", s.prompt_cache_mib,
                  "Prompt cache budget in MiB (0: off)")

@@ -33,7 +33,7 @@ struct GenerateStats {
   double decode_seconds = 0;  // the remaining decode steps
   std::string stop_reason;    // "stop" (a stop id), "length", "callback"
   KVCounters kv;
-  bool device_sampling = false;  // tokens chosen on the device (CUDA, no repetition penalty)
+  bool device_sampling = false;  // tokens chosen on the device (CUDA, no penalty or logit bias)
   bool pipelined = false;        // steps enqueued one ahead of the host
   uint64_t n_graph_replays = 0, n_graph_captures = 0;
   double prompt_tps() const { return prompt_seconds > 0 ? double(n_prompt) / prompt_seconds : 0; }

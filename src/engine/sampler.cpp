@@ -20,6 +20,10 @@ void validate(const SamplerParams& p) {
   if (p.repeat_last_n < 0) bad("repeat-last-n must be >= 0");
   if (!(p.presence_penalty >= -2.0f && p.presence_penalty <= 2.0f)) bad("presence penalty must be in [-2, 2]");
   if (!(p.frequency_penalty >= -2.0f && p.frequency_penalty <= 2.0f)) bad("frequency penalty must be in [-2, 2]");
+  for (const auto& [id, bias] : p.logit_bias) {
+    if (id < 0) bad("logit bias: token id " + std::to_string(id) + " is negative");
+    if (!(bias >= -100.0f && bias <= 100.0f)) bad("logit bias of token " + std::to_string(id) + " must be in [-100, 100]");
+  }
 }
 
 uint64_t random_seed() {
@@ -28,7 +32,8 @@ uint64_t random_seed() {
 }
 
 bool uses_history(const SamplerParams& p) {
-  return p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
+  return p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f ||
+         !p.logit_bias.empty();
 }
 
 void throw_non_finite(std::span<const float> logits) {
@@ -70,6 +75,12 @@ std::vector<std::pair<int32_t, float>> Sampler::filtered(std::span<const float> 
     finite &= std::isfinite(v);
   }
   if (!finite) throw_non_finite(logits);
+  for (const auto& [id, bias] : params_.logit_bias) {
+    if (size_t(id) >= work_.size())
+      throw InvalidInput("logit bias: token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                         std::to_string(work_.size()) + ")");
+    work_[size_t(id)] = bias <= -100.0f ? -INFINITY : work_[size_t(id)] + bias;
+  }
   if (uses_history(params_) && params_.repeat_last_n > 0) {
     size_t start = history.size() > size_t(params_.repeat_last_n) ? history.size() - size_t(params_.repeat_last_n) : 0;
     std::vector<int32_t> seen(history.begin() + long(start), history.end());
@@ -88,11 +99,15 @@ std::vector<std::pair<int32_t, float>> Sampler::filtered(std::span<const float> 
   }
   std::vector<std::pair<int32_t, float>> cand;
   if (params_.temperature <= 0.0f) {
-    cand.emplace_back(argmax(work_), 1.0f);
+    const int32_t best = argmax(work_);
+    if (work_[size_t(best)] == -INFINITY) throw InvalidInput("logit bias bans every token");
+    cand.emplace_back(best, 1.0f);
     return cand;
   }
   cand.reserve(work_.size());
-  for (size_t i = 0; i < work_.size(); ++i) cand.emplace_back(int32_t(i), work_[i] / params_.temperature);
+  for (size_t i = 0; i < work_.size(); ++i)
+    if (work_[i] != -INFINITY) cand.emplace_back(int32_t(i), work_[i] / params_.temperature);
+  if (cand.empty()) throw InvalidInput("logit bias bans every token");
   auto by_logit = [](const auto& a, const auto& b) { return a.second > b.second || (a.second == b.second && a.first < b.first); };
   if (params_.top_k > 0 && size_t(params_.top_k) < cand.size()) {
     std::partial_sort(cand.begin(), cand.begin() + params_.top_k, cand.end(), by_logit);

@@ -1,5 +1,5 @@
 #pragma once
-// The sampler chain: repetition, presence and frequency penalties -> temperature -> top-k -> top-p -> min-p -> draw.
+// The sampler chain: logit bias -> repetition, presence and frequency penalties -> temperature -> top-k -> top-p -> min-p -> draw.
 // Temperature <= 0 is greedy (argmax; the lowest id wins a tie). Draws are Gumbel-max with the
 // counter-based noise of backend/sample_noise.h at (seed, draw index): deterministic for a seed,
 // and the same draws as the CUDA sampler's for the same kept set.
@@ -25,6 +25,9 @@ struct SamplerParams {
   // give random_seed() when the user names none (the CLI without --seed or with --seed -1, a
   // server request without "seed"); the fixed default keeps library callers reproducible.
   uint64_t seed = 0x5eed;
+  // OpenAI's logit_bias: (token id, bias in [-100, 100]) added to the logit before any other
+  // step; -100 bans the token. Ids outside the vocabulary are an error at sampling.
+  std::vector<std::pair<int32_t, float>> logit_bias;
 };
 
 // A fresh seed from std::random_device (a different one on every call, with high probability).
@@ -60,7 +63,8 @@ int32_t argmax(std::span<const float> logits);
 // "the model computed non-finite logits (<detail>): ..." (the device sampler's flag too).
 std::string non_finite_logits_message(const std::string& detail);
 
-// Whether any penalty needs the token history (so sampling must run on the host).
+// Whether sampling must run on the host sampler: a penalty needs the token history, and the
+// device sampler applies no logit bias.
 bool uses_history(const SamplerParams& p);
 
 }  // namespace osprey

@@ -1,6 +1,10 @@
 #include "server/completion_request.h"
 
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
 
 #include "core/error.h"
 #include "server/api_error.h"
@@ -58,6 +62,88 @@ std::vector<int32_t> encode(const std::string& text, const Tokenizer& tokenizer)
   }
 }
 
+// Fields of OpenAI's API (and of other servers') that this server does not implement: a
+// request that sets them is refused by name rather than answered as if they were honoured.
+void refuse_unsupported(const json& body, bool chat) {
+  auto set = [&](const char* name) { return field(body, name) != nullptr; };
+  auto refuse = [](const char* name, const std::string& why) {
+    throw bad_request(std::string("'") + name + "' is not supported: " + why, name);
+  };
+  if (auto b = field(body, "best_of"); b && !(b->is_number_integer() && b->get<int64_t>() == 1))
+    refuse("best_of", "one candidate is generated per choice");
+  if (auto s = field(body, "suffix"); s && !(s->is_string() && s->get<std::string>().empty()))
+    refuse("suffix", "no insertion (fill-in-the-middle) mode");
+  if (set("functions")) refuse("functions", "use 'tools'");
+  if (set("function_call")) refuse("function_call", "use 'tool_choice'");
+  if (set("audio")) refuse("audio", "the model takes and writes text only");
+  if (auto m = field(body, "modalities"); m && *m != json::array({"text"}))
+    refuse("modalities", "the model writes text only");
+  if (set("prediction")) refuse("prediction", "no predicted outputs");
+  if (set("web_search_options")) refuse("web_search_options", "no web search");
+  if (set("reasoning_effort"))
+    refuse("reasoning_effort", "use chat_template_kwargs.enable_thinking for models that take it");
+  if (set("grammar")) refuse("grammar", "no constrained decoding");
+  if (set("json_schema")) refuse("json_schema", "no constrained decoding");
+  if (auto rf = field(body, "response_format")) {
+    if (!rf->is_object() || !rf->contains("type") || !(*rf)["type"].is_string())
+      throw bad_request("'response_format' must be an object with a string 'type'", "response_format");
+    const std::string type = (*rf)["type"].get<std::string>();
+    if (type != "text")
+      refuse("response_format", "type '" + type + "' needs constrained decoding, which this server does not do");
+  }
+  if (!chat)
+    for (const char* name : {"tools", "tool_choice", "parallel_tool_calls"})
+      if (set(name)) refuse(name, "tools are a chat completions field");
+}
+
+// tools, tool_choice, parallel_tool_calls.
+void read_tools(const json& body, CompletionRequest& r) {
+  if (const json* tools = field(body, "tools")) {
+    if (!tools->is_array()) throw bad_request("'tools' must be an array, not " + type_name(*tools), "tools");
+    for (size_t i = 0; i < tools->size(); ++i) {
+      const json& t = (*tools)[i];
+      const std::string at = "'tools[" + std::to_string(i) + "]'";
+      if (!t.is_object() || t.value("type", json()) != "function")
+        throw bad_request(at + " must be {\"type\": \"function\", \"function\": {...}}", "tools");
+      const json* f = field(t, "function");
+      if (!f || !f->is_object() || !f->contains("name") || !(*f)["name"].is_string() ||
+          (*f)["name"].get<std::string>().empty())
+        throw bad_request(at + ".function must be an object with a non-empty string 'name'", "tools");
+      if (const json* p = field(*f, "parameters"); p && !p->is_object())
+        throw bad_request(at + ".function.parameters must be a JSON Schema object", "tools");
+      r.tool_names.push_back((*f)["name"].get<std::string>());
+    }
+  }
+  std::string choice = "auto";
+  if (const json* tc = field(body, "tool_choice")) {
+    if (tc->is_string()) {
+      choice = tc->get<std::string>();
+      if (choice != "none" && choice != "auto" && choice != "required")
+        throw bad_request("'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+                          "\"function\": {\"name\"}}",
+                          "tool_choice");
+    } else if (tc->is_object()) {
+      const json* f = field(*tc, "function");
+      if (!f || !f->is_object() || !f->contains("name") || !(*f)["name"].is_string())
+        throw bad_request("'tool_choice' must name a function: {\"type\": \"function\", \"function\": {\"name\"}}",
+                          "tool_choice");
+      const std::string name = (*f)["name"].get<std::string>();
+      if (std::find(r.tool_names.begin(), r.tool_names.end(), name) == r.tool_names.end())
+        throw bad_request("'tool_choice' names the function '" + name + "', which 'tools' does not offer", "tool_choice");
+      choice = "function";
+    } else {
+      throw bad_request("'tool_choice' must be a string or an object, not " + type_name(*tc), "tool_choice");
+    }
+  }
+  if (choice == "required" || choice == "function")
+    throw bad_request(std::string("'tool_choice' ") + (choice == "required" ? "\"required\"" : "naming a function") +
+                          " is not supported: forcing a call needs constrained decoding, which this server does not do; "
+                          "use \"auto\"",
+                      "tool_choice");
+  r.parallel_tool_calls = bool_field(body, "parallel_tool_calls").value_or(true);
+  r.parse_tool_calls = !r.tool_names.empty() && choice == "auto";
+}
+
 }  // namespace
 
 std::optional<double> number_field(const json& body, const char* name, double min, double max) {
@@ -100,6 +186,7 @@ std::optional<std::string> string_field(const json& body, const char* name) {
 
 CompletionRequest read_completion_fields(const json& body, bool chat) {
   if (!body.is_object()) throw bad_request("the request body must be a JSON object, not " + type_name(body));
+  refuse_unsupported(body, chat);
   CompletionRequest r;
   r.chat = chat;
   r.model = string_field(body, "model").value_or("");
@@ -166,7 +253,88 @@ CompletionRequest read_completion_fields(const json& body, bool chat) {
     r.top_logprobs = int(*lp);
   }
   r.params.n_top_logprobs = r.logprobs ? r.top_logprobs : -1;
+  if (chat) read_tools(body, r);
   return r;
+}
+
+void read_logit_bias(const json& body, int64_t vocab_size, SamplerParams& params) {
+  const json* lb = field(body, "logit_bias");
+  if (!lb) return;
+  if (!lb->is_object())
+    throw bad_request("'logit_bias' must be an object of token ids to biases, not " + type_name(*lb), "logit_bias");
+  for (auto it = lb->begin(); it != lb->end(); ++it) {
+    const std::string& key = it.key();
+    char* end = nullptr;
+    errno = 0;
+    const long long id = key.empty() ? -1 : std::strtoll(key.c_str(), &end, 10);
+    if (key.empty() || *end != '\0' || errno != 0 || !std::isdigit((unsigned char)key[0]) || id >= vocab_size)
+      throw bad_request("'logit_bias': \"" + key + "\" is not a token id in [0, " + std::to_string(vocab_size) + ")",
+                        "logit_bias");
+    if (!it->is_number())
+      throw bad_request("'logit_bias': the bias of token " + key + " must be a number, not " + type_name(*it),
+                        "logit_bias");
+    const double b = it->get<double>();
+    if (!std::isfinite(b) || b < -100 || b > 100)
+      throw bad_request("'logit_bias': the bias of token " + key + " must be in [-100, 100]", "logit_bias");
+    params.logit_bias.emplace_back(int32_t(id), float(b));
+  }
+}
+
+void prepare_chat_messages(nlohmann::ordered_json& request) {
+  auto it = request.find("messages");
+  if (it == request.end() || !it->is_array()) return;
+  for (size_t i = 0; i < it->size(); ++i) {
+    auto& m = (*it)[i];
+    if (!m.is_object()) continue;
+    const std::string at = "messages[" + std::to_string(i) + "]";
+    if (m.contains("content") && m["content"].is_array()) {
+      std::string text;
+      bool all_text = true;
+      for (size_t k = 0; k < m["content"].size(); ++k) {
+        const auto& part = m["content"][k];
+        const std::string type = part.is_object() && part.contains("type") && part["type"].is_string()
+                                     ? part["type"].get<std::string>()
+                                     : "";
+        for (const char* media : {"image_url", "image", "input_image", "input_audio", "audio", "file", "video_url"})
+          if (type == media)
+            throw bad_request(at + ".content[" + std::to_string(k) + "]: this model takes text only; a '" + type +
+                                  "' part cannot be read",
+                              "messages");
+        if (type != "text" || !part.contains("text") || !part["text"].is_string()) {
+          all_text = false;
+          break;
+        }
+        if (!text.empty()) text += "\n";
+        text += part["text"].get<std::string>();
+      }
+      if (all_text) m["content"] = text;
+    }
+    auto calls = m.find("tool_calls");
+    if (calls == m.end() || calls->is_null()) continue;
+    // OpenAI clients send content null beside tool calls; templates read a string (vLLM too
+    // passes "").
+    if (!m.contains("content") || m["content"].is_null()) m["content"] = "";
+    calls = m.find("tool_calls");
+    if (!calls->is_array()) throw bad_request("'" + at + ".tool_calls' must be an array", "messages");
+    for (size_t k = 0; k < calls->size(); ++k) {
+      auto& c = (*calls)[k];
+      const std::string cat = at + ".tool_calls[" + std::to_string(k) + "]";
+      if (!c.is_object() || !c.contains("function") || !c["function"].is_object() || !c["function"].contains("name") ||
+          !c["function"]["name"].is_string())
+        throw bad_request("'" + cat + "' must be {\"type\": \"function\", \"function\": {\"name\", \"arguments\"}}",
+                          "messages");
+      auto& args = c["function"]["arguments"];
+      if (args.is_string()) {
+        try {
+          args = nlohmann::ordered_json::parse(args.get<std::string>());
+        } catch (const nlohmann::ordered_json::exception&) {
+          throw bad_request("'" + cat + ".function.arguments' is not valid JSON", "messages");
+        }
+      }
+      if (!args.is_object())
+        throw bad_request("'" + cat + ".function.arguments' must be a JSON object (or a string holding one)", "messages");
+    }
+  }
 }
 
 std::vector<std::vector<int32_t>> read_prompts(const json& prompt, const Tokenizer& tokenizer, int64_t vocab_size) {

@@ -27,11 +27,27 @@ struct CompletionRequest {
   bool logprobs = false;                      // completions: logprobs given; chat: logprobs true
   int top_logprobs = 0;
   std::string cache_salt;                     // "" : none; keys the prompt cache
+  // Chat: the functions "tools" offers; tool calls are parsed out of the reply when some are
+  // offered and tool_choice is not "none"; parallel_tool_calls false keeps the first call.
+  std::vector<std::string> tool_names;
+  bool parse_tool_calls = false;
+  bool parallel_tool_calls = true;
 };
 
 // Reads the sampling, stop, stream and logprobs fields common to both routes (not the
 // prompt or messages). Defaults follow OpenAI: temperature 1, top_p 1.
 CompletionRequest read_completion_fields(const nlohmann::json& body, bool chat);
+
+// logit_bias: {"token id": bias in [-100, 100]} into the sampler parameters; ids must lie in
+// [0, vocab_size).
+void read_logit_bias(const nlohmann::json& body, int64_t vocab_size, SamplerParams& params);
+
+// Makes a chat request's messages what chat templates expect, as vLLM and transformers
+// callers do: a content list of text parts becomes one string (the parts joined by newlines),
+// an assistant tool call's "arguments" JSON string becomes the object it holds. Throws ApiError
+// (400) for an image, audio or file part (the model takes text only) and for arguments that
+// are not a JSON object, naming the message.
+void prepare_chat_messages(nlohmann::ordered_json& request);
 
 // The prompt of /v1/completions: a string, an array of token ids, or an array of either.
 // Strings are tokenized with special tokens parsed and the post-processor's BOS added.

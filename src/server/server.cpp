@@ -15,6 +15,7 @@
 #include "core/log.h"
 #include "serve/scheduler.h"
 #include "server/api_error.h"
+#include "server/chat_reply.h"
 #include "server/completion_request.h"
 #include "server/http_transport.h"
 #include "backend/ops.h"
@@ -92,6 +93,7 @@ std::string route_label(const std::string& path) {
                                 "/apply-template", "/metrics"};
   for (const char* k : known)
     if (path == k) return k;
+  if (path.rfind("/v1/models/", 0) == 0 || path.rfind("/models/", 0) == 0) return "/v1/models/{id}";
   return "other";
 }
 
@@ -112,8 +114,12 @@ struct Choice {
   std::string finish_reason, error;
   LatencyHistograms* latency = nullptr;  // observed into, when set
   Clock::time_point arrival{}, last_token{};
+  std::optional<ChatReplyParser> reply;  // chat: reasoning and tool calls split from the text
+  std::vector<int32_t> keep_ids;         // special tokens the reply parser reads (call markers)
+  int n_calls = 0;                       // tool calls sent so far
+  const Tokenizer& tokenizer;
 
-  Choice(const Tokenizer& tokenizer, std::vector<std::string> stops) : decoder(tokenizer), stop(std::move(stops)) {}
+  Choice(const Tokenizer& t, std::vector<std::string> stops) : decoder(t), stop(std::move(stops)), tokenizer(t) {}
 };
 
 struct TokenInfo {
@@ -123,10 +129,30 @@ struct TokenInfo {
 };
 
 struct Delta {
-  std::string text;
+  std::string text;  // content
+  std::string reasoning;
+  std::vector<ToolCall> calls;
   std::vector<TokenInfo> tokens;  // with logprobs only
-  bool empty() const { return text.empty() && tokens.empty(); }
+  bool empty() const { return text.empty() && reasoning.empty() && calls.empty() && tokens.empty(); }
 };
+
+// Adds generated text to the delta, through the choice's reply parser when it has one.
+void add_text(Choice& c, Delta& d, const std::string& text, bool at_end) {
+  if (!c.reply) {
+    d.text += text;
+    return;
+  }
+  ChatReplyDelta r = c.reply->push(text);
+  if (at_end) {
+    ChatReplyDelta e = c.reply->finish();
+    r.reasoning += e.reasoning;
+    r.content += e.content;
+    for (ToolCall& t : e.calls) r.calls.push_back(std::move(t));
+  }
+  d.reasoning += r.reasoning;
+  d.text += r.content;
+  for (ToolCall& t : r.calls) d.calls.push_back(std::move(t));
+}
 
 // Moves the choice on by the events that are ready (waiting up to timeout_ms for the first).
 // Returns false when nothing happened.
@@ -148,8 +174,12 @@ bool pump(Choice& c, Delta& d, int timeout_ms) {
       if (c.n_completion == 0) c.n_cached = e->n_cached;
       ++c.n_completion;
       if (e->logprob) d.tokens.push_back({e->token, *e->logprob, std::move(e->top_logprobs)});
-      d.text += c.stop.push(c.decoder.push(e->token));
+      const bool keep = std::find(c.keep_ids.begin(), c.keep_ids.end(), e->token) != c.keep_ids.end();
+      const std::string piece = keep ? c.decoder.flush() + c.tokenizer.decode(std::vector<int32_t>{e->token})
+                                     : c.decoder.push(e->token);
+      add_text(c, d, c.stop.push(piece), false);
       if (c.stop.stopped()) {
+        add_text(c, d, "", true);
         c.done = true;
         c.finish_reason = "stop";
         c.channel->cancel();
@@ -157,8 +187,9 @@ bool pump(Choice& c, Delta& d, int timeout_ms) {
     } else if (e->kind == SequenceEvent::Kind::finished) {
       if (c.latency) c.latency->e2e.observe(std::chrono::duration<double>(e->time - c.arrival).count());
       c.n_cached = e->n_cached;
-      d.text += c.stop.push(c.decoder.flush());
-      d.text += c.stop.flush();
+      std::string rest = c.stop.push(c.decoder.flush());
+      rest += c.stop.flush();
+      add_text(c, d, rest, true);
       c.done = true;
       c.finish_reason = e->finish_reason == "cancelled" ? "stop" : e->finish_reason;
     } else {
@@ -213,6 +244,9 @@ struct Server::Impl {
   std::vector<int32_t> eos_ids;
   std::optional<ChatTemplate> chat_template;
   std::string chat_template_error;  // why there is none
+  ToolCallFormat tool_format = ToolCallFormat::none;  // how the template's model writes calls
+  std::vector<int32_t> tool_marker_ids;               // its markers that are special tokens
+  bool think_model = false;                           // the template writes <think> blocks
 
   explicit Impl(ServerOptions o) : opt(std::move(o)) {
     created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -251,6 +285,16 @@ struct Server::Impl {
   }
 
   bool authorized(const HttpRequest& req) const { return opt.api_keys.empty() || key_index(req) >= 0; }
+
+  json model_json() const {
+    json m = {{"id", model_id}, {"object", "model"}, {"created", created}, {"owned_by", "osprey"}};
+    if (ready)
+      m["meta"] = {{"n_vocab", model->info().vocab_size},
+                   {"n_ctx", backend->context_size()},
+                   {"n_ctx_train", model->info().max_position_embeddings},
+                   {"n_params", model->info().n_params}};
+    return m;
+  }
 
   // The prompt-cache salt of a request: its cache_salt field, under its API key's when the
   // server salts by key. Distinct (key, field) pairs give distinct salts.
@@ -395,6 +439,7 @@ struct Server::Impl {
     if (p == "/health") return pick("GET", HttpLane::io, health_);
     if (p == "/metrics") return pick("GET", HttpLane::io, metrics_);
     if (p == "/v1/models" || p == "/models") return pick("GET", HttpLane::io, models_);
+    if (p.rfind("/v1/models/", 0) == 0 || p.rfind("/models/", 0) == 0) return pick("GET", HttpLane::io, one_model_);
     if (p == "/v1/completions" || p == "/completions") return pick("POST", HttpLane::generate, completions_, true);
     if (p == "/v1/chat/completions" || p == "/chat/completions") return pick("POST", HttpLane::generate, chat_, true);
     if (p == "/tokenize") return pick("POST", HttpLane::work, tokenize_);
@@ -412,14 +457,14 @@ struct Server::Impl {
         return error_response(api_error(503, "unavailable_error", "the model is loading", "model_loading"));
       },
       /*open=*/true);
-  HttpHandler models_ = wrap([this](HttpRequest&) {
-    json m = {{"id", model_id}, {"object", "model"}, {"created", created}, {"owned_by", "osprey"}};
-    if (ready)
-      m["meta"] = {{"n_vocab", model->info().vocab_size},
-                   {"n_ctx", backend->context_size()},
-                   {"n_ctx_train", model->info().max_position_embeddings},
-                   {"n_params", model->info().n_params}};
-    return json_response(200, {{"object", "list"}, {"data", json::array({m})}});
+  HttpHandler models_ = wrap(
+      [this](HttpRequest&) { return json_response(200, {{"object", "list"}, {"data", json::array({model_json()})}}); });
+  HttpHandler one_model_ = wrap([this](HttpRequest& req) {
+    const std::string id = req.path.substr(req.path.find("/models/") + 8);
+    if (id != model_id)
+      throw api_error(404, "invalid_request_error",
+                      "the model '" + id + "' does not exist; this server serves '" + model_id + "'", "model_not_found");
+    return json_response(200, model_json());
   });
   HttpHandler metrics_ = wrap([this](HttpRequest&) {
     HttpResponse r;
@@ -461,7 +506,8 @@ struct Server::Impl {
   // sent: it is read again with its keys in the client's order, so that `tojson` in a template
   // writes tools and arguments as transformers does. A message whose content is a list of text
   // parts reaches the template as one string, the parts joined by newlines (as OpenAI's
-  // servers read it); templates written for strings would otherwise print a list.
+  // servers read it); templates written for strings would otherwise print a list. Tool-call
+  // arguments sent as JSON strings reach it as objects (prepare_chat_messages).
   std::string render_chat(const json& body, const std::string& raw) {
     if (!body.is_object()) throw bad_request("the request body must be a JSON object");
     auto it = body.find("messages");
@@ -469,20 +515,7 @@ struct Server::Impl {
       throw bad_request("'messages' is required and must be a non-empty array", "messages");
     if (!chat_template) throw bad_request("the model has no usable chat template: " + chat_template_error, "messages");
     nlohmann::ordered_json request = nlohmann::ordered_json::parse(raw);
-    for (auto& m : request["messages"]) {
-      if (!m.is_object() || !m.contains("content") || !m["content"].is_array()) continue;
-      std::string text;
-      bool all_text = true;
-      for (const auto& part : m["content"]) {
-        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string()) {
-          all_text = false;
-          break;
-        }
-        if (!text.empty()) text += "\n";
-        text += part["text"].get<std::string>();
-      }
-      if (all_text) m["content"] = text;
-    }
+    prepare_chat_messages(request);
     try {
       return chat_template->render(request);
     } catch (const Unsupported& e) {
@@ -586,6 +619,11 @@ struct Server::Impl {
     return {{"tokens", toks}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
   }
 
+  // "tool_calls" when a reply that ended by itself made calls (n_more: those not yet counted).
+  static std::string finish_reason(const Choice& c, size_t n_more) {
+    return c.finish_reason == "stop" && c.n_calls + n_more > 0 ? "tool_calls" : c.finish_reason;
+  }
+
   json envelope(const CompletionState& st, bool chunk) const {
     const char* object = st.request.chat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion";
     return {{"id", st.id},
@@ -607,8 +645,17 @@ struct Server::Impl {
     st->created =
         std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
     const char* prompt_field = chat ? "messages" : "prompt";
+    read_logit_bias(body, model->info().vocab_size, r.params.sampler);
+    bool prompt_opens_reasoning = false;
     if (chat) {
+      if (r.parse_tool_calls && tool_format == ToolCallFormat::none)
+        throw bad_request("'tools': this model's chat template has no tool-call format this server can parse (" +
+                              std::string("known: Llama 3.x JSON, Hermes <tool_call>, Command R7B actions, Mistral "
+                                          "[TOOL_CALLS]); send tool_choice \"none\" to render the tools without parsing "
+                                          "calls"),
+                          "tools");
       const std::string text = render_chat(body, req.body);
+      prompt_opens_reasoning = prompt_opens_think(text);
       r.prompts.push_back(tokenizer->encode(text, /*add_special=*/false, /*parse_special=*/true));
       if (r.prompts.back().empty()) throw bad_request("the rendered chat is empty", "messages");
     } else {
@@ -631,6 +678,21 @@ struct Server::Impl {
       c->latency = &latency;
       c->arrival = req.received != Clock::time_point{} ? req.received : t_log.start;
       c->n_prompt = int64_t(p.size());
+      if (chat && (think_model || r.parse_tool_calls)) {
+        std::optional<ReasoningParser> reasoning;
+        if (think_model) reasoning.emplace(prompt_opens_reasoning);
+        std::optional<ToolCallParser> tools;
+        if (r.parse_tool_calls) {
+          ToolCallParserOptions to;
+          to.format = tool_format;
+          to.functions = r.tool_names;
+          to.parallel = r.parallel_tool_calls;
+          to.id_prefix = "call_" + id_prefix + std::to_string(t_log.id) + "_" + std::to_string(st->choices.size()) + "_";
+          tools.emplace(std::move(to));
+          c->keep_ids = tool_marker_ids;
+        }
+        c->reply.emplace(std::move(reasoning), std::move(tools));
+      }
       SequenceRequest sr;
       sr.id = t_log.id;
       sr.cache_salt = cache_salt(req, r.cache_salt);
@@ -666,7 +728,8 @@ struct Server::Impl {
     json choices = json::array();
     for (size_t i = 0; i < st.choices.size(); ++i) {
       Choice& c = *st.choices[i];
-      std::string text;
+      std::string text, reasoning;
+      std::vector<ToolCall> calls;
       std::vector<TokenInfo> tokens;
       while (!c.done) {
         Delta d;
@@ -679,15 +742,17 @@ struct Server::Impl {
           continue;
         }
         text += d.text;
+        reasoning += d.reasoning;
+        for (auto& t : d.calls) calls.push_back(std::move(t));
         for (auto& t : d.tokens) tokens.push_back(std::move(t));
       }
       t_log.n_cached += c.n_cached;
       t_log.n_generated += c.n_completion;
       if (!c.error.empty()) throw sequence_error(c.error);
-      json choice = {{"index", i}, {"finish_reason", c.finish_reason}};
+      json choice = {{"index", i}, {"finish_reason", finish_reason(c, calls.size())}};
       json lp = st.request.logprobs ? logprobs_json(tokens, st.request.chat, 0) : json(nullptr);
       if (st.request.chat)
-        choice["message"] = {{"role", "assistant"}, {"content", text}};
+        choice["message"] = chat_message_json(text, reasoning, calls);
       else
         choice["text"] = text;
       choice["logprobs"] = lp;
@@ -727,16 +792,24 @@ struct Server::Impl {
             return;
           }
           if (d.empty() && !c.done) continue;
-          json choice = {{"index", i}, {"finish_reason", c.done ? json(c.finish_reason) : json(nullptr)}};
-          if (chat)
-            choice["delta"] = d.text.empty() && c.done ? json::object() : json{{"content", d.text}};
-          else
-            choice["text"] = d.text;
-          choice["logprobs"] = st->request.logprobs && !d.tokens.empty() ? logprobs_json(d.tokens, chat, offset) : json(nullptr);
+          const json finish = c.done ? json(finish_reason(c, d.calls.size())) : json(nullptr);
+          json lp = st->request.logprobs && !d.tokens.empty() ? logprobs_json(d.tokens, chat, offset) : json(nullptr);
           offset += d.text.size();
-          json j = envelope(*st, true);
-          j["choices"] = json::array({choice});
-          if (!send(j)) return;
+          std::vector<json> deltas =
+              chat ? chat_stream_deltas({d.reasoning, d.text, d.calls}, c.n_calls) : std::vector<json>{};
+          if (chat && deltas.empty()) deltas.push_back(json::object());
+          const size_t n_chunks = chat ? deltas.size() : 1;
+          for (size_t k = 0; k < n_chunks; ++k) {
+            json choice = {{"index", i}, {"finish_reason", k + 1 == n_chunks ? finish : json(nullptr)}};
+            if (chat)
+              choice["delta"] = deltas[k];
+            else
+              choice["text"] = d.text;
+            choice["logprobs"] = k == 0 ? lp : json(nullptr);
+            json j = envelope(*st, true);
+            j["choices"] = json::array({choice});
+            if (!send(j)) return;
+          }
         }
         t_log.n_generated += c.n_completion;
       }
@@ -794,6 +867,10 @@ void Server::load() {
     if (std::find(m.eos_ids.begin(), m.eos_ids.end(), id) == m.eos_ids.end()) m.eos_ids.push_back(id);
   try {
     m.chat_template = load_model_chat_template(m.opt.model_dir);
+    m.tool_format = tool_call_format(m.chat_template->source());
+    for (const std::string& marker : tool_call_markers(m.tool_format))
+      if (auto id = m.tokenizer->token_id(marker); id && m.tokenizer->is_special(*id)) m.tool_marker_ids.push_back(*id);
+    m.think_model = m.opt.split_reasoning && reasoning_format(m.chat_template->source()) == ReasoningFormat::think;
   } catch (const Error& e) {
     m.chat_template_error = e.what();
     log_warn("chat completions are off: " + m.chat_template_error);

@@ -55,6 +55,9 @@ struct ServerOptions {
   std::function<SequenceCache()> make_cache;  // tests: see DenseBackendOptions
   bool graphs = true;
   std::string system_fingerprint = "osprey";
+  // Chat replies of models whose template writes <think> blocks: true returns the block as
+  // reasoning_content; false (--reasoning-format none) leaves the raw text in content.
+  bool split_reasoning = true;
   bool keep_prompt_cache_checksums = false;  // tests: see PromptCache
   WebUiOptions webui;                 // the chat page at GET / (server/webui.h)
 };

@@ -47,6 +47,38 @@ TEST(Sampler, TemperatureGivesTheSoftmaxOfScaledLogits) {
   for (auto& [id, prob] : d) EXPECT_NEAR(prob, ref[size_t(id)], 1e-6);
 }
 
+TEST(Sampler, LogitBiasShiftsLogitsAndMinus100Bans) {
+  const std::vector<float> logits = {1.0f, 3.0f, 2.0f, 0.5f};
+  SamplerParams g;
+  g.logit_bias = {{1, -100.0f}};
+  Sampler greedy(g);
+  EXPECT_EQ(greedy.sample(logits, {}), 2);  // the argmax is banned; the runner-up wins
+  g.logit_bias = {{3, 10.0f}};
+  EXPECT_EQ(Sampler(g).sample(logits, {}), 3);
+
+  SamplerParams t;
+  t.temperature = 1.0f;
+  t.logit_bias = {{1, -100.0f}, {0, 1.5f}};
+  const auto d = Sampler(t).distribution(logits, {});
+  EXPECT_EQ(ids_of(d), (std::vector<int32_t>{0, 2, 3}));  // the banned token has no probability at all
+  const std::vector<double> ref = softmax({2.5f, 2.0f, 0.5f}, 1.0);
+  for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(d[i].second, ref[i], 1e-6);
+  for (uint64_t seed = 0; seed < 200; ++seed) {
+    t.seed = seed;
+    EXPECT_NE(Sampler(t).sample(logits, {}), 1);
+  }
+
+  SamplerParams all;
+  all.logit_bias = {{0, -100.0f}, {1, -100.0f}, {2, -100.0f}, {3, -100.0f}};
+  EXPECT_THROW(Sampler(all).sample(logits, {}), InvalidInput);
+  SamplerParams outside;
+  outside.logit_bias = {{4, 1.0f}};
+  EXPECT_THROW(Sampler(outside).sample(logits, {}), InvalidInput);
+  SamplerParams too_big;
+  too_big.logit_bias = {{0, 101.0f}};
+  EXPECT_THROW(Sampler{too_big}, InvalidInput);
+}
+
 TEST(Sampler, TopKKeepsTheKLargest) {
   SamplerParams p;
   p.temperature = 1.0f;
