@@ -1,6 +1,7 @@
 // Lexer and recursive-descent parser for the chat-template subset of jinja2. Operator
 // precedence is jinja2's: `x if c else y` < or < and < not < comparisons and `in` < + - <
 // ~ < * / // % < ** < unary - + < postfix (. [] ()) < filters and tests.
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstdlib>
@@ -526,22 +527,20 @@ class Parser {
     return e;
   }
 
-  ExprPtr parse_or() {
-    ExprPtr e = parse_and();
-    while (is_name("or")) {
-      int line = next().line;
-      e = binary("or", std::move(e), parse_and(), line);
+  // Operands read by `operand`, joined left to right by any of `ops` (operator tokens, or names
+  // such as "or" when `words`) into binary nodes named by the operator.
+  template <class Operand>
+  ExprPtr left_chain(std::initializer_list<const char*> ops, bool words, Operand operand) {
+    ExprPtr e = operand();
+    while (std::any_of(ops.begin(), ops.end(), [&](const char* op) { return words ? is_name(op) : is_op(op); })) {
+      Token t = next();
+      e = binary(t.text, std::move(e), operand(), t.line);
     }
     return e;
   }
-  ExprPtr parse_and() {
-    ExprPtr e = parse_not();
-    while (is_name("and")) {
-      int line = next().line;
-      e = binary("and", std::move(e), parse_not(), line);
-    }
-    return e;
-  }
+
+  ExprPtr parse_or() { return left_chain({"or"}, true, [this] { return parse_and(); }); }
+  ExprPtr parse_and() { return left_chain({"and"}, true, [this] { return parse_not(); }); }
   ExprPtr parse_not() {
     if (is_name("not")) {
       int line = next().line;
@@ -578,38 +577,10 @@ class Parser {
     }
     return cmp ? std::move(cmp) : std::move(first);
   }
-  ExprPtr parse_math1() {
-    ExprPtr e = parse_concat();
-    while (is_op("+") || is_op("-")) {
-      Token t = next();
-      e = binary(t.text, std::move(e), parse_concat(), t.line);
-    }
-    return e;
-  }
-  ExprPtr parse_concat() {
-    ExprPtr e = parse_math2();
-    while (is_op("~")) {
-      int line = next().line;
-      e = binary("~", std::move(e), parse_math2(), line);
-    }
-    return e;
-  }
-  ExprPtr parse_math2() {
-    ExprPtr e = parse_pow();
-    while (is_op("*") || is_op("/") || is_op("//") || is_op("%")) {
-      Token t = next();
-      e = binary(t.text, std::move(e), parse_pow(), t.line);
-    }
-    return e;
-  }
-  ExprPtr parse_pow() {
-    ExprPtr e = parse_unary();
-    while (is_op("**")) {
-      int line = next().line;
-      e = binary("**", std::move(e), parse_unary(), line);
-    }
-    return e;
-  }
+  ExprPtr parse_math1() { return left_chain({"+", "-"}, false, [this] { return parse_concat(); }); }
+  ExprPtr parse_concat() { return left_chain({"~"}, false, [this] { return parse_math2(); }); }
+  ExprPtr parse_math2() { return left_chain({"*", "/", "//", "%"}, false, [this] { return parse_pow(); }); }
+  ExprPtr parse_pow() { return left_chain({"**"}, false, [this] { return parse_unary(); }); }
   ExprPtr parse_unary(bool with_filter = true) {
     ExprPtr e;
     if (is_op("-") || is_op("+")) {
@@ -665,28 +636,35 @@ class Parser {
         }
         if (t.text == "[") {
           auto e = seq(Expr::Kind::kList, t.line);
-          while (!skip_op("]")) {
-            if (!e->args.empty()) expect_op(",");
-            if (skip_op("]")) break;
-            e->args.push_back(parse_expression());
-          }
+          parse_items("]", [&] { e->args.push_back(parse_expression()); });
           return e;
         }
         if (t.text == "{") {
           auto e = seq(Expr::Kind::kDict, t.line);
-          while (!skip_op("}")) {
-            if (!e->args.empty()) expect_op(",");
-            if (skip_op("}")) break;
+          parse_items("}", [&] {
             e->args.push_back(parse_expression());
             expect_op(":");
             e->args.push_back(parse_expression());
-          }
+          });
           return e;
         }
         break;
       default: break;
     }
     syntax_error(t.line, "unexpected " + describe(t));
+  }
+
+  // Comma-separated items up to the operator `close` (a trailing comma allowed), each read by
+  // `item`; the opening bracket is already read.
+  template <class Item>
+  void parse_items(const char* close, Item item) {
+    bool first = true;
+    while (!skip_op(close)) {
+      if (!first) expect_op(",");
+      first = false;
+      if (skip_op(close)) break;
+      item();
+    }
   }
 
   ExprPtr literal(Value v, int line) {
@@ -737,25 +715,25 @@ class Parser {
         }
         e = std::move(g);
       } else if (is_op("(")) {
-        int line = cur().line;
-        auto c = node(Expr::Kind::kCall, line);
-        c->args.push_back(std::move(e));
-        parse_call_args(*c);
-        e = std::move(c);
+        e = parse_call(std::move(e));
       } else {
         return e;
       }
     }
   }
 
+  // callee(a, b, k=v), the call at the current "(".
+  ExprPtr parse_call(ExprPtr callee) {
+    auto c = node(Expr::Kind::kCall, cur().line);
+    c->args.push_back(std::move(callee));
+    parse_call_args(*c);
+    return c;
+  }
+
   // Parses `(a, b, k=v)` into e.args (after what is already there), n_pos and kw_names.
   void parse_call_args(Expr& e) {
     expect_op("(");
-    bool first = true;
-    while (!skip_op(")")) {
-      if (!first) expect_op(",");
-      first = false;
-      if (skip_op(")")) break;
+    parse_items(")", [&] {
       if (is_op("*") || is_op("**")) unsupported(cur().line, "*args and **kwargs in a call");
       if (cur().type == Token::kName && peek().type == Token::kOp && peek().text == "=") {
         e.kw_names.push_back(next().text);
@@ -766,7 +744,7 @@ class Parser {
         e.args.push_back(parse_expression());
         ++e.n_pos;
       }
-    }
+    });
   }
 
   ExprPtr parse_filter_expr(ExprPtr e) {
@@ -795,11 +773,7 @@ class Parser {
         }
         e = std::move(t);
       } else if (is_op("(")) {
-        int line = cur().line;
-        auto c = node(Expr::Kind::kCall, line);
-        c->args.push_back(std::move(e));
-        parse_call_args(*c);
-        e = std::move(c);
+        e = parse_call(std::move(e));
       } else {
         return e;
       }

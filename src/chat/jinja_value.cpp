@@ -9,56 +9,55 @@
 
 namespace osprey::jinja {
 
+namespace {
+
+Value of_kind(Value::Kind kind) {
+  Value v;
+  v.kind = kind;
+  return v;
+}
+
+}  // namespace
+
 Value Value::undefined(std::string name) {
   Value v;
   v.s = std::move(name);
   return v;
 }
-Value Value::none() {
-  Value v;
-  v.kind = Kind::kNone;
-  return v;
-}
+Value Value::none() { return of_kind(Kind::kNone); }
 Value Value::boolean(bool x) {
-  Value v;
-  v.kind = Kind::kBool;
+  Value v = of_kind(Kind::kBool);
   v.b = x;
   return v;
 }
 Value Value::integer(int64_t x) {
-  Value v;
-  v.kind = Kind::kInt;
+  Value v = of_kind(Kind::kInt);
   v.i = x;
   return v;
 }
 Value Value::floating(double x) {
-  Value v;
-  v.kind = Kind::kFloat;
+  Value v = of_kind(Kind::kFloat);
   v.f = x;
   return v;
 }
 Value Value::string(std::string x) {
-  Value v;
-  v.kind = Kind::kString;
+  Value v = of_kind(Kind::kString);
   v.s = std::move(x);
   return v;
 }
 Value Value::make_list(List items, bool is_tuple) {
-  Value v;
-  v.kind = Kind::kList;
+  Value v = of_kind(Kind::kList);
   v.list = std::make_shared<List>(std::move(items));
   v.tuple = is_tuple;
   return v;
 }
 Value Value::make_dict() {
-  Value v;
-  v.kind = Kind::kDict;
+  Value v = of_kind(Kind::kDict);
   v.dict = std::make_shared<Dict>();
   return v;
 }
 Value Value::function(Function f) {
-  Value v;
-  v.kind = Kind::kFunction;
+  Value v = of_kind(Kind::kFunction);
   v.fn = std::make_shared<Function>(std::move(f));
   return v;
 }

@@ -295,8 +295,7 @@ int run_bench_cmd(const BenchOptions& o) {
 Command add_bench(CLI::App& app) {
   auto o = std::make_shared<BenchOptions>();
   constexpr int64_t kMaxSize = int64_t(1) << 24;
-  app.add_option("-m,--model", o->model, "Model folder, a GGUF file, or a Hub id org/name[:revision] (default: the embedded default model)");
-  app.add_flag("--download", o->download, "Fetch a Hub model missing from the Hugging Face cache (as osprey pull does)");
+  add_model_options(app, o->model, o->download);
   app.add_option("-p,--n-prompt", o->n_prompt_arg, "Prompt sizes to time, comma-separated (0: no pp test)")
       ->capture_default_str();
   app.add_option("-n,--n-gen", o->n_gen_arg, "Generation lengths to time, comma-separated (0: no tg test)")
@@ -312,7 +311,7 @@ Command add_bench(CLI::App& app) {
   app.add_option("-o,--output", o->output, "Output format")
       ->check(CLI::IsMember({"md", "json", "csv"}))
       ->capture_default_str();
-  app.add_option("--device", o->device, "cpu, cuda or cuda:N (default: OSPREY_DEVICE, else cuda when present)");
+  add_device_option(app, o->device);
   add_threads_option(app, o->threads);
   add_tensor_parallel_option(app, o->tensor_parallel);
   app.add_option("--seed", o->seed, "Seed of the random prompt tokens")->check(unsigned_u64())->capture_default_str();

@@ -551,10 +551,9 @@ int run_chat(const ChatOptions& o, const CLI::App& app) {
 
 Command add_chat(CLI::App& app) {
   auto o = std::make_shared<ChatOptions>();
-  app.add_option("-m,--model", o->model, "Model folder with a chat template, a GGUF file, or a Hub id org/name[:revision] (default: the embedded default model)");
-  app.add_flag("--download", o->download, "Fetch a Hub model missing from the Hugging Face cache (as osprey pull does)");
+  add_model_options(app, o->model, o->download, "Model folder with a chat template");
   app.add_option("--system", o->system, "System message opening the conversation");
-  app.add_option("--template-name", o->template_name, "Which of the folder's named templates (default: \"default\")");
+  add_template_name_option(app, o->template_name);
   app.add_option("-n,--n-predict", o->n_predict, "Most tokens per reply (default 512; -1: until the context is full)")
       ->check(int_range(-1, INT32_MAX));
   app.add_option("-c,--ctx-size", o->ctx_size,
@@ -562,7 +561,7 @@ Command add_chat(CLI::App& app) {
                  "leave it")
       ->check(int_range(0, INT32_MAX));
   add_sampler_options(app, o->sampler, /*checkpoint_defaults=*/true);
-  app.add_option("--device", o->device, "cpu, cuda or cuda:N (default: OSPREY_DEVICE, else cuda when present)");
+  add_device_option(app, o->device);
   add_threads_option(app, o->threads);
   app.add_flag("--json", o->json,
                "Print one JSON object per reply (text, tokens, seed, sampler settings, cache counters) instead of "

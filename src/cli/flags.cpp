@@ -110,6 +110,21 @@ void add_sampler_options(CLI::App& app, SamplerParams& p, bool checkpoint_defaul
           "-1|UINT64"));
 }
 
+void add_model_options(CLI::App& app, std::string& model, bool& download, const std::string& folder_holds) {
+  const std::string folder = folder_holds.empty() ? "Model folder" : folder_holds;
+  app.add_option("-m,--model", model,
+                 folder + ", a GGUF file, or a Hub id org/name[:revision] (default: the embedded default model)");
+  app.add_flag("--download", download, "Fetch a Hub model missing from the Hugging Face cache (as osprey pull does)");
+}
+
+CLI::Option* add_template_name_option(CLI::App& app, std::string& name) {
+  return app.add_option("--template-name", name, "Which of the folder's named templates (default: \"default\")");
+}
+
+CLI::Option* add_device_option(CLI::App& app, std::string& device) {
+  return app.add_option("--device", device, "cpu, cuda or cuda:N (default: OSPREY_DEVICE, else cuda when present)");
+}
+
 CLI::Option* add_threads_option(CLI::App& app, int& threads) {
   return app.add_option("-t,--threads", threads, "CPU threads (default: OSPREY_THREADS or one per core)")
       ->check(int_range(0, kMaxCpuThreads));

@@ -27,6 +27,14 @@ std::vector<int64_t> parse_int_list(const std::string& flag, const std::string& 
 // with a fresh seed; --seed N stores N.
 void add_sampler_options(CLI::App& app, SamplerParams& p, bool checkpoint_defaults = false);
 
+// -m/--model (a folder holding `folder_holds`, or a Hub id; empty: the embedded default model)
+// and --download (fetch a Hub model missing from the cache), in that order.
+void add_model_options(CLI::App& app, std::string& model, bool& download, const std::string& folder_holds = "");
+// --template-name: which of the folder's named chat templates.
+CLI::Option* add_template_name_option(CLI::App& app, std::string& name);
+// --device: cpu, cuda or cuda:N.
+CLI::Option* add_device_option(CLI::App& app, std::string& device);
+
 // -t, --threads: 0 (one per core) up to the thread pool's bound.
 CLI::Option* add_threads_option(CLI::App& app, int& threads);
 

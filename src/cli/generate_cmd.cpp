@@ -133,6 +133,48 @@ std::vector<int32_t> parse_token_ids(const std::string& s) {
   return ids;
 }
 
+// The prompt's token ids: the text (-p, -f) as a one-turn chat through the folder's template
+// (--chat, with --system), or encoded with BOS as the post-processor adds it; else --token-ids.
+std::vector<int32_t> prompt_tokens(const GenerateOptions& o, const std::string& dir,
+                                   const std::optional<std::string>& text, const Tokenizer* tokenizer) {
+  if (o.chat) {
+    nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+    if (o.system) messages.push_back({{"role", "system"}, {"content", *o.system}});
+    messages.push_back({{"role", "user"}, {"content", *text}});
+    // The template writes BOS itself: no second one from the post-processor.
+    nlohmann::ordered_json request = {{"messages", messages}, {"add_generation_prompt", true}};
+    return tokenizer->encode(load_model_chat_template(dir).render(request), false);
+  }
+  return text ? tokenizer->encode(*text, true) : parse_token_ids(o.token_ids);
+}
+
+// --json: one line with the prompt, the reply's tokens and text, the stop reason, the seed and
+// the timings.
+void print_json(const std::vector<int32_t>& prompt, const GenerateResult& r, const std::string& reply, uint64_t seed) {
+  const GenerateStats& s = r.stats;
+  nlohmann::json j;
+  j["prompt_tokens"] = prompt;
+  j["tokens"] = r.tokens;
+  j["text"] = reply;
+  j["stop_reason"] = s.stop_reason;
+  j["seed"] = seed;
+  j["timings"] = {{"prompt_n", s.n_prompt},
+                  {"prompt_ms", s.prompt_seconds * 1e3},
+                  {"prompt_per_second", s.prompt_tps()},
+                  {"predicted_n", s.n_generated},
+                  {"predicted_ms", s.decode_seconds * 1e3},
+                  {"predicted_per_second", s.decode_tps()},
+                  {"kv_inplace_writes", s.kv.n_inplace_writes},
+                  {"kv_copying_writes", s.kv.n_copying_writes},
+                  {"kv_bytes_copied", s.kv.bytes_copied},
+                  {"device_sampling", s.device_sampling},
+                  {"pipelined", s.pipelined},
+                  {"graph_replays", s.n_graph_replays},
+                  {"graph_captures", s.n_graph_captures}};
+  std::string out = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  std::printf("%s\n", out.c_str());
+}
+
 int run_generate(const GenerateOptions& o) {
   if (o.threads >= 0) set_cpu_threads(o.threads);
   const std::string dir = model_folder(o.model, o.download);
@@ -144,17 +186,7 @@ int run_generate(const GenerateOptions& o) {
   if (text || model_has_tokenizer(dir)) tokenizer = load_model_tokenizer(dir);
   if (!o.stops.empty() && !tokenizer)
     throw UsageError("generate --stop: needs the model's tokenizer.json to read the reply's text");
-  std::vector<int32_t> prompt;
-  if (o.chat) {
-    nlohmann::ordered_json messages = nlohmann::ordered_json::array();
-    if (o.system) messages.push_back({{"role", "system"}, {"content", *o.system}});
-    messages.push_back({{"role", "user"}, {"content", *text}});
-    // The template writes BOS itself: no second one from the post-processor.
-    nlohmann::ordered_json request = {{"messages", messages}, {"add_generation_prompt", true}};
-    prompt = tokenizer->encode(load_model_chat_template(dir).render(request), false);
-  } else {
-    prompt = text ? tokenizer->encode(*text, true) : parse_token_ids(o.token_ids);
-  }
+  const std::vector<int32_t> prompt = prompt_tokens(o, dir, text, tokenizer ? &*tokenizer : nullptr);
 
   const std::string asked_device = o.device.empty() ? env_options().device : o.device;
   std::unique_ptr<Model> model;
@@ -226,29 +258,7 @@ int run_generate(const GenerateOptions& o) {
 
   GenerateStats& s = r.stats;
   if (stop.stopped()) s.stop_reason = "stop";
-  if (o.json) {
-    nlohmann::json j;
-    j["prompt_tokens"] = prompt;
-    j["tokens"] = r.tokens;
-    j["text"] = reply;
-    j["stop_reason"] = s.stop_reason;
-    j["seed"] = gp.sampler.seed;
-    j["timings"] = {{"prompt_n", s.n_prompt},
-                    {"prompt_ms", s.prompt_seconds * 1e3},
-                    {"prompt_per_second", s.prompt_tps()},
-                    {"predicted_n", s.n_generated},
-                    {"predicted_ms", s.decode_seconds * 1e3},
-                    {"predicted_per_second", s.decode_tps()},
-                    {"kv_inplace_writes", s.kv.n_inplace_writes},
-                    {"kv_copying_writes", s.kv.n_copying_writes},
-                    {"kv_bytes_copied", s.kv.bytes_copied},
-                    {"device_sampling", s.device_sampling},
-                    {"pipelined", s.pipelined},
-                    {"graph_replays", s.n_graph_replays},
-                    {"graph_captures", s.n_graph_captures}};
-    std::string out = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-    std::printf("%s\n", out.c_str());
-  }
+  if (o.json) print_json(prompt, r, reply, gp.sampler.seed);
   if (!o.quiet)
     std::fprintf(stderr, "prompt: %lld tokens, %.1f t/s | decode: %lld tokens, %.1f t/s | kv writes: %llu in place, %llu copying\n",
                (long long)s.n_prompt, s.prompt_tps(), (long long)s.n_generated, s.decode_tps(),
@@ -267,8 +277,7 @@ GenerateParams generate_params(const EnvOptions& env) {
 
 Command add_generate(CLI::App& app) {
   auto o = std::make_shared<GenerateOptions>();
-  app.add_option("-m,--model", o->model, "Model folder, a GGUF file, or a Hub id org/name[:revision] (default: the embedded default model)");
-  app.add_flag("--download", o->download, "Fetch a Hub model missing from the Hugging Face cache (as osprey pull does)");
+  add_model_options(app, o->model, o->download);
   auto* p = app.add_option("-p,--prompt", o->prompt, "Prompt text (tokenized with the model's tokenizer.json)");
   auto* f = app.add_option("-f,--file", o->prompt_file,
                            "Read the prompt from a file ('-': stdin); one final newline is dropped")
@@ -288,7 +297,7 @@ Command add_generate(CLI::App& app) {
       ->expected(1)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   add_sampler_options(app, o->sampler);
-  app.add_option("--device", o->device, "cpu, cuda or cuda:N (default: OSPREY_DEVICE, else cuda when present)");
+  add_device_option(app, o->device);
   add_threads_option(app, o->threads);
   add_tensor_parallel_option(app, o->tensor_parallel);
   app.add_flag("--json", o->json, "Print one JSON object instead of streaming text");

@@ -141,8 +141,7 @@ int run_serve(ServeOptions& o) {
 Command add_serve(CLI::App& app) {
   auto o = std::make_shared<ServeOptions>();
   ServerOptions& s = o->server;
-  app.add_option("-m,--model", o->model, "Model folder, a GGUF file, or a Hub id org/name[:revision] (default: the embedded default model)");
-  app.add_flag("--download", o->download, "Fetch a Hub model missing from the Hugging Face cache (as osprey pull does)");
+  add_model_options(app, o->model, o->download);
   app.add_option("--host", s.host, "Address to listen on")->capture_default_str();
   app.add_option("--port", s.port, "Port to listen on (0: any free port)")->check(int_range(0, 65535))->capture_default_str();
   app.add_option("-c,--ctx-size", s.ctx_size, "Context per sequence (0: the model's max_position_embeddings)")
@@ -235,7 +234,7 @@ Command add_serve(CLI::App& app) {
   app.add_flag("--no-webui", o->no_webui, "Do not serve the chat page at /");
   app.add_option("--webui-dir", s.webui.dir, "Serve the chat page from this folder (its index.html) instead of the built-in one")
       ->group("Advanced");
-  app.add_option("--device", o->device, "cpu, cuda or cuda:N (default: OSPREY_DEVICE, else cuda when present)");
+  add_device_option(app, o->device);
   add_threads_option(app, o->threads);
   return [o] { return run_serve(*o); };
 }

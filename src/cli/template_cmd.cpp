@@ -8,6 +8,7 @@
 
 #include "chat/chat_template.h"
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "core/error.h"
 #include "core/file_read.h"
 #include "server/model_files.h"
@@ -48,9 +49,8 @@ int run_template(const TemplateOptions& o) {
 
 Command add_template(CLI::App& app) {
   auto o = std::make_shared<TemplateOptions>();
-  app.add_option("-m,--model", o->model, "Folder with tokenizer_config.json or chat_template.jinja, a GGUF file, or a Hub id org/name[:revision] (default: the embedded default model)");
-  app.add_flag("--download", o->download, "Fetch a Hub model missing from the Hugging Face cache (as osprey pull does)");
-  app.add_option("--template-name", o->name, "Which of the folder's named templates (default: \"default\")");
+  add_model_options(app, o->model, o->download, "Folder with tokenizer_config.json or chat_template.jinja");
+  add_template_name_option(app, o->name);
   app.add_option("request", o->request, "JSON chat request file: messages, add_generation_prompt, tools, documents, chat_template_kwargs ('-', the default, reads stdin)");
   return [o] { return run_template(*o); };
 }

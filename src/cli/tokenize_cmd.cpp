@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "tokenizer/tokenizer.h"
 #include "server/model_files.h"
 
@@ -33,8 +34,7 @@ int run_tokenize(const TokenizeOptions& o) {
 
 Command add_tokenize(CLI::App& app) {
   auto o = std::make_shared<TokenizeOptions>();
-  app.add_option("-m,--model", o->model, "Folder with tokenizer.json, a GGUF file, or a Hub id org/name[:revision] (default: the embedded default model)");
-  app.add_flag("--download", o->download, "Fetch a Hub model missing from the Hugging Face cache (as osprey pull does)");
+  add_model_options(app, o->model, o->download, "Folder with tokenizer.json");
   app.add_flag("--special", o->special, "Add what the post-processor adds (BOS)");
   app.add_option("text", o->text, "Text to tokenize ('-' reads stdin)")->required();
   return [o] { return run_tokenize(*o); };

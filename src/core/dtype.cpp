@@ -1,46 +1,49 @@
 #include "core/dtype.h"
 
+#include <iterator>
+
 namespace osprey {
+namespace {
+
+struct DTypeRow {
+  DType dtype;
+  size_t size;              // bytes per element
+  const char* name;         // as torch and numpy print it
+  const char* safetensors;  // the header's spelling
+};
+
+// One row per DType, in the enum's order.
+constexpr DTypeRow kDTypes[] = {
+    {DType::f32, 4, "float32", "F32"}, {DType::f16, 2, "float16", "F16"}, {DType::bf16, 2, "bfloat16", "BF16"},
+    {DType::i32, 4, "int32", "I32"},   {DType::u32, 4, "uint32", "U32"},  {DType::i64, 8, "int64", "I64"},
+    {DType::i16, 2, "int16", "I16"},   {DType::u16, 2, "uint16", "U16"},  {DType::i8, 1, "int8", "I8"},
+    {DType::u8, 1, "uint8", "U8"},     {DType::boolean, 1, "bool", "BOOL"},
+};
+
+constexpr bool rows_in_enum_order() {
+  for (size_t i = 0; i < std::size(kDTypes); ++i)
+    if (size_t(kDTypes[i].dtype) != i) return false;
+  return std::size(kDTypes) == size_t(DType::boolean) + 1;
+}
+static_assert(rows_in_enum_order(), "kDTypes holds one row per DType, in the enum's order");
+
+const DTypeRow* row(DType dt) { return size_t(dt) < std::size(kDTypes) ? &kDTypes[size_t(dt)] : nullptr; }
+
+}  // namespace
 
 size_t dtype_size(DType dt) {
-  switch (dt) {
-    case DType::f32: case DType::i32: case DType::u32: return 4;
-    case DType::f16: case DType::bf16: case DType::i16: case DType::u16: return 2;
-    case DType::i64: return 8;
-    case DType::i8: case DType::u8: case DType::boolean: return 1;
-  }
-  return 0;
+  const DTypeRow* r = row(dt);
+  return r ? r->size : 0;
 }
 
 const char* dtype_name(DType dt) {
-  switch (dt) {
-    case DType::f32: return "float32";
-    case DType::f16: return "float16";
-    case DType::bf16: return "bfloat16";
-    case DType::i32: return "int32";
-    case DType::u32: return "uint32";
-    case DType::i64: return "int64";
-    case DType::i16: return "int16";
-    case DType::u16: return "uint16";
-    case DType::i8: return "int8";
-    case DType::u8: return "uint8";
-    case DType::boolean: return "bool";
-  }
-  return "?";
+  const DTypeRow* r = row(dt);
+  return r ? r->name : "?";
 }
 
 std::optional<DType> dtype_from_safetensors(std::string_view n) {
-  if (n == "F32") return DType::f32;
-  if (n == "F16") return DType::f16;
-  if (n == "BF16") return DType::bf16;
-  if (n == "I32") return DType::i32;
-  if (n == "U32") return DType::u32;
-  if (n == "I64") return DType::i64;
-  if (n == "I16") return DType::i16;
-  if (n == "U16") return DType::u16;
-  if (n == "I8") return DType::i8;
-  if (n == "U8") return DType::u8;
-  if (n == "BOOL") return DType::boolean;
+  for (const DTypeRow& r : kDTypes)
+    if (n == r.safetensors) return r.dtype;
   return std::nullopt;
 }
 

@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 
@@ -59,6 +60,29 @@ std::string read_regular_file(const std::filesystem::path& path) {
     done += std::size_t(n);
   }
   return text;
+}
+
+std::map<std::string, std::string> read_safetensors_index(const std::filesystem::path& index) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_regular_file(index));
+  } catch (const nlohmann::json::exception& e) {
+    throw InvalidInput(index.string() + ": malformed JSON: " + e.what());
+  }
+  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+    throw InvalidInput(index.string() + ": missing object field \"weight_map\"");
+  std::map<std::string, std::string> weight_map;
+  for (const auto& [tensor, file] : j["weight_map"].items()) {
+    if (!file.is_string()) throw InvalidInput(index.string() + ": weight_map[\"" + tensor + "\"] is not a string");
+    weight_map.emplace(tensor, file.get<std::string>());
+  }
+  return weight_map;
+}
+
+std::set<std::string> index_shards(const std::map<std::string, std::string>& weight_map) {
+  std::set<std::string> shards;
+  for (const auto& [tensor, file] : weight_map) shards.insert(file);
+  return shards;
 }
 
 }  // namespace osprey

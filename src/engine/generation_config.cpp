@@ -11,16 +11,19 @@ namespace {
 
 constexpr const char* kSamplingFields[] = {"temperature", "top_k", "top_p", "min_p", "repetition_penalty"};
 
-// transformers' GenerationConfig defaults for a sampling checkpoint.
-SamplerParams transformers_sampling() {
+// Sampler settings with these filters and no repetition penalty.
+SamplerParams sampling_preset(float temperature, int top_k, float top_p, float min_p) {
   SamplerParams p;
-  p.temperature = 1.0f;
-  p.top_k = 50;
-  p.top_p = 1.0f;
-  p.min_p = 0.0f;
+  p.temperature = temperature;
+  p.top_k = top_k;
+  p.top_p = top_p;
+  p.min_p = min_p;
   p.repetition_penalty = 1.0f;
   return p;
 }
+
+// transformers' GenerationConfig defaults for a sampling checkpoint.
+SamplerParams transformers_sampling() { return sampling_preset(1.0f, 50, 1.0f, 0.0f); }
 
 // A real number field in the sampler's range; `ok` says whether `v` is in it.
 float real_field(const ConfigReader& c, const char* key, bool (*ok)(double), const char* range) {
@@ -46,15 +49,7 @@ void apply(const ConfigReader& c, SamplerParams& p) {
 
 }  // namespace
 
-SamplerParams llama_cpp_sampling() {
-  SamplerParams p;
-  p.temperature = 0.8f;
-  p.top_k = 40;
-  p.top_p = 0.95f;
-  p.min_p = 0.05f;
-  p.repetition_penalty = 1.0f;
-  return p;
-}
+SamplerParams llama_cpp_sampling() { return sampling_preset(0.8f, 40, 0.95f, 0.05f); }
 
 SamplingDefaults read_sampling_defaults(const std::filesystem::path& dir) {
   const std::filesystem::path path = dir / "generation_config.json";

@@ -27,10 +27,16 @@ ops::DeviceSampling device_sampling(const SamplerParams& p) {
   return d;
 }
 
-}  // namespace
+// The last row of host logits [..., vocab].
+std::span<const float> last_row(const Array& host) {
+  const int64_t vocab = host.dim(-1);
+  return {host.data<float>() + (host.numel() - vocab), size_t(vocab)};
+}
 
-GenerateResult generate(Model& model, SequenceCache& cache, std::span<const int32_t> prompt,
-                        const GenerateParams& params, const TokenCallback& on_token) {
+// Throws InvalidInput for a prompt that is empty, holds an id outside the vocabulary or does not
+// fit in the context after what the cache holds, and for a negative token budget.
+void check_request(const Model& model, const SequenceCache& cache, std::span<const int32_t> prompt,
+                   const GenerateParams& params) {
   if (prompt.empty()) throw InvalidInput("the prompt is empty");
   if (params.max_tokens < 0) throw InvalidInput("the number of tokens to generate must be >= 0");
   validate(params.sampler);
@@ -39,6 +45,32 @@ GenerateResult generate(Model& model, SequenceCache& cache, std::span<const int3
   if (ctx > 0 && cache.offset() + int64_t(prompt.size()) > ctx)
     throw InvalidInput("the prompt (" + std::to_string(prompt.size()) + " tokens) exceeds the model's context of " +
                        std::to_string(ctx));
+}
+
+// The device sampler found non-finite logits for generated token i. Throws InvalidInput in the
+// host sampler's words (which logits are NaN or Inf) when last_sampled, the logits it read last
+// (token i's or, pipelined, the next step's), holds them; else names token i alone.
+[[noreturn]] void throw_non_finite_token(const Array& last_sampled, int64_t i) {
+  if (last_sampled.defined()) {
+    Array host = ops::to_device(last_sampled, Device::cpu());
+    std::span<const float> row = last_row(host);
+    if (std::any_of(row.begin(), row.end(), [](float x) { return !std::isfinite(x); })) {
+      try {
+        throw_non_finite(row);
+      } catch (const InvalidInput& e) {
+        throw InvalidInput(std::string(e.what()) + " (at generated token " + std::to_string(i) + ")");
+      }
+    }
+  }
+  throw InvalidInput(non_finite_logits_message("at generated token " + std::to_string(i)));
+}
+
+}  // namespace
+
+GenerateResult generate(Model& model, SequenceCache& cache, std::span<const int32_t> prompt,
+                        const GenerateParams& params, const TokenCallback& on_token) {
+  check_request(model, cache, prompt, params);
+  const int64_t ctx = model.info().max_position_embeddings;
 
   GenerateResult result;
   GenerateStats& st = result.stats;
@@ -82,9 +114,7 @@ GenerateResult generate(Model& model, SequenceCache& cache, std::span<const int3
       return -1;
     }
     Array host = ops::to_device(lg, Device::cpu());
-    const int64_t vocab = host.dim(-1);
-    std::span<const float> row(host.data<float>() + (host.numel() - vocab), size_t(vocab));
-    return sampler.sample(row, history);
+    return sampler.sample(last_row(host), history);
   };
   // Enqueues the step whose input is token i - 1 and chooses token i.
   auto run_step = [&](int64_t i, int32_t host_token) -> int32_t {
@@ -105,21 +135,7 @@ GenerateResult generate(Model& model, SequenceCache& cache, std::span<const int3
     const int32_t token = st.device_sampling ? readback.wait(int(i % 2)) : next_host;
     if (token == kNonFiniteLogits) {
       ops::synchronize(dev);  // the step enqueued ahead may still run
-      // The same words as the host sampler's: which logits are NaN or Inf. The logits read
-      // last belong to token i or, pipelined, to the step after it; the error names token i.
-      if (last_sampled.defined()) {
-        Array host = ops::to_device(last_sampled, Device::cpu());
-        const int64_t vocab = host.dim(-1);
-        std::span<const float> row(host.data<float>() + (host.numel() - vocab), size_t(vocab));
-        if (std::any_of(row.begin(), row.end(), [](float x) { return !std::isfinite(x); })) {
-          try {
-            throw_non_finite(row);
-          } catch (const InvalidInput& e) {
-            throw InvalidInput(std::string(e.what()) + " (at generated token " + std::to_string(i) + ")");
-          }
-        }
-      }
-      throw InvalidInput(non_finite_logits_message("at generated token " + std::to_string(i)));
+      throw_non_finite_token(last_sampled, i);
     }
     if (i == 0) {
       st.prompt_seconds = seconds_since(t0);

@@ -1,7 +1,5 @@
 #include "hub/hub_cache.h"
 
-#include <nlohmann/json.hpp>
-#include <set>
 #include <system_error>
 
 #include "core/error.h"
@@ -130,15 +128,7 @@ std::vector<std::string> missing_model_files(const fs::path& snapshot) {
     missing.push_back("model.safetensors");
     return missing;
   }
-  nlohmann::json j = nlohmann::json::parse(read_regular_file(index), nullptr, false);
-  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
-    throw InvalidInput(index.string() + ": expected an object with a \"weight_map\" object");
-  std::set<std::string> shards;
-  for (const auto& [tensor, file] : j["weight_map"].items()) {
-    if (!file.is_string()) throw InvalidInput(index.string() + ": weight_map[\"" + tensor + "\"] is not a file name");
-    shards.insert(file.get<std::string>());
-  }
-  for (const std::string& s : shards)
+  for (const std::string& s : index_shards(read_safetensors_index(index)))
     if (!path_exists(snapshot / s)) missing.push_back(s);
   return missing;
 }

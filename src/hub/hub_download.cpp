@@ -460,15 +460,7 @@ fs::path fetch_model(const HubId& id, const ResolveOptions& o) {
   if (std::find(files.begin(), files.end(), "model.safetensors.index.json") != files.end()) {
     const std::set<std::string> listed(info.files.begin(), info.files.end());
     const fs::path index = snapshot / "model.safetensors.index.json";
-    nlohmann::json j = nlohmann::json::parse(read_regular_file(index), nullptr, false);
-    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
-      throw InvalidInput(index.string() + ": expected an object with a \"weight_map\" object");
-    std::set<std::string> shards;
-    for (const auto& [tensor, file] : j["weight_map"].items()) {
-      if (!file.is_string()) throw InvalidInput(index.string() + ": weight_map[\"" + tensor + "\"] is not a file name");
-      shards.insert(file.get<std::string>());
-    }
-    for (const std::string& s : shards) {
+    for (const std::string& s : index_shards(read_safetensors_index(index))) {
       check_repo_file_name(s, index.string());
       if (!listed.count(s)) throw InvalidInput(index.string() + " names " + s + ", which " + id.repo() + " does not hold");
       fetch_file(id, info.commit, s, o);

@@ -25,13 +25,8 @@ DecoderSpec parse_cohere2_config(const ConfigReader& c) {
   cfg.rope_interleaved = true;
   cfg.kv_rows_follow_weights = true;
   cfg.require_all_read = true;
-  DecoderDefaults defaults;  // Cohere2Config's
-  defaults.vocab_size = 256000;
-  defaults.hidden_size = 8192;
-  defaults.intermediate_size = 22528;
-  defaults.n_layers = 40;
-  defaults.n_heads = 64;
-  defaults.max_position_embeddings = 8192;
+  const DecoderDefaults defaults{.vocab_size = 256000, .hidden_size = 8192, .intermediate_size = 22528,
+                                 .n_layers = 40, .n_heads = 64, .max_position_embeddings = 8192};  // Cohere2Config's
   static_cast<DecoderDims&>(cfg) = parse_decoder_dims(c, defaults);
   cfg.norm_eps = c.get_float("layer_norm_eps", 1e-5);
   cfg.logit_scale = c.get_float("logit_scale", 0.0625);

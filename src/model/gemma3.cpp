@@ -24,15 +24,9 @@ namespace {
 // gemma-3-4b text_config leaves out vocab_size, head_dim, query_pre_attn_scalar, rope_theta ...).
 DecoderSpec parse_gemma3_text_config(const ConfigReader& c) {
   DecoderSpec cfg;
-  DecoderDefaults defaults;  // Gemma3TextConfig's
-  defaults.vocab_size = 262208;
-  defaults.hidden_size = 2304;
-  defaults.intermediate_size = 9216;
-  defaults.n_layers = 26;
-  defaults.n_heads = 8;
-  defaults.n_kv_heads = 4;
-  defaults.head_dim = 256;
-  defaults.max_position_embeddings = 131072;
+  const DecoderDefaults defaults{.vocab_size = 262208, .hidden_size = 2304, .intermediate_size = 9216,
+                                 .n_layers = 26, .n_heads = 8, .n_kv_heads = 4, .head_dim = 256,
+                                 .max_position_embeddings = 131072};  // Gemma3TextConfig's
   static_cast<DecoderDims&>(cfg) = parse_decoder_dims(c, defaults);
   cfg.norm = DecoderNorm::rms_unit_offset;
   cfg.block = DecoderBlock::sandwich;

@@ -65,32 +65,18 @@ SafeTensors SafeTensors::open(const fs::path& dir) {
   st.source_ = dir;
   fs::path index = dir / "model.safetensors.index.json";
   if (regular_file_exists(index)) {
-    const std::string text = read_regular_file(index);
-    json j;
-    try {
-      j = json::parse(text);
-    } catch (const json::exception& e) {
-      throw InvalidInput(index.string() + ": malformed JSON: " + e.what());
-    }
-    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
-      throw InvalidInput(index.string() + ": missing object field \"weight_map\"");
-    std::set<std::string> shards;
-    for (auto& [name, file] : j["weight_map"].items()) {
-      if (!file.is_string()) throw InvalidInput(index.string() + ": weight_map[\"" + name + "\"] is not a string");
-      shards.insert(file.get<std::string>());
-    }
+    const std::map<std::string, std::string> weight_map = read_safetensors_index(index);
+    const std::set<std::string> shards = index_shards(weight_map);
     for (const auto& shard : shards) {
       if (shard.find('/') != std::string::npos || shard.find("..") != std::string::npos)
         throw InvalidInput(index.string() + ": shard name \"" + shard + "\" is not a plain file name");
       if (!fs::exists(dir / shard)) throw IoError(index.string() + " names shard " + shard + ", which does not exist");
       st.add_file(dir / shard);
     }
-    for (auto& [name, file] : j["weight_map"].items()) {
+    for (const auto& [name, file] : weight_map) {
       auto it = st.tensors_.find(name);
-      if (it == st.tensors_.end() ||
-          st.files_[it->second.file_index]->path().filename() != file.get<std::string>())
-        throw InvalidInput(index.string() + " maps tensor " + name + " to " + file.get<std::string>() +
-                           ", which does not hold it");
+      if (it == st.tensors_.end() || st.files_[it->second.file_index]->path().filename() != file)
+        throw InvalidInput(index.string() + " maps tensor " + name + " to " + file + ", which does not hold it");
     }
     return st;
   }

@@ -3,6 +3,8 @@
 // dispatches on "type". All stages are immutable after construction and thread-safe.
 // Internal header (includes nlohmann).
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -64,5 +66,43 @@ class Decoder {
 // U+FFFD per token; here the bytes go through the lossy UTF-8 decoding of the whole
 // output, which gives one U+FFFD per maximal invalid subsequence. Valid text is the same.
 std::unique_ptr<Decoder> make_decoder(const Json& j, const std::string& where);
+
+// A factory for one "type" of stage T: (its JSON object, where) -> the stage.
+template <class T>
+using StageBuilder = std::function<std::unique_ptr<T>(const Json&, const std::string&)>;
+
+// Builds j with the builder registered for its "type"; throws Unsupported
+// "where: <type> <what> is not supported" for a type not in `builders`.
+template <class T>
+std::unique_ptr<T> build_stage(const std::map<std::string, StageBuilder<T>>& builders, const Json& j,
+                               const std::string& where, std::string_view what) {
+  const std::string type = type_of(j, where);
+  const auto it = builders.find(type);
+  if (it == builders.end()) throw Unsupported(where + ": " + type + " " + std::string(what) + " is not supported");
+  return it->second(j, where);
+}
+
+// The stages of the array j[key], each built by make(item, where); null results are dropped.
+template <class T, class Make>
+std::vector<std::unique_ptr<T>> build_stage_list(const Json& j, std::string_view key, const std::string& where,
+                                                 Make make) {
+  const Json& list = require(j, key, where);
+  const std::string lwhere = child(where, key);
+  if (!list.is_array()) fail(lwhere, "expected an array");
+  std::vector<std::unique_ptr<T>> parts;
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    auto p = make(list[i], child(lwhere, i));
+    if (p) parts.push_back(std::move(p));
+  }
+  return parts;
+}
+
+// The builder of a "Sequence" stage: a Seq of the stages of the array j[key], each built by make.
+template <class T, class Seq>
+StageBuilder<T> sequence_builder(std::string_view key, std::unique_ptr<T> (*make)(const Json&, const std::string&)) {
+  return [key, make](const Json& j, const std::string& where) -> std::unique_ptr<T> {
+    return std::make_unique<Seq>(build_stage_list<T>(j, key, where, make));
+  };
+}
 
 }  // namespace osprey::tok

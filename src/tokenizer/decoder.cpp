@@ -1,8 +1,5 @@
-#include <functional>
-#include <map>
-
 #include "tokenizer/components.h"
-#include "tokenizer/regex.h"
+#include "tokenizer/pattern.h"
 #include "tokenizer/utf8.h"
 
 namespace osprey::tok {
@@ -29,44 +26,19 @@ class ByteLevelDecoder final : public Decoder {
 // SentencePiece vocabularies).
 class ReplaceDecoder final : public Decoder {
  public:
-  ReplaceDecoder(const Json& j, const std::string& where) : content_(string_field(j, "content", where)) {
-    const Json& pattern = require(j, "pattern", where);
-    const std::string pwhere = child(where, "pattern");
-    if (const Json* s = optional(pattern, "String")) {
-      literal_ = as_string(*s, child(pwhere, "String"));
-      if (literal_.empty()) fail(child(pwhere, "String"), "empty pattern");
-    } else if (const Json* r = optional(pattern, "Regex")) {
-      regex_ = std::make_unique<Regex>(as_string(*r, child(pwhere, "Regex")), child(pwhere, "Regex"));
-    } else {
-      fail(pwhere, "expected {\"String\": ...} or {\"Regex\": ...}");
-    }
-  }
+  ReplaceDecoder(const Json& j, const std::string& where)
+      : content_(string_field(j, "content", where)),
+        pattern_(Pattern::parse(require(j, "pattern", where), child(where, "pattern"))) {}
 
   std::string token_bytes(std::string_view token) const override {
-    std::string out;
-    std::size_t prev = 0;
-    auto on_match = [&](std::size_t b, std::size_t e) {
-      out.append(token, prev, b - prev);
-      out += content_;
-      prev = e;
-    };
-    if (regex_) {
-      // NOTE: the regex needs valid UTF-8; an earlier stage may have produced raw bytes.
-      if (utf8::find_invalid(token) != std::string_view::npos) return std::string(token);
-      regex_->for_each_match(token, on_match);
-    } else {
-      for (std::size_t pos = token.find(literal_); pos != std::string_view::npos;
-           pos = token.find(literal_, pos + literal_.size()))
-        on_match(pos, pos + literal_.size());
-    }
-    out.append(token, prev, std::string_view::npos);
-    return out;
+    // NOTE: the regex needs valid UTF-8; an earlier stage may have produced raw bytes.
+    if (pattern_.is_regex() && utf8::find_invalid(token) != std::string_view::npos) return std::string(token);
+    return pattern_.replace(token, content_);
   }
 
  private:
   std::string content_;
-  std::string literal_;
-  std::unique_ptr<Regex> regex_;
+  Pattern pattern_;
 };
 
 // "<0xAB>" stands for the byte 0xAB (SentencePiece byte fallback); other tokens pass.
@@ -123,10 +95,8 @@ class SequenceDecoder final : public Decoder {
   std::vector<std::unique_ptr<Decoder>> parts_;
 };
 
-using DecoderBuilder = std::function<std::unique_ptr<Decoder>(const Json&, const std::string&)>;
-
-const std::map<std::string, DecoderBuilder>& decoder_builders() {
-  static const std::map<std::string, DecoderBuilder> builders = {
+const std::map<std::string, StageBuilder<Decoder>>& decoder_builders() {
+  static const std::map<std::string, StageBuilder<Decoder>> builders = {
       {"ByteLevel",
        [](const Json&, const std::string&) { return std::make_unique<ByteLevelDecoder>(); }},
       {"Replace",
@@ -176,11 +146,7 @@ const std::map<std::string, DecoderBuilder>& decoder_builders() {
 
 std::unique_ptr<Decoder> make_decoder(const Json& j, const std::string& where) {
   if (j.is_null()) return std::make_unique<IdentityDecoder>();
-  const std::string type = type_of(j, where);
-  const auto& builders = decoder_builders();
-  const auto it = builders.find(type);
-  if (it == builders.end()) throw Unsupported(where + ": " + type + " decoder is not supported");
-  return it->second(j, where);
+  return build_stage(decoder_builders(), j, where, "decoder");
 }
 
 }  // namespace osprey::tok

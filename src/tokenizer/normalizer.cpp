@@ -1,8 +1,5 @@
-#include <functional>
-#include <map>
-
 #include "tokenizer/components.h"
-#include "tokenizer/regex.h"
+#include "tokenizer/pattern.h"
 #include "tokenizer/unicode_norm.h"
 
 namespace osprey::tok {
@@ -35,43 +32,14 @@ class SequenceNormalizer final : public Normalizer {
 class ReplaceNormalizer final : public Normalizer {
  public:
   ReplaceNormalizer(const Json& j, const std::string& where)
-      : content_(string_field(j, "content", where)) {
-    const Json& pattern = require(j, "pattern", where);
-    const std::string pwhere = child(where, "pattern");
-    if (const Json* s = optional(pattern, "String")) {
-      literal_ = as_string(*s, child(pwhere, "String"));
-      if (literal_.empty()) fail(child(pwhere, "String"), "empty pattern");
-    } else if (const Json* r = optional(pattern, "Regex")) {
-      regex_ = std::make_unique<Regex>(as_string(*r, child(pwhere, "Regex")), child(pwhere, "Regex"));
-    } else {
-      fail(pwhere, "expected {\"String\": ...} or {\"Regex\": ...}");
-    }
-  }
+      : content_(string_field(j, "content", where)),
+        pattern_(Pattern::parse(require(j, "pattern", where), child(where, "pattern"))) {}
 
-  std::string normalize(std::string text) const override {
-    std::string out;
-    std::size_t prev = 0;
-    auto on_match = [&](std::size_t b, std::size_t e) {
-      out.append(text, prev, b - prev);
-      out += content_;
-      prev = e;
-    };
-    if (regex_) {
-      regex_->for_each_match(text, on_match);
-    } else {
-      for (std::size_t pos = text.find(literal_); pos != std::string::npos;
-           pos = text.find(literal_, pos + literal_.size()))
-        on_match(pos, pos + literal_.size());
-    }
-    if (prev == 0) return text;
-    out.append(text, prev, std::string::npos);
-    return out;
-  }
+  std::string normalize(std::string text) const override { return pattern_.replace(text, content_); }
 
  private:
   std::string content_;
-  std::string literal_;
-  std::unique_ptr<Regex> regex_;
+  Pattern pattern_;
 };
 
 // Prepends a string to non-empty text.
@@ -86,24 +54,11 @@ class PrependNormalizer final : public Normalizer {
   std::string prefix_;
 };
 
-using NormalizerBuilder =
-    std::function<std::unique_ptr<Normalizer>(const Json&, const std::string&)>;
-
-const std::map<std::string, NormalizerBuilder>& normalizer_builders() {
-  static const std::map<std::string, NormalizerBuilder> builders = {
+const std::map<std::string, StageBuilder<Normalizer>>& normalizer_builders() {
+  static const std::map<std::string, StageBuilder<Normalizer>> builders = {
       {"NFC", [](const Json&, const std::string&) { return std::make_unique<NfcNormalizer>(); }},
       {"NFD", [](const Json&, const std::string&) { return std::make_unique<NfdNormalizer>(); }},
-      {"Sequence",
-       [](const Json& j, const std::string& where) -> std::unique_ptr<Normalizer> {
-         const Json& list = require(j, "normalizers", where);
-         if (!list.is_array()) fail(child(where, "normalizers"), "expected an array");
-         std::vector<std::unique_ptr<Normalizer>> parts;
-         for (std::size_t i = 0; i < list.size(); ++i) {
-           auto p = make_normalizer(list[i], child(child(where, "normalizers"), i));
-           if (p) parts.push_back(std::move(p));
-         }
-         return std::make_unique<SequenceNormalizer>(std::move(parts));
-       }},
+      {"Sequence", sequence_builder<Normalizer, SequenceNormalizer>("normalizers", make_normalizer)},
       {"Replace",
        [](const Json& j, const std::string& where) {
          return std::make_unique<ReplaceNormalizer>(j, where);
@@ -120,12 +75,7 @@ const std::map<std::string, NormalizerBuilder>& normalizer_builders() {
 
 std::unique_ptr<Normalizer> make_normalizer(const Json& j, const std::string& where) {
   if (j.is_null()) return nullptr;
-  const std::string type = type_of(j, where);
-  const auto& builders = normalizer_builders();
-  const auto it = builders.find(type);
-  if (it == builders.end())
-    throw Unsupported(where + ": " + type + " normalizer is not supported");
-  return it->second(j, where);
+  return build_stage(normalizer_builders(), j, where, "normalizer");
 }
 
 }  // namespace osprey::tok

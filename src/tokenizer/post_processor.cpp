@@ -94,27 +94,14 @@ std::unique_ptr<PostProcessor> make_cls_sep(const Json& j, const std::string& wh
                                                  std::vector<int32_t>{id_of("sep")});
 }
 
-using PostProcessorBuilder =
-    std::function<std::unique_ptr<PostProcessor>(const Json&, const std::string&)>;
-
-const std::map<std::string, PostProcessorBuilder>& post_processor_builders() {
-  static const std::map<std::string, PostProcessorBuilder> builders = {
+const std::map<std::string, StageBuilder<PostProcessor>>& post_processor_builders() {
+  static const std::map<std::string, StageBuilder<PostProcessor>> builders = {
       {"TemplateProcessing", make_template},
       {"RobertaProcessing", make_cls_sep},
       {"BertProcessing", make_cls_sep},
       {"ByteLevel",
        [](const Json&, const std::string&) { return std::make_unique<NoOpPostProcessor>(); }},
-      {"Sequence",
-       [](const Json& j, const std::string& where) -> std::unique_ptr<PostProcessor> {
-         const Json& list = require(j, "processors", where);
-         if (!list.is_array()) fail(child(where, "processors"), "expected an array");
-         std::vector<std::unique_ptr<PostProcessor>> parts;
-         for (std::size_t i = 0; i < list.size(); ++i) {
-           auto p = make_post_processor(list[i], child(child(where, "processors"), i));
-           if (p) parts.push_back(std::move(p));
-         }
-         return std::make_unique<SequencePostProcessor>(std::move(parts));
-       }},
+      {"Sequence", sequence_builder<PostProcessor, SequencePostProcessor>("processors", make_post_processor)},
   };
   return builders;
 }
@@ -123,12 +110,7 @@ const std::map<std::string, PostProcessorBuilder>& post_processor_builders() {
 
 std::unique_ptr<PostProcessor> make_post_processor(const Json& j, const std::string& where) {
   if (j.is_null()) return nullptr;
-  const std::string type = type_of(j, where);
-  const auto& builders = post_processor_builders();
-  const auto it = builders.find(type);
-  if (it == builders.end())
-    throw Unsupported(where + ": " + type + " post-processor is not supported");
-  return it->second(j, where);
+  return build_stage(post_processor_builders(), j, where, "post-processor");
 }
 
 }  // namespace osprey::tok

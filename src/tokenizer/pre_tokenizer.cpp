@@ -4,7 +4,7 @@
 #include <map>
 
 #include "tokenizer/components.h"
-#include "tokenizer/regex.h"
+#include "tokenizer/pattern.h"
 #include "tokenizer/utf8.h"
 
 namespace osprey::tok {
@@ -38,8 +38,8 @@ struct Span {
 // NormalizedString::split does for each SplitDelimiterBehavior.
 class Splitter {
  public:
-  Splitter(std::unique_ptr<Regex> regex, std::string literal, Behavior behavior, bool invert)
-      : regex_(std::move(regex)), literal_(std::move(literal)), behavior_(behavior), invert_(invert) {}
+  Splitter(Pattern pattern, Behavior behavior, bool invert)
+      : pattern_(std::move(pattern)), behavior_(behavior), invert_(invert) {}
 
   void split(const std::string& text, std::vector<std::string>& out) const {
     std::vector<Span> spans;
@@ -49,13 +49,7 @@ class Splitter {
       spans.push_back({b, e, true});
       prev = e;
     };
-    if (regex_) {
-      regex_->for_each_match(text, on_match);
-    } else {
-      for (std::size_t pos = text.find(literal_); pos != std::string::npos;
-           pos = text.find(literal_, pos + literal_.size()))
-        on_match(pos, pos + literal_.size());
-    }
+    pattern_.for_each_match(text, on_match);
     if (prev < text.size()) spans.push_back({prev, text.size(), false});
     if (invert_)
       for (auto& s : spans) s.is_match = !s.is_match;
@@ -109,8 +103,7 @@ class Splitter {
   }
 
  private:
-  std::unique_ptr<Regex> regex_;
-  std::string literal_;
+  Pattern pattern_;
   Behavior behavior_;
   bool invert_;
 };
@@ -131,19 +124,9 @@ class SplitPreTokenizer final : public PreTokenizer {
 
 Splitter make_splitter(const Json& j, const std::string& where) {
   const Json& pattern = require(j, "pattern", where);
-  const std::string pwhere = child(where, "pattern");
   const Behavior behavior = parse_behavior(string_field(j, "behavior", where), child(where, "behavior"));
   const bool invert = bool_field(j, "invert", false, where);
-  if (const Json* s = optional(pattern, "String")) {
-    std::string literal = as_string(*s, child(pwhere, "String"));
-    if (literal.empty()) fail(child(pwhere, "String"), "empty pattern");
-    return Splitter(nullptr, std::move(literal), behavior, invert);
-  }
-  if (const Json* r = optional(pattern, "Regex")) {
-    const std::string rwhere = child(pwhere, "Regex");
-    return Splitter(std::make_unique<Regex>(as_string(*r, rwhere), rwhere), {}, behavior, invert);
-  }
-  fail(pwhere, "expected {\"String\": ...} or {\"Regex\": ...}");
+  return Splitter(Pattern::parse(pattern, child(where, "pattern")), behavior, invert);
 }
 
 // Optionally prefixes a space and splits with the GPT-2 regex, then rewrites every byte in
@@ -153,7 +136,7 @@ class ByteLevelPreTokenizer final : public PreTokenizer {
   ByteLevelPreTokenizer(bool add_prefix_space, bool use_regex, const std::string& where)
       : add_prefix_space_(add_prefix_space) {
     if (use_regex)
-      gpt2_ = std::make_unique<Splitter>(std::make_unique<Regex>(kGpt2Pattern, where), "",
+      gpt2_ = std::make_unique<Splitter>(Pattern(std::make_unique<Regex>(kGpt2Pattern, where)),
                                          Behavior::kIsolated, false);
     const auto& to_cp = utf8::byte_to_cp();
     for (int b = 0; b < 256; ++b) utf8::append(mapped_[b], to_cp[b]);
@@ -195,22 +178,9 @@ class SequencePreTokenizer final : public PreTokenizer {
   std::vector<std::unique_ptr<PreTokenizer>> parts_;
 };
 
-using PreTokenizerBuilder =
-    std::function<std::unique_ptr<PreTokenizer>(const Json&, const std::string&)>;
-
-const std::map<std::string, PreTokenizerBuilder>& pre_tokenizer_builders() {
-  static const std::map<std::string, PreTokenizerBuilder> builders = {
-      {"Sequence",
-       [](const Json& j, const std::string& where) -> std::unique_ptr<PreTokenizer> {
-         const Json& list = require(j, "pretokenizers", where);
-         if (!list.is_array()) fail(child(where, "pretokenizers"), "expected an array");
-         std::vector<std::unique_ptr<PreTokenizer>> parts;
-         for (std::size_t i = 0; i < list.size(); ++i) {
-           auto p = make_pre_tokenizer(list[i], child(child(where, "pretokenizers"), i));
-           if (p) parts.push_back(std::move(p));
-         }
-         return std::make_unique<SequencePreTokenizer>(std::move(parts));
-       }},
+const std::map<std::string, StageBuilder<PreTokenizer>>& pre_tokenizer_builders() {
+  static const std::map<std::string, StageBuilder<PreTokenizer>> builders = {
+      {"Sequence", sequence_builder<PreTokenizer, SequencePreTokenizer>("pretokenizers", make_pre_tokenizer)},
       {"Split",
        [](const Json& j, const std::string& where) {
          return std::make_unique<SplitPreTokenizer>(make_splitter(j, where));
@@ -225,7 +195,7 @@ const std::map<std::string, PreTokenizerBuilder>& pre_tokenizer_builders() {
        [](const Json& j, const std::string& where) {
          const bool individual = bool_field(j, "individual_digits", false, where);
          return std::make_unique<SplitPreTokenizer>(
-             Splitter(std::make_unique<Regex>(individual ? R"(\p{N})" : R"(\p{N}+)", where), "",
+             Splitter(Pattern(std::make_unique<Regex>(individual ? R"(\p{N})" : R"(\p{N}+)", where)),
                       Behavior::kIsolated, false));
        }},
   };
@@ -236,12 +206,7 @@ const std::map<std::string, PreTokenizerBuilder>& pre_tokenizer_builders() {
 
 std::unique_ptr<PreTokenizer> make_pre_tokenizer(const Json& j, const std::string& where) {
   if (j.is_null()) return nullptr;
-  const std::string type = type_of(j, where);
-  const auto& builders = pre_tokenizer_builders();
-  const auto it = builders.find(type);
-  if (it == builders.end())
-    throw Unsupported(where + ": " + type + " pre-tokenizer is not supported");
-  return it->second(j, where);
+  return build_stage(pre_tokenizer_builders(), j, where, "pre-tokenizer");
 }
 
 }  // namespace osprey::tok

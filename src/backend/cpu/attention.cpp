@@ -108,82 +108,96 @@ void convert_v_block(const uint16_t* v, int64_t row_stride, int64_t nb, int64_t 
   }
 }
 
+// A register tile of NQ x NC vectors: tile[t][c] holds kWidth consecutive columns of row t.
+template <int NQ, int NC>
+using Tile = Vec[NQ][NC];
+
+// tile[t][c] = m[t * ld + c * kWidth .. + kWidth) for t < NQ, c < NC.
+template <int NQ, int NC>
+__attribute__((always_inline)) inline void load_tile(Tile<NQ, NC>& tile, const float* m, int64_t ld) {
+#pragma GCC unroll 4
+  for (int t = 0; t < NQ; ++t)
+#pragma GCC unroll 4
+    for (int c = 0; c < NC; ++c) tile[t][c] = load(m + t * ld + c * kWidth);
+}
+
+template <int NQ, int NC>
+__attribute__((always_inline)) inline void store_tile(const Tile<NQ, NC>& tile, float* m, int64_t ld) {
+#pragma GCC unroll 4
+  for (int t = 0; t < NQ; ++t)
+#pragma GCC unroll 4
+    for (int c = 0; c < NC; ++c) store(m + t * ld + c * kWidth, tile[t][c]);
+}
+
+// tile[t][c] += sum_{r in [r0, r1)} x[t * ldx + r] * rows[r * ld_rows + c * kWidth .. + kWidth)
+// for t < NQ, c < NC, rows in the element format L: each row's NC vectors are loaded once and
+// used by all NQ scalars.
+template <class L, int NQ, int NC>
+__attribute__((always_inline)) inline void tile_fma(Tile<NQ, NC>& tile, const float* x, int64_t ldx,
+                                                    const typename L::T* rows, int64_t ld_rows, int64_t r0,
+                                                    int64_t r1) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const typename L::T* row = rows + r * ld_rows;
+    Vec v[NC];
+#pragma GCC unroll 4
+    for (int c = 0; c < NC; ++c) {
+      Vec y = L::load(row + c * kWidth);
+      pin(y);
+      v[c] = y;
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < NQ; ++t) {
+      const Vec xt = set1(x[t * ldx + r]);
+#pragma GCC unroll 4
+      for (int c = 0; c < NC; ++c) tile[t][c] = fma(xt, v[c], tile[t][c]);
+    }
+  }
+}
+
 // s[t][j] = sum_d q[t][d] * kt[d][j] for t < NQ, j < kBlockKeys. q: [NQ][head_dim];
 // s: [NQ][kBlockKeys].
 template <int NQ>
 inline void block_scores(const float* q, const float* kt, int64_t head_dim, float* s) {
-  Vec acc[NQ][kScoreVecs];
+  Tile<NQ, kScoreVecs> acc;
 #pragma GCC unroll 4
   for (int t = 0; t < NQ; ++t)
 #pragma GCC unroll 4
     for (int c = 0; c < kScoreVecs; ++c) acc[t][c] = zero();
-  for (int64_t d = 0; d < head_dim; ++d) {
-    const float* row = kt + d * kBlockKeys;
-    Vec kv[kScoreVecs];
-#pragma GCC unroll 4
-    for (int c = 0; c < kScoreVecs; ++c) {
-      Vec x = load(row + c * kWidth);
-      pin(x);
-      kv[c] = x;
-    }
-#pragma GCC unroll 4
-    for (int t = 0; t < NQ; ++t) {
-      const Vec qd = set1(q[t * head_dim + d]);
-#pragma GCC unroll 4
-      for (int c = 0; c < kScoreVecs; ++c) acc[t][c] = fma(qd, kv[c], acc[t][c]);
-    }
-  }
-#pragma GCC unroll 4
-  for (int t = 0; t < NQ; ++t)
-#pragma GCC unroll 4
-    for (int c = 0; c < kScoreVecs; ++c) store(s + t * kBlockKeys + c * kWidth, acc[t][c]);
+  tile_fma<F32, NQ, kScoreVecs>(acc, q, head_dim, kt, kBlockKeys, 0, head_dim);
+  store_tile<NQ, kScoreVecs>(acc, s, kBlockKeys);
 }
 
-// acc[t][0:NV*kWidth] += sum_{j in [j0, j1)} p[t][j] * vf[j][0:NV*kWidth] for t < NQ.
-// p: [NQ][kBlockKeys]; vf row stride dv; acc row stride ld_acc.
-template <int NQ, int NV>
-inline void accumulate_pv(const float* p, const float* vf, int64_t dv, int64_t j0, int64_t j1, float* acc,
+// acc[t][0:NV*kWidth] += sum_{j in [j0, j1)} p[t][j] * v[j][0:NV*kWidth] for t < NQ, rows of v
+// in the element format L (row stride ld_v). p: [NQ][kBlockKeys]; acc row stride ld_acc.
+template <class L, int NQ, int NV>
+inline void accumulate_pv(const float* p, const typename L::T* v, int64_t ld_v, int64_t j0, int64_t j1, float* acc,
                           int64_t ld_acc) {
-  Vec a[NQ][NV];
-#pragma GCC unroll 4
-  for (int t = 0; t < NQ; ++t)
-#pragma GCC unroll 4
-    for (int c = 0; c < NV; ++c) a[t][c] = load(acc + t * ld_acc + c * kWidth);
-  for (int64_t j = j0; j < j1; ++j) {
-    const float* row = vf + j * dv;
-    Vec v[NV];
-#pragma GCC unroll 4
-    for (int c = 0; c < NV; ++c) {
-      Vec x = load(row + c * kWidth);
-      pin(x);
-      v[c] = x;
-    }
-#pragma GCC unroll 4
-    for (int t = 0; t < NQ; ++t) {
-      const Vec pj = set1(p[t * kBlockKeys + j]);
-#pragma GCC unroll 4
-      for (int c = 0; c < NV; ++c) a[t][c] = fma(pj, v[c], a[t][c]);
-    }
-  }
-#pragma GCC unroll 4
-  for (int t = 0; t < NQ; ++t)
-#pragma GCC unroll 4
-    for (int c = 0; c < NV; ++c) store(acc + t * ld_acc + c * kWidth, a[t][c]);
+  Tile<NQ, NV> a;
+  load_tile<NQ, NV>(a, acc, ld_acc);
+  tile_fma<L, NQ, NV>(a, p, kBlockKeys, v, ld_v, j0, j1);
+  store_tile<NQ, NV>(a, acc, ld_acc);
 }
 
-template <int NQ>
-void accumulate_pv_all(const float* p, const float* vf, int64_t dv, int64_t j0, int64_t j1, float* acc) {
+// accumulate_pv over the first n_vecs vectors of each row, four at a time; acc row stride dv.
+template <class L, int NQ>
+void accumulate_pv_vecs(const float* p, const typename L::T* v, int64_t ld_v, int64_t j0, int64_t j1, int64_t n_vecs,
+                        float* acc, int64_t dv) {
   int64_t c0 = 0;
-  const int64_t n_vecs = dv / kWidth;
-  for (; c0 + 4 <= n_vecs; c0 += 4) accumulate_pv<NQ, 4>(p, vf + c0 * kWidth, dv, j0, j1, acc + c0 * kWidth, dv);
-  const float* vr = vf + c0 * kWidth;
+  for (; c0 + 4 <= n_vecs; c0 += 4) accumulate_pv<L, NQ, 4>(p, v + c0 * kWidth, ld_v, j0, j1, acc + c0 * kWidth, dv);
+  const typename L::T* vr = v + c0 * kWidth;
   float* ar = acc + c0 * kWidth;
   switch (n_vecs - c0) {
-    case 1: accumulate_pv<NQ, 1>(p, vr, dv, j0, j1, ar, dv); break;
-    case 2: accumulate_pv<NQ, 2>(p, vr, dv, j0, j1, ar, dv); break;
-    case 3: accumulate_pv<NQ, 3>(p, vr, dv, j0, j1, ar, dv); break;
+    case 1: accumulate_pv<L, NQ, 1>(p, vr, ld_v, j0, j1, ar, dv); break;
+    case 2: accumulate_pv<L, NQ, 2>(p, vr, ld_v, j0, j1, ar, dv); break;
+    case 3: accumulate_pv<L, NQ, 3>(p, vr, ld_v, j0, j1, ar, dv); break;
     default: break;
   }
+}
+
+// The converted block vf ([kBlockKeys][dv], zero padded): every vector of its rows.
+template <int NQ>
+void accumulate_pv_all(const float* p, const float* vf, int64_t dv, int64_t j0, int64_t j1, float* acc) {
+  accumulate_pv_vecs<F32, NQ>(p, vf, dv, j0, j1, dv / kWidth, acc, dv);
 }
 
 // s = softcap * tanh(s / softcap), through tanh(y) = 1 - 2 / (exp(2y) + 1).
@@ -282,52 +296,13 @@ void direct_scores(const float* q, const uint16_t* k, int64_t row_stride, int64_
   }
 }
 
-// acc[t][0:NV*kWidth] += sum_{j in [j0, j1)} p[t][j] * v[j][0:NV*kWidth] for t < NQ, straight
-// from the f16 rows of v (row stride row_stride). p: [NQ][kBlockKeys]; acc row stride ld_acc.
-template <class L, int NQ, int NV>
-inline void direct_pv(const float* p, const uint16_t* v, int64_t row_stride, int64_t j0, int64_t j1, float* acc,
-                      int64_t ld_acc) {
-  Vec a[NQ][NV];
-#pragma GCC unroll 4
-  for (int t = 0; t < NQ; ++t)
-#pragma GCC unroll 4
-    for (int c = 0; c < NV; ++c) a[t][c] = load(acc + t * ld_acc + c * kWidth);
-  for (int64_t j = j0; j < j1; ++j) {
-    const uint16_t* row = v + j * row_stride;
-    Vec vv[NV];
-#pragma GCC unroll 4
-    for (int c = 0; c < NV; ++c) {
-      Vec x = L::load(row + c * kWidth);
-      pin(x);
-      vv[c] = x;
-    }
-#pragma GCC unroll 4
-    for (int t = 0; t < NQ; ++t) {
-      const Vec pj = set1(p[t * kBlockKeys + j]);
-#pragma GCC unroll 4
-      for (int c = 0; c < NV; ++c) a[t][c] = fma(pj, vv[c], a[t][c]);
-    }
-  }
-#pragma GCC unroll 4
-  for (int t = 0; t < NQ; ++t)
-#pragma GCC unroll 4
-    for (int c = 0; c < NV; ++c) store(acc + t * ld_acc + c * kWidth, a[t][c]);
-}
-
+// accumulate_pv_all straight from the 16-bit rows of v (row stride row_stride): whole vectors
+// through the tiles, the last head_dim % kWidth columns one by one.
 template <class L, int NQ>
 void direct_pv_all(const float* p, const uint16_t* v, int64_t row_stride, int64_t j0, int64_t j1, int64_t head_dim,
                    float* acc, int64_t dv) {
   const int64_t n_vecs = head_dim / kWidth;
-  int64_t c0 = 0;
-  for (; c0 + 4 <= n_vecs; c0 += 4) direct_pv<L, NQ, 4>(p, v + c0 * kWidth, row_stride, j0, j1, acc + c0 * kWidth, dv);
-  const uint16_t* vr = v + c0 * kWidth;
-  float* ar = acc + c0 * kWidth;
-  switch (n_vecs - c0) {
-    case 1: direct_pv<L, NQ, 1>(p, vr, row_stride, j0, j1, ar, dv); break;
-    case 2: direct_pv<L, NQ, 2>(p, vr, row_stride, j0, j1, ar, dv); break;
-    case 3: direct_pv<L, NQ, 3>(p, vr, row_stride, j0, j1, ar, dv); break;
-    default: break;
-  }
+  accumulate_pv_vecs<L, NQ>(p, v, row_stride, j0, j1, n_vecs, acc, dv);
   for (int64_t d = n_vecs * kWidth; d < head_dim; ++d)
     for (int t = 0; t < NQ; ++t)
       for (int64_t j = j0; j < j1; ++j) acc[t * dv + d] += p[t * kBlockKeys + j] * L::scalar(v[j * row_stride + d]);

@@ -2,26 +2,14 @@
 // A thin f32 vector layer over the widest instruction set of the level being built (level.h): AVX-512F
 // (16 lanes), AVX2 + FMA + F16C (8 lanes), or plain scalar code (1 lane). The kernels in this
 // folder are written once against it. Internal to src/backend/cpu.
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
-// NOTE: GCC 12 reports its own _mm512_undefined_* placeholders inside these intrinsics as
-// uninitialised (a false positive, GCC bug 105593).
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
-#endif
-
-#include "backend/cpu/level.h"
+#include "backend/cpu/level_only.h"
+#include "backend/cpu/x86_intrinsics.h"
 #include "core/half.h"
-
-#if !defined(OSPREY_CPU_LEVEL)
-#error "an internal header of the kernels' per-level build (backend/cpu/level.h)"
-#endif
 
 namespace osprey::cpu {
 OSPREY_CPU_LEVEL_BEGIN
@@ -232,23 +220,10 @@ inline void store(float* p, Vec v) { *p = v; }
 inline Vec load_f16(const uint16_t* p) { return f16_to_f32(*p); }
 inline Vec load_bf16(const uint16_t* p) { return bf16_to_f32(*p); }
 // 2 * kWidth 16-bit values as kWidth 32-bit lanes (lane l holds p[2l] low, p[2l + 1] high).
-inline Vec load_pairs(const uint16_t* p) {
-  uint32_t u = uint32_t(p[0]) | uint32_t(p[1]) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+inline Vec load_pairs(const uint16_t* p) { return std::bit_cast<float>(uint32_t(p[0]) | uint32_t(p[1]) << 16); }
 // From lanes of bf16 pairs: the low (even) or high (odd) halves as f32.
-inline Vec bf16_even(Vec pairs) {
-  uint32_t u;
-  std::memcpy(&u, &pairs, 4);
-  return bf16_to_f32(uint16_t(u));
-}
-inline Vec bf16_odd(Vec pairs) {
-  uint32_t u;
-  std::memcpy(&u, &pairs, 4);
-  return bf16_to_f32(uint16_t(u >> 16));
-}
+inline Vec bf16_even(Vec pairs) { return bf16_to_f32(uint16_t(std::bit_cast<uint32_t>(pairs))); }
+inline Vec bf16_odd(Vec pairs) { return bf16_to_f32(uint16_t(std::bit_cast<uint32_t>(pairs) >> 16)); }
 inline Vec fma(Vec a, Vec b, Vec c) { return a * b + c; }
 inline Vec add(Vec a, Vec b) { return a + b; }
 inline Vec sub(Vec a, Vec b) { return a - b; }

@@ -2,12 +2,8 @@
 // Row decoding shared by the quantized kernels. Internal to src/backend/cpu.
 #include <cstdint>
 
-#include "backend/cpu/level.h"
+#include "backend/cpu/level_only.h"
 #include "backend/quant_args.h"
-
-#if !defined(OSPREY_CPU_LEVEL)
-#error "an internal header of the kernels' per-level build (backend/cpu/level.h)"
-#endif
 
 namespace osprey::cpu {
 OSPREY_CPU_LEVEL_BEGIN

@@ -30,19 +30,12 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/x86_intrinsics.h"
 #include "core/error.h"
 #include "core/half.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #define INT8_X86 1
-// NOTE: GCC 12 reports its own _mm512_undefined_* placeholders inside these intrinsics as
-// uninitialised (a false positive, GCC bug 105593).
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <cpuid.h>
-#include <immintrin.h>
-#pragma GCC diagnostic pop
 #endif
 
 namespace osprey::cpu {
@@ -98,7 +91,36 @@ using QuantizeRow = void (*)(const float* x, int64_t in, int64_t g_size, int8_t*
 }  // namespace
 
 #if INT8_X86
-// ---- AVX-512 VNNI -------------------------------------------------------------------------
+// ---- AVX-512: VNNI and BW ------------------------------------------------------------------
+#define INT8_AVX512_COMMON                                                                               \
+  constexpr int kLanes = 16;                                                                             \
+  constexpr int kMR = 4, kNV = 2;                                                                        \
+  using IV = __m512i;                                                                                    \
+  using FV = __m512;                                                                                     \
+  using Acc = __m512i;                                                                                   \
+  inline IV load_i(const void* p) { return _mm512_loadu_si512(p); }                                      \
+  inline IV set1_i32(int32_t v) { return _mm512_set1_epi32(v); }                                         \
+  inline IV low_nibbles(IV w) { return _mm512_and_si512(w, _mm512_set1_epi8(0x0f)); }                    \
+  inline IV high_nibbles(IV w) { return _mm512_and_si512(_mm512_srli_epi16(w, 4), _mm512_set1_epi8(0x0f)); } \
+  inline Acc acc_zero() { return _mm512_setzero_si512(); }                                               \
+  inline IV combine(IV hi, IV lo) { return _mm512_add_epi32(_mm512_slli_epi32(hi, 8), lo); }             \
+  inline FV zero_f() { return _mm512_setzero_ps(); }                                                     \
+  inline FV set1_f(float f) { return _mm512_set1_ps(f); }                                                \
+  inline FV load_f(const float* p) { return _mm512_loadu_ps(p); }                                        \
+  inline void store_f(float* p, FV v) { _mm512_storeu_ps(p, v); }                                        \
+  inline FV fma_f(FV a, FV b, FV c) { return _mm512_fmadd_ps(a, b, c); }                                 \
+  inline FV mul_f(FV a, FV b) { return _mm512_mul_ps(a, b); }                                            \
+  inline FV add_f(FV a, FV b) { return _mm512_add_ps(a, b); }                                            \
+  inline FV to_f(IV v) { return _mm512_cvtepi32_ps(v); }                                                 \
+  inline FV permute_f(const float* p, IV idx) { return _mm512_permutexvar_ps(idx, _mm512_loadu_ps(p)); } \
+  inline float reduce_f(FV v) { return _mm512_reduce_add_ps(v); }                                        \
+  template <bool BF16>                                                                                   \
+  inline FV load_halves(const uint16_t* p) {                                                             \
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));                           \
+    if constexpr (BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));     \
+    return _mm512_cvtph_ps(h);                                                                           \
+  }
+
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
 #ifdef __clang__
@@ -106,35 +128,9 @@ using QuantizeRow = void (*)(const float* x, int64_t in, int64_t g_size, int8_t*
 #endif
 namespace int8_avx512_vnni {
 namespace {
-constexpr int kLanes = 16;
-constexpr int kMR = 4, kNV = 2;
-using IV = __m512i;
-using FV = __m512;
-using Acc = __m512i;
-inline IV load_i(const void* p) { return _mm512_loadu_si512(p); }
-inline IV set1_i32(int32_t v) { return _mm512_set1_epi32(v); }
-inline IV low_nibbles(IV w) { return _mm512_and_si512(w, _mm512_set1_epi8(0x0f)); }
-inline IV high_nibbles(IV w) { return _mm512_and_si512(_mm512_srli_epi16(w, 4), _mm512_set1_epi8(0x0f)); }
-inline Acc acc_zero() { return _mm512_setzero_si512(); }
+INT8_AVX512_COMMON
 inline Acc acc_add(Acc a, IV u, IV s) { return _mm512_dpbusd_epi32(a, u, s); }
 inline IV acc_finish(Acc a) { return a; }
-inline IV combine(IV hi, IV lo) { return _mm512_add_epi32(_mm512_slli_epi32(hi, 8), lo); }
-inline FV zero_f() { return _mm512_setzero_ps(); }
-inline FV set1_f(float f) { return _mm512_set1_ps(f); }
-inline FV load_f(const float* p) { return _mm512_loadu_ps(p); }
-inline void store_f(float* p, FV v) { _mm512_storeu_ps(p, v); }
-inline FV fma_f(FV a, FV b, FV c) { return _mm512_fmadd_ps(a, b, c); }
-inline FV mul_f(FV a, FV b) { return _mm512_mul_ps(a, b); }
-inline FV add_f(FV a, FV b) { return _mm512_add_ps(a, b); }
-inline FV to_f(IV v) { return _mm512_cvtepi32_ps(v); }
-inline FV permute_f(const float* p, IV idx) { return _mm512_permutexvar_ps(idx, _mm512_loadu_ps(p)); }
-inline float reduce_f(FV v) { return _mm512_reduce_add_ps(v); }
-template <bool BF16>
-inline FV load_halves(const uint16_t* p) {
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  if constexpr (BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-  return _mm512_cvtph_ps(h);
-}
 #include "backend/cpu/quant_int8_kernels.inc"
 }  // namespace
 }  // namespace int8_avx512_vnni
@@ -143,7 +139,6 @@ inline FV load_halves(const uint16_t* p) {
 #endif
 #pragma GCC pop_options
 
-// ---- AVX-512BW (vpmaddubsw) ---------------------------------------------------------------
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
 #ifdef __clang__
@@ -151,36 +146,10 @@ inline FV load_halves(const uint16_t* p) {
 #endif
 namespace int8_avx512bw {
 namespace {
-constexpr int kLanes = 16;
-constexpr int kMR = 4, kNV = 2;
-using IV = __m512i;
-using FV = __m512;
-using Acc = __m512i;  // 16-bit sums of pairs
-inline IV load_i(const void* p) { return _mm512_loadu_si512(p); }
-inline IV set1_i32(int32_t v) { return _mm512_set1_epi32(v); }
-inline IV low_nibbles(IV w) { return _mm512_and_si512(w, _mm512_set1_epi8(0x0f)); }
-inline IV high_nibbles(IV w) { return _mm512_and_si512(_mm512_srli_epi16(w, 4), _mm512_set1_epi8(0x0f)); }
-inline Acc acc_zero() { return _mm512_setzero_si512(); }
+INT8_AVX512_COMMON  // Acc: 16-bit sums of pairs
 // NOTE: 16-bit lanes: at most 8 adds of two products 15 * 127 each (30480) before acc_finish.
 inline Acc acc_add(Acc a, IV u, IV s) { return _mm512_add_epi16(a, _mm512_maddubs_epi16(u, s)); }
 inline IV acc_finish(Acc a) { return _mm512_madd_epi16(a, _mm512_set1_epi16(1)); }
-inline IV combine(IV hi, IV lo) { return _mm512_add_epi32(_mm512_slli_epi32(hi, 8), lo); }
-inline FV zero_f() { return _mm512_setzero_ps(); }
-inline FV set1_f(float f) { return _mm512_set1_ps(f); }
-inline FV load_f(const float* p) { return _mm512_loadu_ps(p); }
-inline void store_f(float* p, FV v) { _mm512_storeu_ps(p, v); }
-inline FV fma_f(FV a, FV b, FV c) { return _mm512_fmadd_ps(a, b, c); }
-inline FV mul_f(FV a, FV b) { return _mm512_mul_ps(a, b); }
-inline FV add_f(FV a, FV b) { return _mm512_add_ps(a, b); }
-inline FV to_f(IV v) { return _mm512_cvtepi32_ps(v); }
-inline FV permute_f(const float* p, IV idx) { return _mm512_permutexvar_ps(idx, _mm512_loadu_ps(p)); }
-inline float reduce_f(FV v) { return _mm512_reduce_add_ps(v); }
-template <bool BF16>
-inline FV load_halves(const uint16_t* p) {
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  if constexpr (BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-  return _mm512_cvtph_ps(h);
-}
 #include "backend/cpu/quant_int8_kernels.inc"
 }  // namespace
 }  // namespace int8_avx512bw

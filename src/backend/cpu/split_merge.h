@@ -6,11 +6,7 @@
 #include <cstdint>
 #include <limits>
 
-#include "backend/cpu/level.h"
-
-#if !defined(OSPREY_CPU_LEVEL)
-#error "an internal header of the kernels' per-level build (backend/cpu/level.h)"
-#endif
+#include "backend/cpu/level_only.h"
 
 namespace osprey::cpu {
 OSPREY_CPU_LEVEL_BEGIN

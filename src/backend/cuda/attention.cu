@@ -173,6 +173,9 @@ __device__ __forceinline__ uint4 load8(const uint16_t* p, bool vec) {
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
+// The CUDA-core path in one fused pass over shared-memory tiles (scores, online softmax,
+// accumulation): its length is the point, each phase reading the shared layout the previous
+// one wrote.
 template <class Tag, bool kMapped>
 __global__ void __launch_bounds__(kThreads) attention_kernel(const Params p) {
   pdl_wait();

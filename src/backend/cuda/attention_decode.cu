@@ -132,85 +132,19 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) decode_kernel(cons
     const uint16_t* kt = smem + (c % kStages) * (C::kStage / 2) + warp * kStep * kS;
     const uint16_t* vt = kt + kChunk * kS;
 
-    float s[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t b[4];
-      ldmatrix_x4(b, kt + ((lane >> 4) * 8 + (lane & 7)) * kS + kk * 16 + ((lane >> 3) & 1) * 8);
-      E::mma_top(s[0][0], s[0][1], qa[kk][0], qa[kk][1], b[0], b[1]);
-      E::mma_top(s[1][0], s[1][1], qa[kk][0], qa[kk][1], b[2], b[3]);
-    }
-    float mx = kNegInf;
-#pragma unroll
-    for (int nb = 0; nb < 2; ++nb)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        float x = s[nb][e];
-        if (p.cap_out > 0.0f) x = p.cap_out * tanh_exp2(x * p.cap_in);
-        const int key = base + nb * 8 + 2 * t + e;
-        x = key >= lo && key < hi ? x : kNegInf;
-        s[nb][e] = x;
-        mx = fmaxf(mx, x);
-      }
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float m_new = fmaxf(m, mx);
-    const float m_use = m_new == kNegInf ? 0.0f : m_new;
-    const float corr = exp2f(m - m_use);
-    float sum = 0.0f;
-#pragma unroll
-    for (int nb = 0; nb < 2; ++nb)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) sum += (s[nb][e] = exp2f(s[nb][e] - m_use));
-    l = l * corr + sum;
-    m = m_new;
-
-    const uint32_t a0 = E::pack(s[0][0], s[0][1]), a2 = E::pack(s[1][0], s[1][1]);
-#pragma unroll
-    for (int nd = 0; nd < kNd; nd += 2) {
-      uint32_t b[4];
-      ldmatrix_x4_trans(b, vt + (((lane >> 3) & 1) * 8 + (lane & 7)) * kS + nd * 8 + (lane >> 4) * 8);
-      o[nd][0] *= corr, o[nd][1] *= corr, o[nd + 1][0] *= corr, o[nd + 1][1] *= corr;
-      E::mma_top(o[nd][0], o[nd][1], a0, a2, b[0], b[1]);
-      E::mma_top(o[nd + 1][0], o[nd + 1][1], a0, a2, b[2], b[3]);
-    }
+    decode_chunk_step<D, kS, E>(qa, kt, vt, base, lo, hi, p.cap_in, p.cap_out, o, m, l);
   }
-  cp_async_wait<0>();
-  __syncthreads();  // the stage buffers become sm_o
-
-  l += __shfl_xor_sync(0xffffffffu, l, 1);
-  l += __shfl_xor_sync(0xffffffffu, l, 2);
-  if (t == 0) sm_m[warp][g] = m, sm_l[warp][g] = l;
-#pragma unroll
-  for (int nd = 0; nd < kNd; ++nd)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) sm_o[(warp * kVecs + g) * (D + 1) + nd * 8 + 2 * t + e] = o[nd][e];
-  __syncthreads();
-
-  for (int e = tid; e < kVecs * D; e += kThreads) {
-    const int vi = e / D, d = e % D;
-    if (v_first + vi > v_last) break;
-    float mm = kNegInf;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) mm = fmaxf(mm, sm_m[w][vi]);
-    float num = 0.0f, den = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float mw = sm_m[w][vi];
-      if (mw == kNegInf) continue;
-      const float f = exp2f(mw - mm);
-      num = fmaf(sm_o[(w * kVecs + vi) * (D + 1) + d], f, num);
-      den = fmaf(sm_l[w][vi], f, den);
-    }
-    const int64_t oi = out_index(v_first + vi);
-    if (p.partial) {
-      float* dst = p.partial + (int64_t(split) * n_vec_all + oi) * kP;
-      dst[d] = num;
-      if (d == 0) dst[D] = mm, dst[D + 1] = den;
-    } else {
-      a.out[oi * D + d] = den > 0.0f ? num / den : 0.0f;
-    }
-  }
+  decode_merge_warps<D, kWarps, kVecs>(o, m, l, sm_o, sm_m, sm_l, int(v_last - v_first + 1),
+                                       [&](int vi, int d, float num, float mm, float den) {
+                                         const int64_t oi = out_index(v_first + vi);
+                                         if (p.partial) {
+                                           float* dst = p.partial + (int64_t(split) * n_vec_all + oi) * kP;
+                                           dst[d] = num;
+                                           if (d == 0) dst[D] = mm, dst[D + 1] = den;
+                                         } else {
+                                           a.out[oi * D + d] = den > 0.0f ? num / den : 0.0f;
+                                         }
+                                       });
 }
 
 template <int D, class E, bool kMapped>
@@ -248,22 +182,17 @@ void launch(const AttentionArgs& a, int64_t key_bound, cudaStream_t s) {
   if (n_splits > 1) launch_combine(a, p.partial, p.n_splits, s);
 }
 
-template <class E, bool kMapped>
-void launch_for(const AttentionArgs& a, int64_t key_bound, cudaStream_t s) {
-  switch (a.head_dim) {
-    case 64: return launch<64, E, kMapped>(a, key_bound, s);
-    case 128: return launch<128, E, kMapped>(a, key_bound, s);
-    case 256: return launch<256, E, kMapped>(a, key_bound, s);
-    default: throw Unsupported("attention: decode kernel for head_dim " + std::to_string(a.head_dim));
+struct DecodeLauncher {
+  template <int D, class E, bool kMapped>
+  static void run(const AttentionArgs& a, int64_t key_bound, cudaStream_t s) {
+    launch<D, E, kMapped>(a, key_bound, s);
   }
-}
+};
 
 }  // namespace
 
 void launch_decode(const AttentionArgs& a, int64_t key_bound, bool mapped, cudaStream_t s) {
-  if (a.bf16)
-    return mapped ? launch_for<BF16, true>(a, key_bound, s) : launch_for<BF16, false>(a, key_bound, s);
-  return mapped ? launch_for<F16, true>(a, key_bound, s) : launch_for<F16, false>(a, key_bound, s);
+  launch_fast<DecodeLauncher>(a, key_bound, mapped, s, "decode");
 }
 
 }  // namespace osprey::cuda::attn

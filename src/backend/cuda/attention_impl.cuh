@@ -187,6 +187,123 @@ inline void set_score_scale(FastParams& p) {
   }
 }
 
+// Split-K flash decoding on tensor cores (attention_decode.cu, paged_attention.cu): kWarps warps
+// of a kThreads block; row g (= lane / 4) of the mma's A is query vector g of the block's tile.
+//
+// One warp's step over its 16 keys of a chunk in shared memory (kt, vt: its K and V rows, row
+// stride kS elements; key index base + j for row j): S = Q K^T from the A fragments qa, the
+// softcap (cap_out > 0), keys outside [lo, hi) masked, the online softmax state (m, l; log2
+// units) updated, and O += P V with P rounded to E.
+template <int D, int kS, class E>
+__device__ __forceinline__ void decode_chunk_step(const uint32_t (&qa)[D / 16][2], const uint16_t* kt,
+                                                  const uint16_t* vt, int base, int lo, int hi, float cap_in,
+                                                  float cap_out, float (&o)[D / 8][2], float& m, float& l) {
+  const int lane = threadIdx.x & 31, t = lane & 3;
+  float s[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t b[4];
+    ldmatrix_x4(b, kt + ((lane >> 4) * 8 + (lane & 7)) * kS + kk * 16 + ((lane >> 3) & 1) * 8);
+    E::mma_top(s[0][0], s[0][1], qa[kk][0], qa[kk][1], b[0], b[1]);
+    E::mma_top(s[1][0], s[1][1], qa[kk][0], qa[kk][1], b[2], b[3]);
+  }
+  float mx = kNegInf;
+#pragma unroll
+  for (int nb = 0; nb < 2; ++nb)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float x = s[nb][e];
+      if (cap_out > 0.0f) x = cap_out * tanh_exp2(x * cap_in);
+      const int key = base + nb * 8 + 2 * t + e;
+      x = key >= lo && key < hi ? x : kNegInf;
+      s[nb][e] = x;
+      mx = fmaxf(mx, x);
+    }
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+  const float m_new = fmaxf(m, mx);
+  const float m_use = m_new == kNegInf ? 0.0f : m_new;
+  const float corr = exp2f(m - m_use);
+  float sum = 0.0f;
+#pragma unroll
+  for (int nb = 0; nb < 2; ++nb)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) sum += (s[nb][e] = exp2f(s[nb][e] - m_use));
+  l = l * corr + sum;
+  m = m_new;
+
+  const uint32_t a0 = E::pack(s[0][0], s[0][1]), a2 = E::pack(s[1][0], s[1][1]);
+#pragma unroll
+  for (int nd = 0; nd < D / 8; nd += 2) {
+    uint32_t b[4];
+    ldmatrix_x4_trans(b, vt + (((lane >> 3) & 1) * 8 + (lane & 7)) * kS + nd * 8 + (lane >> 4) * 8);
+    o[nd][0] *= corr, o[nd][1] *= corr, o[nd + 1][0] *= corr, o[nd + 1][1] *= corr;
+    E::mma_top(o[nd][0], o[nd][1], a0, a2, b[0], b[1]);
+    E::mma_top(o[nd + 1][0], o[nd + 1][1], a0, a2, b[2], b[3]);
+  }
+}
+
+// The end of a decode block: waits for the outstanding cp.async groups (sm_o aliases the stage
+// buffers), merges the warps' states in ascending warp order through shared memory, and calls
+// emit(vi, d, num, m, l) for each vector vi < n_vecs and d < D, where m is the largest warp
+// max, num = sum_w o_w[d] 2^(m_w - m) and l = sum_w l_w 2^(m_w - m).
+template <int D, int kWarps, int kVecs, class Emit>
+__device__ __forceinline__ void decode_merge_warps(const float (&o)[D / 8][2], float m, float l, float* sm_o,
+                                                   float (&sm_m)[kWarps][kVecs], float (&sm_l)[kWarps][kVecs],
+                                                   int n_vecs, Emit&& emit) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  cp_async_wait<0>();
+  __syncthreads();  // the stage buffers become sm_o
+
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+  if (t == 0) sm_m[warp][g] = m, sm_l[warp][g] = l;
+#pragma unroll
+  for (int nd = 0; nd < D / 8; ++nd)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) sm_o[(warp * kVecs + g) * (D + 1) + nd * 8 + 2 * t + e] = o[nd][e];
+  __syncthreads();
+
+  for (int e = tid; e < kVecs * D; e += kThreads) {
+    const int vi = e / D, d = e % D;
+    if (vi >= n_vecs) break;
+    float mm = kNegInf;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) mm = fmaxf(mm, sm_m[w][vi]);
+    float num = 0.0f, den = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float mw = sm_m[w][vi];
+      if (mw == kNegInf) continue;
+      const float f = exp2f(mw - mm);
+      num = fmaf(sm_o[(w * kVecs + vi) * (D + 1) + d], f, num);
+      den = fmaf(sm_l[w][vi], f, den);
+    }
+    emit(vi, d, num, mm, den);
+  }
+}
+
+// Runs Launcher::run<D, E, kMapped>(a, key_bound, s) for a's element type, mapping and head_dim
+// (64, 128 or 256; `kernel` names the kernel in the Unsupported message for others).
+template <class Launcher, class E, bool kMapped>
+void launch_for_head_dim(const AttentionArgs& a, int64_t key_bound, cudaStream_t s, const char* kernel) {
+  switch (a.head_dim) {
+    case 64: return Launcher::template run<64, E, kMapped>(a, key_bound, s);
+    case 128: return Launcher::template run<128, E, kMapped>(a, key_bound, s);
+    case 256: return Launcher::template run<256, E, kMapped>(a, key_bound, s);
+    default:
+      throw Unsupported(std::string("attention: ") + kernel + " kernel for head_dim " + std::to_string(a.head_dim));
+  }
+}
+template <class Launcher>
+void launch_fast(const AttentionArgs& a, int64_t key_bound, bool mapped, cudaStream_t s, const char* kernel) {
+  if (a.bf16)
+    return mapped ? launch_for_head_dim<Launcher, BF16, true>(a, key_bound, s, kernel)
+                  : launch_for_head_dim<Launcher, BF16, false>(a, key_bound, s, kernel);
+  return mapped ? launch_for_head_dim<Launcher, F16, true>(a, key_bound, s, kernel)
+                : launch_for_head_dim<Launcher, F16, false>(a, key_bound, s, kernel);
+}
+
 int sm_count();  // multiprocessors of the current device (cached)
 
 // The tensor-core paths; head_dim 64, 128 or 256, every pointer and stride 16-byte aligned.

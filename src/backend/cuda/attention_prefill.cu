@@ -10,9 +10,8 @@
 // with P rounded to f16 and V fragments from ldmatrix.trans. Tiles no query of a warp can see
 // are skipped; masks are applied only to tiles that some query of the warp sees in part.
 // With bf16 K and V, q and P are rounded to bf16 and the mma is the bf16 one.
-// NOTE: on H200 (Llama-3.1-8B heads) this runs at ~52 TFLOP/s for 512 causal rows and ~116 for
-// 2048, the same with 64 or 128 vectors per block and 2 or 3 stages: neither L2 traffic nor
-// pipeline depth is what bounds it.
+// NOTE: neither L2 traffic nor pipeline depth bounds it: 64 or 128 vectors per block and 2 or 3
+// stages run alike (docs/benchmark_results/2026-12-05-cuda-kernel-tuning-notes.md).
 #include <climits>
 
 #include "backend/cuda/attention_impl.cuh"
@@ -33,6 +32,10 @@ struct Cfg {
   static constexpr size_t kSmem = size_t(kM + 2 * kStages * kN) * kS * 2;
 };
 
+// One fused pass (the file's head describes it): its length is the point. Splitting it into
+// device functions would hand the fragment arrays, the pipeline state and the masks between
+// them by reference for no reuse; the decode kernels' shared steps (attention_impl.cuh) do not
+// fit its 16-row fragments and per-warp tile skipping.
 template <int D, class E, bool kMapped>
 __global__ void __launch_bounds__(kThreadsP, 1) prefill_kernel(const FastParams p) {
   using C = Cfg<D>;
@@ -288,22 +291,17 @@ void launch(const AttentionArgs& a, int64_t key_bound, cudaStream_t s) {
   if (n_splits > 1) launch_combine(a, p.partial, p.n_splits, s);
 }
 
-template <class E, bool kMapped>
-void launch_for(const AttentionArgs& a, int64_t key_bound, cudaStream_t s) {
-  switch (a.head_dim) {
-    case 64: return launch<64, E, kMapped>(a, key_bound, s);
-    case 128: return launch<128, E, kMapped>(a, key_bound, s);
-    case 256: return launch<256, E, kMapped>(a, key_bound, s);
-    default: throw Unsupported("attention: prefill kernel for head_dim " + std::to_string(a.head_dim));
+struct PrefillLauncher {
+  template <int D, class E, bool kMapped>
+  static void run(const AttentionArgs& a, int64_t key_bound, cudaStream_t s) {
+    launch<D, E, kMapped>(a, key_bound, s);
   }
-}
+};
 
 }  // namespace
 
 void launch_prefill(const AttentionArgs& a, int64_t key_bound, bool mapped, cudaStream_t s) {
-  if (a.bf16)
-    return mapped ? launch_for<BF16, true>(a, key_bound, s) : launch_for<BF16, false>(a, key_bound, s);
-  return mapped ? launch_for<F16, true>(a, key_bound, s) : launch_for<F16, false>(a, key_bound, s);
+  launch_fast<PrefillLauncher>(a, key_bound, mapped, s, "prefill");
 }
 
 }  // namespace osprey::cuda::attn

@@ -1,4 +1,4 @@
-// Element-wise kernels: embedding gather, add, scale, gated activations.
+// Element-wise kernels: embedding gather, add, scale, softcap, gated activations.
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
 
@@ -49,8 +49,18 @@ __global__ void binary_kernel(const float* a, const float* b, float* out, int64_
   for (int64_t i = done + start; i < n; i += stride) out[i] = op(a[i], b[i]);
 }
 
-template <bool VEC>
-__global__ void scale_kernel(float* x, float f, int64_t n) {
+struct ScaleOp {
+  float f;
+  __device__ __forceinline__ float operator()(float x) const { return x * f; }
+};
+struct SoftcapOp {
+  float cap;
+  __device__ __forceinline__ float operator()(float x) const { return cap * tanhf(x / cap); }
+};
+
+// x[i] = op(x[i]); VEC: x 16-byte aligned, n4 = n / 4 float4 groups first.
+template <class Op, bool VEC>
+__global__ void unary_inplace_kernel(float* x, int64_t n, Op op) {
   pdl_wait();
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   const int64_t start = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -60,32 +70,23 @@ __global__ void scale_kernel(float* x, float f, int64_t n) {
     float4* x4 = reinterpret_cast<float4*>(x);
     for (int64_t i = start; i < n4; i += stride) {
       float4 v = x4[i];
-      v.x *= f, v.y *= f, v.z *= f, v.w *= f;
+      v.x = op(v.x), v.y = op(v.y), v.z = op(v.z), v.w = op(v.w);
       x4[i] = v;
     }
     done = n4 * 4;
   }
-  for (int64_t i = done + start; i < n; i += stride) x[i] *= f;
+  for (int64_t i = done + start; i < n; i += stride) x[i] = op(x[i]);
 }
 
-template <bool VEC>
-__global__ void softcap_kernel(float* x, float cap, int64_t n) {
-  pdl_wait();
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  const int64_t start = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  int64_t done = 0;
-  if constexpr (VEC) {
-    const int64_t n4 = n / 4;
-    float4* x4 = reinterpret_cast<float4*>(x);
-    for (int64_t i = start; i < n4; i += stride) {
-      float4 v = x4[i];
-      v.x = cap * tanhf(v.x / cap), v.y = cap * tanhf(v.y / cap), v.z = cap * tanhf(v.z / cap),
-      v.w = cap * tanhf(v.w / cap);
-      x4[i] = v;
-    }
-    done = n4 * 4;
-  }
-  for (int64_t i = done + start; i < n; i += stride) x[i] = cap * tanhf(x[i] / cap);
+template <class Op>
+void launch_unary_inplace(float* x, int64_t n, Op op, cudaStream_t s) {
+  if (n <= 0) return;
+  const bool vec = aligned16(x);
+  const unsigned grid = grid_for(vec ? (n + 3) / 4 : n, kThreads);
+  if (vec)
+    launch_kernel(unary_inplace_kernel<Op, true>, grid, kThreads, 0, s, x, n, op);
+  else
+    launch_kernel(unary_inplace_kernel<Op, false>, grid, kThreads, 0, s, x, n, op);
 }
 
 template <class Op>
@@ -123,25 +124,9 @@ void embedding(const void* table, DType dt, const int32_t* ids, int64_t n, int64
 
 void add_inplace(float* x, const float* y, int64_t n, cudaStream_t s) { launch_binary(x, y, x, n, AddOp{}, s); }
 
-void scale_inplace(float* x, float f, int64_t n, cudaStream_t s) {
-  if (n <= 0) return;
-  const bool vec = aligned16(x);
-  const unsigned grid = grid_for(vec ? (n + 3) / 4 : n, kThreads);
-  if (vec)
-    launch_kernel(scale_kernel<true>, grid, kThreads, 0, s, x, f, n);
-  else
-    launch_kernel(scale_kernel<false>, grid, kThreads, 0, s, x, f, n);
-}
+void scale_inplace(float* x, float f, int64_t n, cudaStream_t s) { launch_unary_inplace(x, n, ScaleOp{f}, s); }
 
-void softcap_inplace(float* x, float cap, int64_t n, cudaStream_t s) {
-  if (n <= 0) return;
-  const bool vec = aligned16(x);
-  const unsigned grid = grid_for(vec ? (n + 3) / 4 : n, kThreads);
-  if (vec)
-    launch_kernel(softcap_kernel<true>, grid, kThreads, 0, s, x, cap, n);
-  else
-    launch_kernel(softcap_kernel<false>, grid, kThreads, 0, s, x, cap, n);
-}
+void softcap_inplace(float* x, float cap, int64_t n, cudaStream_t s) { launch_unary_inplace(x, n, SoftcapOp{cap}, s); }
 
 void silu_mul(const float* g, const float* u, float* out, int64_t n, cudaStream_t s) {
   launch_binary(g, u, out, n, SiluMulOp{}, s);

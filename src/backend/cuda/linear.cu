@@ -163,9 +163,8 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_scalar_kernel(const float* _
 }
 
 // Output rows per warp (rows: 1, 2 or 4 forces it): 4 while that leaves about 16 warps per
-// SM, 2 while about 12, else 1; and 1 for a few long rows. Measured on an H200 (n = 1, f16,
-// tests/backend/cuda_quant_test.cpp): q/k/v 6144 x 4096 13.8 us with 2 (16.2 with 4), o
-// 4096 x 4096 10.1 with 2 (11.4 with 1), down 4096 x 14336 29.5 with 1 (31.3 with 2).
+// SM, 2 while about 12, else 1; and 1 for a few long rows (the timings behind the thresholds:
+// docs/benchmark_results/2026-12-05-cuda-kernel-tuning-notes.md).
 // Blocks of the GEMV grid for `out` rows at `r` rows per warp.
 unsigned gemv_blocks(int64_t out, int r) { return unsigned((out + kWarps * r - 1) / (kWarps * r)); }
 

@@ -141,81 +141,17 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) paged_decode_kerne
     const uint16_t* kt = smem + (c % kStages) * (C::kStage / 2) + warp * kStep * kS;
     const uint16_t* vt = kt + kChunk * kS;
 
-    float s[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t b[4];
-      attn::ldmatrix_x4(b, kt + ((lane >> 4) * 8 + (lane & 7)) * kS + kk * 16 + ((lane >> 3) & 1) * 8);
-      E::mma_top(s[0][0], s[0][1], qa[kk][0], qa[kk][1], b[0], b[1]);
-      E::mma_top(s[1][0], s[1][1], qa[kk][0], qa[kk][1], b[2], b[3]);
-    }
-    float mx = kNegInf;
-#pragma unroll
-    for (int nb = 0; nb < 2; ++nb)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        float x = s[nb][e];
-        if (p.cap_out > 0.0f) x = p.cap_out * attn::tanh_exp2(x * p.cap_in);
-        const int key = base + nb * 8 + 2 * t + e;
-        x = key < ke ? x : kNegInf;
-        s[nb][e] = x;
-        mx = fmaxf(mx, x);
-      }
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float m_new = fmaxf(m, mx);
-    const float m_use = m_new == kNegInf ? 0.0f : m_new;
-    const float corr = exp2f(m - m_use);
-    float sum = 0.0f;
-#pragma unroll
-    for (int nb = 0; nb < 2; ++nb)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) sum += (s[nb][e] = exp2f(s[nb][e] - m_use));
-    l = l * corr + sum;
-    m = m_new;
-
-    const uint32_t a0 = E::pack(s[0][0], s[0][1]), a2 = E::pack(s[1][0], s[1][1]);
-#pragma unroll
-    for (int nd = 0; nd < kNd; nd += 2) {
-      uint32_t b[4];
-      attn::ldmatrix_x4_trans(b, vt + (((lane >> 3) & 1) * 8 + (lane & 7)) * kS + nd * 8 + (lane >> 4) * 8);
-      o[nd][0] *= corr, o[nd][1] *= corr, o[nd + 1][0] *= corr, o[nd + 1][1] *= corr;
-      E::mma_top(o[nd][0], o[nd][1], a0, a2, b[0], b[1]);
-      E::mma_top(o[nd + 1][0], o[nd + 1][1], a0, a2, b[2], b[3]);
-    }
+    // Every key of a chunk is at least kb: only the end of the range masks.
+    attn::decode_chunk_step<D, kS, E>(qa, kt, vt, base, kb, ke, p.cap_in, p.cap_out, o, m, l);
   }
-  attn::cp_async_wait<0>();
-  __syncthreads();  // the stage buffers become sm_o
-
-  l += __shfl_xor_sync(0xffffffffu, l, 1);
-  l += __shfl_xor_sync(0xffffffffu, l, 2);
-  if (t == 0) sm_m[warp][g] = m, sm_l[warp][g] = l;
-#pragma unroll
-  for (int nd = 0; nd < kNd; ++nd)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) sm_o[(warp * kVecs + g) * (D + 1) + nd * 8 + 2 * t + e] = o[nd][e];
-  __syncthreads();
-
-  for (int e = tid; e < kVecs * D; e += kThreads) {
-    const int vi = e / D, d = e % D;
-    if (vi >= n_vecs) break;
-    float mm = kNegInf;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) mm = fmaxf(mm, sm_m[w][vi]);
-    float num = 0.0f, den = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float mw = sm_m[w][vi];
-      if (mw == kNegInf) continue;
-      const float f = exp2f(mw - mm);
-      num = fmaf(sm_o[(w * kVecs + vi) * (D + 1) + d], f, num);
-      den = fmaf(sm_l[w][vi], f, den);
-    }
-    const int64_t h = int64_t(hk) * G + v_first + vi;
-    float* dst = p.partial + ((int64_t(seq) * a.n_heads + h) * p.n_splits + split) * kP;
-    dst[d] = num;
-    if (d == 0) dst[D] = mm, dst[D + 1] = den;
-  }
+  const int64_t h0 = int64_t(hk) * G + v_first;  // the tile's first query head
+  attn::decode_merge_warps<D, kWarps, kVecs>(o, m, l, sm_o, sm_m, sm_l, n_vecs,
+                                             [&](int vi, int d, float num, float mm, float den) {
+                                               const int64_t row = int64_t(seq) * a.n_heads + h0 + vi;
+                                               float* dst = p.partial + (row * p.n_splits + split) * kP;
+                                               dst[d] = num;
+                                               if (d == 0) dst[D] = mm, dst[D + 1] = den;
+                                             });
 }
 
 // One block per (sequence, head): out = sum_s acc_s 2^(m_s - M) / sum_s l_s 2^(m_s - M) over the

@@ -176,6 +176,8 @@ template <int NX, int R>
 constexpr int kMinBlocks = NX > 1 ? 1 : R == 8 ? 4 : 5;
 
 // y[j, r] = x[j] . dequant(w)[r] + bias[r] for the R rows of this block and j < n.
+// One fused pass of loads, dequantization and dot products: its length is the point (the
+// loads are issued before pdl_wait and interleaved with the arithmetic of earlier words).
 template <class P, bool BF16, int NX, int R, int U, bool XV>
 __global__ void __launch_bounds__(kThreads, kMinBlocks<NX, R>) qgemv_kernel(const GemvParams p) {
   constexpr int E = P::kElems;
@@ -224,9 +226,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<NX, R>) qgemv_kernel(cons
   };
   // The first words are loaded before pdl_wait(): they stream in while the kernel before this
   // one finishes (weights are never written by a kernel of the step).
-  // NOTE: loading the next iteration's words before this one's arithmetic (a second buffer,
-  // three blocks per SM for its registers) measured 15% slower on an H200 than four blocks
-  // per SM without it.
+  // NOTE: no second buffer for the next iteration's words: its registers cost a block per SM,
+  // which costs more than the overlap gains (docs/benchmark_results/, 2026-12-05 notes).
   Raw raw[U][R];
   uint32_t sraw[U][R], braw[U][R];
   if (int(threadIdx.x) < n_chunks) load_chunks(threadIdx.x, raw, sraw, braw);
