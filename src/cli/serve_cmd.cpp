@@ -131,6 +131,13 @@ int run_serve(ServeOptions& o) {
     throw;
   }
   server.wait();
+  if (const std::string lost = server.device_lost(); !lost.empty()) {
+    // /health has answered 503 since the failure; the requests in flight got their error.
+    server.stop();
+    pthread_kill(watcher.native_handle(), SIGTERM);
+    watcher.join();
+    throw DeviceLost("serving stopped: " + lost);
+  }
   watcher.join();
   log_info("stopped");
   return 0;

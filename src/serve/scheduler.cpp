@@ -120,6 +120,7 @@ Scheduler::Submit Scheduler::submit(SequenceRequest request) {
   seq->request.channel->set_wake([this] { wake(); });
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (!device_lost_.empty()) return Submit::device_lost;
     if (stopping_) return Submit::stopping;
     std::erase_if(waiting_, [](const auto& s) { return s->request.channel->cancelled(); });
     if (int64_t(waiting_.size()) >= options_.max_queue) return Submit::queue_full;
@@ -137,6 +138,18 @@ void Scheduler::stop() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+}
+
+std::string Scheduler::device_lost() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return device_lost_;
+}
+
+bool Scheduler::note_device_lost(const std::exception& e) {
+  if (!dynamic_cast<const DeviceLost*>(&e)) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (device_lost_.empty()) device_lost_ = e.what();
+  return true;
 }
 
 SchedulerStats Scheduler::stats() const {
@@ -179,6 +192,23 @@ void Scheduler::loop() {
     for (auto* t : tasks) (*t)();
     drop_cancelled_waiting();
     step();
+    std::string lost = device_lost();
+    if (!lost.empty()) {
+      // Nothing more can run on the device: every sequence ends with its error, and new ones
+      // are refused (submit) until the process is restarted.
+      std::deque<std::unique_ptr<Sequence>> waiting;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        waiting.swap(waiting_);
+        stopping_ = true;
+      }
+      for (auto& s : waiting) fail(*s, "the device failed: " + lost);
+      for (auto& s : running_) fail(*s, "the device failed: " + lost);
+      running_.clear();
+      log_message(LogLevel::error, "the engine stopped: " + lost);
+      if (options_.on_device_lost) options_.on_device_lost(lost);
+      break;
+    }
     std::lock_guard<std::mutex> lock(mu_);
     stats_.n_waiting = int64_t(waiting_.size());
     stats_.n_running = int64_t(running_.size());
@@ -234,24 +264,19 @@ SequenceEvent Scheduler::end_sequence(Sequence& s) {
   return e;
 }
 
-void Scheduler::finish(Sequence& s, const std::string& reason) {
-  if (s.ended) return;
-  SequenceEvent e = end_sequence(s);
-  e.kind = SequenceEvent::Kind::finished;
-  e.finish_reason = reason;
-  s.request.channel->push(std::move(e));
-  std::lock_guard<std::mutex> lock(mu_);
-  ++(reason == "cancelled" ? stats_.n_cancelled : stats_.n_finished);
-}
+void Scheduler::finish(Sequence& s, const std::string& reason) { close(s, SequenceEvent::Kind::finished, reason); }
 
-void Scheduler::fail(Sequence& s, const std::string& error) {
+void Scheduler::fail(Sequence& s, const std::string& error) { close(s, SequenceEvent::Kind::failed, error); }
+
+void Scheduler::close(Sequence& s, SequenceEvent::Kind kind, const std::string& why) {
   if (s.ended) return;
   SequenceEvent e = end_sequence(s);
-  e.kind = SequenceEvent::Kind::failed;
-  e.error = error;
+  e.kind = kind;
+  const bool failed = kind == SequenceEvent::Kind::failed;
+  (failed ? e.error : e.finish_reason) = why;
   s.request.channel->push(std::move(e));
   std::lock_guard<std::mutex> lock(mu_);
-  ++stats_.n_failed;
+  ++(failed ? stats_.n_failed : why == "cancelled" ? stats_.n_cancelled : stats_.n_finished);
 }
 
 bool Scheduler::emit(Sequence& s, std::span<const float> logits, int32_t chosen) {
@@ -379,10 +404,12 @@ void Scheduler::step() {
         try {
           emit(*decoding[i], o.logits, o.token);
         } catch (const std::exception& e) {
+          note_device_lost(e);
           fail(*decoding[i], std::string("decode failed: ") + e.what());
         }
       }
     } catch (const std::exception& e) {
+      note_device_lost(e);
       for (Sequence* s : decoding) fail(*s, std::string("decode failed: ") + e.what());
     }
     std::lock_guard<std::mutex> lock(mu_);
@@ -427,6 +454,7 @@ void Scheduler::step() {
           next->admitted = Clock::now();
         }
       } catch (const std::exception& e) {
+        note_device_lost(e);
         fail(*next, e.what());
         continue;
       }
@@ -457,7 +485,9 @@ void Scheduler::step() {
         if (!s->resumed) emit(*s, logits);
       }
     } catch (const std::exception& e) {
+      const bool lost = note_device_lost(e);
       fail(*s, std::string("prefill failed: ") + e.what());
+      if (lost) break;
     }
     std::lock_guard<std::mutex> lock(mu_);
     stats_.prefill_seconds += seconds_since(t0);

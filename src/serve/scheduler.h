@@ -155,6 +155,10 @@ void check_prompt(std::span<const int32_t> prompt, int64_t context, int64_t voca
 struct SchedulerOptions {
   int max_queue = 64;            // waiting sequences past this are refused (HTTP 429)
   int64_t prefill_chunk = 512;   // prompt tokens per step (chunked prefill)
+  // Called once, on the engine thread, when a step fails with DeviceLost: the engine has then
+  // ended every sequence with that error and refuses new ones (a server turns unhealthy and
+  // exits, for its supervisor to restart it).
+  std::function<void(const std::string& error)> on_device_lost;
 };
 
 // Counters and gauges for /metrics. Read from any thread.
@@ -176,7 +180,7 @@ class Scheduler {
   Scheduler(SequenceBackend& backend, const SchedulerOptions& options);
   ~Scheduler();  // stop()s
 
-  enum class Submit { accepted, queue_full, stopping };
+  enum class Submit { accepted, queue_full, stopping, device_lost };
   // Queues `request` (FIFO). Its channel receives a token event per generated token, then one
   // finished or failed event; a cancelled request gets a finished event with "cancelled".
   Submit submit(SequenceRequest request);
@@ -186,6 +190,8 @@ class Scheduler {
   void stop();
 
   SchedulerStats stats() const;
+  // The DeviceLost error that stopped the engine; "" while the device works.
+  std::string device_lost() const;
   // Runs `fn` on the engine thread between steps and returns when it has run (for work that
   // must not race the caches: tests' inspection of stored snapshots).
   void run_on_engine(const std::function<void()>& fn);
@@ -200,6 +206,8 @@ class Scheduler {
   SequenceEvent end_sequence(Sequence& s);
   void finish(Sequence& s, const std::string& reason);
   void fail(Sequence& s, const std::string& error);
+  // Ends `s` with a finished (`why`: the reason) or failed (`why`: the error) event.
+  void close(Sequence& s, SequenceEvent::Kind kind, const std::string& why);
   // Samples the next token of `s` from `logits` (or takes `chosen`, when >= 0) and emits it;
   // returns false when `s` ended.
   bool emit(Sequence& s, std::span<const float> logits, int32_t chosen = -1);
@@ -218,6 +226,9 @@ class Scheduler {
   std::deque<std::unique_ptr<Sequence>> waiting_;          // guarded by mu_
   std::vector<std::function<void()>*> engine_tasks_;        // guarded by mu_
   bool stopping_ = false;                                   // guarded by mu_
+  std::string device_lost_;                                 // guarded by mu_
+  // Records a DeviceLost; true when `e` is one (the step's other sequences are then ended too).
+  bool note_device_lost(const std::exception& e);
   std::vector<std::unique_ptr<Sequence>> running_;          // engine thread only
   SchedulerStats stats_;                                    // guarded by mu_ (engine writes)
   std::thread thread_;

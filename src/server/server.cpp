@@ -220,6 +220,7 @@ struct Server::Impl {
   std::mutex stop_mu;
   std::condition_variable stop_cv;
   bool stopped = false, finished = false;
+  std::string device_lost;  // guarded by stop_mu: the engine's DeviceLost error
   Clock::time_point t_start = Clock::now();
   int64_t created = 0;
   std::string model_id;
@@ -451,8 +452,13 @@ struct Server::Impl {
     return {};
   }
 
+  ApiError device_lost_error() const {
+    return api_error(503, "unavailable_error", "the device failed: " + scheduler->device_lost(), "device_lost");
+  }
+
   HttpHandler health_ = wrap(
       [this](HttpRequest&) {
+        if (ready && scheduler && !scheduler->device_lost().empty()) return error_response(device_lost_error());
         if (ready) return json_response(200, {{"status", "ok"}});
         return error_response(api_error(503, "unavailable_error", "the model is loading", "model_loading"));
       },
@@ -710,6 +716,8 @@ struct Server::Impl {
                           "queue_full");
         case Scheduler::Submit::stopping:
           throw api_error(503, "unavailable_error", "the server is shutting down", "shutting_down");
+        case Scheduler::Submit::device_lost:
+          throw device_lost_error();
       }
     }
     submitted();
@@ -718,9 +726,10 @@ struct Server::Impl {
   }
 
   // The error a failed sequence ends its request with.
-  static ApiError sequence_error(const std::string& error) {
+  ApiError sequence_error(const std::string& error) const {
     if (error == "the server is shutting down")
       return api_error(503, "unavailable_error", error, "shutting_down");
+    if (!scheduler->device_lost().empty()) return device_lost_error();
     return api_error(500, "server_error", error);
   }
 
@@ -906,6 +915,13 @@ void Server::load() {
   SchedulerOptions so;
   so.max_queue = m.opt.max_queue;
   so.prefill_chunk = m.opt.prefill_chunk;
+  so.on_device_lost = [&m](const std::string& error) {
+    {
+      std::lock_guard<std::mutex> lock(m.stop_mu);
+      m.device_lost = error;
+    }
+    m.stop_cv.notify_all();
+  };
   m.scheduler = std::make_unique<Scheduler>(*m.backend, so);
   m.ready = true;
   log_info("serving " + m.model_id + " on http://" + m.opt.host + ":" + std::to_string(m.opt.port) + " (" +
@@ -947,7 +963,12 @@ void Server::stop() {
 void Server::wait() {
   Impl& m = *impl_;
   std::unique_lock<std::mutex> lock(m.stop_mu);
-  m.stop_cv.wait(lock, [&] { return m.finished; });
+  m.stop_cv.wait(lock, [&] { return m.finished || !m.device_lost.empty(); });
+}
+
+std::string Server::device_lost() const {
+  std::lock_guard<std::mutex> lock(impl_->stop_mu);
+  return impl_->device_lost;
 }
 
 std::string Server::metrics_text() const { return impl_->metrics_text(); }

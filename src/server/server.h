@@ -79,8 +79,12 @@ class Server {
   // Ends every waiting and running request with an error (code shutting_down), closes the
   // listener and every connection and joins the threads. Idempotent.
   void stop();
-  // Blocks until stop() has finished.
+  // Blocks until stop() has finished, or the device has failed (device_lost()).
   void wait();
+  // The DeviceLost error that stopped the engine ("" while the device works): /health then
+  // answers 503 (code device_lost), and the process should stop() and exit non-zero so that
+  // its supervisor restarts it.
+  std::string device_lost() const;
 
   // The /metrics text.
   std::string metrics_text() const;

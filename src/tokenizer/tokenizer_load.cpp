@@ -162,6 +162,19 @@ void build(Tokenizer::Impl& t, const Json& tokenizer, tok::BpeTables tables, con
   if (!t.eos_token.empty()) t.eos_ids.push_back(id_of(t.eos_token, "eos_token"));
 }
 
+// The tokenizer of a read tokenizer.json and tokenizer_config.json.
+std::shared_ptr<Tokenizer::Impl> build_impl(tok::TokenizerJson tokenizer, const Json& config, const std::string& file,
+                                            const std::string& config_file) {
+  auto impl = std::make_shared<Tokenizer::Impl>();
+  try {
+    build(*impl, tokenizer.tree, std::move(tokenizer.tables), config, file, config_file);
+  } catch (const Json::exception& e) {
+    // Type errors that the field helpers did not anticipate.
+    throw InvalidInput(file + ": " + e.what());
+  }
+  return impl;
+}
+
 }  // namespace
 
 Tokenizer::Tokenizer(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
@@ -174,14 +187,7 @@ Tokenizer Tokenizer::load(const std::filesystem::path& dir) {
   tok::TokenizerJson tokenizer = tok::read_tokenizer_json(read_regular_file(tokenizer_path), file);
   Json config = Json::object();
   if (regular_file_exists(config_path)) config = parse_json(read_regular_file(config_path), config_file);
-  auto impl = std::make_shared<Impl>();
-  try {
-    build(*impl, tokenizer.tree, std::move(tokenizer.tables), config, file, config_file);
-  } catch (const Json::exception& e) {
-    // Type errors that the field helpers did not anticipate.
-    throw InvalidInput(file + ": " + e.what());
-  }
-  return Tokenizer(std::move(impl));
+  return Tokenizer(build_impl(std::move(tokenizer), config, file, config_file));
 }
 
 Tokenizer Tokenizer::from_json(const std::string& tokenizer_json, const std::string& config_json,
@@ -189,14 +195,7 @@ Tokenizer Tokenizer::from_json(const std::string& tokenizer_json, const std::str
   const std::string file = where + " (tokenizer.json)";
   const std::string config_file = where + " (tokenizer_config.json)";
   tok::TokenizerJson tokenizer = tok::read_tokenizer_json(tokenizer_json, file);
-  const Json config = parse_json(config_json, config_file);
-  auto impl = std::make_shared<Impl>();
-  try {
-    build(*impl, tokenizer.tree, std::move(tokenizer.tables), config, file, config_file);
-  } catch (const Json::exception& e) {
-    throw InvalidInput(file + ": " + e.what());
-  }
-  return Tokenizer(std::move(impl));
+  return Tokenizer(build_impl(std::move(tokenizer), parse_json(config_json, config_file), file, config_file));
 }
 
 }  // namespace osprey

@@ -29,6 +29,7 @@ class ScriptedModel : public Model {
     start_ = c.get_int("script_start");
     script_ = c.get_int_list("script");
     eos_ = c.get_int_list("eos_token_id").at(0);
+    device_lost_at_ = c.get_int("device_lost_at", -1);
   }
   bool supports_graph_capture() const override { return false; }
 
@@ -39,6 +40,8 @@ class ScriptedModel : public Model {
 
   Array forward_tokens(const Array& tokens, const Array& positions, SequenceCache& cache, bool all_logits) override {
     const int64_t n = tokens.numel();
+    if (device_lost_at_ >= 0 && int64_t(positions.data<int32_t>()[n - 1]) >= device_lost_at_)
+      throw DeviceLost("injected device failure at position " + std::to_string(device_lost_at_));
     Array k = Array::zeros({n, 1, kHeadDim}, DType::f32), v = Array::zeros({n, 1, kHeadDim}, DType::f32);
     cache.layer(0).update_and_fetch(k, v, positions);
     const int64_t rows = all_logits ? n : 1;
@@ -56,6 +59,7 @@ class ScriptedModel : public Model {
   int64_t start_ = 0;
   std::vector<int32_t> script_;
   int32_t eos_ = 0;
+  int64_t device_lost_at_ = -1;
 };
 
 }  // namespace
@@ -71,7 +75,8 @@ void register_scripted_family() {
 }
 
 void write_scripted_model(const std::filesystem::path& dir, const std::filesystem::path& tokenizer_dir,
-                          int64_t vocab_size, int32_t eos_id, int64_t script_start, const std::vector<int32_t>& script) {
+                          int64_t vocab_size, int32_t eos_id, int64_t script_start, const std::vector<int32_t>& script,
+                          int64_t device_lost_at) {
   std::filesystem::create_directories(dir);
   for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
     std::filesystem::copy_file(tokenizer_dir / f, dir / f, std::filesystem::copy_options::overwrite_existing);
@@ -81,6 +86,7 @@ void write_scripted_model(const std::filesystem::path& dir, const std::filesyste
                            {"eos_token_id", eos_id},
                            {"script_start", script_start},
                            {"script", script}};
+  if (device_lost_at >= 0) config["device_lost_at"] = device_lost_at;
   write_file(dir / "config.json", config.dump());
   const std::string header = R"({"dummy":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})";
   std::string file(8, '\0');

@@ -14,8 +14,10 @@ namespace osprey::testing {
 void register_scripted_family();
 
 // Writes a model folder in `dir`: the tokenizer files of `tokenizer_dir`, config.json naming
-// the script, and a one-tensor model.safetensors.
+// the script, and a one-tensor model.safetensors. With device_lost_at >= 0, a forward pass
+// that reaches that position throws DeviceLost, as a failed GPU would.
 void write_scripted_model(const std::filesystem::path& dir, const std::filesystem::path& tokenizer_dir,
-                          int64_t vocab_size, int32_t eos_id, int64_t script_start, const std::vector<int32_t>& script);
+                          int64_t vocab_size, int32_t eos_id, int64_t script_start, const std::vector<int32_t>& script,
+                          int64_t device_lost_at = -1);
 
 }  // namespace osprey::testing
