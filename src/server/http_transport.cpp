@@ -447,6 +447,8 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     res->body() = std::move(r.body);
     res->keep_alive(keep_alive);
     res->prepare_payload();
+    // HEAD: the headers a GET gets, Content-Length included, and no body.
+    if (head_.method == "HEAD") res->body().clear();
     stream_.expires_after(std::chrono::seconds(t_.opt.write_timeout_s));
     http::async_write(stream_, *res, [self = shared_from_this(), res, keep_alive](error_code ec, size_t) {
       if (ec || !keep_alive) return self->close_now();

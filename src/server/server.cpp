@@ -448,7 +448,8 @@ struct Server::Impl {
     if (p == "/apply-template") return pick("POST", HttpLane::work, apply_template_);
     // The chat page, and every other GET (server/webui.h answers 404 for what it does not
     // serve): from memory on the IO threads; from --webui-dir's files on a worker.
-    if (req.method == "GET") return pick("GET", opt.webui.dir.empty() ? HttpLane::io : HttpLane::work, webui_);
+    if (req.method == "GET" || req.method == "HEAD")
+      return pick(req.method.c_str(), opt.webui.dir.empty() ? HttpLane::io : HttpLane::work, webui_);
     return {};
   }
 
