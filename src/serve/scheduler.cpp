@@ -192,15 +192,25 @@ void Scheduler::loop() {
     for (auto* t : tasks) (*t)();
     drop_cancelled_waiting();
     step();
-    std::string lost = device_lost();
+    // A step that met DeviceLost: nothing more can run on the device, so every sequence ends
+    // with its error and new ones are refused (submit) until the process is restarted.
+    std::string lost;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stats_.n_waiting = int64_t(waiting_.size());
+      stats_.n_running = int64_t(running_.size());
+      stats_.kv_usage = backend_.kv_usage();
+      stats_.kv = backend_.kv_counters();
+      if (!device_lost_.empty()) {
+        lost = device_lost_;
+        stopping_ = true;
+      }
+    }
     if (!lost.empty()) {
-      // Nothing more can run on the device: every sequence ends with its error, and new ones
-      // are refused (submit) until the process is restarted.
       std::deque<std::unique_ptr<Sequence>> waiting;
       {
         std::lock_guard<std::mutex> lock(mu_);
         waiting.swap(waiting_);
-        stopping_ = true;
       }
       for (auto& s : waiting) fail(*s, "the device failed: " + lost);
       for (auto& s : running_) fail(*s, "the device failed: " + lost);
@@ -209,11 +219,6 @@ void Scheduler::loop() {
       if (options_.on_device_lost) options_.on_device_lost(lost);
       break;
     }
-    std::lock_guard<std::mutex> lock(mu_);
-    stats_.n_waiting = int64_t(waiting_.size());
-    stats_.n_running = int64_t(running_.size());
-    stats_.kv_usage = backend_.kv_usage();
-    stats_.kv = backend_.kv_counters();
   }
   // Shutting down: every sequence ends with an error; tasks still queued run here.
   std::deque<std::unique_ptr<Sequence>> waiting;
