@@ -158,28 +158,15 @@ void launch(const AttentionArgs& a, int64_t key_bound, cudaStream_t s) {
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_kernel<D, E, kMapped>, kThreads, C::kSmem));
     return std::max(n, 1);
   }();
-  FastParams p{};
-  p.a = a;
-  p.group = int(a.n_heads / a.n_kv_heads);
-  set_score_scale(p);
-  const int64_t n_tiles = (a.n * p.group + kVecs - 1) / kVecs;
-  const int64_t base = n_tiles * a.n_kv_heads;
+  FastParams p = fast_params(a, kVecs);
+  const int64_t base = int64_t(p.n_tiles) * a.n_kv_heads;
   // One wave of blocks over the SMs, each with whole chunks of keys.
   const int64_t want = std::max<int64_t>(1, int64_t(blocks_per_sm) * sm_count() / base);
   int64_t split_keys = (key_bound + want - 1) / want;
   split_keys = std::max<int64_t>(kChunk, (split_keys + kChunk - 1) / kChunk * kChunk);
-  const int64_t n_splits = (key_bound + split_keys - 1) / split_keys;
-  if (n_tiles * n_splits > INT_MAX) throw Unsupported("attention: too many query rows for the decode kernel");
-  p.split_keys = split_keys;
-  p.n_splits = int(n_splits);
-  p.n_tiles = int(n_tiles);
-  p.partial = nullptr;
-  if (n_splits > 1)
-    p.partial = static_cast<float*>(
-        scratch(size_t(n_splits * a.n * a.n_heads * (D + kPartialPad)) * sizeof(float)));
-  const dim3 grid(unsigned(n_tiles * n_splits), unsigned(a.n_kv_heads));
+  const dim3 grid = set_splits(p, split_keys, key_bound, "decode");
   launch_kernel(decode_kernel<D, E, kMapped>, grid, kThreads, C::kSmem, s, p);
-  if (n_splits > 1) launch_combine(a, p.partial, p.n_splits, s);
+  if (p.n_splits > 1) launch_combine(a, p.partial, p.n_splits, s);
 }
 
 struct DecodeLauncher {

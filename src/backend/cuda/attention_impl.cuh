@@ -187,6 +187,35 @@ inline void set_score_scale(FastParams& p) {
   }
 }
 
+int sm_count();  // multiprocessors of the current device (cached)
+
+// FastParams for a with the score scale set and n_tiles tiles of tile_rows query vectors
+// (n query rows times the group of query heads that share a K/V head).
+inline FastParams fast_params(const AttentionArgs& a, int tile_rows) {
+  FastParams p{};
+  p.a = a;
+  p.group = int(a.n_heads / a.n_kv_heads);
+  set_score_scale(p);
+  p.n_tiles = int((a.n * p.group + tile_rows - 1) / tile_rows);
+  return p;
+}
+
+// Key tiles of split_keys keys over key_bound keys: sets split_keys, n_splits and, past one split,
+// the partial buffer (scratch()), and returns the grid. `kernel` names the kernel in the Unsupported
+// message when the tiles times the splits overflow the grid.
+inline dim3 set_splits(FastParams& p, int64_t split_keys, int64_t key_bound, const char* kernel) {
+  const int64_t n_splits = (key_bound + split_keys - 1) / split_keys;
+  if (int64_t(p.n_tiles) * n_splits > INT_MAX)
+    throw Unsupported(std::string("attention: too many query rows for the ") + kernel + " kernel");
+  p.split_keys = split_keys;
+  p.n_splits = int(n_splits);
+  p.partial = nullptr;
+  if (n_splits > 1)
+    p.partial = static_cast<float*>(
+        scratch(size_t(n_splits * p.a.n * p.a.n_heads * (p.a.head_dim + kPartialPad)) * sizeof(float)));
+  return dim3(unsigned(int64_t(p.n_tiles) * n_splits), unsigned(p.a.n_kv_heads));
+}
+
 // Split-K flash decoding on tensor cores (attention_decode.cu, paged_attention.cu): kWarps warps
 // of a kThreads block; row g (= lane / 4) of the mma's A is query vector g of the block's tile.
 //
@@ -303,8 +332,6 @@ void launch_fast(const AttentionArgs& a, int64_t key_bound, bool mapped, cudaStr
   return mapped ? launch_for_head_dim<Launcher, F16, true>(a, key_bound, s, kernel)
                 : launch_for_head_dim<Launcher, F16, false>(a, key_bound, s, kernel);
 }
-
-int sm_count();  // multiprocessors of the current device (cached)
 
 // The tensor-core paths; head_dim 64, 128 or 256, every pointer and stride 16-byte aligned.
 // key_bound: max_keys when set, else n_keys (>= 1): it alone decides the split count.

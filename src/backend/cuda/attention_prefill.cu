@@ -255,40 +255,27 @@ __global__ void __launch_bounds__(kThreadsP, 1) prefill_kernel(const FastParams 
 template <int D, class E, bool kMapped>
 void launch(const AttentionArgs& a, int64_t key_bound, cudaStream_t s) {
   using C = Cfg<D>;
-  FastParams p{};
-  p.a = a;
-  p.group = int(a.n_heads / a.n_kv_heads);
-  set_score_scale(p);
-  const int64_t n_tiles = (a.n * p.group + kM - 1) / kM;
-  const int64_t base = n_tiles * a.n_kv_heads;
+  FastParams p = fast_params(a, kM);
+  const int64_t base = int64_t(p.n_tiles) * a.n_kv_heads;
   const int64_t sms = sm_count();
-  int64_t split_keys = key_bound, n_splits = 1;
+  int64_t split_keys = key_bound;
   if (!a.batch_invariant && 2 * base <= sms && key_bound >= 4 * C::kN) {
     // Fewer blocks than half the SMs (short chunks after a long cache): about one block per SM,
     // each split at least two key tiles long.
     const int64_t want = (sms + base - 1) / base;
     split_keys = (key_bound + want - 1) / want;
     split_keys = std::max<int64_t>(2 * C::kN, (split_keys + C::kN - 1) / C::kN * C::kN);
-    n_splits = (key_bound + split_keys - 1) / split_keys;
   }
-  if (n_tiles * n_splits > INT_MAX) throw Unsupported("attention: too many query rows for the prefill kernel");
-  p.split_keys = split_keys;
-  p.n_splits = int(n_splits);
-  p.n_tiles = int(n_tiles);
-  p.partial = nullptr;
-  if (n_splits > 1)
-    p.partial = static_cast<float*>(
-        scratch(size_t(n_splits * a.n * a.n_heads * (D + kPartialPad)) * sizeof(float)));
+  const dim3 grid = set_splits(p, split_keys, key_bound, "prefill");
   static const bool smem_set = [] {
     OSPREY_CUDA_CHECK(
         cudaFuncSetAttribute(prefill_kernel<D, E, kMapped>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kSmem)));
     return true;
   }();
   (void)smem_set;
-  const dim3 grid(unsigned(n_tiles * n_splits), unsigned(a.n_kv_heads));
   prefill_kernel<D, E, kMapped><<<grid, kThreadsP, C::kSmem, s>>>(p);
   OSPREY_CUDA_CHECK_LAUNCH();
-  if (n_splits > 1) launch_combine(a, p.partial, p.n_splits, s);
+  if (p.n_splits > 1) launch_combine(a, p.partial, p.n_splits, s);
 }
 
 struct PrefillLauncher {

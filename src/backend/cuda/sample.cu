@@ -487,6 +487,18 @@ __device__ __forceinline__ void warp_best(double& bs, int& bi) {
   }
 }
 
+// The block's best (score, index) into thread 0's bs, bi (other threads' are partial); every
+// thread of the block calls it.
+__device__ __forceinline__ void block_best(double& bs, int& bi, double* s_score, int* s_index) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  warp_best(bs, bi);
+  if (lane == 0) s_score[warp] = bs, s_index[warp] = bi;
+  __syncthreads();
+  if (threadIdx.x == 0)
+    for (int w = 1; w < kDrawWarps; ++w)
+      if (better_score(s_score[w], s_index[w], bs, bi)) bs = s_score[w], bi = s_index[w];
+}
+
 // Gumbel-max over the kept set: each block's best candidate into parts; the last block picks
 // the grid's best and writes the token.
 __global__ void __launch_bounds__(kDrawThreads)
@@ -535,12 +547,8 @@ __global__ void __launch_bounds__(kDrawThreads)
     const double s = double(v[j]) / double(a.temperature) + noise_gumbel(a.seed, counter, uint64_t(i));
     if (better_score(s, i, bs, bi)) bs = s, bi = i;
   }
-  warp_best(bs, bi);
-  if (lane == 0) s_score[warp] = bs, s_index[warp] = bi;
-  __syncthreads();
+  block_best(bs, bi, s_score, s_index);
   if (threadIdx.x == 0) {
-    for (int w = 1; w < kDrawWarps; ++w)
-      if (better_score(s_score[w], s_index[w], bs, bi)) bs = s_score[w], bi = s_index[w];
     parts[blockIdx.x].score = bs;
     parts[blockIdx.x].index = bi;
     parts[blockIdx.x].non_finite = bad;
@@ -557,12 +565,8 @@ __global__ void __launch_bounds__(kDrawThreads)
     if (better_score(s, i, bs, bi)) bs = s, bi = i;
   }
   bad = __syncthreads_or(bad);
-  warp_best(bs, bi);
-  if (lane == 0) s_score[warp] = bs, s_index[warp] = bi;
-  __syncthreads();
+  block_best(bs, bi, s_score, s_index);
   if (threadIdx.x == 0) {
-    for (int w = 1; w < kDrawWarps; ++w)
-      if (better_score(s_score[w], s_index[w], bs, bi)) bs = s_score[w], bi = s_index[w];
     out[0] = bi == INT_MAX ? 0 : int32_t(bi);
     g_non_finite_logits = bad;
   }
