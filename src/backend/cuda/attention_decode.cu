@@ -169,17 +169,12 @@ void launch(const AttentionArgs& a, int64_t key_bound, cudaStream_t s) {
   if (p.n_splits > 1) launch_combine(a, p.partial, p.n_splits, s);
 }
 
-struct DecodeLauncher {
-  template <int D, class E, bool kMapped>
-  static void run(const AttentionArgs& a, int64_t key_bound, cudaStream_t s) {
-    launch<D, E, kMapped>(a, key_bound, s);
-  }
-};
-
 }  // namespace
 
 void launch_decode(const AttentionArgs& a, int64_t key_bound, bool mapped, cudaStream_t s) {
-  launch_fast<DecodeLauncher>(a, key_bound, mapped, s, "decode");
+  dispatch_fast(a, mapped, "decode", [&](auto d, auto e, auto m) {
+    launch<decltype(d)::value, decltype(e), decltype(m)::value>(a, key_bound, s);
+  });
 }
 
 }  // namespace osprey::cuda::attn

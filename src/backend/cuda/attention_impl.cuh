@@ -15,6 +15,9 @@
 //                           a[2] = (row g, cols 2t+8..), a[3] = (row g + 8, cols 2t+8..)
 //   B (16 x 8):             b[0] = (rows 2t..2t+1, col g), b[1] = (rows 2t+8..2t+9, col g)
 //   C (16 x 8, f32):        c[0..1] = (row g, cols 2t..2t+1), c[2..3] = (row g + 8, cols 2t..)
+#include <string>
+#include <type_traits>
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -312,25 +315,23 @@ __device__ __forceinline__ void decode_merge_warps(const float (&o)[D / 8][2], f
   }
 }
 
-// Runs Launcher::run<D, E, kMapped>(a, key_bound, s) for a's element type, mapping and head_dim
-// (64, 128 or 256; `kernel` names the kernel in the Unsupported message for others).
-template <class Launcher, class E, bool kMapped>
-void launch_for_head_dim(const AttentionArgs& a, int64_t key_bound, cudaStream_t s, const char* kernel) {
+// Calls f(std::integral_constant<int, D>, E, std::bool_constant<kMapped>) for a's head_dim (64,
+// 128 or 256; `kernel` names the kernel in the Unsupported message for others), element type
+// and mapping.
+template <class E, bool kMapped, class F>
+void dispatch_head_dim(const AttentionArgs& a, const char* kernel, F&& f) {
   switch (a.head_dim) {
-    case 64: return Launcher::template run<64, E, kMapped>(a, key_bound, s);
-    case 128: return Launcher::template run<128, E, kMapped>(a, key_bound, s);
-    case 256: return Launcher::template run<256, E, kMapped>(a, key_bound, s);
+    case 64: return f(std::integral_constant<int, 64>{}, E{}, std::bool_constant<kMapped>{});
+    case 128: return f(std::integral_constant<int, 128>{}, E{}, std::bool_constant<kMapped>{});
+    case 256: return f(std::integral_constant<int, 256>{}, E{}, std::bool_constant<kMapped>{});
     default:
       throw Unsupported(std::string("attention: ") + kernel + " kernel for head_dim " + std::to_string(a.head_dim));
   }
 }
-template <class Launcher>
-void launch_fast(const AttentionArgs& a, int64_t key_bound, bool mapped, cudaStream_t s, const char* kernel) {
-  if (a.bf16)
-    return mapped ? launch_for_head_dim<Launcher, BF16, true>(a, key_bound, s, kernel)
-                  : launch_for_head_dim<Launcher, BF16, false>(a, key_bound, s, kernel);
-  return mapped ? launch_for_head_dim<Launcher, F16, true>(a, key_bound, s, kernel)
-                : launch_for_head_dim<Launcher, F16, false>(a, key_bound, s, kernel);
+template <class F>
+void dispatch_fast(const AttentionArgs& a, bool mapped, const char* kernel, F&& f) {
+  if (a.bf16) return mapped ? dispatch_head_dim<BF16, true>(a, kernel, f) : dispatch_head_dim<BF16, false>(a, kernel, f);
+  return mapped ? dispatch_head_dim<F16, true>(a, kernel, f) : dispatch_head_dim<F16, false>(a, kernel, f);
 }
 
 // The tensor-core paths; head_dim 64, 128 or 256, every pointer and stride 16-byte aligned.

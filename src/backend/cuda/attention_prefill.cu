@@ -278,17 +278,12 @@ void launch(const AttentionArgs& a, int64_t key_bound, cudaStream_t s) {
   if (p.n_splits > 1) launch_combine(a, p.partial, p.n_splits, s);
 }
 
-struct PrefillLauncher {
-  template <int D, class E, bool kMapped>
-  static void run(const AttentionArgs& a, int64_t key_bound, cudaStream_t s) {
-    launch<D, E, kMapped>(a, key_bound, s);
-  }
-};
-
 }  // namespace
 
 void launch_prefill(const AttentionArgs& a, int64_t key_bound, bool mapped, cudaStream_t s) {
-  launch_fast<PrefillLauncher>(a, key_bound, mapped, s, "prefill");
+  dispatch_fast(a, mapped, "prefill", [&](auto d, auto e, auto m) {
+    launch<decltype(d)::value, decltype(e), decltype(m)::value>(a, key_bound, s);
+  });
 }
 
 }  // namespace osprey::cuda::attn
