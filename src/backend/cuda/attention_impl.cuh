@@ -94,47 +94,46 @@ __device__ __forceinline__ uint32_t pack_bf162(float x, float y) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
-// The 16-bit element types of the tensor-core paths: pack() rounds two f32 into one operand
-// register, mma_top() / mma() are m16n8k16 with f32 accumulators.
-struct F16 {
-  using Tag = TagF16;
-  static __device__ __forceinline__ uint32_t pack(float x, float y) { return pack_half2(x, y); }
+// m16n8k16 with f32 accumulators on `ty` (f16 or bf16) operands: the top half (A's rows 8..15 zero,
+// only c[0..1] kept) and the whole tile.
+#define OSPREY_MMA_TOP_ASM(ty)                                                                             \
+  "{\n.reg .f32 z0, z1;\nmma.sync.aligned.m16n8k16.row.col.f32." ty "." ty                               \
+  ".f32 {%0,%1,z0,z1}, {%2,%6,%3,%6}, {%4,%5}, {%0,%1,%7,%7};\n}\n"
+#define OSPREY_MMA_ASM(ty) \
+  "mma.sync.aligned.m16n8k16.row.col.f32." ty "." ty ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+
+template <bool kBf16>
+struct MmaOps {
   // d += A B with A's rows 8..15 zero (a[1] = a[3] = 0): only c[0..1] are kept.
   static __device__ __forceinline__ void mma_top(float& d0, float& d1, uint32_t a0, uint32_t a2, uint32_t b0,
                                                  uint32_t b1) {
-    asm("{\n"
-        ".reg .f32 z0, z1;\n"
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,z0,z1}, {%2,%6,%3,%6}, {%4,%5}, {%0,%1,%7,%7};\n"
-        "}\n"
-        : "+f"(d0), "+f"(d1)
-        : "r"(a0), "r"(a2), "r"(b0), "r"(b1), "r"(0u), "f"(0.0f));
+    if constexpr (kBf16)
+      asm(OSPREY_MMA_TOP_ASM("bf16") : "+f"(d0), "+f"(d1) : "r"(a0), "r"(a2), "r"(b0), "r"(b1), "r"(0u), "f"(0.0f));
+    else
+      asm(OSPREY_MMA_TOP_ASM("f16") : "+f"(d0), "+f"(d1) : "r"(a0), "r"(a2), "r"(b0), "r"(b1), "r"(0u), "f"(0.0f));
   }
   // d += A B, all 16 rows.
   static __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    if constexpr (kBf16)
+      asm(OSPREY_MMA_ASM("bf16") : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    else
+      asm(OSPREY_MMA_ASM("f16") : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
 };
-struct BF16 {
+#undef OSPREY_MMA_TOP_ASM
+#undef OSPREY_MMA_ASM
+
+// The 16-bit element types of the tensor-core paths: pack() rounds two f32 into one operand
+// register; mma_top() / mma() as MmaOps.
+struct F16 : MmaOps<false> {
+  using Tag = TagF16;
+  static __device__ __forceinline__ uint32_t pack(float x, float y) { return pack_half2(x, y); }
+};
+struct BF16 : MmaOps<true> {
   using Tag = TagBF16;
   static __device__ __forceinline__ uint32_t pack(float x, float y) { return pack_bf162(x, y); }
-  static __device__ __forceinline__ void mma_top(float& d0, float& d1, uint32_t a0, uint32_t a2, uint32_t b0,
-                                                 uint32_t b1) {
-    asm("{\n"
-        ".reg .f32 z0, z1;\n"
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,z0,z1}, {%2,%6,%3,%6}, {%4,%5}, {%0,%1,%7,%7};\n"
-        "}\n"
-        : "+f"(d0), "+f"(d1)
-        : "r"(a0), "r"(a2), "r"(b0), "r"(b1), "r"(0u), "f"(0.0f));
-  }
-  static __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
 };
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
