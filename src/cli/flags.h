@@ -15,6 +15,12 @@ namespace osprey::cli {
 CLI::Validator real_range(double lo, double hi, bool lo_open = false, bool hi_open = false);
 // Integers (of any width, signed or not): the text is a plain decimal in [lo, hi].
 CLI::Validator int_range(int64_t lo, int64_t hi);
+// An integer option in [lo, hi] (int_range) whose default shows in --help.
+template <class T>
+CLI::Option* add_int_option(CLI::App& app, const std::string& name, T& value, const std::string& help, int64_t lo,
+                            int64_t hi) {
+  return app.add_option(name, value, help)->check(int_range(lo, hi))->capture_default_str();
+}
 // An unsigned 64-bit integer written in decimal, without a sign (a seed).
 CLI::Validator unsigned_u64();
 // A comma-separated list of integers in [lo, hi] ("512,1024"); throws UsageError naming the

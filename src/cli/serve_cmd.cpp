@@ -150,13 +150,10 @@ Command add_serve(CLI::App& app) {
   ServerOptions& s = o->server;
   add_model_options(app, o->model, o->download);
   app.add_option("--host", s.host, "Address to listen on")->capture_default_str();
-  app.add_option("--port", s.port, "Port to listen on (0: any free port)")->check(int_range(0, 65535))->capture_default_str();
-  app.add_option("-c,--ctx-size", s.ctx_size, "Context per sequence (0: the model's max_position_embeddings)")
-      ->check(int_range(0, kMaxContext))
-      ->capture_default_str();
-  app.add_option("--parallel", s.n_slots, "Sequences running at once (also -np)")
-      ->check(int_range(1, kMaxSlots))
-      ->capture_default_str();
+  add_int_option(app, "--port", s.port, "Port to listen on (0: any free port)", 0, 65535);
+  add_int_option(app, "-c,--ctx-size", s.ctx_size, "Context per sequence (0: the model's max_position_embeddings)", 0,
+                 kMaxContext);
+  add_int_option(app, "--parallel", s.n_slots, "Sequences running at once (also -np)", 1, kMaxSlots);
   app.add_option("--kv-layout", s.kv_layout,
                  "How the attention cache is kept. paged: one shared pool, and every running request is decoded "
                  "in one batch (the fast choice). dense: one cache per --parallel slot, the requests decoded one "
@@ -166,21 +163,16 @@ Command add_serve(CLI::App& app) {
       ->default_str("paged")
       ->option_text("paged|dense")
       ->group("Advanced");
-  app.add_option("--prefill-chunk", s.prefill_chunk,
+  add_int_option(app, "--prefill-chunk", s.prefill_chunk,
                  "Prompt tokens the engine prefills per step, between decode steps (larger: faster admission of "
-                 "many prompts, longer pauses for running replies)")
-      ->check(int_range(1, int64_t(1) << 20))
-      ->capture_default_str()
+                 "many prompts, longer pauses for running replies)",
+                 1, int64_t(1) << 20)
       ->group("Advanced");
-  app.add_option("--block-size", s.block_size, "Paged layout: rows per KV block")
-      ->check(int_range(1, 1024))
-      ->capture_default_str()
-      ->group("Advanced");
-  app.add_option("--kv-cache-mib", s.kv_cache_mib,
+  add_int_option(app, "--block-size", s.block_size, "Paged layout: rows per KV block", 1, 1024)->group("Advanced");
+  add_int_option(app, "--kv-cache-mib", s.kv_cache_mib,
                  "Paged layout: the KV pool in MiB (0: every sequence's full context, on CUDA at most 90% of the "
-                 "free memory)")
-      ->check(int_range(0, kMaxCacheMib))
-      ->capture_default_str()
+                 "free memory)",
+                 0, kMaxCacheMib)
       ->group("Advanced");
   app.add_flag("--batch-invariant", s.batch_invariant,
                "Every row of a batch computed bit for bit as alone: a greedy request's tokens do not depend on "
@@ -199,44 +191,30 @@ Command add_serve(CLI::App& app) {
       ->check(CLI::IsMember({"auto", "none"}))
       ->capture_default_str();
   app.add_option("--alias", s.alias, "The model's id in the API (default: the folder's name)");
-  app.add_option("--prompt-cache-mib", s.prompt_cache_mib,
-                 "Prompt cache budget in MiB (0: off)")
-      ->check(int_range(0, kMaxCacheMib))
-      ->capture_default_str()
+  add_int_option(app, "--prompt-cache-mib", s.prompt_cache_mib, "Prompt cache budget in MiB (0: off)", 0, kMaxCacheMib)
       ->group("Advanced");
-  app.add_option("--max-queue", s.max_queue,
-                 "Requests that may wait for a sequence slot; past them 429 with Retry-After")
-      ->check(int_range(0, kMaxQueue))
-      ->capture_default_str();
-  app.add_option("--max-body-mib", o->max_body_mib, "Largest request body in MiB (413 past it)")
-      ->check(int_range(1, kMaxBodyMib))
-      ->capture_default_str()
+  add_int_option(app, "--max-queue", s.max_queue,
+                 "Requests that may wait for a sequence slot; past them 429 with Retry-After", 0, kMaxQueue);
+  add_int_option(app, "--max-body-mib", o->max_body_mib, "Largest request body in MiB (413 past it)", 1, kMaxBodyMib)
       ->group("Advanced");
-  app.add_option("--timeout", s.timeout_s,
-                 "Seconds a request body may go without progress, and a response write may take")
-      ->check(int_range(1, kMaxTimeout))
-      ->capture_default_str();
-  app.add_option("--header-timeout", s.header_timeout_s, "Seconds within which a request's line and headers must arrive")
-      ->check(int_range(1, kMaxTimeout))
-      ->capture_default_str()
+  add_int_option(app, "--timeout", s.timeout_s,
+                 "Seconds a request body may go without progress, and a response write may take", 1, kMaxTimeout);
+  add_int_option(app, "--header-timeout", s.header_timeout_s,
+                 "Seconds within which a request's line and headers must arrive", 1, kMaxTimeout)
       ->group("Advanced");
-  app.add_option("--keep-alive-timeout", s.idle_timeout_s, "Seconds an idle keep-alive connection stays open")
-      ->check(int_range(1, kMaxTimeout))
-      ->capture_default_str()
+  add_int_option(app, "--keep-alive-timeout", s.idle_timeout_s, "Seconds an idle keep-alive connection stays open", 1,
+                 kMaxTimeout)
       ->group("Advanced");
-  app.add_option("--keep-alive-max", s.max_requests_per_connection, "Requests served on one connection before it closes")
-      ->check(int_range(1, 1 << 20))
-      ->capture_default_str()
+  add_int_option(app, "--keep-alive-max", s.max_requests_per_connection,
+                 "Requests served on one connection before it closes", 1, 1 << 20)
       ->group("Advanced");
-  app.add_option("--shutdown-timeout", o->shutdown_timeout_s,
-                 "Seconds SIGTERM lets running requests finish before ending them (a second signal ends them at once)")
-      ->check(int_range(0, kMaxTimeout))
-      ->capture_default_str();
+  add_int_option(app, "--shutdown-timeout", o->shutdown_timeout_s,
+                 "Seconds SIGTERM lets running requests finish before ending them (a second signal ends them at once)",
+                 0, kMaxTimeout);
   app.add_option("--cors-origin", s.cors_origin,
                  "Answer CORS preflights and allow this origin (\"*\": any) to call the API from a browser (default: off)");
-  app.add_option("--threads-http", s.n_http_threads, "Threads serving generation requests (0: 4 * parallel + 16)")
-      ->check(int_range(0, kMaxHttpThreads))
-      ->capture_default_str()
+  add_int_option(app, "--threads-http", s.n_http_threads, "Threads serving generation requests (0: 4 * parallel + 16)",
+                 0, kMaxHttpThreads)
       ->group("Advanced");
   app.add_flag("--no-webui", o->no_webui, "Do not serve the chat page at /");
   app.add_option("--webui-dir", s.webui.dir, "Serve the chat page from this folder (its index.html) instead of the built-in one")

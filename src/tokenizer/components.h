@@ -71,11 +71,12 @@ std::unique_ptr<Decoder> make_decoder(const Json& j, const std::string& where);
 template <class T>
 using StageBuilder = std::function<std::unique_ptr<T>(const Json&, const std::string&)>;
 
-// Builds j with the builder registered for its "type"; throws Unsupported
-// "where: <type> <what> is not supported" for a type not in `builders`.
+// Builds j with the builder registered for its "type" (null j: no stage, nullptr); throws
+// Unsupported "where: <type> <what> is not supported" for a type not in `builders`.
 template <class T>
 std::unique_ptr<T> build_stage(const std::map<std::string, StageBuilder<T>>& builders, const Json& j,
                                const std::string& where, std::string_view what) {
+  if (j.is_null()) return nullptr;
   const std::string type = type_of(j, where);
   const auto it = builders.find(type);
   if (it == builders.end()) throw Unsupported(where + ": " + type + " " + std::string(what) + " is not supported");

@@ -74,7 +74,6 @@ const std::map<std::string, StageBuilder<Normalizer>>& normalizer_builders() {
 }  // namespace
 
 std::unique_ptr<Normalizer> make_normalizer(const Json& j, const std::string& where) {
-  if (j.is_null()) return nullptr;
   return build_stage(normalizer_builders(), j, where, "normalizer");
 }
 

@@ -109,7 +109,6 @@ const std::map<std::string, StageBuilder<PostProcessor>>& post_processor_builder
 }  // namespace
 
 std::unique_ptr<PostProcessor> make_post_processor(const Json& j, const std::string& where) {
-  if (j.is_null()) return nullptr;
   return build_stage(post_processor_builders(), j, where, "post-processor");
 }
 

@@ -205,7 +205,6 @@ const std::map<std::string, StageBuilder<PreTokenizer>>& pre_tokenizer_builders(
 }  // namespace
 
 std::unique_ptr<PreTokenizer> make_pre_tokenizer(const Json& j, const std::string& where) {
-  if (j.is_null()) return nullptr;
   return build_stage(pre_tokenizer_builders(), j, where, "pre-tokenizer");
 }
 

@@ -1,8 +1,9 @@
 #pragma once
-// Raw Unicode tables for canonical normalization (generated into unicode_data.cpp by
-// unicode_data_gen.py). Hangul syllables are not listed: they are handled algorithmically.
-#include <cstddef>
+// Raw Unicode tables for canonical normalization, read at first use from unicode_data.txt
+// (written by tools/unicode_data_gen.py, embedded by the build). Hangul syllables are not
+// listed: they are handled algorithmically.
 #include <cstdint>
+#include <vector>
 
 namespace osprey::unicode_data {
 
@@ -23,11 +24,10 @@ struct CombiningClassRange {
   uint32_t ccc;
 };
 
-// Sorted by cp.
-extern const Decomposition kDecompositions[];
-extern const std::size_t kNumDecompositions;
-// Sorted by first, non-overlapping.
-extern const CombiningClassRange kCombiningClasses[];
-extern const std::size_t kNumCombiningClasses;
+struct Tables {
+  std::vector<Decomposition> decompositions;            // sorted by cp
+  std::vector<CombiningClassRange> combining_classes;  // sorted by first, non-overlapping
+};
+const Tables& tables();  // parsed once, on first use (thread-safe)
 
 }  // namespace osprey::unicode_data

@@ -11,11 +11,6 @@
 namespace osprey::unicode {
 namespace {
 
-using unicode_data::kCombiningClasses;
-using unicode_data::kDecompositions;
-using unicode_data::kNumCombiningClasses;
-using unicode_data::kNumDecompositions;
-
 // Hangul syllable arithmetic (Unicode section 3.12).
 constexpr uint32_t kSBase = 0xAC00, kLBase = 0x1100, kVBase = 0x1161, kTBase = 0x11A7;
 constexpr uint32_t kLCount = 19, kVCount = 21, kTCount = 28;
@@ -31,20 +26,18 @@ constexpr unsigned char kNfcLeadByte = 0xCC, kNfdLeadByte = 0xC3;
 
 uint32_t combining_class(uint32_t cp) {
   if (cp < kFirstInteresting) return 0;
-  const auto* end = kCombiningClasses + kNumCombiningClasses;
-  const auto* it = std::upper_bound(kCombiningClasses, end, cp,
-                                    [](uint32_t c, const auto& r) { return c < r.first; });
-  if (it == kCombiningClasses) return 0;
+  const auto& ranges = unicode_data::tables().combining_classes;
+  auto it = std::upper_bound(ranges.begin(), ranges.end(), cp, [](uint32_t c, const auto& r) { return c < r.first; });
+  if (it == ranges.begin()) return 0;
   --it;
   return cp <= it->last ? it->ccc : 0;
 }
 
 const unicode_data::Decomposition* find_decomposition(uint32_t cp) {
   if (cp < 0xC0) return nullptr;
-  const auto* end = kDecompositions + kNumDecompositions;
-  const auto* it = std::lower_bound(kDecompositions, end, cp,
-                                    [](const auto& d, uint32_t c) { return d.cp < c; });
-  return (it != end && it->cp == cp) ? it : nullptr;
+  const auto& ds = unicode_data::tables().decompositions;
+  const auto it = std::lower_bound(ds.begin(), ds.end(), cp, [](const auto& d, uint32_t c) { return d.cp < c; });
+  return (it != ds.end() && it->cp == cp) ? &*it : nullptr;
 }
 
 void decompose(uint32_t cp, std::vector<uint32_t>& out) {
@@ -69,8 +62,7 @@ uint64_t pair_key(uint32_t a, uint32_t b) { return (uint64_t(a) << 32) | b; }
 const std::unordered_map<uint64_t, uint32_t>& composition_table() {
   static const auto table = [] {
     std::unordered_map<uint64_t, uint32_t> t;
-    for (std::size_t i = 0; i < kNumDecompositions; ++i) {
-      const auto& d = kDecompositions[i];
+    for (const auto& d : unicode_data::tables().decompositions) {
       if (d.composes) t.emplace(pair_key(d.first, d.second), d.cp);
     }
     return t;

@@ -39,6 +39,27 @@ void for_rows(int64_t rows, int64_t cols, F&& f) {
   });
 }
 
+// Row-parallel loop over the rows of x's last dimension d: f(x row, out row, d).
+template <typename F>
+void for_row_pairs(const Array& x, Array& out, F&& f) {
+  const int64_t d = x.dim(-1), rows = x.numel() / d;
+  const float* xp = x.data<float>();
+  float* op = out.data<float>();
+  for_rows(rows, d, [&](int64_t r) { f(xp + r * d, op + r * d, d); });
+}
+
+// Gated activation over rows: out[j] = act(gate[j]) * up[j].
+template <typename Act>
+void gated(const Array& gate, const Array& up, Array& out, Act act) {
+  const int64_t cols = gate.dim(-1), rows = gate.numel() / cols;
+  const float* g = gate.data<float>();
+  const float* u = up.data<float>();
+  float* o = out.data<float>();
+  for_rows(rows, cols, [&](int64_t r) {
+    for (int64_t j = r * cols; j < (r + 1) * cols; ++j) o[j] = act(g[j]) * u[j];
+  });
+}
+
 // Weight vector of any float dtype as f32 (norm weights are small; converted per call).
 std::vector<float> vector_f32(const Array& w) {
   std::vector<float> v(size_t(w.numel()));
@@ -62,16 +83,11 @@ void embedding(const Array& table, const Array& ids, float scale, Array& out) {
 }
 
 void rms_norm(const Array& x, const Array& weight, float eps, bool unit_offset, Array& out) {
-  const int64_t d = x.dim(-1), rows = x.numel() / d;
   // NOTE: models keep norm weights in f32, so the common path reads them in place.
   std::vector<float> converted;
   const float* w = weight.dtype() == DType::f32 ? weight.data<float>() : (converted = vector_f32(weight)).data();
   const float offset = unit_offset ? 1.0f : 0.0f;
-  const float* xp = x.data<float>();
-  float* op = out.data<float>();
-  for_rows(rows, d, [&](int64_t r) {
-    const float* xr = xp + r * d;
-    float* o = op + r * d;
+  for_row_pairs(x, out, [&](const float* xr, float* o, int64_t d) {
     double ss = 0;
     for (int64_t j = 0; j < d; ++j) ss += double(xr[j]) * xr[j];
     float inv = 1.0f / std::sqrt(float(ss / double(d)) + eps);
@@ -80,14 +96,9 @@ void rms_norm(const Array& x, const Array& weight, float eps, bool unit_offset, 
 }
 
 void layer_norm(const Array& x, const Array& weight, const Array& bias, float eps, Array& out) {
-  const int64_t d = x.dim(-1), rows = x.numel() / d;
   std::vector<float> w = vector_f32(weight);
-  std::vector<float> b = bias.defined() ? vector_f32(bias) : std::vector<float>(size_t(d), 0.0f);
-  const float* xp = x.data<float>();
-  float* op = out.data<float>();
-  for_rows(rows, d, [&](int64_t r) {
-    const float* xr = xp + r * d;
-    float* o = op + r * d;
+  std::vector<float> b = bias.defined() ? vector_f32(bias) : std::vector<float>(size_t(x.dim(-1)), 0.0f);
+  for_row_pairs(x, out, [&](const float* xr, float* o, int64_t d) {
     double mean = 0;
     for (int64_t j = 0; j < d; ++j) mean += xr[j];
     mean /= double(d);
@@ -113,13 +124,7 @@ void scale_(Array& x, float s) {
 }
 
 void silu_mul(const Array& gate, const Array& up, Array& out) {
-  const int64_t cols = gate.dim(-1), rows = gate.numel() / cols;
-  const float* g = gate.data<float>();
-  const float* u = up.data<float>();
-  float* o = out.data<float>();
-  for_rows(rows, cols, [&](int64_t r) {
-    for (int64_t j = r * cols; j < (r + 1) * cols; ++j) o[j] = g[j] / (1.0f + std::exp(-g[j])) * u[j];
-  });
+  gated(gate, up, out, [](float g) { return g / (1.0f + std::exp(-g)); });
 }
 
 namespace {
@@ -131,15 +136,7 @@ inline float gelu_tanh(float x) {
 
 }  // namespace
 
-void gelu_tanh_mul(const Array& gate, const Array& up, Array& out) {
-  const int64_t cols = gate.dim(-1), rows = gate.numel() / cols;
-  const float* g = gate.data<float>();
-  const float* u = up.data<float>();
-  float* o = out.data<float>();
-  for_rows(rows, cols, [&](int64_t r) {
-    for (int64_t j = r * cols; j < (r + 1) * cols; ++j) o[j] = gelu_tanh(g[j]) * u[j];
-  });
-}
+void gelu_tanh_mul(const Array& gate, const Array& up, Array& out) { gated(gate, up, out, gelu_tanh); }
 
 void gelu_tanh_mul_split(const Array& gu, Array& out) {
   const int64_t f = out.dim(1), rows = out.dim(0);
