@@ -92,6 +92,16 @@ TEST(NChoices, AtTemperatureZeroEveryChoiceIsTheGreedyReply) {
   const std::string greedy = tok.decode(greedy_reference(tok.encode(prompt, true), 16), true);
   ASSERT_EQ(r["choices"].size(), 3u);
   for (const json& c : r["choices"]) EXPECT_EQ(c["text"], greedy);
+  // A stop string ends each choice where it matches (the greedy text's second word on).
+  const size_t cut = greedy.find(' ', 1);
+  ASSERT_NE(cut, std::string::npos) << greedy;
+  const json stopped = post_ok(s, "/v1/completions",
+                               {{"prompt", prompt}, {"max_tokens", 16}, {"temperature", 0}, {"n", 2},
+                                {"stop", greedy.substr(cut, 3)}});
+  for (const json& c : stopped["choices"]) {
+    EXPECT_EQ(c["text"], greedy.substr(0, cut));
+    EXPECT_EQ(c["finish_reason"], "stop");
+  }
   // Two prompts, two choices each: index = prompt * n + choice.
   const json two = post_ok(s, "/v1/completions",
                            {{"prompt", {prompt, "Emma"}}, {"max_tokens", 8}, {"temperature", 0}, {"n", 2}});
