@@ -182,14 +182,14 @@ std::string tc_minify(const std::string& s) {
 
 // Where the calls of a (possibly unfinished) call block lie: each call's name, once read
 // whole, and its arguments object's text.
-struct CallSpan {
+struct ToolCallSpan {
   std::string name;  // "" until read
   size_t args_begin = std::string::npos, args_end = std::string::npos;  // end: npos while open
 };
 
 // The mistral F[ARGS]{...} form: calls separated by [TOOL_CALLS].
-std::vector<CallSpan> scan_name_args(const std::string& body) {
-  std::vector<CallSpan> spans;
+std::vector<ToolCallSpan> scan_name_args(const std::string& body) {
+  std::vector<ToolCallSpan> spans;
   const std::string sep = "[TOOL_CALLS]", args_tag = "[ARGS]";
   size_t i = 0;
   while (i <= body.size()) {
@@ -197,7 +197,7 @@ std::vector<CallSpan> scan_name_args(const std::string& body) {
     const size_t stop = next == std::string::npos ? body.size() : next;
     const size_t a = body.find(args_tag, i);
     if (a == std::string::npos || a >= stop) break;
-    CallSpan c;
+    ToolCallSpan c;
     c.name = tc_trim(body.substr(i, a - i));
     size_t b = a + args_tag.size();
     while (b < stop && tc_is_space(body[b])) ++b;
@@ -216,12 +216,12 @@ std::vector<CallSpan> scan_name_args(const std::string& body) {
 // The JSON forms: a call is an object at the top level (llama3_json's objects joined by ";",
 // hermes) or in a top-level array (command_r7b, mistral); its name is the string value of
 // "name" or "tool_name", its arguments the object value of "arguments" or "parameters".
-std::vector<CallSpan> scan_call_spans(ToolCallFormat f, const std::string& body) {
+std::vector<ToolCallSpan> scan_call_spans(ToolCallFormat f, const std::string& body) {
   if (f == ToolCallFormat::mistral) {
     const std::string t = tc_trim(body);
     if (!t.empty() && t[0] != '[') return scan_name_args(body);
   }
-  std::vector<CallSpan> spans;
+  std::vector<ToolCallSpan> spans;
   std::string stack;            // open containers, '{' or '['
   size_t call_depth = 0;        // stack size inside the current call object; 0: none
   bool expect_key = false;      // directly in the call object, a key comes next
@@ -391,9 +391,9 @@ void ToolCallParser::emit_calls(ToolCallOutput& out, const std::string& raw, std
 }
 
 void ToolCallParser::stream_calls(ToolCallOutput& out, const std::string& body) {
-  const std::vector<CallSpan> spans = scan_call_spans(opt_.format, body);
+  const std::vector<ToolCallSpan> spans = scan_call_spans(opt_.format, body);
   for (size_t k = 0; k < spans.size(); ++k) {
-    const CallSpan& s = spans[k];
+    const ToolCallSpan& s = spans[k];
     if (k == streamed_.size()) {
       // Released in order, once the name is an offered function and the arguments have begun.
       if (s.name.empty() || s.args_begin == std::string::npos ||
@@ -470,7 +470,7 @@ void ToolCallParser::step(ToolCallOutput& out, bool at_end) {
       std::vector<ToolCall> calls;
       if (!parse_tool_calls(opt_.format, body, opt_.functions, calls)) calls.clear();
       // Arguments written as an object are sent as written (streamed or not, the same text).
-      const std::vector<CallSpan> spans = scan_call_spans(opt_.format, body);
+      const std::vector<ToolCallSpan> spans = scan_call_spans(opt_.format, body);
       if (spans.size() == calls.size())
         for (size_t k = 0; k < calls.size(); ++k)
           if (spans[k].args_end != std::string::npos)
