@@ -120,6 +120,17 @@ std::optional<SequenceBackend::Begun> PagedBackend::begin(std::span<const int32_
   return Begun{int(free_slot - seqs_.begin()), n_cached};
 }
 
+std::optional<int> PagedBackend::fork(int handle) {
+  const Seq& source = seq(handle);
+  auto free_slot = std::find_if(seqs_.begin(), seqs_.end(), [](const Seq& s) { return !s.busy; });
+  if (free_slot == seqs_.end()) return std::nullopt;
+  free_slot->busy = true;
+  free_slot->id = pool_->fork(source.id);
+  free_slot->salt = source.salt;
+  publish_stats();
+  return int(free_slot - seqs_.begin());
+}
+
 bool PagedBackend::reserve(int handle, int64_t n) {
   // NOTE: no publish_stats(): the scheduler reserves for every sequence of every step, and the
   // decode or prefill that follows publishes.

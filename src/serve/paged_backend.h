@@ -51,6 +51,8 @@ class PagedBackend final : public SequenceBackend {
   void prefill(int handle, std::span<const int32_t> tokens, bool want_logits, std::vector<float>& logits) override;
   void decode(std::span<const DecodeInput> inputs, std::vector<DecodeOutput>& outputs) override;
   bool reserve(int handle, int64_t n) override;
+  // A sequence sharing every block of `handle` (PagedPool::fork); nullopt when no slot is free.
+  std::optional<int> fork(int handle) override;
   void end(int handle, std::span<const int32_t> tokens) override;
   double kv_usage() const override;
   KVCounters kv_counters() const override;

@@ -37,6 +37,14 @@ void check_prompt(std::span<const int32_t> prompt, int64_t context, int64_t voca
   ops::check_token_ids(prompt, vocab, "prompt token id");
 }
 
+uint64_t choice_seed(uint64_t seed, uint64_t index) {
+  if (index == 0) return seed;
+  uint64_t z = seed + index * 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
 // ---- SequenceChannel ----
 
 void SequenceChannel::push(SequenceEvent event) {
@@ -116,6 +124,15 @@ Scheduler::Submit Scheduler::submit(SequenceRequest request) {
   if (request.prompt.empty()) throw InvalidInput("the prompt is empty");
   if (!request.channel) throw InvalidInput("scheduler: a request needs a channel");
   if (request.params.max_tokens < 1) throw InvalidInput("max_tokens must be >= 1");
+  if (int64_t(request.forks.size()) + 1 > backend_.max_running())
+    throw InvalidInput("a request of " + std::to_string(request.forks.size() + 1) + " choices exceeds the " +
+                       std::to_string(backend_.max_running()) + " sequences the server runs at once");
+  for (const SequenceFork& f : request.forks) {
+    if (!f.channel) throw InvalidInput("scheduler: a fork needs a channel");
+    if (f.params.max_tokens < 1) throw InvalidInput("max_tokens must be >= 1");
+    validate(f.params.sampler);
+    f.channel->set_wake([this] { wake(); });
+  }
   auto seq = std::make_unique<Sequence>(std::move(request));  // validates the sampler parameters
   seq->request.channel->set_wake([this] { wake(); });
   {
@@ -279,9 +296,59 @@ void Scheduler::close(Sequence& s, SequenceEvent::Kind kind, const std::string& 
   e.kind = kind;
   const bool failed = kind == SequenceEvent::Kind::failed;
   (failed ? e.error : e.finish_reason) = why;
+  // Forks not yet started end as their prompt's sequence did.
+  std::vector<SequenceFork> forks;
+  forks.swap(s.request.forks);
+  for (const SequenceFork& f : forks) f.channel->push(e);
   s.request.channel->push(std::move(e));
   std::lock_guard<std::mutex> lock(mu_);
-  ++(failed ? stats_.n_failed : why == "cancelled" ? stats_.n_cancelled : stats_.n_finished);
+  uint64_t& count = failed ? stats_.n_failed : why == "cancelled" ? stats_.n_cancelled : stats_.n_finished;
+  count += 1 + forks.size();
+}
+
+void Scheduler::start_forks(Sequence& s, std::span<const float> logits) {
+  std::vector<SequenceFork> forks;
+  forks.swap(s.request.forks);
+  for (SequenceFork& f : forks) {
+    SequenceRequest r;
+    r.id = s.request.id;
+    r.cache_salt = s.request.cache_salt;
+    r.prompt = s.request.prompt;
+    r.params = std::move(f.params);
+    r.channel = std::move(f.channel);
+    auto fork = std::make_unique<Sequence>(std::move(r));
+    fork->admitted = s.admitted;
+    fork->n_cached = s.n_cached;
+    std::optional<int> handle;
+    try {
+      handle = backend_.fork(s.handle);
+    } catch (const std::exception& e) {
+      note_device_lost(e);
+      fail(*fork, std::string("prefill failed: ") + e.what());
+      continue;
+    }
+    if (!handle) {
+      // The backend cannot share the cache: the choice computes its prompt itself, next.
+      std::lock_guard<std::mutex> lock(mu_);
+      waiting_.push_front(std::move(fork));
+      continue;
+    }
+    fork->handle = *handle;
+    fork->n_in_cache = s.n_in_cache;
+    fork->decoding = true;
+    running_.push_back(std::move(fork));
+    Sequence& started = *running_.back();
+    if (started.request.channel->cancelled()) {
+      finish(started, "cancelled");
+      continue;
+    }
+    try {
+      emit(started, logits);
+    } catch (const std::exception& e) {
+      note_device_lost(e);
+      fail(started, std::string("prefill failed: ") + e.what());
+    }
+  }
 }
 
 bool Scheduler::emit(Sequence& s, std::span<const float> logits, int32_t chosen) {
@@ -435,9 +502,12 @@ void Scheduler::step() {
       std::unique_ptr<Sequence> next;
       {
         std::lock_guard<std::mutex> lock(mu_);
-        int n_live = 0;
-        for (auto& r : running_) n_live += r->ended || r->preempted ? 0 : 1;
-        if (waiting_.empty() || n_live >= backend_.max_running()) break;
+        int64_t n_live = 0;
+        // A sequence whose prompt is not in yet holds places for its forks too.
+        for (auto& r : running_) n_live += r->ended || r->preempted ? 0 : 1 + int64_t(r->request.forks.size());
+        // A request of several choices waits until all of them can run at once.
+        if (waiting_.empty() || n_live + 1 + int64_t(waiting_.front()->request.forks.size()) > backend_.max_running())
+          break;
         next = std::move(waiting_.front());
         waiting_.pop_front();
       }
@@ -487,7 +557,10 @@ void Scheduler::step() {
       budget -= n;
       if (last) {
         s->decoding = true;
-        if (!s->resumed) emit(*s, logits);
+        if (!s->resumed) {
+          start_forks(*s, logits);
+          emit(*s, logits);
+        }
       }
     } catch (const std::exception& e) {
       const bool lost = note_device_lost(e);

@@ -85,13 +85,31 @@ class SequenceChannel {
   std::function<void()> wake_;
 };
 
+// A further choice of a request's prompt (OpenAI's n > 1): its own parameters (a seed of its
+// own) and channel.
+struct SequenceFork {
+  SequenceParams params;
+  std::shared_ptr<SequenceChannel> channel;
+};
+
 struct SequenceRequest {
   uint64_t id = 0;
   std::string cache_salt;  // see SequenceBackend::begin
   std::vector<int32_t> prompt;
   SequenceParams params;
   std::shared_ptr<SequenceChannel> channel;
+  // More choices of the same prompt. The prompt is computed once: when it is in, each fork
+  // becomes a sequence of its own that shares the prompt's cache (SequenceBackend::fork) and
+  // draws its first token from the same logits. The request is admitted only when all of its
+  // sequences can run at once. A request that ends before its prompt is in ends its forks the
+  // same way.
+  std::vector<SequenceFork> forks;
 };
+
+// The seed of choice `index` of a request seeded `seed`: the seed itself for choice 0, for the
+// others a mix of both (splitmix64), so that choices draw different streams and a seed repeats
+// every one of them.
+uint64_t choice_seed(uint64_t seed, uint64_t index);
 
 // The model work of the engine. Called only from the engine thread.
 class SequenceBackend {
@@ -128,6 +146,13 @@ class SequenceBackend {
     std::string error;          // non-empty: this sequence failed (e.g. non-finite logits)
   };
   virtual void decode(std::span<const DecodeInput> inputs, std::vector<DecodeOutput>& outputs) = 0;
+  // A new sequence holding what `handle`'s cache holds, sharing it where the backend can (the
+  // paged pool's blocks, copied on the first write into a shared one); its handle, or nullopt
+  // when the backend cannot share a cache, and the caller computes the prompt again for it.
+  virtual std::optional<int> fork(int handle) {
+    (void)handle;
+    return std::nullopt;
+  }
   // Makes room in the KV pool for n more rows of the sequence (before prefill or decode
   // writes them); false when the pool cannot, which the scheduler answers by preempting.
   virtual bool reserve(int handle, int64_t n) {
@@ -211,6 +236,9 @@ class Scheduler {
   // Samples the next token of `s` from `logits` (or takes `chosen`, when >= 0) and emits it;
   // returns false when `s` ended.
   bool emit(Sequence& s, std::span<const float> logits, int32_t chosen = -1);
+  // The prompt of `s` is in: its forks become running sequences (or, where the backend cannot
+  // share the cache, waiting ones) that emit their first token from `logits`.
+  void start_forks(Sequence& s, std::span<const float> logits);
   // Reserves n rows for `s`, preempting the most recently admitted sequences while the backend
   // cannot; false when `s` itself was preempted or failed.
   bool make_room(Sequence& s, int64_t n);

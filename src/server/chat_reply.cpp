@@ -1,5 +1,7 @@
 #include "server/chat_reply.h"
 
+#include <algorithm>
+
 namespace osprey {
 
 ChatReplyParser::ChatReplyParser(std::optional<ReasoningParser> reasoning, std::optional<ToolCallParser> tools)
@@ -66,12 +68,14 @@ std::vector<nlohmann::json> chat_stream_deltas(const ChatReplyDelta& d, int& n_c
   if (!d.content.empty()) first["content"] = d.content;
   if (!first.empty()) out.push_back(first);
   for (const ToolCall& t : d.calls) {
-    const int index = n_calls++;
-    out.push_back({{"tool_calls", json::array({{{"index", index},
-                                                {"id", t.id},
-                                                {"type", "function"},
-                                                {"function", {{"name", t.name}, {"arguments", ""}}}}})}});
-    out.push_back({{"tool_calls", json::array({{{"index", index}, {"function", {{"arguments", t.arguments}}}}})}});
+    n_calls = std::max(n_calls, t.index + 1);
+    if (!t.id.empty())
+      out.push_back({{"tool_calls", json::array({{{"index", t.index},
+                                                  {"id", t.id},
+                                                  {"type", "function"},
+                                                  {"function", {{"name", t.name}, {"arguments", ""}}}}})}});
+    if (!t.arguments.empty())
+      out.push_back({{"tool_calls", json::array({{{"index", t.index}, {"function", {{"arguments", t.arguments}}}}})}});
   }
   return out;
 }

@@ -40,9 +40,10 @@ class ChatReplyParser {
 nlohmann::json chat_message_json(const std::string& content, const std::string& reasoning,
                                  const std::vector<ToolCall>& calls);
 
-// A chat stream's deltas for one step's output: reasoning and content first, then each call as
-// OpenAI streams one (its index, id, type and name with empty arguments, then the arguments).
-// n_calls: the calls sent before, advanced past these.
+// A chat stream's deltas for one step's output: reasoning and content first, then the calls'
+// pieces as OpenAI streams them: a call's first piece as its index, id, type and name with empty
+// arguments, every arguments fragment as its index and the fragment. n_calls: the calls begun
+// before, advanced past these.
 std::vector<nlohmann::json> chat_stream_deltas(const ChatReplyDelta& d, int& n_calls);
 
 }  // namespace osprey

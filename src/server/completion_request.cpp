@@ -198,8 +198,7 @@ CompletionRequest read_completion_fields(const json& body, bool chat) {
   constexpr int64_t kMaxTokens = int64_t(1) << 31;
   r.max_tokens = int_field(body, "max_completion_tokens", 1, kMaxTokens);
   if (!r.max_tokens) r.max_tokens = int_field(body, "max_tokens", 1, kMaxTokens);
-  if (auto n = int_field(body, "n", 1, INT64_MAX); n && *n != 1)
-    throw bad_request("'n' must be 1: one choice per request is supported", "n");
+  r.n = int_field(body, "n", 1, INT64_MAX).value_or(1);  // the server bounds it by its sequences
   if (auto echo = bool_field(body, "echo"); echo && *echo) throw bad_request("'echo' is not supported", "echo");
 
   SamplerParams& s = r.params.sampler;

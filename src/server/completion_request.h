@@ -18,6 +18,7 @@ struct CompletionRequest {
   bool chat = false;
   std::string model;                          // as sent ("" when absent)
   std::vector<std::vector<int32_t>> prompts;  // one sequence each (completions may send several)
+  int64_t n = 1;                              // choices per prompt (each its own seed stream)
   std::optional<int64_t> max_tokens;          // max_tokens / max_completion_tokens
   SequenceParams params;                      // max_tokens filled per prompt by the server
   std::vector<std::string> stop;

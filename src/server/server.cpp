@@ -154,9 +154,10 @@ void add_text(Choice& c, Delta& d, const std::string& text, bool at_end) {
   for (ToolCall& t : r.calls) d.calls.push_back(std::move(t));
 }
 
-// Moves the choice on by the events that are ready (waiting up to timeout_ms for the first).
-// Returns false when nothing happened.
-bool pump(Choice& c, Delta& d, int timeout_ms) {
+// Moves the choice on by the events that are ready (waiting up to timeout_ms for the first),
+// or by one token when `one_token` (a stream's chunk per token). Returns false when nothing
+// happened.
+bool pump(Choice& c, Delta& d, int timeout_ms, bool one_token = false) {
   bool any = false;
   while (!c.done) {
     std::optional<SequenceEvent> e = c.channel->pop(any ? 0 : timeout_ms);
@@ -184,6 +185,7 @@ bool pump(Choice& c, Delta& d, int timeout_ms) {
         c.finish_reason = "stop";
         c.channel->cancel();
       }
+      if (one_token) break;
     } else if (e->kind == SequenceEvent::Kind::finished) {
       if (c.latency) c.latency->e2e.observe(std::chrono::duration<double>(e->time - c.arrival).count());
       c.n_cached = e->n_cached;
@@ -578,10 +580,11 @@ struct Server::Impl {
 
   json usage(const CompletionState& st) const {
     int64_t p = 0, c = 0, cached = 0;
+    // A prompt counts once, with its first choice (n_prompt is 0 on the others).
     for (const auto& ch : st.choices) {
       p += ch->n_prompt;
       c += ch->n_completion;
-      cached += ch->n_cached;
+      cached += ch->n_prompt > 0 ? ch->n_cached : 0;
     }
     return {{"prompt_tokens", p},
             {"completion_tokens", c},
@@ -640,6 +643,32 @@ struct Server::Impl {
             {"system_fingerprint", opt.system_fingerprint}};
   }
 
+  // Choice `index` of a request, with its reply parser when the route splits reasoning or tool
+  // calls out of the text.
+  std::unique_ptr<Choice> new_choice(const HttpRequest& req, const CompletionRequest& r, size_t index,
+                                     bool prompt_opens_reasoning) {
+    auto c = std::make_unique<Choice>(*tokenizer, r.stop);
+    c->latency = &latency;
+    c->arrival = req.received != Clock::time_point{} ? req.received : t_log.start;
+    if (r.chat && (think_model || r.parse_tool_calls)) {
+      std::optional<ReasoningParser> reasoning;
+      if (think_model) reasoning.emplace(prompt_opens_reasoning);
+      std::optional<ToolCallParser> tools;
+      if (r.parse_tool_calls) {
+        ToolCallParserOptions to;
+        to.format = tool_format;
+        to.functions = r.tool_names;
+        to.parallel = r.parallel_tool_calls;
+        to.stream_arguments = r.stream;
+        to.id_prefix = "call_" + id_prefix + std::to_string(t_log.id) + "_" + std::to_string(index) + "_";
+        tools.emplace(std::move(to));
+        c->keep_ids = tool_marker_ids;
+      }
+      c->reply.emplace(std::move(reasoning), std::move(tools));
+    }
+    return c;
+  }
+
   HttpResponse complete(const HttpRequest& req, bool chat) {
     require_ready();
     json body = parse_body(req.body);
@@ -678,37 +707,32 @@ struct Server::Impl {
                           prompt_field, "context_length_exceeded");
       t_log.n_prompt += int64_t(p.size());
     }
-    // Submit every prompt; a refusal withdraws those already queued (CompletionState's
-    // destructor cancels them).
+    if (r.n > backend->max_running())
+      throw bad_request("'n' must be at most " + std::to_string(backend->max_running()) +
+                            ", the sequences this server runs at once (-np)",
+                        "n");
+    // Submit every prompt, its n choices as one request whose prompt is computed once; a
+    // refusal withdraws those already queued (CompletionState's destructor cancels them).
     for (const auto& p : r.prompts) {
-      auto c = std::make_unique<Choice>(*tokenizer, r.stop);
-      c->latency = &latency;
-      c->arrival = req.received != Clock::time_point{} ? req.received : t_log.start;
-      c->n_prompt = int64_t(p.size());
-      if (chat && (think_model || r.parse_tool_calls)) {
-        std::optional<ReasoningParser> reasoning;
-        if (think_model) reasoning.emplace(prompt_opens_reasoning);
-        std::optional<ToolCallParser> tools;
-        if (r.parse_tool_calls) {
-          ToolCallParserOptions to;
-          to.format = tool_format;
-          to.functions = r.tool_names;
-          to.parallel = r.parallel_tool_calls;
-          to.id_prefix = "call_" + id_prefix + std::to_string(t_log.id) + "_" + std::to_string(st->choices.size()) + "_";
-          tools.emplace(std::move(to));
-          c->keep_ids = tool_marker_ids;
-        }
-        c->reply.emplace(std::move(reasoning), std::move(tools));
-      }
       SequenceRequest sr;
       sr.id = t_log.id;
       sr.cache_salt = cache_salt(req, r.cache_salt);
       sr.prompt = p;
-      sr.params = r.params;
-      sr.params.max_tokens = r.max_tokens.value_or(chat ? ctx : 16);
-      if (!r.ignore_eos) sr.params.stop_ids = eos_ids;
-      sr.channel = c->channel;
-      st->choices.push_back(std::move(c));
+      for (int64_t k = 0; k < r.n; ++k) {
+        auto c = new_choice(req, r, st->choices.size(), prompt_opens_reasoning);
+        c->n_prompt = k == 0 ? int64_t(p.size()) : 0;
+        SequenceParams params = r.params;
+        params.sampler.seed = choice_seed(r.params.sampler.seed, uint64_t(k));
+        params.max_tokens = r.max_tokens.value_or(chat ? ctx : 16);
+        if (!r.ignore_eos) params.stop_ids = eos_ids;
+        if (k == 0) {
+          sr.params = std::move(params);
+          sr.channel = c->channel;
+        } else {
+          sr.forks.push_back({std::move(params), c->channel});
+        }
+        st->choices.push_back(std::move(c));
+      }
       switch (scheduler->submit(std::move(sr))) {
         case Scheduler::Submit::accepted: break;
         case Scheduler::Submit::queue_full:
@@ -753,10 +777,10 @@ struct Server::Impl {
         }
         text += d.text;
         reasoning += d.reasoning;
-        for (auto& t : d.calls) calls.push_back(std::move(t));
+        append_tool_call_pieces(calls, std::move(d.calls));
         for (auto& t : d.tokens) tokens.push_back(std::move(t));
       }
-      t_log.n_cached += c.n_cached;
+      t_log.n_cached += c.n_prompt > 0 ? c.n_cached : 0;
       t_log.n_generated += c.n_completion;
       if (!c.error.empty()) throw sequence_error(c.error);
       json choice = {{"index", i}, {"finish_reason", finish_reason(c, calls.size())}};
@@ -781,47 +805,68 @@ struct Server::Impl {
     res.stream = [this, st](HttpStreamWriter& sink) {
       auto send = [&](const json& j) { return sink.write("data: " + dump(j) + "\n\n"); };
       const bool chat = st->request.chat;
-      for (size_t i = 0; i < st->choices.size(); ++i) {
-        Choice& c = *st->choices[i];
-        if (chat) {
+      const size_t n = st->choices.size();
+      if (chat)
+        for (size_t i = 0; i < n; ++i) {
           json j = envelope(*st, true);
           j["choices"] = json::array(
               {{{"index", i}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr}, {"finish_reason", nullptr}}});
           if (!send(j)) return;
         }
-        size_t offset = 0;
-        while (!c.done) {
-          Delta d;
-          if (!pump(c, d, kPollMs)) {
-            if (sink.client_gone()) return;
-            continue;
-          }
-          t_log.n_cached = c.n_cached;
-          if (!c.error.empty()) {
-            send(sequence_error(c.error).body());
-            return;
-          }
-          if (d.empty() && !c.done) continue;
-          const json finish = c.done ? json(finish_reason(c, d.calls.size())) : json(nullptr);
-          json lp = st->request.logprobs && !d.tokens.empty() ? logprobs_json(d.tokens, chat, offset) : json(nullptr);
-          offset += d.text.size();
-          std::vector<json> deltas =
-              chat ? chat_stream_deltas({d.reasoning, d.text, d.calls}, c.n_calls) : std::vector<json>{};
-          if (chat && deltas.empty()) deltas.push_back(json::object());
-          const size_t n_chunks = chat ? deltas.size() : 1;
-          for (size_t k = 0; k < n_chunks; ++k) {
-            json choice = {{"index", i}, {"finish_reason", k + 1 == n_chunks ? finish : json(nullptr)}};
-            if (chat)
-              choice["delta"] = deltas[k];
-            else
-              choice["text"] = d.text;
-            choice["logprobs"] = k == 0 ? lp : json(nullptr);
-            json j = envelope(*st, true);
-            j["choices"] = json::array({choice});
-            if (!send(j)) return;
-          }
+      std::vector<size_t> offsets(n, 0);
+      // Sends choice i's delta; false when the stream ends (the client left, or the choice
+      // failed and its error was sent).
+      auto forward = [&](size_t i, Delta& d) {
+        Choice& c = *st->choices[i];
+        if (c.n_prompt > 0) t_log.n_cached = c.n_cached;
+        if (!c.error.empty()) {
+          send(sequence_error(c.error).body());
+          return false;
         }
-        t_log.n_generated += c.n_completion;
+        if (c.done) t_log.n_generated += c.n_completion;
+        if (d.empty() && !c.done) return true;
+        const json finish = c.done ? json(finish_reason(c, d.calls.size())) : json(nullptr);
+        json lp = st->request.logprobs && !d.tokens.empty() ? logprobs_json(d.tokens, chat, offsets[i]) : json(nullptr);
+        offsets[i] += d.text.size();
+        std::vector<json> deltas =
+            chat ? chat_stream_deltas({d.reasoning, d.text, d.calls}, c.n_calls) : std::vector<json>{};
+        if (chat && deltas.empty()) deltas.push_back(json::object());
+        const size_t n_chunks = chat ? deltas.size() : 1;
+        for (size_t k = 0; k < n_chunks; ++k) {
+          json choice = {{"index", i}, {"finish_reason", k + 1 == n_chunks ? finish : json(nullptr)}};
+          if (chat)
+            choice["delta"] = deltas[k];
+          else
+            choice["text"] = d.text;
+          choice["logprobs"] = k == 0 ? lp : json(nullptr);
+          json j = envelope(*st, true);
+          j["choices"] = json::array({choice});
+          if (!send(j)) return false;
+        }
+        return true;
+      };
+      // The choices decode in the same steps: each round forwards what every one has ready,
+      // and an idle round waits on the first unfinished one.
+      for (;;) {
+        bool any = false, open = false;
+        for (size_t i = 0; i < n; ++i) {
+          if (st->choices[i]->done) continue;
+          open = true;
+          Delta d;
+          if (!pump(*st->choices[i], d, 0, /*one_token=*/true)) continue;
+          any = true;
+          if (!forward(i, d)) return;
+        }
+        if (!open) break;
+        if (any) continue;
+        size_t i = 0;
+        while (st->choices[i]->done) ++i;
+        Delta d;
+        if (!pump(*st->choices[i], d, kPollMs, /*one_token=*/true)) {
+          if (sink.client_gone()) return;
+          continue;
+        }
+        if (!forward(i, d)) return;
       }
       if (st->request.include_usage) {
         json j = envelope(*st, true);

@@ -157,7 +157,144 @@ bool parse_command_r7b(const std::string& body, const std::vector<std::string>& 
   return true;
 }
 
+// JSON text without the whitespace between its tokens (strings kept as written). The result
+// for a prefix of a text is a prefix of the result for the whole.
+std::string tc_minify(const std::string& s) {
+  std::string out;
+  bool in_string = false, escaped = false;
+  for (char c : s) {
+    if (in_string) {
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (tc_is_space(c)) {
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+// Where the calls of a (possibly unfinished) call block lie: each call's name, once read
+// whole, and its arguments object's text.
+struct ToolCallSpan {
+  std::string name;  // "" until read
+  size_t args_begin = std::string::npos, args_end = std::string::npos;  // end: npos while open
+};
+
+// The mistral F[ARGS]{...} form: calls separated by [TOOL_CALLS].
+std::vector<ToolCallSpan> scan_name_args(const std::string& body) {
+  std::vector<ToolCallSpan> spans;
+  const std::string sep = "[TOOL_CALLS]", args_tag = "[ARGS]";
+  size_t i = 0;
+  while (i <= body.size()) {
+    const size_t next = body.find(sep, i);
+    const size_t stop = next == std::string::npos ? body.size() : next;
+    const size_t a = body.find(args_tag, i);
+    if (a == std::string::npos || a >= stop) break;
+    ToolCallSpan c;
+    c.name = tc_trim(body.substr(i, a - i));
+    size_t b = a + args_tag.size();
+    while (b < stop && tc_is_space(body[b])) ++b;
+    if (b < stop && body[b] == '{') {
+      c.args_begin = b;
+      const size_t e = object_end(body.substr(0, stop), b);
+      c.args_end = e;
+    }
+    spans.push_back(std::move(c));
+    if (next == std::string::npos) break;
+    i = next + sep.size();
+  }
+  return spans;
+}
+
+// The JSON forms: a call is an object at the top level (llama3_json's objects joined by ";",
+// hermes) or in a top-level array (command_r7b, mistral); its name is the string value of
+// "name" or "tool_name", its arguments the object value of "arguments" or "parameters".
+std::vector<ToolCallSpan> scan_call_spans(ToolCallFormat f, const std::string& body) {
+  if (f == ToolCallFormat::mistral) {
+    const std::string t = tc_trim(body);
+    if (!t.empty() && t[0] != '[') return scan_name_args(body);
+  }
+  std::vector<ToolCallSpan> spans;
+  std::string stack;            // open containers, '{' or '['
+  size_t call_depth = 0;        // stack size inside the current call object; 0: none
+  bool expect_key = false;      // directly in the call object, a key comes next
+  std::string key;              // the call object's key whose value comes next
+  size_t string_begin = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < body.size(); ++i) {
+    const char c = body[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+        if (call_depth && stack.size() == call_depth) {
+          const std::string literal = body.substr(string_begin, i + 1 - string_begin);
+          ojson v;
+          const std::string text = parse_json(literal, v) && v.is_string() ? v.get<std::string>() : "";
+          if (expect_key) {
+            key = text;
+            expect_key = false;
+          } else if (key == "name" || key == "tool_name") {
+            spans.back().name = text;
+          }
+        }
+      }
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+      string_begin = i;
+    } else if (c == '{' || c == '[') {
+      if (c == '{' && call_depth && stack.size() == call_depth && (key == "arguments" || key == "parameters") &&
+          spans.back().args_begin == std::string::npos)
+        spans.back().args_begin = i;
+      stack += c;
+      if (c == '{' && !call_depth && (stack.size() == 1 || (stack.size() == 2 && stack[0] == '['))) {
+        call_depth = stack.size();
+        expect_key = true;
+        key.clear();
+        spans.emplace_back();
+      }
+    } else if (c == '}' || c == ']') {
+      if (stack.empty()) break;
+      stack.pop_back();
+      if (call_depth && stack.size() + 1 == call_depth) {
+        call_depth = 0;
+      } else if (call_depth && stack.size() == call_depth && spans.back().args_begin != std::string::npos &&
+                 spans.back().args_end == std::string::npos && (key == "arguments" || key == "parameters")) {
+        spans.back().args_end = i + 1;
+      }
+    } else if (c == ',' && call_depth && stack.size() == call_depth) {
+      expect_key = true;
+      key.clear();
+    }
+  }
+  return spans;
+}
+
 }  // namespace
+
+void append_tool_call_pieces(std::vector<ToolCall>& calls, std::vector<ToolCall> pieces) {
+  for (ToolCall& p : pieces) {
+    if (!p.id.empty()) {
+      calls.push_back(std::move(p));
+      continue;
+    }
+    for (auto it = calls.rbegin(); it != calls.rend(); ++it)
+      if (it->index == p.index) {
+        it->arguments += p.arguments;
+        break;
+      }
+  }
+}
 
 ToolCallFormat tool_call_format(const std::string& src) {
   auto has = [&](const char* s) { return src.find(s) != std::string::npos; };
@@ -229,16 +366,55 @@ void ToolCallParser::release_content(ToolCallOutput& out, std::string text) {
 }
 
 void ToolCallParser::emit_calls(ToolCallOutput& out, const std::string& raw, std::vector<ToolCall> calls) {
-  if (calls.empty()) {
+  std::vector<std::pair<int, size_t>> streamed;
+  streamed.swap(streamed_);
+  if (calls.empty() && streamed.empty()) {
     release_content(out, raw);
     return;
   }
   pending_space_.clear();
   after_call_ = true;
-  for (ToolCall& c : calls) {
+  // Calls already released while streaming get the rest of their arguments; a malformed block
+  // (no calls) leaves them as released.
+  for (size_t k = 0; k < calls.size(); ++k) {
+    ToolCall& c = calls[k];
+    if (k < streamed.size()) {
+      if (c.arguments.size() > streamed[k].second)
+        out.calls.push_back({"", "", c.arguments.substr(streamed[k].second), streamed[k].first});
+      continue;
+    }
     if (!opt_.parallel && n_calls_ >= 1) break;
+    c.index = n_calls_;
     c.id = opt_.id_prefix + std::to_string(n_calls_++);
     out.calls.push_back(std::move(c));
+  }
+}
+
+void ToolCallParser::stream_calls(ToolCallOutput& out, const std::string& body) {
+  const std::vector<ToolCallSpan> spans = scan_call_spans(opt_.format, body);
+  for (size_t k = 0; k < spans.size(); ++k) {
+    const ToolCallSpan& s = spans[k];
+    if (k == streamed_.size()) {
+      // Released in order, once the name is an offered function and the arguments have begun.
+      if (s.name.empty() || s.args_begin == std::string::npos ||
+          std::find(opt_.functions.begin(), opt_.functions.end(), s.name) == opt_.functions.end() ||
+          (!opt_.parallel && n_calls_ >= 1))
+        return;
+      pending_space_.clear();
+      streamed_.emplace_back(n_calls_, 0);
+      out.calls.push_back({opt_.id_prefix + std::to_string(n_calls_), s.name, "", n_calls_});
+      ++n_calls_;
+    }
+    const size_t end = s.args_end == std::string::npos ? body.size() : s.args_end;
+    const std::string args = tc_minify(body.substr(s.args_begin, end - s.args_begin));
+    auto& [index, sent] = streamed_[k];
+    if (args.size() > sent) {
+      if (!out.calls.empty() && out.calls.back().index == index)
+        out.calls.back().arguments += args.substr(sent);
+      else
+        out.calls.push_back({"", "", args.substr(sent), index});
+      sent = args.size();
+    }
   }
 }
 
@@ -283,12 +459,22 @@ void ToolCallParser::step(ToolCallOutput& out, bool at_end) {
     }
     if (state_ == State::call) {
       size_t q = m.close.empty() ? std::string::npos : buf_.find(m.close);
-      if (q == std::string::npos && !at_end) return;
+      if (q == std::string::npos && !at_end) {
+        if (opt_.stream_arguments)
+          stream_calls(out, buf_.substr(0, buf_.size() - (m.close.empty() ? 0 : tc_partial_marker(buf_, m.close))));
+        return;
+      }
       const std::string body = buf_.substr(0, q);
       // The text as the model wrote it, for a block that turns out not to be a call.
       std::string raw = (marked_ ? m.open : "") + body + (q == std::string::npos ? "" : m.close);
       std::vector<ToolCall> calls;
       if (!parse_tool_calls(opt_.format, body, opt_.functions, calls)) calls.clear();
+      // Arguments written as an object are sent as written (streamed or not, the same text).
+      const std::vector<ToolCallSpan> spans = scan_call_spans(opt_.format, body);
+      if (spans.size() == calls.size())
+        for (size_t k = 0; k < calls.size(); ++k)
+          if (spans[k].args_end != std::string::npos)
+            calls[k].arguments = tc_minify(body.substr(spans[k].args_begin, spans[k].args_end - spans[k].args_begin));
       emit_calls(out, raw, std::move(calls));
       buf_.erase(0, q == std::string::npos ? buf_.size() : q + m.close.size());
       state_ = State::content;
@@ -314,7 +500,10 @@ ToolCallOutput ToolCallParser::finish() {
 ToolCallOutput ToolCallParser::parse(const std::string& text) {
   ToolCallOutput out = push(text), end = finish();
   out.content += end.content;
-  for (ToolCall& c : end.calls) out.calls.push_back(std::move(c));
+  std::vector<ToolCall> calls;
+  append_tool_call_pieces(calls, std::move(out.calls));
+  append_tool_call_pieces(calls, std::move(end.calls));
+  out.calls = std::move(calls);
   return out;
 }
 

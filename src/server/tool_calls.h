@@ -29,14 +29,22 @@ const char* format_name(ToolCallFormat f);
 // skips special tokens): the server keeps these in the text it parses.
 std::vector<std::string> tool_call_markers(ToolCallFormat f);
 
+// A call, or a piece of one as a streaming parser releases it (ToolCallParserOptions::
+// stream_arguments): the first piece of call `index` carries its id and name, every piece a
+// fragment of its arguments; a call's fragments, concatenated, are its arguments.
 struct ToolCall {
-  std::string id;
+  std::string id;         // "" on a piece that continues call `index`
   std::string name;
-  std::string arguments;  // a JSON object, as compact text with the model's key order
+  std::string arguments;  // a JSON object as the model wrote it, less the whitespace between tokens
+  int index = 0;          // the call's place among the reply's calls
 };
 
+// Appends `pieces` to `calls`: a piece with an id starts a call, one without extends the
+// arguments of the call of its index.
+void append_tool_call_pieces(std::vector<ToolCall>& calls, std::vector<ToolCall> pieces);
+
 // What the parser releases: content that can no longer become part of a call, and calls
-// found complete.
+// (whole, or pieces when streaming arguments).
 struct ToolCallOutput {
   std::string content;
   std::vector<ToolCall> calls;
@@ -47,6 +55,12 @@ struct ToolCallParserOptions {
   std::vector<std::string> functions;  // the names the request offered
   bool parallel = true;                // false: the first call only, later ones dropped
   std::string id_prefix = "call_";     // a call's id is id_prefix + its index in the reply
+  // Release a call as it is generated: its id and name once the name (an offered function) and
+  // the start of its arguments object are read, then the arguments in fragments. A call is
+  // then committed: should its block turn out malformed, it keeps what was released, and the
+  // block's rest is dropped. Off: a call is released whole once its block is complete and
+  // parses (malformed blocks stay content).
+  bool stream_arguments = false;
 };
 
 // Incremental: push() the reply's text as it is generated, finish() at its end. Text that
@@ -65,6 +79,8 @@ class ToolCallParser {
   void release_content(ToolCallOutput& out, std::string text);
   void emit_calls(ToolCallOutput& out, const std::string& raw, std::vector<ToolCall> calls);
   void step(ToolCallOutput& out, bool at_end);
+  // Streaming: releases the calls of the unfinished block `body` as far as it goes.
+  void stream_calls(ToolCallOutput& out, const std::string& body);
 
   ToolCallParserOptions opt_;
   State state_ = State::start;
@@ -73,6 +89,8 @@ class ToolCallParser {
   bool after_call_ = false;   // whitespace right after a call is dropped
   bool marked_ = true;        // the call being read opened with the format's marker
   int n_calls_ = 0;
+  // The calls of the current block released while streaming: (index, bytes of arguments sent).
+  std::vector<std::pair<int, size_t>> streamed_;
 };
 
 // Parses a whole call block's text (what lies between the format's markers, or the whole

@@ -10,6 +10,7 @@
 #include <random>
 
 #include "backend/ops.h"
+#include "core/error.h"
 #include "serve/paged_backend.h"
 #include "engine/sampler.h"
 #include "serve/scheduler.h"
@@ -333,6 +334,125 @@ TEST(PagedScheduler, ASequenceLargerThanThePoolFailsWithAnError) {
       serve_all(*model, o, {random_prompt(rng, 30, 512), random_prompt(rng, 6, 512)}, 30);
   EXPECT_NE(got[0].error.find("more KV blocks than the pool has"), std::string::npos) << got[0].error;
   EXPECT_NE(got[1].error.find("the KV pool cannot hold this sequence"), std::string::npos) << got[1].error;
+}
+
+// n choices of one prompt (SequenceRequest::forks): the prompt is prefilled once, the choices
+// share its blocks, the first write into the shared partial block copies it (copy-on-write),
+// and each choice's tokens are those of its seed run alone in a pool of its own.
+TEST(PagedScheduler, ForkedChoicesShareThePromptAndEqualTheirRunsAlone) {
+  InvariantScope invariant(true);
+  std::unique_ptr<Model> model = load_model(fixture("llama"));
+  std::mt19937 rng(5);
+  const std::vector<int32_t> prompt = random_prompt(rng, 10, model->info().vocab_size);  // 2.5 blocks of 4
+  const uint64_t seeds[] = {101, 202, 303};
+  constexpr int kMax = 24;
+  auto params = [&](uint64_t seed) {
+    SequenceParams p;
+    p.max_tokens = kMax;
+    p.sampler.temperature = 1.0f;
+    p.sampler.seed = seed;
+    return p;
+  };
+  PagedBackendOptions o;
+  o.context_size = 256;
+  o.block_size = 4;
+  o.prefix_cache = false;
+
+  std::vector<Collected> alone;
+  for (uint64_t seed : seeds) {
+    o.max_sequences = 1;
+    PagedBackend backend(*model, o);
+    SchedulerOptions so;
+    Scheduler sched(backend, so);
+    SequenceRequest r;
+    r.prompt = prompt;
+    r.params = params(seed);
+    r.channel = std::make_shared<SequenceChannel>();
+    auto ch = r.channel;
+    ASSERT_EQ(sched.submit(std::move(r)), Scheduler::Submit::accepted);
+    alone.push_back(collect(*ch));
+  }
+
+  o.max_sequences = 3;
+  PagedBackend backend(*model, o);
+  SchedulerStats stats;
+  PagedPoolStats pool;
+  KVCounters counters;
+  std::vector<Collected> got;
+  {
+    SchedulerOptions so;
+    Scheduler sched(backend, so);
+    SequenceRequest r;
+    r.prompt = prompt;
+    r.params = params(seeds[0]);
+    r.channel = std::make_shared<SequenceChannel>();
+    std::vector<std::shared_ptr<SequenceChannel>> chans = {r.channel};
+    for (int k = 1; k < 3; ++k) {
+      r.forks.push_back({params(seeds[k]), std::make_shared<SequenceChannel>()});
+      chans.push_back(r.forks.back().channel);
+    }
+    ASSERT_EQ(sched.submit(std::move(r)), Scheduler::Submit::accepted);
+    for (auto& ch : chans) got.push_back(collect(*ch));
+    sched.run_on_engine([&] {
+      pool = backend.pool_stats();
+      counters = backend.kv_counters();
+    });
+    stats = sched.stats();
+  }
+  for (size_t k = 0; k < 3; ++k) {
+    EXPECT_EQ(got[k].error, "") << "choice " << k;
+    EXPECT_EQ(got[k].finish_reason, "length") << "choice " << k;
+    EXPECT_EQ(got[k].tokens, alone[k].tokens) << "choice " << k;
+  }
+  EXPECT_NE(got[0].tokens, got[1].tokens);
+  EXPECT_NE(got[1].tokens, got[2].tokens);
+  EXPECT_EQ(stats.n_prompt_tokens, prompt.size()) << "the prompt is prefilled once";
+  EXPECT_EQ(stats.n_generated_tokens, uint64_t(3 * kMax));
+  // The shared partial block is copied by the two choices that write into it second and third
+  // (one copying write per layer each); the first finds it held by nobody else by then.
+  EXPECT_GE(counters.n_copying_writes, uint64_t(2 * model->info().n_layers));
+  EXPECT_EQ(pool.n_in_use, 0);
+}
+
+// A request of n choices that is cancelled while it waits ends every choice; one of more
+// choices than the backend runs at once is refused.
+TEST(PagedScheduler, ACancelledRequestEndsAllItsChoices) {
+  std::unique_ptr<Model> model = load_model(fixture("llama"));
+  PagedBackendOptions o;
+  o.max_sequences = 2;
+  o.context_size = 256;
+  o.block_size = 4;
+  PagedBackend backend(*model, o);
+  SchedulerOptions so;
+  Scheduler sched(backend, so);
+  std::mt19937 rng(7);
+  auto request = [&](int n_forks) {
+    SequenceRequest r;
+    r.prompt = random_prompt(rng, 12, model->info().vocab_size);
+    r.params.max_tokens = 200;
+    r.channel = std::make_shared<SequenceChannel>();
+    for (int k = 0; k < n_forks; ++k) r.forks.push_back({r.params, std::make_shared<SequenceChannel>()});
+    return r;
+  };
+  EXPECT_THROW(sched.submit(request(2)), InvalidInput);
+  // Running: cancelling every channel (as the server does when its client leaves) ends both.
+  SequenceRequest running = request(1);
+  std::vector<std::shared_ptr<SequenceChannel>> chans = {running.channel, running.forks[0].channel};
+  ASSERT_EQ(sched.submit(std::move(running)), Scheduler::Submit::accepted);
+  // Waiting behind it (both sequences are taken): cancelling its prompt's channel ends the fork too.
+  SequenceRequest waiting = request(1);
+  auto waiting_fork = waiting.forks[0].channel;
+  auto waiting_main = waiting.channel;
+  ASSERT_EQ(sched.submit(std::move(waiting)), Scheduler::Submit::accepted);
+  ASSERT_TRUE(chans[0]->pop(60000).has_value());  // the first token: it runs
+  waiting_main->cancel();
+  EXPECT_EQ(collect(*waiting_fork).finish_reason, "cancelled");
+  EXPECT_EQ(collect(*waiting_main).finish_reason, "cancelled");
+  for (auto& ch : chans) ch->cancel();
+  for (auto& ch : chans) EXPECT_EQ(collect(*ch).finish_reason, "cancelled");
+  sched.run_on_engine([] {});
+  EXPECT_EQ(sched.stats().n_running, 0);
+  EXPECT_EQ(sched.stats().n_cancelled, 4u);
 }
 
 }  // namespace osprey

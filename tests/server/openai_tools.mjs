@@ -24,6 +24,21 @@ const stream = client.chat.completions.stream(params);
 const final = await stream.finalChatCompletion();
 out.streamed = { message: final.choices[0].message, finish_reason: final.choices[0].finish_reason };
 
+// Two choices, streamed: the client's accumulator assembles each choice's calls from its
+// chunks; the raw chunks give each call's argument fragments.
+const final2 = await client.chat.completions.stream({ ...params, n: 2 }).finalChatCompletion();
+out.streamed_n2 = final2.choices.map((c) => ({ index: c.index, message: c.message, finish_reason: c.finish_reason }));
+out.fragments = {};
+for await (const chunk of await client.chat.completions.create({ ...params, n: 2, stream: true }))
+  for (const choice of chunk.choices)
+    for (const call of choice.delta.tool_calls ?? []) {
+      const key = `${choice.index}.${call.index}`;
+      out.fragments[key] ??= [];
+      if (call.function?.arguments) out.fragments[key].push(call.function.arguments);
+    }
+// Every call's accumulated arguments parse.
+out.parsed = Object.fromEntries(Object.entries(out.fragments).map(([k, f]) => [k, JSON.parse(f.join(''))]));
+
 // The next turn: the reply as the client returned it, and each call's result.
 const message = whole.choices[0].message;
 const messages = [...request.messages, message];

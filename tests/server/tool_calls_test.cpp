@@ -175,6 +175,106 @@ TEST(ToolCalls, MistralAndCommandR7BFormats) {
   EXPECT_EQ(json::parse(r7b.calls[0].arguments), json({{"city", "Paris"}}));
 }
 
+// Streamed arguments, in every format: fed a byte at a time, a call's id and name come first
+// with empty arguments, before the call's block has closed; then its arguments in fragments
+// whose concatenation is the arguments string of the whole-reply parse; no part of the call
+// syntax comes out as content. Each expected value is the call's JSON as written in the text.
+TEST(ToolCalls, StreamedArgumentsComeInFragmentsThatJoinToTheWholeParse) {
+  struct Case {
+    ToolCallFormat format;
+    std::string text, content;
+    std::vector<std::pair<std::string, json>> calls;
+  };
+  const std::vector<Case> cases = {
+      {ToolCallFormat::hermes,
+       "Sure.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Z\\u00fcrich \\\"old\\\" town\", "
+       "\"days\": [1, 2],\n \"unit\": {\"t\": \"c\"}}}\n</tool_call>\n<tool_call>{\"name\": \"search_flights\", "
+       "\"arguments\": {\"from\": \"ZRH\"}}</tool_call>",
+       "Sure.",
+       {{"get_weather", {{"city", "Z\u00fcrich \"old\" town"}, {"days", {1, 2}}, {"unit", {{"t", "c"}}}}},
+        {"search_flights", {{"from", "ZRH"}}}}},
+      {ToolCallFormat::llama3_json,
+       "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\", \"unit\": \"celsius\"}}; "
+       "{\"name\": \"search_flights\", \"parameters\": {\"to\": \"CDG\"}}",
+       "",
+       {{"get_weather", {{"city", "Paris"}, {"unit", "celsius"}}}, {"search_flights", {{"to", "CDG"}}}}},
+      {ToolCallFormat::mistral,
+       "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}, {\"name\": \"search_flights\", "
+       "\"arguments\": {\"from\": \"ZRH\", \"to\": \"CDG\"}}]",
+       "",
+       {{"get_weather", {{"city", "Paris"}}}, {"search_flights", {{"from", "ZRH"}, {"to", "CDG"}}}}},
+      {ToolCallFormat::mistral,
+       "Checking.[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\"}[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Rome\"}",
+       "Checking.",
+       {{"get_weather", {{"city", "Paris"}}}, {"get_weather", {{"city", "Rome"}}}}},
+      {ToolCallFormat::command_r7b,
+       "I will look.<|START_ACTION|>[\n {\"tool_call_id\": \"0\", \"tool_name\": \"get_weather\", \"parameters\": "
+       "{\"city\": \"Paris\"}},\n {\"tool_call_id\": \"1\", \"tool_name\": \"search_flights\", \"parameters\": "
+       "{\"to\": \"CDG\"}}\n]<|END_ACTION|>",
+       "I will look.",
+       {{"get_weather", {{"city", "Paris"}}}, {"search_flights", {{"to", "CDG"}}}}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.text);
+    const ToolCallOutput whole = parser(c.format, kFunctions).parse(c.text);
+    ASSERT_EQ(whole.calls.size(), c.calls.size());
+    ToolCallParserOptions o;
+    o.format = c.format;
+    o.functions = kFunctions;
+    o.stream_arguments = true;
+    ToolCallParser p(o);
+    std::string content;
+    std::vector<ToolCall> pieces;
+    size_t first_header_at = std::string::npos;
+    for (size_t i = 0; i <= c.text.size(); ++i) {
+      ToolCallOutput out = i < c.text.size() ? p.push(c.text.substr(i, 1)) : p.finish();
+      content += out.content;
+      for (ToolCall& t : out.calls) {
+        if (!t.id.empty() && first_header_at == std::string::npos) first_header_at = i;
+        pieces.push_back(t);
+      }
+    }
+    for (const char* tag : {"<tool_call", "tool_call>", "[TOOL_CALLS", "[ARGS", "ACTION|>", "{\""})
+      EXPECT_EQ(content.find(tag), std::string::npos) << content;
+    EXPECT_EQ(content, c.content);
+    // The first call was released while the text was still arriving.
+    EXPECT_LT(first_header_at, c.text.size() - 1);
+    std::vector<ToolCall> calls;
+    append_tool_call_pieces(calls, pieces);
+    ASSERT_EQ(calls.size(), c.calls.size());
+    for (size_t k = 0; k < calls.size(); ++k) {
+      EXPECT_EQ(calls[k].name, c.calls[k].first);
+      EXPECT_EQ(calls[k].id, whole.calls[k].id);
+      EXPECT_EQ(calls[k].arguments, whole.calls[k].arguments);
+      EXPECT_EQ(json::parse(calls[k].arguments), c.calls[k].second);
+      size_t n_fragments = 0;
+      for (const ToolCall& t : pieces)
+        if (t.index == int(k) && !t.arguments.empty()) ++n_fragments;
+      EXPECT_GT(n_fragments, 3u) << "call " << k;
+    }
+  }
+}
+
+// A block whose name is not an offered function is never released, streamed or not: it stays
+// content.
+TEST(ToolCalls, StreamingReleasesNoCallOfAnUnknownFunction) {
+  const std::string text = "<tool_call>{\"name\": \"rm_rf\", \"arguments\": {\"path\": \"/\"}}</tool_call>";
+  ToolCallParserOptions o;
+  o.format = ToolCallFormat::hermes;
+  o.functions = kFunctions;
+  o.stream_arguments = true;
+  ToolCallParser p(o);
+  std::string content;
+  for (char ch : text) {
+    ToolCallOutput out = p.push(std::string(1, ch));
+    EXPECT_TRUE(out.calls.empty());
+    content += out.content;
+  }
+  ToolCallOutput end = p.finish();
+  EXPECT_TRUE(end.calls.empty());
+  EXPECT_EQ(content + end.content, text);
+}
+
 TEST(ToolCalls, ParallelFalseKeepsTheFirstCall) {
   const std::string text =
       "<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"A\"}}</tool_call>\n"

@@ -59,6 +59,7 @@ struct ScriptedServer {
                                   tok.encode(reply, false, true));
     ServerOptions o = testing::demo_server_options();
     o.model_dir = dir.path();
+    o.n_slots = 2;  // n = 2 requests
     o.alias = model;
     o.split_reasoning = split_reasoning;
     server = std::make_unique<testing::TestServer>(o);
@@ -118,13 +119,22 @@ TEST(ServerTools, StreamSendsReasoningThenTheCallsIdAndNameThenItsArguments) {
   EXPECT_EQ(reasoning, c["reasoning"].get<std::string>());
   EXPECT_EQ(content, "");
   EXPECT_EQ(finish, "tool_calls");
-  ASSERT_EQ(call_deltas.size(), 2u);
+  // The id and name first, then the arguments in fragments, as generated.
+  ASSERT_GT(call_deltas.size(), 3u);
   EXPECT_EQ(call_deltas[0][0]["index"], 0);
   EXPECT_EQ(call_deltas[0][0]["function"]["name"], "get_weather");
   EXPECT_EQ(call_deltas[0][0]["function"]["arguments"], "");
   EXPECT_TRUE(call_deltas[0][0]["id"].is_string());
-  EXPECT_FALSE(call_deltas[1][0].contains("id"));
-  EXPECT_EQ(json::parse(call_deltas[1][0]["function"]["arguments"].get<std::string>()), json({{"city", "Zürich"}}));
+  std::string arguments;
+  for (size_t i = 1; i < call_deltas.size(); ++i) {
+    EXPECT_FALSE(call_deltas[i][0].contains("id"));
+    EXPECT_EQ(call_deltas[i][0]["index"], 0);
+    arguments += call_deltas[i][0]["function"]["arguments"].get<std::string>();
+  }
+  // The same arguments string as the whole reply's.
+  const json whole = post_ok(*s.server, first_turn(c));
+  EXPECT_EQ(arguments, whole["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"].get<std::string>());
+  EXPECT_EQ(json::parse(arguments), json({{"city", "Zürich"}}));
 }
 
 TEST(ServerTools, ContentBeforeTwoCallsAndParallelToolCallsFalse) {
@@ -242,7 +252,22 @@ TEST(ServerTools, OpenAIClientToolCallRoundTrip) {
     }
   }
   EXPECT_EQ(r["next_prompt"], c["output"].get<std::string>());
-  EXPECT_EQ(r["next_finish_reason"], "stop");
+  EXPECT_EQ(r["next_finish_reason"], "stop");  // n = 2, streamed: both choices carry the calls; each call's arguments came in fragments
+  // that, joined, parse to the call's arguments.
+  ASSERT_EQ(r["streamed_n2"].size(), 2u) << out;
+  for (size_t k = 0; k < 2; ++k) {
+    const json& ch = r["streamed_n2"][k];
+    EXPECT_EQ(ch["index"], k);
+    EXPECT_EQ(ch["finish_reason"], "tool_calls");
+    ASSERT_EQ(ch["message"]["tool_calls"].size(), c["calls"].size()) << ch.dump();
+    for (size_t i = 0; i < c["calls"].size(); ++i) {
+      const std::string key = std::to_string(k) + "." + std::to_string(i);
+      EXPECT_EQ(ordered_json::parse(ch["message"]["tool_calls"][i]["function"]["arguments"].get<std::string>()),
+                c["calls"][i]["arguments"]);
+      EXPECT_GT(r["fragments"][key].size(), 1u) << key << ": " << r["fragments"].dump();
+      EXPECT_EQ(r["parsed"][key], json::parse(c["calls"][i]["arguments"].dump())) << key;
+    }
+  }
 }
 
 // ---- the rest of the surface, on the demo model ----
