@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <set>
 #include <memory>
 
@@ -39,17 +40,19 @@ const std::vector<std::string> kFormats = {"awq",         "gptq",      "gptq-v2-
 
 bool int_format(const std::string& f) { return f == "awq" || f.rfind("gptq", 0) == 0; }
 
-// The script's checkpoints, written once per test program.
-const fs::path& checkpoints() {
-  static testing::TempDir* dir = [] {
-    auto* d = new testing::TempDir();
+// The script's checkpoint of format `fmt` (a folder under the returned path), written once
+// per test program.
+const fs::path& checkpoints(const std::string& fmt) {
+  static std::map<std::string, std::unique_ptr<testing::TempDir>> made;
+  std::unique_ptr<testing::TempDir>& d = made[fmt];
+  if (!d) {
+    d = std::make_unique<testing::TempDir>();
     const std::string cmd = "/usr/bin/python3 " + (testing::source_dir() / "tools/make_quant_checkpoints.py").string() +
                             " --src " + testing::fixture_dir("llama").string() + " --out " + d->path().string() +
-                            " > " + (d->path() / "log.txt").string() + " 2>&1";
+                            " --formats " + fmt + " > " + (d->path() / "log.txt").string() + " 2>&1";
     if (std::system(cmd.c_str()) != 0) ADD_FAILURE() << cmd << ":\n" << testing::read_file(d->path() / "log.txt");
-    return d;
-  }();
-  return dir->path();
+  }
+  return d->path();
 }
 
 Array to_cpu(const Array& a) { return ops::to_device(a, Device::cpu()); }
@@ -82,12 +85,12 @@ float margin(const float* row, int64_t n) {
   return row[best] - second;
 }
 
-class HubQuant : public testing::DeviceTestOf<testing::ModelCase> {
+class HubCheckpoint : public testing::DeviceTestOf<testing::ModelCase> {
  protected:
-  fs::path dir() const { return checkpoints() / GetParam().model; }
+  fs::path dir() const { return checkpoints(GetParam().model) / GetParam().model; }
 };
 
-TEST_P(HubQuant, LoadedWeightsEqualTheScriptsDequantization) {
+TEST_P(HubCheckpoint, LoadedWeightsEqualTheScriptsDequantization) {
   const std::string fmt = GetParam().model;
   const SafeTensors st = SafeTensors::open(dir());
   const SafeTensors ref = SafeTensors::open_file(dir() / "dequant.safetensors");
@@ -131,7 +134,7 @@ TEST_P(HubQuant, LoadedWeightsEqualTheScriptsDequantization) {
 // 8-bit kernels (x rounded to int8 parts: within 1e-3 of f32 activations) with float16 K/V
 // rows like the twin; FP8 runs bfloat16 weights (the products rounded within 2^-9) and bfloat16
 // K/V rows against the twin's float32 weights and float16 rows.
-TEST_P(HubQuant, LogitsMatchTheDequantizedDenseModel) {
+TEST_P(HubCheckpoint, LogitsMatchTheDequantizedDenseModel) {
   const double tol = int_format(GetParam().model) ? 3e-3 : 1e-2;
   auto quant = testing::load_on(dir(), device());
   auto dense = testing::load_on(dir() / "dense", device());
@@ -158,7 +161,7 @@ TEST_P(HubQuant, LogitsMatchTheDequantizedDenseModel) {
 
 // Greedy output of the quantized model equals the dense twin's over the steps whose margin
 // (dense logits, teacher-forced) is clear.
-TEST_P(HubQuant, GreedyOutputMatchesTheDenseModelWhereMarginsAreClear) {
+TEST_P(HubCheckpoint, GreedyOutputMatchesTheDenseModelWhereMarginsAreClear) {
   auto quant = testing::load_on(dir(), device());
   auto dense = testing::load_on(dir() / "dense", device());
   int clear = 0;
@@ -186,7 +189,7 @@ TEST_P(HubQuant, GreedyOutputMatchesTheDenseModelWhereMarginsAreClear) {
   EXPECT_GE(clear, 16) << "too few clear-margin steps to check";
 }
 
-INSTANTIATE_TEST_SUITE_P(Formats, HubQuant, OSPREY_MODELS_ON_DEVICES(kFormats));
+INSTANTIATE_TEST_SUITE_P(Formats, HubCheckpoint, OSPREY_MODELS_ON_DEVICES(kFormats));
 
 TEST(HubQuantFp8, E4m3DecodesAsTheFormatDefines) {
   EXPECT_EQ(e4m3_to_float(0x00), 0.0f);
@@ -206,7 +209,7 @@ TEST(HubQuantFp8, E4m3DecodesAsTheFormatDefines) {
 class HubQuantMalformed : public ::testing::Test {
  protected:
   void copy(const std::string& fmt) {
-    for (const auto& e : fs::directory_iterator(checkpoints() / fmt))
+    for (const auto& e : fs::directory_iterator(checkpoints(fmt) / fmt))
       if (e.is_regular_file()) fs::copy_file(e.path(), dir_.path() / e.path().filename());
     config_ = nlohmann::json::parse(testing::read_file(dir_ / "config.json"));
   }
@@ -316,7 +319,7 @@ TEST(HubQuantConvert, Fp8ConversionEqualsTheScriptsPerChannelCheckpoint) {
                                      (out / "fp8").string() + " --to fp8");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const SafeTensors ours = SafeTensors::open(out / "fp8");
-  const SafeTensors ref = SafeTensors::open(checkpoints() / "fp8-channel");
+  const SafeTensors ref = SafeTensors::open(checkpoints("fp8-channel") / "fp8-channel");
   ASSERT_EQ(ours.names(), ref.names());
   int n_f8 = 0;
   for (const std::string& n : ref.names()) {
