@@ -27,10 +27,13 @@ struct QuantizedMatrix {
   size_t nbytes() const { return packed.nbytes() + scales.nbytes() + biases.nbytes(); }
 };
 
-// A linear layer's weight: dense [out, in] (f32 | f16 | bf16) or quantized.
+// A linear layer's weight: dense [out, in] (f32 | f16 | bf16) or quantized. `in_perm`, when
+// defined (i32 [in], on the weight's device): the weight's input j is the layer's input
+// in_perm[j], and linear() gathers x by it first (GPTQ's desc_act, model/hub_quant.h).
 struct LinearWeight {
   Array dense;
   QuantizedMatrix quant;
+  Array in_perm;
 
   bool quantized() const { return quant.defined(); }
   bool defined() const { return dense.defined() || quant.defined(); }

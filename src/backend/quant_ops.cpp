@@ -86,7 +86,29 @@ Array linear(const Array& x, const QuantizedMatrix& w, const Array& bias) {
   return y;
 }
 
+namespace {
+
+// x [..., in] with its last axis gathered by `perm` (i32 [in]): x'[r, j] = x[r, perm[j]]. A row
+// gather (the embedding op) between two transposing copies, on x's device.
+Array gather_inputs(const Array& x, const Array& perm) {
+  require(perm.dtype() == DType::i32 && perm.ndim() == 1 && x.defined() && x.dtype() == DType::f32 &&
+              x.is_contiguous() && x.ndim() >= 1 && x.dim(-1) == perm.numel(),
+          "linear", "input order " + osprey::describe(perm) + " does not fit x " + osprey::describe(x));
+  const int64_t in = perm.numel(), n = x.numel() / in;
+  if (n == 1) return embedding(x.reshape({in, 1}), perm).reshape(x.shape());
+  const Array xt = cast(Array::strided(x.buffer(), x.byte_offset(), {in, n}, {1, in}, DType::f32), DType::f32);
+  const Array g = embedding(xt, perm);  // [in, n]
+  return cast(Array::strided(g.buffer(), g.byte_offset(), {n, in}, {1, n}, DType::f32), DType::f32).reshape(x.shape());
+}
+
+}  // namespace
+
 Array linear(const Array& x, const LinearWeight& w, const Array& bias) {
+  if (w.in_perm.defined()) {
+    LinearWeight plain = w;
+    plain.in_perm = Array();
+    return linear(gather_inputs(x, w.in_perm), plain, bias);
+  }
   if (w.quantized()) return linear(x, w.quant, bias);
   require(w.dense.defined(), "linear", "the weight is undefined (neither dense nor quantized)");
   return linear(x, w.dense, bias);
@@ -110,6 +132,7 @@ Array embedding(const QuantizedMatrix& table, const Array& ids, float scale) {
 }
 
 Array embedding(const LinearWeight& table, const Array& ids, float scale) {
+  require(!table.in_perm.defined(), "embedding", "a table whose columns are permuted (GPTQ desc_act) is not supported");
   if (table.quantized()) return embedding(table.quant, ids, scale);
   require(table.dense.defined(), "embedding", "the table is undefined (neither dense nor quantized)");
   return embedding(table.dense, ids, scale);

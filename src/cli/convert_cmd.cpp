@@ -20,8 +20,9 @@ constexpr int64_t kMaxShardMib = int64_t(1) << 30;  // 1 PiB
 struct ConvertOptions {
   std::string model;
   std::string output;
-  int bits = 4;
-  int group_size = 64;
+  std::string to = "mlx";
+  int bits = 0;        // 0: the default, 4 (mlx only)
+  int group_size = 0;  // 0: the default, 64 (mlx only)
   std::string dtype;
   int64_t shard_mib = 5120;  // at most kMaxShardMib, so that the bytes fit in 64 bits
   int threads = -1;
@@ -33,8 +34,14 @@ DType parse_dtype(const std::string& name) {
   throw UsageError("--dtype: \"" + name + "\" is not supported (float16 or bfloat16)");
 }
 
-int run_convert(const ConvertOptions& o) {
+int run_convert(ConvertOptions o) {
   if (o.threads >= 0) set_cpu_threads(o.threads);
+  if (o.to != "mlx" && o.to != "fp8") throw UsageError("--to: \"" + o.to + "\" is not supported (mlx or fp8)");
+  const bool fp8 = o.to == "fp8";
+  if (fp8 && (o.bits != 0 || o.group_size != 0))
+    throw UsageError("--q-bits and --q-group-size do not apply to --to fp8 (one scale per output row)");
+  if (o.bits == 0) o.bits = 4;
+  if (o.group_size == 0) o.group_size = 64;
   if (!supported_quant_bits(o.bits))
     throw UsageError("--q-bits: " + std::to_string(o.bits) + " is not supported (2, 3, 4, 6 or 8)");
   if (!supported_group_size(o.group_size))
@@ -55,6 +62,7 @@ int run_convert(const ConvertOptions& o) {
   fs::create_directories(dst, ec);
   if (ec) throw IoError("-o " + dst.string() + ": cannot create the folder: " + ec.message());
   ConvertParams p;
+  p.target = fp8 ? ConvertTarget::fp8 : ConvertTarget::mlx;
   p.bits = o.bits;
   p.group_size = o.group_size;
   p.dtype = dtype;
@@ -71,8 +79,9 @@ int run_convert(const ConvertOptions& o) {
       for (const auto& e : fs::directory_iterator(dst, ec)) fs::remove_all(e.path(), ec);
     throw;
   }
-  std::fprintf(stderr, "converted %s: %zu tensors quantized (Q%d g%d, %s scales), %zu kept dense; %.1f MiB in %zu file%s -> %s\n",
-               src.string().c_str(), s.n_quantized, o.bits, o.group_size, dtype_name(s.dtype), s.n_dense,
+  const std::string how = fp8 ? "FP8 e4m3, one scale per row" : "Q" + std::to_string(o.bits) + " g" + std::to_string(o.group_size);
+  std::fprintf(stderr, "converted %s: %zu tensors quantized (%s, %s scales), %zu kept dense; %.1f MiB in %zu file%s -> %s\n",
+               src.string().c_str(), s.n_quantized, how.c_str(), dtype_name(s.dtype), s.n_dense,
                double(s.bytes) / (1024.0 * 1024.0), s.n_files, s.n_files == 1 ? "" : "s", dst.string().c_str());
   return 0;
 }
@@ -83,8 +92,11 @@ Command add_convert(CLI::App& app) {
   auto o = std::make_shared<ConvertOptions>();
   app.add_option("-m,--model", o->model, "Source model folder (Hugging Face safetensors, f16/bf16/f32)")->required();
   app.add_option("-o,--output", o->output, "Output folder (must not exist or be empty)")->required();
-  app.add_option("--q-bits", o->bits, "Bits per weight: 2, 3, 4, 6 or 8");
-  app.add_option("--q-group-size", o->group_size, "Weights per scale and bias: 32, 64 or 128");
+  app.add_option("--to", o->to,
+                 "mlx (default): MLX affine quantization; fp8: FP8 e4m3 weights with one scale per output row, in "
+                 "the compressed-tensors layout");
+  app.add_option("--q-bits", o->bits, "Bits per weight: 2, 3, 4 (default), 6 or 8 (mlx only)");
+  app.add_option("--q-group-size", o->group_size, "Weights per scale and bias: 32, 64 (default) or 128 (mlx only)");
   app.add_option("--dtype", o->dtype,
                  "float16 or bfloat16: scales, biases and unquantized tensors (default: the source's 16-bit "
                  "type; bfloat16 for a float32 source)");

@@ -156,7 +156,7 @@ int main(int argc, char** argv) {
   add("template", "Print a chat request rendered with the model's chat template", osprey::cli::add_template);
   add("serve", "Serve the model over an OpenAI-compatible HTTP API", osprey::cli::add_serve);
   add("pull", "Download a model from the Hugging Face Hub into its cache (org/name[:revision])", osprey::cli::add_pull);
-  add("convert", "Quantize a checkpoint to MLX affine 2/3/4/6/8-bit (mlx-lm's layout)", osprey::cli::add_convert);
+  add("convert", "Quantize a checkpoint to MLX affine 2/3/4/6/8-bit (mlx-lm's layout) or FP8 (compressed-tensors)", osprey::cli::add_convert);
   // llama-server's two-letter short flag, which CLI11 cannot declare (serve only: elsewhere
   // "-np" may be a value, such as a prompt).
   std::vector<std::string> args(argv + 1, argv + argc);

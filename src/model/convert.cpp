@@ -8,6 +8,7 @@
 #include "backend/quant.h"
 #include "core/error.h"
 #include "model/config_reader.h"
+#include "model/hub_quant.h"
 #include "model/quantize.h"
 
 namespace osprey {
@@ -41,6 +42,54 @@ void write_json(const fs::path& path, const nlohmann::json& j) {
 
 }  // namespace
 
+namespace {
+
+// Splits the steps into shards of at most shard_bytes (a larger single step gets its own).
+void plan_shards(ConvertPlan& plan, size_t shard_bytes) {
+  const std::vector<ConvertStep>& steps = plan.steps;
+  plan.shards.emplace_back();
+  size_t in_shard = 0;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const size_t n = steps[i].nbytes();
+    if (in_shard > 0 && in_shard + n > shard_bytes) {
+      plan.shards.emplace_back();
+      in_shard = 0;
+    }
+    plan.shards.back().push_back(i);
+    in_shard += n;
+    plan.total_bytes += n;
+  }
+}
+
+bool fp8_target(const std::string& name, const TensorInfo& ti) {
+  return ends_with(name, ".weight") && ti.shape.n == 2 && is_float(ti.dtype) &&
+         name.find("embed") == std::string::npos && name.find("lm_head") == std::string::npos;
+}
+
+}  // namespace
+
+ConvertPlan plan_fp8_conversion(const SafeTensors& st, DType dtype, size_t shard_bytes) {
+  ConvertPlan plan;
+  for (const auto& name : st.names()) {
+    if (ends_with(name, ".rotary_emb.inv_freq")) continue;  // recomputed from the config
+    const TensorInfo& ti = st.info(name);
+    ConvertStep s;
+    s.source = name;
+    if (fp8_target(name, ti)) {
+      s.quantize = true;
+      TensorSpec codes{name, DType::u8, ti.shape};
+      codes.float8_e4m3 = true;
+      s.outputs.push_back(codes);
+      s.outputs.push_back({name + "_scale", dtype, Shape{ti.shape[0], 1}});
+    } else {
+      s.outputs.push_back({name, is_float(ti.dtype) ? dtype : ti.dtype, ti.shape});
+    }
+    plan.steps.push_back(std::move(s));
+  }
+  plan_shards(plan, shard_bytes);
+  return plan;
+}
+
 ConvertPlan plan_conversion(const SafeTensors& st, int bits, int group_size, DType dtype, size_t shard_bytes) {
   if (!supported_quant_bits(bits)) throw InvalidInput("convert: " + std::to_string(bits) + "-bit is not supported (2, 3, 4, 6 or 8)");
   if (!supported_group_size(group_size))
@@ -64,18 +113,7 @@ ConvertPlan plan_conversion(const SafeTensors& st, int bits, int group_size, DTy
     }
     steps.push_back(std::move(s));
   }
-  plan.shards.emplace_back();
-  size_t in_shard = 0;
-  for (size_t i = 0; i < steps.size(); ++i) {
-    const size_t n = steps[i].nbytes();
-    if (in_shard > 0 && in_shard + n > shard_bytes) {
-      plan.shards.emplace_back();
-      in_shard = 0;
-    }
-    plan.shards.back().push_back(i);
-    in_shard += n;
-    plan.total_bytes += n;
-  }
+  plan_shards(plan, shard_bytes);
   return plan;
 }
 
@@ -99,7 +137,9 @@ ConvertSummary convert_checkpoint(const fs::path& src, const fs::path& dst, cons
   const SafeTensors st = SafeTensors::open(src);
   check_not_quantized(src, config, st);
   const DType dtype = p.dtype.value_or(default_convert_dtype(st));
-  const ConvertPlan plan = plan_conversion(st, p.bits, p.group_size, dtype, p.shard_bytes);
+  const bool fp8 = p.target == ConvertTarget::fp8;
+  const ConvertPlan plan = fp8 ? plan_fp8_conversion(st, dtype, p.shard_bytes)
+                               : plan_conversion(st, p.bits, p.group_size, dtype, p.shard_bytes);
   size_t source_total = 0;
   for (const ConvertStep& s : plan.steps) source_total += st.info(s.source).nbytes;
 
@@ -115,11 +155,16 @@ ConvertSummary convert_checkpoint(const fs::path& src, const fs::path& dst, cons
         specs.push_back(spec);
         weight_map[spec.name] = file;
       }
-    SafeTensorsWriter writer(dst / file, std::move(specs), {{"format", "mlx"}});
+    SafeTensorsWriter writer(dst / file, std::move(specs), {{"format", fp8 ? "pt" : "mlx"}});
     for (size_t si : plan.shards[i]) {
       const ConvertStep& s = plan.steps[si];
       const Array a = st.get(s.source);
-      if (s.quantize) {
+      if (s.quantize && fp8) {
+        const Fp8Rows q = quantize_fp8_rows(a, dtype);
+        writer.write(s.outputs[0].name, q.codes);
+        writer.write(s.outputs[1].name, q.scales);
+        ++sum.n_quantized;
+      } else if (s.quantize) {
         const QuantizedMatrix q = quantize_affine(a, p.bits, p.group_size, dtype);
         writer.write(s.outputs[0].name, q.packed);
         writer.write(s.outputs[1].name, q.scales);
@@ -139,9 +184,24 @@ ConvertSummary convert_checkpoint(const fs::path& src, const fs::path& dst, cons
                {{"metadata", {{"total_size", plan.total_bytes}}}, {"weight_map", weight_map}});
 
   nlohmann::json cfg = config.json();
-  const nlohmann::json quant = {{"group_size", p.group_size}, {"bits", p.bits}};
-  cfg["quantization"] = quant;
-  cfg["quantization_config"] = quant;
+  if (fp8) {
+    const nlohmann::json scheme = {{"num_bits", 8}, {"type", "float"}, {"symmetric", true}};
+    nlohmann::json weights = scheme, acts = scheme;
+    weights["strategy"] = "channel";
+    weights["dynamic"] = false;
+    acts["strategy"] = "token";
+    acts["dynamic"] = true;
+    cfg["quantization_config"] = {
+        {"quant_method", "compressed-tensors"},
+        {"format", "float-quantized"},
+        {"quantization_status", "compressed"},
+        {"ignore", {"lm_head"}},
+        {"config_groups", {{"group_0", {{"targets", {"Linear"}}, {"weights", weights}, {"input_activations", acts}}}}}};
+  } else {
+    const nlohmann::json quant = {{"group_size", p.group_size}, {"bits", p.bits}};
+    cfg["quantization"] = quant;
+    cfg["quantization_config"] = quant;
+  }
   for (const char* key : {"torch_dtype", "dtype"})
     if (cfg.contains(key) && cfg[key].is_string()) cfg[key] = dtype == DType::f16 ? "float16" : "bfloat16";
   write_json(dst / "config.json", cfg);

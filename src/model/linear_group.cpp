@@ -23,6 +23,9 @@ bool same_storage(const std::vector<LinearWeight>& parts) {
   const LinearWeight& p0 = parts[0];
   for (const LinearWeight& p : parts) {
     if (p.quantized() != p0.quantized() || p.in_features() != p0.in_features()) return false;
+    // One input order for all of them (the loader shares equal orders' array).
+    if (p.in_perm.defined() != p0.in_perm.defined() || (p.in_perm.defined() && p.in_perm.raw() != p0.in_perm.raw()))
+      return false;
     if (p.quantized()) {
       if (p.quant.bits != p0.quant.bits || p.quant.group_size != p0.quant.group_size ||
           p.quant.scales.dtype() != p0.quant.scales.dtype() || !p.quant.packed.is_contiguous())
@@ -36,6 +39,7 @@ bool same_storage(const std::vector<LinearWeight>& parts) {
 
 LinearWeight stack_weights(const std::vector<LinearWeight>& parts) {
   LinearWeight f;
+  f.in_perm = parts[0].in_perm;
   if (parts[0].quantized()) {
     std::vector<Array> packed, scales, biases;
     for (const LinearWeight& p : parts) {

@@ -154,7 +154,8 @@ void SafeTensors::add_file(const fs::path& path) {
     if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") || !entry.contains("data_offsets"))
       throw InvalidInput(what + ": header entry needs dtype, shape and data_offsets");
     if (!entry["dtype"].is_string()) throw InvalidInput(what + ": dtype is not a string");
-    auto dtype = dtype_from_safetensors(entry["dtype"].get<std::string>());
+    const bool f8 = entry["dtype"].get<std::string>() == "F8_E4M3";
+    auto dtype = f8 ? std::optional<DType>(DType::u8) : dtype_from_safetensors(entry["dtype"].get<std::string>());
     if (!dtype) throw Unsupported(what + ": unsupported dtype " + entry["dtype"].get<std::string>());
     const json& shape_j = entry["shape"];
     const json& off_j = entry["data_offsets"];
@@ -165,6 +166,7 @@ void SafeTensors::add_file(const fs::path& path) {
     TensorInfo info;
     info.name = name;
     info.dtype = *dtype;
+    info.float8_e4m3 = f8;
     // Element count and size in checked arithmetic, in the order Shape::numel multiplies:
     // a shape whose size does not fit in 63 bits is refused, never wrapped.
     uint64_t numel = 1;
@@ -256,9 +258,14 @@ size_t SafeTensors::total_bytes() const {
 }
 
 void write_safetensors(const fs::path& path, const std::vector<std::pair<std::string, Array>>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+                       const std::map<std::string, std::string>& metadata, const std::set<std::string>& float8_e4m3) {
   std::vector<TensorSpec> specs;
-  for (const auto& [name, a] : tensors) specs.push_back({name, a.dtype(), a.shape()});
+  for (const auto& [name, a] : tensors) {
+    const bool f8 = float8_e4m3.count(name) > 0;
+    if (f8 && a.dtype() != DType::u8)
+      throw InvalidInput(path.string() + ": tensor " + name + " is declared F8_E4M3 but is " + describe(a));
+    specs.push_back({name, a.dtype(), a.shape(), f8});
+  }
   SafeTensorsWriter writer(path, std::move(specs), metadata);
   for (const auto& [name, a] : tensors) writer.write(name, a);
   writer.close();
@@ -273,7 +280,7 @@ SafeTensorsWriter::SafeTensorsWriter(const fs::path& path, std::vector<TensorSpe
   for (const auto& spec : specs_) {
     if (header.contains(spec.name)) throw InvalidInput(path_.string() + ": tensor " + spec.name + " declared twice");
     std::vector<int64_t> shape(spec.shape.d, spec.shape.d + spec.shape.n);
-    header[spec.name] = {{"dtype", safetensors_dtype_name(spec.dtype)}, {"shape", shape},
+    header[spec.name] = {{"dtype", spec.float8_e4m3 ? std::string("F8_E4M3") : safetensors_dtype_name(spec.dtype)}, {"shape", shape},
                          {"data_offsets", {offset, offset + spec.nbytes()}}};
     offset += spec.nbytes();
   }

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,6 +24,9 @@ struct TensorInfo {
   size_t file_index = 0;   // into SafeTensors' file list
   size_t byte_offset = 0;  // absolute, within the file
   size_t nbytes = 0;
+  // "F8_E4M3" (float8 e4m3fn, FP8 checkpoints): no Array element type; read as its bytes,
+  // dtype u8, with this set (model/hub_quant.h decodes them).
+  bool float8_e4m3 = false;
 };
 
 // How a checkpoint's tensors differ from the Hugging Face layout that the families describe
@@ -74,14 +78,17 @@ class SafeTensors {
 };
 
 // Writes `tensors` (CPU arrays, any strides) as one safetensors file, in the given order,
-// with optional string metadata. Throws IoError when the file cannot be written.
+// with optional string metadata; the uint8 tensors named in `float8_e4m3` are declared F8_E4M3.
+// Throws IoError when the file cannot be written.
 void write_safetensors(const std::filesystem::path& path, const std::vector<std::pair<std::string, Array>>& tensors,
-                       const std::map<std::string, std::string>& metadata = {});
+                       const std::map<std::string, std::string>& metadata = {},
+                       const std::set<std::string>& float8_e4m3 = {});
 
 struct TensorSpec {
   std::string name;
   DType dtype = DType::f32;
   Shape shape;
+  bool float8_e4m3 = false;  // uint8 data declared F8_E4M3
   size_t nbytes() const { return size_t(shape.numel()) * dtype_size(dtype); }
 };
 

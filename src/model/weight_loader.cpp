@@ -4,6 +4,7 @@
 
 #include "backend/ops.h"
 #include "core/error.h"
+#include "core/file_read.h"
 #include "core/log.h"
 #include "model/config_reader.h"
 #include "model/safetensors.h"
@@ -70,12 +71,20 @@ QuantConfig parse_quant_config(const ConfigReader& config) {
   const char* key = config.has("quantization")          ? "quantization"
                     : config.has("quantization_config") ? "quantization_config"
                                                         : nullptr;
-  if (!key) return q;
+  if (!key) {
+    const std::filesystem::path modelopt = std::filesystem::path(config.where()).parent_path() / "hf_quant_config.json";
+    if (!config.where().empty() && regular_file_exists(modelopt)) {
+      q.hub = parse_modelopt_quant(modelopt);
+      q.where = q.hub.where;
+    }
+    return q;
+  }
   const ConfigReader c = *config.get_object(key);
   q.where = c.where();
-  if (c.has("quant_method"))
-    throw Unsupported(q.where + ": quant_method " + c.json()["quant_method"].dump() +
-                      " is not supported (Osprey reads MLX affine quantization)");
+  if (c.has("quant_method")) {
+    q.hub = parse_hub_quant(c, c.get_string("quant_method"));
+    return q;
+  }
   if (c.has("mode") && c.get_string("mode") != "affine")
     throw Unsupported(q.where + ": mode \"" + c.get_string("mode") + "\" is not supported (only \"affine\")");
   q.global = parse_setting(c);
@@ -92,7 +101,17 @@ QuantConfig parse_quant_config(const ConfigReader& config) {
 }
 
 WeightLoader::WeightLoader(const SafeTensors& weights, const LoadOptions& options, QuantConfig quant)
-    : weights_(weights), options_(options), quant_(std::move(quant)), total_(weights.total_bytes()) {}
+    : weights_(weights), options_(options), quant_(std::move(quant)), total_(weights.total_bytes()) {
+  if (quant_.hub.method != HubQuantMethod::fp8) return;
+  // FP8 checkpoints' attention scales for an FP8 KV cache: the cache stays 16-bit.
+  int n = 0;
+  for (const std::string& name : weights_.names())
+    for (const char* suffix : {".k_scale", ".v_scale", ".kv_scale", ".q_scale", ".prob_scale"})
+      if (name.size() > std::strlen(suffix) && name.ends_with(suffix)) read_.insert(name), ++n;
+  if (n)
+    log_info(weights_.source().string() + ": " + std::to_string(n) +
+             " KV-cache scale tensor(s) are not used: the KV cache stays in 16-bit floats");
+}
 
 void WeightLoader::touch(const Array& a) {
   // Fault the mapped pages in now, so the first forward pass is not the one that reads the
@@ -145,7 +164,14 @@ Array WeightLoader::vector_f32(const std::string& name, int64_t n, int64_t first
 LinearWeight WeightLoader::linear(const std::string& prefix, int64_t out, int64_t in, std::optional<DType> dtype,
                                   const WeightSlice& slice) {
   const std::string weight = prefix + ".weight";
+  if (quant_.hub.present() && (weights_.contains(prefix + ".qweight") ||
+                               (weights_.contains(weight) && weights_.info(weight).float8_e4m3)))
+    return hub_linear(prefix, out, in, dtype, slice);
   const TensorInfo& ti = weights_.info(weight);
+  if (ti.float8_e4m3)
+    throw InvalidInput("tensor " + weight + " is float8_e4m3fn " + ti.shape.str() +
+                       ", but config.json has no quantization_config naming an FP8 method (compressed-tensors, "
+                       "fbgemm_fp8, fp8, modelopt) and there is no hf_quant_config.json");
   LinearWeight lw;
   if (ti.dtype == DType::u32 || weights_.contains(prefix + ".scales") || weights_.contains(prefix + ".biases")) {
     lw.quant = quantized(prefix, out, in, dtype, slice);
@@ -159,10 +185,75 @@ LinearWeight WeightLoader::linear(const std::string& prefix, int64_t out, int64_
   return lw;
 }
 
+LinearWeight WeightLoader::hub_linear(const std::string& prefix, int64_t out, int64_t in, std::optional<DType> dtype,
+                                      const WeightSlice& slice) {
+  const HubQuant& hq = quant_.hub;
+  LinearWeight lw;
+  const WeightSlice s = resolve(slice, prefix, out, in);
+  if (weights_.contains(prefix + ".qweight")) {
+    if (hq.method != HubQuantMethod::awq && hq.method != HubQuantMethod::gptq)
+      throw InvalidInput("tensor " + prefix + ".qweight is an AWQ or GPTQ weight, but " + hq.where +
+                         " names quant_method \"" + hq.name + "\"");
+    RepackedInt r = repack_int_quant(weights_, hq, prefix, out, in, dtype);
+    read_.insert(r.tensors.begin(), r.tensors.end());
+    QuantizedMatrix& q = r.q;
+    const int64_t group = q.group_size, per = 32 / q.bits;
+    if (r.perm.defined() && (s.col0 != 0 || s.cols != in))
+      throw InvalidInput("tensor " + prefix + ".g_idx orders the inputs for desc_act: a tensor-parallel rank's "
+                         "columns " + range_str(s.col0, s.cols) + " of its " + std::to_string(in) +
+                         " inputs cannot be split from it (use one rank)");
+    if (s.col0 % group != 0 || s.cols % group != 0)
+      throw InvalidInput("tensor " + prefix + ".qweight is quantized in groups of " + std::to_string(group) +
+                         " inputs: a tensor-parallel rank's columns " + range_str(s.col0, s.cols) + " of its " +
+                         std::to_string(in) + " inputs do not fall on whole groups (use fewer ranks)");
+    q.packed = slice_2d(q.packed, s.row0, s.rows, s.col0 / per, s.cols / per);
+    q.scales = slice_2d(q.scales, s.row0, s.rows, s.col0 / group, s.cols / group);
+    q.biases = slice_2d(q.biases, s.row0, s.rows, s.col0 / group, s.cols / group);
+    done_ += r.source_bytes;
+    if (options_.progress) options_.progress(done_, total_);
+    converted_delta_ += int64_t(q.nbytes()) - int64_t(r.source_bytes);
+    q.packed = ops::to_device(q.packed, options_.device);
+    q.scales = ops::to_device(q.scales, options_.device);
+    q.biases = ops::to_device(q.biases, options_.device);
+    if (r.perm.defined()) {
+      std::vector<int32_t> key(r.perm.data<int32_t>(), r.perm.data<int32_t>() + in);
+      auto [it, fresh] = perms_.try_emplace(std::move(key));
+      if (fresh) it->second = ops::to_device(r.perm, options_.device);
+      lw.in_perm = it->second;
+    }
+    quant_weights_[{q.bits, q.group_size}] += s.rows * s.cols;
+    params_ += uint64_t(s.rows * s.cols);
+    lw.quant = std::move(q);
+    return lw;
+  }
+  if (hq.method != HubQuantMethod::fp8)
+    throw InvalidInput("tensor " + prefix + ".weight is float8_e4m3fn, but " + hq.where + " names quant_method \"" +
+                       hq.name + "\"");
+  DequantizedFp8 d = dequantize_fp8(weights_, hq, prefix, out, in, dtype.value_or(DType::bf16));
+  read_.insert(d.tensors.begin(), d.tensors.end());
+  // Static activation scales (W8A8 checkpoints): the weights run against unquantized activations.
+  if (weights_.contains(prefix + ".input_scale")) read_.insert(prefix + ".input_scale");
+  if (!fp8_logged_) {
+    log_info(weights_.source().string() + ": FP8 (" + hq.name + ") weights are dequantized to " +
+             dtype_name(dtype.value_or(DType::bf16)) + " at load; activations are not quantized");
+    fp8_logged_ = true;
+  }
+  Array w = slice_2d(d.w, s.row0, s.rows, s.col0, s.cols);
+  done_ += d.source_bytes;
+  if (options_.progress) options_.progress(done_, total_);
+  converted_delta_ += int64_t(w.nbytes()) - int64_t(d.source_bytes);
+  params_ += uint64_t(s.rows * s.cols);
+  lw.dense = ops::to_device(w, options_.device);
+  return lw;
+}
+
 QuantizedMatrix WeightLoader::quantized(const std::string& prefix, int64_t out, int64_t in,
                                         std::optional<DType> dtype, const WeightSlice& slice) {
   const std::string wname = prefix + ".weight", sname = prefix + ".scales", bname = prefix + ".biases";
   const TensorInfo& wi = weights_.info(wname);
+  if (quant_.hub.present())
+    throw InvalidInput("tensor " + wname + " is an MLX-quantized weight (" + tensor_str(wi) + "), but " + quant_.where +
+                       " names quant_method \"" + quant_.hub.name + "\"");
   if (!quant_.present())
     throw InvalidInput("tensor " + wname + " is quantized (" + tensor_str(wi) +
                        (weights_.contains(sname) ? ", with " + sname : std::string()) +

@@ -10,6 +10,7 @@
 
 #include "backend/quant.h"
 #include "core/array.h"
+#include "model/hub_quant.h"
 #include "model/linear_group.h"
 #include "model/model.h"
 
@@ -31,6 +32,8 @@ struct QuantConfig {
   std::optional<QuantSetting> global;  // nullopt: the checkpoint is not quantized
   std::map<std::string, std::optional<QuantSetting>> overrides;
   std::string where;  // "config.json: quantization", for errors
+  // A hub format converted at load (model/hub_quant.h): AWQ, GPTQ or FP8; `global` is then unset.
+  HubQuant hub;
 
   bool present() const { return global.has_value(); }
   // The setting that applies to `module`: its override, else the global one.
@@ -38,7 +41,10 @@ struct QuantConfig {
 };
 
 // Throws InvalidInput naming the field for unsupported bits or group sizes or a malformed
-// override, and Unsupported for another quantization method (e.g. GPTQ's quantization_config).
+// override, and Unsupported for a quantization method, version or scheme Osprey does not read.
+// A "quantization_config" with "quant_method" is a hub format (model/hub_quant.h); without
+// one, ModelOpt's hf_quant_config.json next to config.json (when `config` was loaded from a
+// file) is read.
 QuantConfig parse_quant_config(const ConfigReader& config);
 
 // The part of a [out, in] weight that one tensor-parallel rank loads: rows [row0, row0 + rows)
@@ -76,6 +82,10 @@ class WeightLoader {
   // `slice`: the rows or columns of the [out, in] weight to load. A quantized weight splits
   // by rows freely; by columns only on whole quantization groups (InvalidInput naming the
   // tensor, the columns and the group size otherwise).
+  // Hub formats (model/hub_quant.h): `<prefix>.qweight` of an AWQ or GPTQ checkpoint is
+  // repacked into the MLX layout (with in_perm for GPTQ's desc_act; such a weight is not split
+  // by columns); a float8_e4m3fn `<prefix>.weight` is dequantized to `dtype` (bfloat16 when
+  // not given).
   LinearWeight linear(const std::string& prefix, int64_t out, int64_t in, std::optional<DType> dtype = std::nullopt,
                       const WeightSlice& slice = {});
 
@@ -104,7 +114,7 @@ class WeightLoader {
 
   // The setting that covers the most quantized weights loaded so far; nullopt when none.
   std::optional<QuantSetting> dominant_quant() const;
-  size_t bytes_loaded() const { return done_; }
+  size_t bytes_loaded() const { return size_t(int64_t(done_) + converted_delta_); }
   // Weights loaded so far (a quantized matrix counts the weights it encodes).
   uint64_t params_loaded() const { return params_; }
   // Sets info's weight facts from what was loaded: dtype `dt`, bytes, parameters and the
@@ -118,6 +128,8 @@ class WeightLoader {
  private:
   void touch(const Array& a);
   Array place(const Array& a);
+  LinearWeight hub_linear(const std::string& prefix, int64_t out, int64_t in, std::optional<DType> dtype,
+                          const WeightSlice& slice);
   QuantizedMatrix quantized(const std::string& prefix, int64_t out, int64_t in, std::optional<DType> dtype,
                             const WeightSlice& slice);
 
@@ -128,7 +140,10 @@ class WeightLoader {
   std::map<std::pair<int, int>, int64_t> quant_weights_;  // (bits, group size) -> weights loaded
   size_t total_ = 0;
   size_t done_ = 0;
+  int64_t converted_delta_ = 0;  // bytes of the arrays converted at load minus their source bytes
   uint64_t params_ = 0;
+  std::map<std::vector<int32_t>, Array> perms_;
+  bool fp8_logged_ = false;  // input permutations, shared by equal content
 };
 
 }  // namespace osprey

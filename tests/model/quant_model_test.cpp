@@ -317,7 +317,7 @@ TEST_F(MalformedQuant, QuantizationConfigAloneIsEnough) {
 
 TEST_F(MalformedQuant, AnotherQuantizationMethodIsUnsupported) {
   config_.erase("quantization");
-  config_["quantization_config"] = {{"quant_method", "gptq"}, {"bits", 4}, {"group_size", 128}};
+  config_["quantization_config"] = {{"quant_method", "bitsandbytes"}, {"load_in_4bit", true}};
   write_safetensors(dir_ / "model.safetensors", tensors_);
   testing::write_file(dir_ / "config.json", config_.dump());
   EXPECT_THROW(load_model(dir_.path()), Unsupported);

@@ -1,0 +1,379 @@
+// The hub's quantized checkpoint formats (model/hub_quant.h): AWQ, GPTQ and the FP8 formats,
+// written from the llama fixture by tools/make_quant_checkpoints.py (numpy, from each format's
+// published layout). The loaded weights equal the script's own dequantization, the quantized
+// model's logits and greedy output equal those of a plain checkpoint holding the script's
+// dequantized weights, and malformed or unsupported checkpoints are refused by name.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <set>
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "backend/ops.h"
+#include "backend/quant.h"
+#include "core/error.h"
+#include "engine/generator.h"
+#include "model/config_reader.h"
+#include "model/hub_quant.h"
+#include "model/model.h"
+#include "model/safetensors.h"
+#include "model/weight_loader.h"
+#include "support/device_test.h"
+#include "support/family_harness.h"
+#include "support/test_util.h"
+
+namespace osprey {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::ints;
+using testing::tokens_of;
+
+const std::vector<std::string> kFormats = {"awq",         "gptq",      "gptq-v2-8bit", "fp8-channel",
+                                           "fp8-tensor",  "fp8-block", "fbgemm-fp8",   "modelopt-fp8"};
+
+bool int_format(const std::string& f) { return f == "awq" || f.rfind("gptq", 0) == 0; }
+
+// The script's checkpoint of format `fmt` (a folder under the returned path), written once
+// per test program.
+const fs::path& checkpoints(const std::string& fmt) {
+  static std::map<std::string, std::unique_ptr<testing::TempDir>> made;
+  std::unique_ptr<testing::TempDir>& d = made[fmt];
+  if (!d) {
+    d = std::make_unique<testing::TempDir>();
+    const std::string cmd = "/usr/bin/python3 " + (testing::source_dir() / "tools/make_quant_checkpoints.py").string() +
+                            " --src " + testing::fixture_dir("llama").string() + " --out " + d->path().string() +
+                            " --formats " + fmt + " > " + (d->path() / "log.txt").string() + " 2>&1";
+    if (std::system(cmd.c_str()) != 0) ADD_FAILURE() << cmd << ":\n" << testing::read_file(d->path() / "log.txt");
+  }
+  return d->path();
+}
+
+Array to_cpu(const Array& a) { return ops::to_device(a, Device::cpu()); }
+
+// The weight as a float32 [out, in] host matrix in the layer's input order.
+Array dequantized(const LinearWeight& w) {
+  Array m = w.quantized() ? to_cpu(ops::dequantize(w.quant, DType::f32)) : ops::cast(to_cpu(w.dense), DType::f32);
+  if (!w.in_perm.defined()) return m;
+  const Array perm = to_cpu(w.in_perm);
+  Array out = Array::empty(m.shape(), DType::f32);
+  const int64_t rows = m.dim(0), cols = m.dim(1);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < cols; ++j) out.data<float>()[r * cols + perm.data<int32_t>()[j]] = m.data<float>()[r * cols + j];
+  return out;
+}
+
+int32_t argmax(const float* row, int64_t n) {
+  int64_t best = 0;
+  for (int64_t j = 1; j < n; ++j)
+    if (row[j] > row[best]) best = j;
+  return int32_t(best);
+}
+
+// (largest - second largest) logit of a row.
+float margin(const float* row, int64_t n) {
+  const int32_t best = argmax(row, n);
+  float second = -INFINITY;
+  for (int64_t j = 0; j < n; ++j)
+    if (j != best) second = std::max(second, row[j]);
+  return row[best] - second;
+}
+
+class HubCheckpoint : public testing::DeviceTestOf<testing::ModelCase> {
+ protected:
+  fs::path dir() const { return checkpoints(GetParam().model) / GetParam().model; }
+};
+
+TEST_P(HubCheckpoint, LoadedWeightsEqualTheScriptsDequantization) {
+  const std::string fmt = GetParam().model;
+  const SafeTensors st = SafeTensors::open(dir());
+  const SafeTensors ref = SafeTensors::open_file(dir() / "dequant.safetensors");
+  LoadOptions opt;
+  opt.device = device();
+  WeightLoader loader(st, opt, parse_quant_config(ConfigReader::load(dir() / "config.json")));
+  ASSERT_EQ(ref.names().size(), 21u);  // q, k, v, o, gate, up, down of 3 layers
+  for (const std::string& name : ref.names()) {
+    const Array r = ref.get(name);
+    const int64_t out = r.dim(0), in = r.dim(1);
+    const std::string prefix = name.substr(0, name.size() - std::string(".weight").size());
+    const LinearWeight w = loader.linear(prefix, out, in);
+    if (int_format(fmt)) {
+      ASSERT_TRUE(w.quantized()) << name;
+      EXPECT_EQ(w.quant.bits, fmt == "gptq-v2-8bit" ? 8 : 4) << name;
+      EXPECT_EQ(w.quant.group_size, 32) << name;
+      EXPECT_EQ(w.in_perm.defined(), fmt == "gptq") << name << ": desc_act orders the inputs";
+    } else {
+      ASSERT_FALSE(w.quantized()) << name;
+      EXPECT_EQ(w.dense.dtype(), DType::bf16) << name;
+    }
+    const Array ours = dequantized(w);
+    ASSERT_EQ(ours.shape(), r.shape()) << name;
+    for (int64_t o = 0; o < out; ++o) {
+      const float* a = ours.data<float>() + o * in;
+      const float* b = r.data<float>() + o * in;
+      float row_max = 0;
+      for (int64_t i = 0; i < in; ++i) row_max = std::max(row_max, std::fabs(b[i]));
+      for (int64_t i = 0; i < in; ++i) {
+        // AWQ/GPTQ: bias = -s z rounded once to float16 (2^-11 of |s z| <= the row's range);
+        // FP8: the product rounded to bfloat16 (2^-9 of it).
+        const float tol = int_format(fmt) ? std::ldexp(row_max, -10) : std::ldexp(std::fabs(b[i]), -8);
+        ASSERT_LE(std::fabs(a[i] - b[i]), tol) << name << " [" << o << ", " << i << "]";
+      }
+    }
+  }
+}
+
+// Logits of the quantized model and of its dense twin (the script's dequantized weights as a
+// float32 checkpoint) over one prompt, prefill and token by token. AWQ/GPTQ run the 4 and
+// 8-bit kernels (x rounded to int8 parts: within 1e-3 of f32 activations) with float16 K/V
+// rows like the twin; FP8 runs bfloat16 weights (the products rounded within 2^-9) and bfloat16
+// K/V rows against the twin's float32 weights and float16 rows.
+TEST_P(HubCheckpoint, LogitsMatchTheDequantizedDenseModel) {
+  const double tol = int_format(GetParam().model) ? 3e-3 : 1e-2;
+  auto quant = testing::load_on(dir(), device());
+  auto dense = testing::load_on(dir() / "dense", device());
+  const std::vector<int32_t> ids = testing::random_prompt(24, 7);
+  {
+    SequenceCache cq = quant->make_cache({}), cd = dense->make_cache({});
+    const Array lq = testing::host_logits(*quant, ids, cq, true), ld = testing::host_logits(*dense, ids, cd, true);
+    ASSERT_EQ(lq.shape(), ld.shape());
+    double worst = 0;
+    for (int64_t t = 0; t < ld.dim(0); ++t)
+      worst = std::max(worst, testing::relative_row_error(lq.data<float>() + t * ld.dim(1),
+                                                          ld.data<float>() + t * ld.dim(1), ld.dim(1)));
+    EXPECT_LT(worst, tol) << GetParam().model;
+  }
+  SequenceCache cq = quant->make_cache({}), cd = dense->make_cache({});
+  double worst = 0;
+  for (int32_t t : ids) {
+    const Array a = to_cpu(quant->forward(tokens_of({t}), cq, false));
+    const Array b = to_cpu(dense->forward(tokens_of({t}), cd, false));
+    worst = std::max(worst, testing::relative_row_error(a.data<float>(), b.data<float>(), b.dim(1)));
+  }
+  EXPECT_LT(worst, tol) << GetParam().model << ": token-by-token decode";
+}
+
+// Greedy output of the quantized model equals the dense twin's over the steps whose margin
+// (dense logits, teacher-forced) is clear.
+TEST_P(HubCheckpoint, GreedyOutputMatchesTheDenseModelWhereMarginsAreClear) {
+  auto quant = testing::load_on(dir(), device());
+  auto dense = testing::load_on(dir() / "dense", device());
+  int clear = 0;
+  for (uint32_t seed : {1u, 2u, 3u}) {
+    const std::vector<int32_t> prompt = testing::random_prompt(8, seed);
+    GenerateParams gp;
+    gp.max_tokens = 32;
+    SequenceCache cd = dense->make_cache({});
+    const std::vector<int32_t> expected = generate(*dense, cd, prompt, gp).tokens;
+    std::vector<int32_t> forced = prompt;
+    forced.insert(forced.end(), expected.begin(), expected.end() - 1);
+    SequenceCache cf = dense->make_cache({});
+    const Array logits = testing::host_logits(*dense, forced, cf, true);
+    const int64_t vocab = logits.dim(1);
+    SequenceCache cq = quant->make_cache({});
+    const std::vector<int32_t> got = generate(*quant, cq, prompt, gp).tokens;
+    ASSERT_EQ(got.size(), expected.size());
+    for (size_t s = 0; s < expected.size(); ++s) {
+      const float* row = logits.data<float>() + (int64_t(prompt.size()) - 1 + int64_t(s)) * vocab;
+      if (margin(row, vocab) <= 0.05f) break;
+      ++clear;
+      ASSERT_EQ(got[s], expected[s]) << GetParam().model << ", seed " << seed << ", step " << s;
+    }
+  }
+  EXPECT_GE(clear, 16) << "too few clear-margin steps to check";
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, HubCheckpoint, OSPREY_MODELS_ON_DEVICES(kFormats));
+
+TEST(HubQuantFp8, E4m3DecodesAsTheFormatDefines) {
+  EXPECT_EQ(e4m3_to_float(0x00), 0.0f);
+  EXPECT_EQ(e4m3_to_float(0x01), std::ldexp(1.0f, -9));  // smallest subnormal
+  EXPECT_EQ(e4m3_to_float(0x07), std::ldexp(7.0f, -9));  // largest subnormal
+  EXPECT_EQ(e4m3_to_float(0x08), std::ldexp(1.0f, -6));  // smallest normal
+  EXPECT_EQ(e4m3_to_float(0x38), 1.0f);
+  EXPECT_EQ(e4m3_to_float(0xb8), -1.0f);
+  EXPECT_EQ(e4m3_to_float(0x3a), 1.25f);
+  EXPECT_EQ(e4m3_to_float(0x7e), 448.0f);  // largest finite
+  EXPECT_TRUE(std::isnan(e4m3_to_float(0x7f)));
+  EXPECT_TRUE(std::isnan(e4m3_to_float(0xff)));
+  EXPECT_EQ(e4m3_to_float(0x78), 256.0f);  // exponent 15 is finite (no infinities)
+}
+
+// A copy of one of the script's checkpoints with one change, expected to be refused.
+class HubQuantMalformed : public ::testing::Test {
+ protected:
+  void copy(const std::string& fmt) {
+    for (const auto& e : fs::directory_iterator(checkpoints(fmt) / fmt))
+      if (e.is_regular_file()) fs::copy_file(e.path(), dir_.path() / e.path().filename());
+    config_ = nlohmann::json::parse(testing::read_file(dir_ / "config.json"));
+  }
+  void set_config() { testing::write_file(dir_ / "config.json", config_.dump()); }
+  // Rewrites model.safetensors with `change` applied to its tensors.
+  void rewrite(const std::function<void(std::vector<std::pair<std::string, Array>>&)>& change) {
+    std::vector<std::pair<std::string, Array>> tensors;
+    std::set<std::string> f8;
+    {
+      const SafeTensors st = SafeTensors::open(dir_.path());
+      for (const std::string& n : st.names()) {
+        tensors.push_back({n, ops::cast(st.get(n), st.info(n).dtype)});
+        if (st.info(n).float8_e4m3) f8.insert(n);
+      }
+    }
+    change(tensors);
+    write_safetensors(dir_ / "model.safetensors", tensors, {}, f8);
+  }
+  template <class E>
+  void expect_refused(const std::vector<std::string>& needles) {
+    try {
+      load_model(dir_.path());
+      FAIL() << "loaded without an error";
+    } catch (const E& e) {
+      for (const std::string& n : needles) EXPECT_TRUE(testing::contains(e.what(), n));
+    }
+  }
+  testing::TempDir dir_;
+  nlohmann::json config_;
+};
+
+TEST_F(HubQuantMalformed, TheUnchangedCopiesLoad) {
+  copy("gptq");
+  EXPECT_EQ(load_model(dir_.path())->info().quant_bits, 4);
+}
+
+TEST_F(HubQuantMalformed, AwqOtherThanGemmPackingIsUnsupported) {
+  copy("awq");
+  config_["quantization_config"]["version"] = "gemv";
+  set_config();
+  expect_refused<Unsupported>({"version", "gemv"});
+}
+
+TEST_F(HubQuantMalformed, GptqCheckpointFormatOtherThanGptqIsUnsupported) {
+  copy("gptq");
+  config_["quantization_config"]["checkpoint_format"] = "marlin";
+  set_config();
+  expect_refused<Unsupported>({"checkpoint_format", "marlin"});
+}
+
+TEST_F(HubQuantMalformed, CompressedTensorsPackQuantizedIsUnsupported) {
+  copy("fp8-channel");
+  config_["quantization_config"]["format"] = "pack-quantized";
+  set_config();
+  expect_refused<Unsupported>({"format", "pack-quantized"});
+}
+
+TEST_F(HubQuantMalformed, UnknownQuantMethodIsUnsupported) {
+  copy("awq");
+  config_["quantization_config"]["quant_method"] = "bitsandbytes";
+  set_config();
+  expect_refused<Unsupported>({"quant_method", "bitsandbytes"});
+}
+
+TEST_F(HubQuantMalformed, MissingZeroPointsAreNamed) {
+  copy("awq");
+  rewrite([](std::vector<std::pair<std::string, Array>>& t) { std::erase_if(t, [](const auto& p) { return p.first == "model.layers.0.mlp.up_proj.qzeros"; }); });
+  expect_refused<InvalidInput>({"model.layers.0.mlp.up_proj.qzeros"});
+}
+
+TEST_F(HubQuantMalformed, GroupIndexWithUnequalGroupsIsNamed) {
+  copy("gptq");
+  rewrite([](std::vector<std::pair<std::string, Array>>& t) {
+    for (auto& [n, a] : t)
+      if (n == "model.layers.1.self_attn.q_proj.g_idx") a.data<int32_t>()[0] = (a.data<int32_t>()[0] + 1) % 2;
+  });
+  expect_refused<InvalidInput>({"model.layers.1.self_attn.q_proj.g_idx", "32 inputs in each"});
+}
+
+TEST_F(HubQuantMalformed, Fp8ScaleOfNoKnownShapeIsNamed) {
+  copy("fbgemm-fp8");
+  rewrite([](std::vector<std::pair<std::string, Array>>& t) {
+    for (auto& [n, a] : t)
+      if (n == "model.layers.2.mlp.down_proj.weight_scale") a = Array::zeros({3, 1}, DType::f32);
+  });
+  expect_refused<InvalidInput>({"model.layers.2.mlp.down_proj.weight_scale"});
+}
+
+TEST_F(HubQuantMalformed, Fp8WithoutAQuantizationConfigIsNamed) {
+  copy("fp8-channel");
+  config_.erase("quantization_config");
+  set_config();
+  expect_refused<InvalidInput>({"float8_e4m3fn", "quantization_config"});
+}
+
+}  // namespace
+}  // namespace osprey
+
+namespace osprey {
+namespace {
+
+// `osprey convert --to fp8` writes what the script writes for compressed-tensors per-channel
+// FP8 (the same scales and codes, byte for byte), and a config that names that scheme.
+TEST(HubQuantConvert, Fp8ConversionEqualsTheScriptsPerChannelCheckpoint) {
+  testing::TempDir out;
+  const auto r = testing::run_osprey("convert -m " + testing::fixture_dir("llama").string() + " -o " +
+                                     (out / "fp8").string() + " --to fp8");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const SafeTensors ours = SafeTensors::open(out / "fp8");
+  const SafeTensors ref = SafeTensors::open(checkpoints("fp8-channel") / "fp8-channel");
+  ASSERT_EQ(ours.names(), ref.names());
+  int n_f8 = 0;
+  for (const std::string& n : ref.names()) {
+    const TensorInfo &a = ours.info(n), &b = ref.info(n);
+    ASSERT_EQ(a.float8_e4m3, b.float8_e4m3) << n;
+    ASSERT_EQ(a.dtype, b.dtype) << n;
+    ASSERT_EQ(a.shape, b.shape) << n;
+    n_f8 += a.float8_e4m3 ? 1 : 0;
+    const Array x = ours.get(n), y = ref.get(n);
+    ASSERT_EQ(std::memcmp(x.raw(), y.raw(), x.nbytes()), 0) << n;
+  }
+  EXPECT_EQ(n_f8, 21);
+  const auto cfg = nlohmann::json::parse(testing::read_file(out / "fp8" / "config.json"))["quantization_config"];
+  EXPECT_EQ(cfg["quant_method"], "compressed-tensors");
+  EXPECT_EQ(cfg["format"], "float-quantized");
+  EXPECT_EQ(cfg["ignore"], nlohmann::json::array({"lm_head"}));
+  EXPECT_EQ(cfg["config_groups"]["group_0"]["weights"]["strategy"], "channel");
+  EXPECT_EQ(cfg["config_groups"]["group_0"]["input_activations"]["dynamic"], true);
+  EXPECT_EQ(load_model(out / "fp8")->info().weight_dtype, DType::bf16);
+}
+
+TEST(HubQuantConvert, Fp8RefusesTheMlxOptionsAndUnknownTargets) {
+  testing::TempDir out;
+  const std::string m = "convert -m " + testing::fixture_dir("llama").string() + " -o " + (out / "x").string();
+  auto r = testing::run_osprey(m + " --to fp8 --q-bits 4");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(testing::contains(r.err, "--q-bits"));
+  r = testing::run_osprey(m + " --to int3");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(testing::contains(r.err, "int3"));
+}
+
+}  // namespace
+}  // namespace osprey
+
+namespace osprey {
+namespace {
+
+TEST(HubQuantConfig, MlxTensorsUnderAHubMethodAreNamed) {
+  testing::TempDir dir;
+  for (const auto& e : fs::directory_iterator(testing::fixture_dir("llama-q4")))
+    fs::copy_file(e.path(), dir.path() / e.path().filename());
+  auto config = nlohmann::json::parse(testing::read_file(dir / "config.json"));
+  config.erase("quantization");
+  config["quantization_config"] = {{"quant_method", "gptq"}, {"bits", 4}, {"group_size", 128}};
+  testing::write_file(dir / "config.json", config.dump());
+  try {
+    load_model(dir.path());
+    FAIL() << "loaded without an error";
+  } catch (const InvalidInput& e) {
+    EXPECT_TRUE(testing::contains(e.what(), "MLX-quantized"));
+    EXPECT_TRUE(testing::contains(e.what(), "gptq"));
+  }
+}
+
+}  // namespace
+}  // namespace osprey
