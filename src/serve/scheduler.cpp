@@ -4,10 +4,12 @@
 #include <chrono>
 #include <cmath>
 #include <future>
+#include <optional>
 
 #include "backend/ops.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "grammar/matcher.h"
 
 namespace osprey {
 namespace {
@@ -76,6 +78,7 @@ void SequenceChannel::set_wake(std::function<void()> wake) {
 struct Scheduler::Sequence {
   SequenceRequest request;
   Sampler sampler;
+  std::optional<grammar::Matcher> matcher;  // constrained decoding
   std::vector<int32_t> tokens;  // prompt, then every emitted token
   int handle = -1;              // the backend's, once begun
   int64_t n_cached = 0;
@@ -90,7 +93,8 @@ struct Scheduler::Sequence {
 
   Sequence(SequenceRequest r) : request(std::move(r)), sampler(request.params.sampler), tokens(request.prompt) {
     const SamplerParams& sp = request.params.sampler;
-    greedy = sp.temperature <= 0 && !uses_history(sp) && request.params.n_top_logprobs < 0;
+    greedy = sp.temperature <= 0 && !uses_history(sp) && request.params.n_top_logprobs < 0 && !request.params.grammar;
+    if (request.params.grammar) matcher.emplace(request.params.grammar);
   }
   int64_t n_prompt() const { return int64_t(request.prompt.size()); }
   // Tokens the cache must hold before the next token is decoded: the prompt (whose last
@@ -287,7 +291,9 @@ void Scheduler::close(Sequence& s, SequenceEvent::Kind kind, const std::string& 
 bool Scheduler::emit(Sequence& s, std::span<const float> logits, int32_t chosen) {
   SequenceEvent e;
   e.admitted = s.admitted;
-  e.token = chosen >= 0 ? chosen : s.sampler.sample(logits, s.tokens);
+  std::span<const uint64_t> allowed;
+  if (s.matcher) allowed = s.matcher->mask();
+  e.token = chosen >= 0 ? chosen : s.sampler.sample(logits, s.tokens, allowed);
   const SequenceParams& p = s.request.params;
   if (p.n_top_logprobs >= 0) {
     // log-softmax of the raw logits, in double
@@ -311,6 +317,10 @@ bool Scheduler::emit(Sequence& s, std::span<const float> logits, int32_t chosen)
     finish(s, "stop");
     return false;
   }
+  if (s.matcher && !s.matcher->accept(e.token)) {
+    fail(s, "the grammar rejected token " + std::to_string(e.token));
+    return false;
+  }
   if (s.n_generated == 0) {
     e.n_prompt = s.n_prompt();
     e.n_cached = s.n_cached;
@@ -321,6 +331,10 @@ bool Scheduler::emit(Sequence& s, std::span<const float> logits, int32_t chosen)
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.n_generated_tokens;
+  }
+  if (s.matcher && s.matcher->must_end()) {
+    finish(s, "stop");
+    return false;
   }
   if (s.n_generated >= p.max_tokens || s.n_in_cache + 1 > backend_.context_size()) {
     finish(s, "length");

@@ -13,10 +13,12 @@
 #include "chat/chat_template.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "grammar/matcher.h"
 #include "serve/scheduler.h"
 #include "server/api_error.h"
 #include "server/chat_reply.h"
 #include "server/completion_request.h"
+#include "server/structured_output.h"
 #include "server/http_transport.h"
 #include "backend/ops.h"
 #include "core/env.h"
@@ -243,6 +245,7 @@ struct Server::Impl {
   bool set_invariant = false, invariant_before = false;
   std::unique_ptr<Scheduler> scheduler;
   std::vector<int32_t> eos_ids;
+  std::shared_ptr<const grammar::TokenTrie> token_trie;  // the vocabulary, for constrained decoding
   std::optional<ChatTemplate> chat_template;
   std::string chat_template_error;  // why there is none
   ToolCallFormat tool_format = ToolCallFormat::none;  // how the template's model writes calls
@@ -653,6 +656,15 @@ struct Server::Impl {
         std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
     const char* prompt_field = chat ? "messages" : "prompt";
     read_logit_bias(body, model->info().vocab_size, r.params.sampler);
+    std::shared_ptr<grammar::Automaton> constraint;
+    if (std::optional<RequestGrammar> rg = request_grammar(body, r.tool_choice, tool_format)) {
+      try {
+        constraint = std::make_shared<grammar::Automaton>(std::move(rg->grammar), token_trie,
+                                                          r.ignore_eos ? std::vector<int32_t>{} : eos_ids);
+      } catch (const InvalidInput& e) {
+        throw bad_request("'" + rg->field + "': " + e.what(), rg->field);
+      }
+    }
     bool prompt_opens_reasoning = false;
     if (chat) {
       if (r.parse_tool_calls && tool_format == ToolCallFormat::none)
@@ -707,6 +719,7 @@ struct Server::Impl {
       sr.params = r.params;
       sr.params.max_tokens = r.max_tokens.value_or(chat ? ctx : 16);
       if (!r.ignore_eos) sr.params.stop_ids = eos_ids;
+      sr.params.grammar = constraint;
       sr.channel = c->channel;
       st->choices.push_back(std::move(c));
       switch (scheduler->submit(std::move(sr))) {
@@ -873,6 +886,7 @@ void Server::load() {
   lo.device = m.opt.device;
   m.model = load_model(m.opt.model_dir, lo);
   m.eos_ids = m.model->info().eos_ids;
+  m.token_trie = grammar::TokenTrie::from_tokenizer(*m.tokenizer);
   for (int32_t id : m.tokenizer->eos_ids())
     if (std::find(m.eos_ids.begin(), m.eos_ids.end(), id) == m.eos_ids.end()) m.eos_ids.push_back(id);
   try {
