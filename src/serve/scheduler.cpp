@@ -411,8 +411,33 @@ void Scheduler::step() {
   if (!inputs.empty()) {
     std::vector<SequenceBackend::DecodeOutput> outputs;
     const auto t0 = Clock::now();
+    // The token masks of the constrained sequences depend only on the tokens so far: one
+    // task computes them (into their automata's caches) while the backend runs the step, and
+    // is joined before anything else touches a matcher. A mask that fails here fails again,
+    // with its sequence, in emit().
+    std::vector<grammar::Matcher*> constrained;
+    for (Sequence* s : decoding)
+      if (s->matcher) constrained.push_back(&*s->matcher);
+    std::future<void> masks;
+    if (!constrained.empty())
+      masks = std::async(std::launch::async, [&constrained] {
+        for (grammar::Matcher* m : constrained) m->mask();
+      });
+    auto join_masks = [&masks] {
+      if (!masks.valid()) return;
+      try {
+        masks.get();
+      } catch (const std::exception&) {
+      }
+    };
     try {
-      backend_.decode(inputs, outputs);
+      try {
+        backend_.decode(inputs, outputs);
+      } catch (...) {
+        join_masks();
+        throw;
+      }
+      join_masks();
       for (size_t i = 0; i < decoding.size(); ++i) {
         ++decoding[i]->n_in_cache;
         const SequenceBackend::DecodeOutput& o = outputs[i];

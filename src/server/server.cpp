@@ -1,11 +1,13 @@
 #include "server/server.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <thread>
@@ -246,6 +248,11 @@ struct Server::Impl {
   std::unique_ptr<Scheduler> scheduler;
   std::vector<int32_t> eos_ids;
   std::shared_ptr<const grammar::TokenTrie> token_trie;  // the vocabulary, for constrained decoding
+  // The automata of the last grammars requested, by GBNF text and end ids, most recent first:
+  // a repeated schema finds its masks cached. Guarded by automata_mu; an automaton itself is
+  // used on the engine thread only.
+  std::mutex automata_mu;
+  std::vector<std::pair<std::string, std::shared_ptr<grammar::Automaton>>> automata;
   std::optional<ChatTemplate> chat_template;
   std::string chat_template_error;  // why there is none
   ToolCallFormat tool_format = ToolCallFormat::none;  // how the template's model writes calls
@@ -643,6 +650,28 @@ struct Server::Impl {
             {"system_fingerprint", opt.system_fingerprint}};
   }
 
+  // The automaton of a request's grammar: a cached one for the same text, or a new one (kept
+  // among the 16 most recent).
+  std::shared_ptr<grammar::Automaton> automaton_for(RequestGrammar rg, bool ignore_eos) {
+    const std::string key = std::string(ignore_eos ? "1" : "0") + rg.gbnf;
+    std::lock_guard<std::mutex> lock(automata_mu);
+    for (size_t i = 0; i < automata.size(); ++i)
+      if (automata[i].first == key) {
+        std::rotate(automata.begin(), automata.begin() + long(i), automata.begin() + long(i) + 1);
+        return automata[0].second;
+      }
+    std::shared_ptr<grammar::Automaton> a;
+    try {
+      a = std::make_shared<grammar::Automaton>(std::move(rg.grammar), token_trie,
+                                               ignore_eos ? std::vector<int32_t>{} : eos_ids);
+    } catch (const InvalidInput& e) {
+      throw bad_request("'" + rg.field + "': " + e.what(), rg.field);
+    }
+    automata.insert(automata.begin(), {key, a});
+    if (automata.size() > 16) automata.pop_back();
+    return a;
+  }
+
   HttpResponse complete(const HttpRequest& req, bool chat) {
     require_ready();
     json body = parse_body(req.body);
@@ -657,14 +686,8 @@ struct Server::Impl {
     const char* prompt_field = chat ? "messages" : "prompt";
     read_logit_bias(body, model->info().vocab_size, r.params.sampler);
     std::shared_ptr<grammar::Automaton> constraint;
-    if (std::optional<RequestGrammar> rg = request_grammar(body, r.tool_choice, tool_format)) {
-      try {
-        constraint = std::make_shared<grammar::Automaton>(std::move(rg->grammar), token_trie,
-                                                          r.ignore_eos ? std::vector<int32_t>{} : eos_ids);
-      } catch (const InvalidInput& e) {
-        throw bad_request("'" + rg->field + "': " + e.what(), rg->field);
-      }
-    }
+    if (std::optional<RequestGrammar> rg = request_grammar(body, r.tool_choice, tool_format))
+      constraint = automaton_for(std::move(*rg), r.ignore_eos);
     bool prompt_opens_reasoning = false;
     if (chat) {
       if (r.parse_tool_calls && tool_format == ToolCallFormat::none)

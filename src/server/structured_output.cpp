@@ -137,6 +137,7 @@ std::optional<RequestGrammar> request_grammar(const json& body, const ToolChoice
   if (!out) return out;
   try {
     out->grammar = grammar::parse_gbnf(text);
+    out->gbnf = std::move(text);
   } catch (const InvalidInput& e) {
     throw bad_request("'" + out->field + "': " + e.what(), out->field);
   }

@@ -23,6 +23,7 @@ struct ToolChoice {
 
 struct RequestGrammar {
   grammar::Grammar grammar;
+  std::string gbnf;   // its text (requests with the same text may share an automaton)
   std::string field;  // the request field it came from
 };
 

@@ -4,6 +4,7 @@
 
 #include <cstdio>
 
+#include "core/error.h"
 #include "grammar/grammar.h"
 #include "grammar/matcher.h"
 #include "server/harness.h"
@@ -98,7 +99,8 @@ TEST(StructuredOutput, BadGrammarsAndSchemasAre400sNamingTheProblem) {
   auto [p2, m2] = err({{"json_schema", {{"type", "string"}, {"format", "hostname"}}}});
   EXPECT_EQ(p2, "json_schema");
   EXPECT_NE(m2.find("'format' \"hostname\" is not supported"), std::string::npos) << m2;
-  auto [p3, m3] = err({{"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"schema", {{"not", json::object()}}}}}}}}});
+  const json rf = json::parse(R"({"type": "json_schema", "json_schema": {"name": "x", "schema": {"not": {}}}})");
+  auto [p3, m3] = err({{"response_format", rf}});
   EXPECT_EQ(p3, "response_format");
   EXPECT_NE(m3.find("'not' is not supported"), std::string::npos) << m3;
   auto [p4, m4] = err({{"grammar", "root ::= \"a\""}, {"json_schema", {{"type", "string"}}}});
