@@ -124,7 +124,10 @@ std::string class_of(const Ranges& r) {
   std::string out = "[";
   for (auto [lo, hi] : r) {
     out += hex8(lo);
-    if (hi != lo) out += "-" + hex8(hi);
+    if (hi != lo) {
+      out += '-';
+      out += hex8(hi);
+    }
   }
   return out + "]";
 }
@@ -177,7 +180,9 @@ class RegexTranslator {
         if (q == '{') {
           const size_t close = re_.find('}', pos_);
           if (close == std::string::npos) fail("unterminated '{'");
-          atom += "{" + re_.substr(pos_, close - pos_) + "}";
+          atom += '{';
+          atom.append(re_, pos_, close - pos_);
+          atom += '}';
           pos_ = close + 1;
         } else {
           atom += q;
@@ -349,9 +354,15 @@ class Compiler {
       const std::string p = prefix;
       if (ref.compare(0, p.size(), p) != 0) continue;
       const std::string section = p.substr(2, p.size() - 3);
-      std::string key = ref.substr(p.size());
-      for (size_t i; (i = key.find("~1")) != std::string::npos;) key.replace(i, 2, "/");
-      for (size_t i; (i = key.find("~0")) != std::string::npos;) key.replace(i, 2, "~");
+      // JSON Pointer escapes: ~1 is '/', ~0 is '~'.
+      std::string key;
+      for (size_t i = p.size(); i < ref.size(); ++i) {
+        if (ref[i] == '~' && i + 1 < ref.size() && (ref[i + 1] == '0' || ref[i + 1] == '1')) {
+          key += ref[++i] == '1' ? '/' : '~';
+        } else {
+          key += ref[i];
+        }
+      }
       if (root_.is_object() && root_.contains(section) && root_[section].is_object() && root_[section].contains(key))
         return root_[section][key];
       fail(path, "'$ref' \"" + ref + "\" names no definition");
