@@ -23,6 +23,8 @@
 #include "core/thread_pool.h"
 #include "engine/generator.h"
 #include "engine/sharded_model.h"
+#include "grammar/json_schema.h"
+#include "grammar/matcher.h"
 #include "model/model.h"
 #include "server/stop_matcher.h"
 #include "tokenizer/tokenizer.h"
@@ -83,6 +85,8 @@ struct GenerateOptions {
   std::string token_ids;
   std::optional<std::string> system;  // --system, with --chat
   std::vector<std::string> stops;
+  std::string grammar_file;  // --grammar-file: GBNF
+  std::string json_schema;   // --json-schema: the schema, or @file
   int n_predict = 128;
   int64_t ctx_size = 0;  // 0: the model's max_position_embeddings
   SamplerParams sampler;
@@ -175,6 +179,33 @@ void print_json(const std::vector<int32_t>& prompt, const GenerateResult& r, con
   std::printf("%s\n", out.c_str());
 }
 
+// The grammar of --grammar-file or --json-schema; a usage error names the flag at fault.
+grammar::Grammar read_grammar(const GenerateOptions& o) {
+  if (!o.grammar_file.empty() && !o.json_schema.empty())
+    throw UsageError("generate: --grammar-file and --json-schema both constrain the output; give one");
+  auto read = [](const std::string& path, const char* flag) {
+    if (fs::is_directory(path)) throw UsageError(std::string(flag) + " " + path + ": is a directory, not a file");
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw UsageError(std::string(flag) + " " + path + ": cannot open: " + std::strerror(errno));
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  try {
+    if (!o.grammar_file.empty()) return grammar::parse_gbnf(read(o.grammar_file, "--grammar-file"));
+    const std::string text = o.json_schema[0] == '@' ? read(o.json_schema.substr(1), "--json-schema") : o.json_schema;
+    nlohmann::ordered_json schema;
+    try {
+      schema = nlohmann::ordered_json::parse(text);
+    } catch (const nlohmann::json::exception& e) {
+      throw UsageError(std::string("--json-schema: not valid JSON: ") + e.what());
+    }
+    return grammar::parse_gbnf(grammar::schema_to_gbnf(schema));
+  } catch (const UsageError&) {
+    throw;
+  } catch (const InvalidInput& e) {
+    throw UsageError(std::string(!o.grammar_file.empty() ? "--grammar-file: " : "--json-schema: ") + e.what());
+  }
+}
+
 int run_generate(const GenerateOptions& o) {
   if (o.threads >= 0) set_cpu_threads(o.threads);
   const std::string dir = model_folder(o.model, o.download);
@@ -219,6 +250,11 @@ int run_generate(const GenerateOptions& o) {
     if (tokenizer)
       for (int32_t id : tokenizer->eos_ids())
         if (std::find(gp.stop_ids.begin(), gp.stop_ids.end(), id) == gp.stop_ids.end()) gp.stop_ids.push_back(id);
+  }
+  if (!o.grammar_file.empty() || !o.json_schema.empty()) {
+    if (!tokenizer) throw UsageError("generate --grammar-file/--json-schema: needs the model's tokenizer.json");
+    gp.grammar = std::make_shared<grammar::Automaton>(read_grammar(o), grammar::TokenTrie::from_tokenizer(*tokenizer),
+                                                      gp.stop_ids);
   }
   validate(gp.sampler);
   if (o.verbose) std::fprintf(stderr, "seed: %llu\n", (unsigned long long)gp.sampler.seed);
@@ -300,6 +336,10 @@ Command add_generate(CLI::App& app) {
   add_device_option(app, o->device);
   add_threads_option(app, o->threads);
   add_tensor_parallel_option(app, o->tensor_parallel);
+  app.add_option("--grammar-file", o->grammar_file,
+                 "Constrain the reply to a GBNF grammar (llama.cpp syntax; docs/server.md) read from this file");
+  app.add_option("--json-schema", o->json_schema,
+                 "Constrain the reply to JSON valid against this JSON Schema (the text, or @FILE)");
   app.add_flag("--json", o->json, "Print one JSON object instead of streaming text");
   app.add_flag("-v,--verbose", o->verbose, "Print the sampling seed on stderr");
   app.add_flag("--ignore-eos", o->ignore_eos, "Do not stop at end-of-sequence tokens");

@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <optional>
 
 #include "backend/ops.h"
 #include "backend/readback.h"
 #include "core/error.h"
 #include "engine/decode_stepper.h"
+#include "grammar/matcher.h"
 #include "model/model.h"
 
 namespace osprey {
@@ -82,9 +84,11 @@ GenerateResult generate(Model& model, SequenceCache& cache, std::span<const int3
   }
   const Device dev = model.info().device;
   // NOTE: the penalties need the history on the host, so they sample there.
-  st.device_sampling = !dev.is_cpu() && !uses_history(params.sampler);
+  st.device_sampling = !dev.is_cpu() && !uses_history(params.sampler) && !params.grammar;
   st.pipelined = st.device_sampling && params.pipelined;
   Sampler sampler(params.sampler);
+  std::optional<grammar::Matcher> matcher;
+  if (params.grammar) matcher.emplace(params.grammar);
   const ops::DeviceSampling ds = device_sampling(params.sampler);
   std::vector<int32_t> history(prompt.begin(), prompt.end());
   DecodeStepperOptions dopt;
@@ -114,7 +118,9 @@ GenerateResult generate(Model& model, SequenceCache& cache, std::span<const int3
       return -1;
     }
     Array host = ops::to_device(lg, Device::cpu());
-    return sampler.sample(last_row(host), history);
+    std::span<const uint64_t> allowed;
+    if (matcher) allowed = matcher->mask();
+    return sampler.sample(last_row(host), history, allowed);
   };
   // Enqueues the step whose input is token i - 1 and chooses token i.
   auto run_step = [&](int64_t i, int32_t host_token) -> int32_t {
@@ -150,11 +156,16 @@ GenerateResult generate(Model& model, SequenceCache& cache, std::span<const int3
       stop("stop");
       break;
     }
+    if (matcher && !matcher->accept(token)) throw InvalidInput("the grammar rejected token " + std::to_string(token));
     result.tokens.push_back(token);
     history.push_back(token);
     ++st.n_generated;
     if (on_token && !on_token(token)) {
       stop("callback");
+      break;
+    }
+    if (matcher && matcher->must_end()) {
+      st.stop_reason = "stop";
       break;
     }
     if (!more) {

@@ -3,6 +3,7 @@
 // sampler chain, stop conditions, and a callback per token.
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -13,11 +14,18 @@
 namespace osprey {
 
 class Model;
+namespace grammar {
+class Automaton;
+}
 
 struct GenerateParams {
   int max_tokens = 128;
   SamplerParams sampler;
   std::vector<int32_t> stop_ids;  // generation ends after any of these (it is not emitted)
+  // Constrained decoding (grammar/matcher.h): tokens are drawn from the grammar's mask on the
+  // host sampler; generation stops ("stop") once the grammar is complete and nothing may
+  // follow. Its end ids must be stop_ids.
+  std::shared_ptr<grammar::Automaton> grammar;
   int64_t prefill_chunk = 512;    // prompt tokens per forward pass
   // CUDA: the sampled token stays on the device and step N+1 is enqueued before the host
   // reads token N (docs/design.md, "Pipelined decode"). Off: OSPREY_FORCE_SYNC=1. Either way

@@ -64,7 +64,8 @@ int32_t argmax(std::span<const float> logits) {
 Sampler::Sampler(const SamplerParams& params) : params_(params) { validate(params); }
 
 std::vector<std::pair<int32_t, float>> Sampler::filtered(std::span<const float> logits,
-                                                         std::span<const int32_t> history) {
+                                                         std::span<const int32_t> history,
+                                                         std::span<const uint64_t> allowed) {
   // The copy also checks that every logit is finite (one pass that runs anyway): NaN or Inf
   // weights, or a config value out of its domain, would otherwise emit token 0 forever.
   work_.resize(logits.size());
@@ -75,6 +76,13 @@ std::vector<std::pair<int32_t, float>> Sampler::filtered(std::span<const float> 
     finite &= std::isfinite(v);
   }
   if (!finite) throw_non_finite(logits);
+  const char* none_left = "logit bias bans every token";
+  if (!allowed.empty()) {
+    // Ids past the mask (a model's padded rows beyond the tokenizer's vocabulary) are banned.
+    for (size_t i = 0; i < work_.size(); ++i)
+      if ((i >> 6) >= allowed.size() || !((allowed[i >> 6] >> (i & 63)) & 1)) work_[i] = -INFINITY;
+    none_left = "the grammar and the logit bias leave no token to choose";
+  }
   for (const auto& [id, bias] : params_.logit_bias) {
     if (size_t(id) >= work_.size())
       throw InvalidInput("logit bias: token id " + std::to_string(id) + " is outside the vocabulary [0, " +
@@ -100,14 +108,14 @@ std::vector<std::pair<int32_t, float>> Sampler::filtered(std::span<const float> 
   std::vector<std::pair<int32_t, float>> cand;
   if (params_.temperature <= 0.0f) {
     const int32_t best = argmax(work_);
-    if (work_[size_t(best)] == -INFINITY) throw InvalidInput("logit bias bans every token");
+    if (work_[size_t(best)] == -INFINITY) throw InvalidInput(none_left);
     cand.emplace_back(best, 1.0f);
     return cand;
   }
   cand.reserve(work_.size());
   for (size_t i = 0; i < work_.size(); ++i)
     if (work_[i] != -INFINITY) cand.emplace_back(int32_t(i), work_[i] / params_.temperature);
-  if (cand.empty()) throw InvalidInput("logit bias bans every token");
+  if (cand.empty()) throw InvalidInput(none_left);
   auto by_logit = [](const auto& a, const auto& b) { return a.second > b.second || (a.second == b.second && a.first < b.first); };
   if (params_.top_k > 0 && size_t(params_.top_k) < cand.size()) {
     std::partial_sort(cand.begin(), cand.begin() + params_.top_k, cand.end(), by_logit);
@@ -148,15 +156,17 @@ std::vector<std::pair<int32_t, float>> Sampler::filtered(std::span<const float> 
 }
 
 std::vector<std::pair<int32_t, float>> Sampler::distribution(std::span<const float> logits,
-                                                             std::span<const int32_t> history) {
-  auto cand = filtered(logits, history);
+                                                             std::span<const int32_t> history,
+                                                             std::span<const uint64_t> allowed) {
+  auto cand = filtered(logits, history, allowed);
   std::sort(cand.begin(), cand.end());
   return cand;
 }
 
-int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
+int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history,
+                        std::span<const uint64_t> allowed) {
   const uint64_t step = step_++;
-  auto cand = filtered(logits, history);
+  auto cand = filtered(logits, history, allowed);
   if (cand.size() == 1) return cand[0].first;
   // Gumbel-max with the device sampler's noise (backend/sample_noise.h): the same seed and
   // step draw the same token on the CPU and on CUDA when their kept sets agree.

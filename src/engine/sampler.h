@@ -1,5 +1,5 @@
 #pragma once
-// The sampler chain: logit bias -> repetition, presence and frequency penalties -> temperature -> top-k -> top-p -> min-p -> draw.
+// The sampler chain: token mask (constrained decoding) -> logit bias -> repetition, presence and frequency penalties -> temperature -> top-k -> top-p -> min-p -> draw.
 // Temperature <= 0 is greedy (argmax; the lowest id wins a tie). Draws are Gumbel-max with the
 // counter-based noise of backend/sample_noise.h at (seed, draw index): deterministic for a seed,
 // and the same draws as the CUDA sampler's for the same kept set.
@@ -40,15 +40,21 @@ class Sampler {
  public:
   explicit Sampler(const SamplerParams& params);
   // logits [vocab] f32 (not modified); `history` is the sequence so far (prompt + output).
-  // Throws InvalidInput "the model computed non-finite logits ..." when any logit is NaN or
-  // Inf (broken weights or config), rather than choosing a token from them.
-  int32_t sample(std::span<const float> logits, std::span<const int32_t> history);
+  // `allowed`, when not empty: a bitmask over the vocabulary (bit id % 64 of word id / 64;
+  // constrained decoding's token mask); only its tokens can be drawn, on every setting of
+  // the chain, before any other step; ids past its end are banned. Throws InvalidInput "the model computed non-finite
+  // logits ..." when any logit is NaN or Inf (broken weights or config), rather than choosing
+  // a token from them, and when the mask and the logit bias leave no token.
+  int32_t sample(std::span<const float> logits, std::span<const int32_t> history,
+                 std::span<const uint64_t> allowed = {});
 
   // The candidate distribution the chain would draw from, sorted by id; for tests.
-  std::vector<std::pair<int32_t, float>> distribution(std::span<const float> logits, std::span<const int32_t> history);
+  std::vector<std::pair<int32_t, float>> distribution(std::span<const float> logits, std::span<const int32_t> history,
+                                                      std::span<const uint64_t> allowed = {});
 
  private:
-  std::vector<std::pair<int32_t, float>> filtered(std::span<const float> logits, std::span<const int32_t> history);
+  std::vector<std::pair<int32_t, float>> filtered(std::span<const float> logits, std::span<const int32_t> history,
+                                                  std::span<const uint64_t> allowed);
 
   SamplerParams params_;
   uint64_t step_ = 0;  // draws so far: the noise counter of the next draw

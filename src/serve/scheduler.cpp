@@ -4,10 +4,12 @@
 #include <chrono>
 #include <cmath>
 #include <future>
+#include <optional>
 
 #include "backend/ops.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "grammar/matcher.h"
 
 namespace osprey {
 namespace {
@@ -84,6 +86,7 @@ void SequenceChannel::set_wake(std::function<void()> wake) {
 struct Scheduler::Sequence {
   SequenceRequest request;
   Sampler sampler;
+  std::optional<grammar::Matcher> matcher;  // constrained decoding
   std::vector<int32_t> tokens;  // prompt, then every emitted token
   int handle = -1;              // the backend's, once begun
   int64_t n_cached = 0;
@@ -98,7 +101,8 @@ struct Scheduler::Sequence {
 
   Sequence(SequenceRequest r) : request(std::move(r)), sampler(request.params.sampler), tokens(request.prompt) {
     const SamplerParams& sp = request.params.sampler;
-    greedy = sp.temperature <= 0 && !uses_history(sp) && request.params.n_top_logprobs < 0;
+    greedy = sp.temperature <= 0 && !uses_history(sp) && request.params.n_top_logprobs < 0 && !request.params.grammar;
+    if (request.params.grammar) matcher.emplace(request.params.grammar);
   }
   int64_t n_prompt() const { return int64_t(request.prompt.size()); }
   // Tokens the cache must hold before the next token is decoded: the prompt (whose last
@@ -354,7 +358,9 @@ void Scheduler::start_forks(Sequence& s, std::span<const float> logits) {
 bool Scheduler::emit(Sequence& s, std::span<const float> logits, int32_t chosen) {
   SequenceEvent e;
   e.admitted = s.admitted;
-  e.token = chosen >= 0 ? chosen : s.sampler.sample(logits, s.tokens);
+  std::span<const uint64_t> allowed;
+  if (s.matcher) allowed = s.matcher->mask();
+  e.token = chosen >= 0 ? chosen : s.sampler.sample(logits, s.tokens, allowed);
   const SequenceParams& p = s.request.params;
   if (p.n_top_logprobs >= 0) {
     // log-softmax of the raw logits, in double
@@ -378,6 +384,10 @@ bool Scheduler::emit(Sequence& s, std::span<const float> logits, int32_t chosen)
     finish(s, "stop");
     return false;
   }
+  if (s.matcher && !s.matcher->accept(e.token)) {
+    fail(s, "the grammar rejected token " + std::to_string(e.token));
+    return false;
+  }
   if (s.n_generated == 0) {
     e.n_prompt = s.n_prompt();
     e.n_cached = s.n_cached;
@@ -388,6 +398,10 @@ bool Scheduler::emit(Sequence& s, std::span<const float> logits, int32_t chosen)
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.n_generated_tokens;
+  }
+  if (s.matcher && s.matcher->must_end()) {
+    finish(s, "stop");
+    return false;
   }
   if (s.n_generated >= p.max_tokens || s.n_in_cache + 1 > backend_.context_size()) {
     finish(s, "length");
@@ -464,8 +478,33 @@ void Scheduler::step() {
   if (!inputs.empty()) {
     std::vector<SequenceBackend::DecodeOutput> outputs;
     const auto t0 = Clock::now();
+    // The token masks of the constrained sequences depend only on the tokens so far: one
+    // task computes them (into their automata's caches) while the backend runs the step, and
+    // is joined before anything else touches a matcher. A mask that fails here fails again,
+    // with its sequence, in emit().
+    std::vector<grammar::Matcher*> constrained;
+    for (Sequence* s : decoding)
+      if (s->matcher) constrained.push_back(&*s->matcher);
+    std::future<void> masks;
+    if (!constrained.empty())
+      masks = std::async(std::launch::async, [&constrained] {
+        for (grammar::Matcher* m : constrained) m->mask();
+      });
+    auto join_masks = [&masks] {
+      if (!masks.valid()) return;
+      try {
+        masks.get();
+      } catch (const std::exception&) {
+      }
+    };
     try {
-      backend_.decode(inputs, outputs);
+      try {
+        backend_.decode(inputs, outputs);
+      } catch (...) {
+        join_masks();
+        throw;
+      }
+      join_masks();
       for (size_t i = 0; i < decoding.size(); ++i) {
         ++decoding[i]->n_in_cache;
         const SequenceBackend::DecodeOutput& o = outputs[i];

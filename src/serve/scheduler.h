@@ -33,10 +33,19 @@
 
 namespace osprey {
 
+namespace grammar {
+class Automaton;
+}
+
 // What one sequence asks for.
 struct SequenceParams {
   int64_t max_tokens = 128;       // further capped by the backend's context
   SamplerParams sampler;
+  // Constrained decoding: every token is drawn from the grammar's mask, the sequence ends
+  // ("stop") once the grammar is complete and nothing may follow, and a stop id is drawn only
+  // where the grammar may end (the automaton's end ids must be stop_ids). Used on the engine
+  // thread only; sequences of one request may share it.
+  std::shared_ptr<grammar::Automaton> grammar;
   std::vector<int32_t> stop_ids;  // generation ends after any of these (not emitted)
   int n_top_logprobs = -1;        // -1: no logprobs; 0: the chosen token's; k: and the k most likely
 };

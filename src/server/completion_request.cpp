@@ -82,15 +82,6 @@ void refuse_unsupported(const json& body, bool chat) {
   if (set("web_search_options")) refuse("web_search_options", "no web search");
   if (set("reasoning_effort"))
     refuse("reasoning_effort", "use chat_template_kwargs.enable_thinking for models that take it");
-  if (set("grammar")) refuse("grammar", "no constrained decoding");
-  if (set("json_schema")) refuse("json_schema", "no constrained decoding");
-  if (auto rf = field(body, "response_format")) {
-    if (!rf->is_object() || !rf->contains("type") || !(*rf)["type"].is_string())
-      throw bad_request("'response_format' must be an object with a string 'type'", "response_format");
-    const std::string type = (*rf)["type"].get<std::string>();
-    if (type != "text")
-      refuse("response_format", "type '" + type + "' needs constrained decoding, which this server does not do");
-  }
   if (!chat)
     for (const char* name : {"tools", "tool_choice", "parallel_tool_calls"})
       if (set(name)) refuse(name, "tools are a chat completions field");
@@ -112,6 +103,8 @@ void read_tools(const json& body, CompletionRequest& r) {
       if (const json* p = field(*f, "parameters"); p && !p->is_object())
         throw bad_request(at + ".function.parameters must be a JSON Schema object", "tools");
       r.tool_names.push_back((*f)["name"].get<std::string>());
+      const json* p = field(*f, "parameters");
+      r.tool_choice.schemas.push_back(p ? *p : json());
     }
   }
   std::string choice = "auto";
@@ -131,17 +124,18 @@ void read_tools(const json& body, CompletionRequest& r) {
       if (std::find(r.tool_names.begin(), r.tool_names.end(), name) == r.tool_names.end())
         throw bad_request("'tool_choice' names the function '" + name + "', which 'tools' does not offer", "tool_choice");
       choice = "function";
+      r.tool_choice.function = name;
     } else {
       throw bad_request("'tool_choice' must be a string or an object, not " + type_name(*tc), "tool_choice");
     }
   }
-  if (choice == "required" || choice == "function")
-    throw bad_request(std::string("'tool_choice' ") + (choice == "required" ? "\"required\"" : "naming a function") +
-                          " is not supported: forcing a call needs constrained decoding, which this server does not do; "
-                          "use \"auto\"",
-                      "tool_choice");
+  if (choice == "required" && r.tool_names.empty())
+    throw bad_request("'tool_choice' \"required\" needs 'tools'", "tool_choice");
   r.parallel_tool_calls = bool_field(body, "parallel_tool_calls").value_or(true);
-  r.parse_tool_calls = !r.tool_names.empty() && choice == "auto";
+  r.parse_tool_calls = !r.tool_names.empty() && choice != "none";
+  r.tool_choice.mode = choice;
+  r.tool_choice.names = r.tool_names;
+  r.tool_choice.parallel = r.parallel_tool_calls;
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "serve/scheduler.h"
+#include "server/structured_output.h"
 
 namespace osprey {
 
@@ -33,6 +34,7 @@ struct CompletionRequest {
   std::vector<std::string> tool_names;
   bool parse_tool_calls = false;
   bool parallel_tool_calls = true;
+  ToolChoice tool_choice;  // with every offered function's parameters (structured_output.h)
 };
 
 // Reads the sampling, stop, stream and logprobs fields common to both routes (not the

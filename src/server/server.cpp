@@ -1,11 +1,13 @@
 #include "server/server.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <thread>
@@ -13,10 +15,12 @@
 #include "chat/chat_template.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "grammar/matcher.h"
 #include "serve/scheduler.h"
 #include "server/api_error.h"
 #include "server/chat_reply.h"
 #include "server/completion_request.h"
+#include "server/structured_output.h"
 #include "server/http_transport.h"
 #include "backend/ops.h"
 #include "core/env.h"
@@ -245,6 +249,12 @@ struct Server::Impl {
   bool set_invariant = false, invariant_before = false;
   std::unique_ptr<Scheduler> scheduler;
   std::vector<int32_t> eos_ids;
+  std::shared_ptr<const grammar::TokenTrie> token_trie;  // the vocabulary, for constrained decoding
+  // The automata of the last grammars requested, by GBNF text and end ids, most recent first:
+  // a repeated schema finds its masks cached. Guarded by automata_mu; an automaton itself is
+  // used on the engine thread only.
+  std::mutex automata_mu;
+  std::vector<std::pair<std::string, std::shared_ptr<grammar::Automaton>>> automata;
   std::optional<ChatTemplate> chat_template;
   std::string chat_template_error;  // why there is none
   ToolCallFormat tool_format = ToolCallFormat::none;  // how the template's model writes calls
@@ -669,6 +679,28 @@ struct Server::Impl {
     return c;
   }
 
+  // The automaton of a request's grammar: a cached one for the same text, or a new one (kept
+  // among the 16 most recent).
+  std::shared_ptr<grammar::Automaton> automaton_for(RequestGrammar rg, bool ignore_eos) {
+    const std::string key = std::string(ignore_eos ? "1" : "0") + rg.gbnf;
+    std::lock_guard<std::mutex> lock(automata_mu);
+    for (size_t i = 0; i < automata.size(); ++i)
+      if (automata[i].first == key) {
+        std::rotate(automata.begin(), automata.begin() + long(i), automata.begin() + long(i) + 1);
+        return automata[0].second;
+      }
+    std::shared_ptr<grammar::Automaton> a;
+    try {
+      a = std::make_shared<grammar::Automaton>(std::move(rg.grammar), token_trie,
+                                               ignore_eos ? std::vector<int32_t>{} : eos_ids);
+    } catch (const InvalidInput& e) {
+      throw bad_request("'" + rg.field + "': " + e.what(), rg.field);
+    }
+    automata.insert(automata.begin(), {key, a});
+    if (automata.size() > 16) automata.pop_back();
+    return a;
+  }
+
   HttpResponse complete(const HttpRequest& req, bool chat) {
     require_ready();
     json body = parse_body(req.body);
@@ -682,6 +714,9 @@ struct Server::Impl {
         std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
     const char* prompt_field = chat ? "messages" : "prompt";
     read_logit_bias(body, model->info().vocab_size, r.params.sampler);
+    std::shared_ptr<grammar::Automaton> constraint;
+    if (std::optional<RequestGrammar> rg = request_grammar(body, r.tool_choice, tool_format))
+      constraint = automaton_for(std::move(*rg), r.ignore_eos);
     bool prompt_opens_reasoning = false;
     if (chat) {
       if (r.parse_tool_calls && tool_format == ToolCallFormat::none)
@@ -725,6 +760,7 @@ struct Server::Impl {
         params.sampler.seed = choice_seed(r.params.sampler.seed, uint64_t(k));
         params.max_tokens = r.max_tokens.value_or(chat ? ctx : 16);
         if (!r.ignore_eos) params.stop_ids = eos_ids;
+        params.grammar = constraint;
         if (k == 0) {
           sr.params = std::move(params);
           sr.channel = c->channel;
@@ -918,6 +954,7 @@ void Server::load() {
   lo.device = m.opt.device;
   m.model = load_model(m.opt.model_dir, lo);
   m.eos_ids = m.model->info().eos_ids;
+  m.token_trie = grammar::TokenTrie::from_tokenizer(*m.tokenizer);
   for (int32_t id : m.tokenizer->eos_ids())
     if (std::find(m.eos_ids.begin(), m.eos_ids.end(), id) == m.eos_ids.end()) m.eos_ids.push_back(id);
   try {

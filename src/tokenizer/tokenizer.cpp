@@ -59,6 +59,8 @@ std::string Tokenizer::token_text(int32_t id) const {
   return impl_->id_to_token[id];
 }
 
+std::string Tokenizer::token_bytes(int32_t id) const { return impl_->known(id) ? impl_->id_bytes[size_t(id)] : std::string(); }
+
 int32_t Tokenizer::vocab_size() const { return int32_t(impl_->kind.size()); }
 
 std::optional<int32_t> Tokenizer::token_id(std::string_view token) const {

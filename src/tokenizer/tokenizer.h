@@ -51,6 +51,9 @@ class Tokenizer {
   // The raw vocabulary string of id (byte-level form, e.g. "Ġhello"), or an added token's
   // content. Throws InvalidInput for an id without a token.
   std::string token_text(int32_t id) const;
+  // The bytes decode() emits for id alone (not made valid UTF-8; "" for an id without a
+  // token), as constrained decoding matches them.
+  std::string token_bytes(int32_t id) const;
   // Max id + 1 over the vocabulary and the added tokens.
   int32_t vocab_size() const;
   // Id of a raw vocabulary string or added token content.

@@ -351,18 +351,19 @@ TEST(ServerSurface, UnsupportedFieldsAreRefusedByName) {
   const json tool = {{"type", "function"}, {"function", {{"name", "f"}, {"parameters", {{"type", "object"}}}}}};
   const std::vector<std::pair<json, std::string>> cases = {
       {{{"best_of", 2}}, "best_of"},
-      {{{"response_format", {{"type", "json_object"}}}}, "response_format"},
-      {{{"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"schema", json::object()}}}}}},
+      {{{"response_format", {{"type", "xml"}}}}, "response_format"},
+      {{{"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"schema", {{"not", json::object()}}}}}}}},
        "response_format"},
       {{{"functions", json::array({tool["function"]})}}, "functions"},
       {{{"tools", {tool}}, {"tool_choice", "required"}}, "tool_choice"},
       {{{"tools", {tool}}, {"tool_choice", {{"type", "function"}, {"function", {{"name", "f"}}}}}}, "tool_choice"},
       {{{"tools", {tool}}, {"tool_choice", {{"type", "function"}, {"function", {{"name", "g"}}}}}}, "tool_choice"},
       {{{"tools", {{{"type", "function"}}}}}, "tools"},
-      // the demo model's template takes no tools: no format to parse calls in
+      // the demo model's template takes no tools: no format to parse calls in (or force them)
       {{{"tools", {tool}}}, "tools"},
       {{{"modalities", {"text", "audio"}}}, "modalities"},
-      {{{"grammar", "root ::= \"a\""}}, "grammar"},
+      {{{"grammar", "root ::= a"}}, "grammar"},
+      {{{"json_schema", {{"type", "number"}, {"multipleOf", 2}}}}, "json_schema"},
       {{{"reasoning_effort", "low"}}, "reasoning_effort"},
       {{{"messages", {{{"role", "user"},
                        {"content", {{{"type", "text"}, {"text", "what is it?"}},
