@@ -5,6 +5,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "tokenizer/utf8.h"
 
 namespace osprey::grammar {
 namespace {
@@ -15,22 +16,11 @@ constexpr int64_t kMaxRepeat = 10000;
 using Seq = std::vector<Element>;
 using Range = std::pair<uint32_t, uint32_t>;  // code points, inclusive
 
+// cp's UTF-8 bytes appended to out.
 void encode_utf8(uint32_t cp, std::vector<uint8_t>& out) {
-  if (cp < 0x80) {
-    out.push_back(uint8_t(cp));
-  } else if (cp < 0x800) {
-    out.push_back(uint8_t(0xC0 | (cp >> 6)));
-    out.push_back(uint8_t(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out.push_back(uint8_t(0xE0 | (cp >> 12)));
-    out.push_back(uint8_t(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(uint8_t(0x80 | (cp & 0x3F)));
-  } else {
-    out.push_back(uint8_t(0xF0 | (cp >> 18)));
-    out.push_back(uint8_t(0x80 | ((cp >> 12) & 0x3F)));
-    out.push_back(uint8_t(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(uint8_t(0x80 | (cp & 0x3F)));
-  }
+  std::string bytes;
+  utf8::append(bytes, cp);
+  out.insert(out.end(), bytes.begin(), bytes.end());
 }
 
 // Splits [lo, hi] (no surrogates inside) into ranges whose UTF-8 encodings are sequences of

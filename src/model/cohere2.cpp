@@ -30,9 +30,7 @@ DecoderSpec parse_cohere2_config(const ConfigReader& c) {
   static_cast<DecoderDims&>(cfg) = parse_decoder_dims(c, defaults);
   cfg.norm_eps = c.get_float("layer_norm_eps", 1e-5);
   cfg.logit_scale = c.get_float("logit_scale", 0.0625);
-  cfg.attention_bias = c.get_bool("attention_bias", false);
-  cfg.o_proj_bias = cfg.attention_bias;
-  cfg.tie_word_embeddings = c.get_bool("tie_word_embeddings", true);
+  read_bias_and_tying(c, cfg, /*tie_default=*/true);
   if (cfg.hidden_size % cfg.n_heads != 0 || cfg.head_dim != cfg.hidden_size / cfg.n_heads)
     c.fail("head_dim", "Cohere2's head size is hidden_size / num_attention_heads = " +
                            std::to_string(cfg.hidden_size / cfg.n_heads) + ", got " + std::to_string(cfg.head_dim));
@@ -42,9 +40,7 @@ DecoderSpec parse_cohere2_config(const ConfigReader& c) {
   c.get_choice("hidden_act", "silu", {"silu"});
   if (c.get_bool("use_qk_norm", false))
     throw Unsupported(c.where() + ": field \"use_qk_norm\": q/k LayerNorm is not supported for cohere2");
-  SlidingLayers layers = parse_sliding_window(c, cfg.n_layers, 4, 4096);
-  cfg.sliding = std::move(layers.sliding);
-  cfg.sliding_window = layers.window;
+  read_sliding_layers(c, cfg, 4, 4096);
   cfg.rope = parse_rope(c, 10000.0, "sliding_attention");
   cfg.quant = parse_quant_config(c);
   return cfg;

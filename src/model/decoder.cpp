@@ -7,6 +7,7 @@
 #include "core/half.h"
 #include "core/log.h"
 #include "model/blocks.h"
+#include "model/layer_types.h"
 #include "model/safetensors.h"
 
 namespace osprey {
@@ -243,6 +244,18 @@ class Decoder final : public Model {
 };
 
 }  // namespace
+
+void read_bias_and_tying(const ConfigReader& c, DecoderSpec& spec, bool tie_default) {
+  spec.attention_bias = c.get_bool("attention_bias", false);
+  spec.o_proj_bias = spec.attention_bias;
+  spec.tie_word_embeddings = c.get_bool("tie_word_embeddings", tie_default);
+}
+
+void read_sliding_layers(const ConfigReader& c, DecoderSpec& spec, int64_t default_pattern, int64_t default_window) {
+  SlidingLayers layers = parse_sliding_window(c, spec.n_layers, default_pattern, default_window);
+  spec.sliding = std::move(layers.sliding);
+  spec.sliding_window = layers.window;
+}
 
 std::unique_ptr<Model> build_decoder(const DecoderSpec& spec, const SafeTensors& weights, const LoadOptions& options) {
   // The same computation over tensors laid out otherwise (TensorLayout).

@@ -89,6 +89,12 @@ struct DecoderSpec : DecoderDims {
   QuantConfig quant;  // MLX affine quantization; not present for a dense checkpoint
 };
 
+// Config fields several families read alike: attention_bias (q/k/v and o_proj biases) and
+// tie_word_embeddings (default `tie_default`).
+void read_bias_and_tying(const ConfigReader& c, DecoderSpec& spec, bool tie_default);
+// Which layers slide and the window: parse_sliding_window with the family's defaults.
+void read_sliding_layers(const ConfigReader& c, DecoderSpec& spec, int64_t default_pattern, int64_t default_window);
+
 std::unique_ptr<Model> build_decoder(const DecoderSpec& spec, const SafeTensors& weights, const LoadOptions& options);
 
 }  // namespace osprey

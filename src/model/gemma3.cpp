@@ -39,9 +39,7 @@ DecoderSpec parse_gemma3_text_config(const ConfigReader& c) {
   cfg.query_pre_attn_scalar = c.get_float("query_pre_attn_scalar", 256);
   cfg.final_logit_softcap = c.get_float("final_logit_softcapping", 0.0);
   cfg.attn_logit_softcap = c.get_float("attn_logit_softcapping", 0.0);
-  cfg.attention_bias = c.get_bool("attention_bias", false);
-  cfg.o_proj_bias = cfg.attention_bias;
-  cfg.tie_word_embeddings = c.get_bool("tie_word_embeddings", true);
+  read_bias_and_tying(c, cfg, /*tie_default=*/true);
   if (!(cfg.norm_eps > 0)) c.fail("rms_norm_eps", "must be positive");
   if (!(cfg.query_pre_attn_scalar > 0) || !std::isfinite(cfg.query_pre_attn_scalar))
     c.fail("query_pre_attn_scalar", "must be a positive number (the attention scale is its inverse square root), got " +
@@ -54,9 +52,7 @@ DecoderSpec parse_gemma3_text_config(const ConfigReader& c) {
   if (c.get_bool("use_bidirectional_attention", false))
     throw Unsupported(c.where() + ": field \"use_bidirectional_attention\": bidirectional attention is not supported");
 
-  SlidingLayers layers = parse_sliding_window(c, cfg.n_layers, 6, 4096);
-  cfg.sliding = std::move(layers.sliding);
-  cfg.sliding_window = layers.window;
+  read_sliding_layers(c, cfg, 6, 4096);
 
   // transformers 5 writes one rope_parameters object per layer type; the Hub's 4.x configs
   // give rope_theta and rope_scaling for full layers and rope_local_base_freq for sliding ones.
