@@ -257,8 +257,12 @@ void linear_q_gemm(const float* x, int64_t n, const QuantArgs& w, const float* b
   if (bias) add_bias_rows(y, bias, n, out, s);
 }
 
+int64_t linear_q_mma_max_rows(const QuantArgs&) { return 256; }
+
 void linear_q(const float* x, int64_t n, const QuantArgs& w, const float* bias, float* y, cudaStream_t s) {
-  if (n <= kGemvMaxRows)
+  if (linear_q_mma_supported(x, w) && n <= linear_q_mma_max_rows(w))
+    linear_q_mma(x, n, w, bias, y, s);
+  else if (n <= kGemvMaxRows)
     linear_q_gemv(x, n, w, bias, y, s);
   else
     linear_q_gemm(x, n, w, bias, y, s);
