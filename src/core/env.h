@@ -19,6 +19,7 @@ struct EnvOptions {
   bool cuda_graphs = true;         // OSPREY_CUDA_GRAPHS: 0 turns decode-step graph replay off
   int paged_split_keys = 0;        // OSPREY_PAGED_SPLIT_KEYS: keys per split of paged attention (0: chosen)
   bool cuda_pdl = true;            // OSPREY_CUDA_PDL: 0 turns programmatic dependent launch off
+  bool cuda_quant_mma = false;     // OSPREY_CUDA_QUANT_MMA: 1 runs 4-bit layers on the tensor-core kernel
   std::string cpu_level;           // OSPREY_CPU_LEVEL: scalar, v3, v4, v4-bf16 (empty: the CPU's best)
   // huggingface_hub's variables, raw (hub/hub_cache.h's resolve_options orders the cache's).
   std::string hf_hub_cache;    // HF_HUB_CACHE: the Hub cache folder

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <random>
@@ -22,6 +23,7 @@
 #include "backend/cuda/quant_linear.h"
 #include "backend/cuda/runtime.h"
 #include "backend/cuda_available.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "core/half.h"
 #include "support/cuda_buffers.h"
@@ -148,9 +150,10 @@ const int kBits[] = {2, 3, 4, 6, 8};
 const int kGroups[] = {32, 64, 128};
 const DType kScaleTypes[] = {DType::f16, DType::bf16};
 
-// The GEMV accumulates exact products in f32; the GEMM path rounds x and w to 16 bits.
-double linear_tolerance(int64_t n, DType sdt) {
-  if (n <= cuda::kGemvMaxRows) return 1e-5;
+// The GEMV accumulates exact products in f32; the GEMM path and the tensor-core kernel (4-bit,
+// aligned, every n) round x and w to 16 bits.
+double linear_tolerance(int64_t n, DType sdt, int bits = 0) {
+  if (n <= cuda::kGemvMaxRows && bits != 4) return 1e-5;
   return sdt == DType::bf16 ? 2e-2 : 3e-3;
 }
 
@@ -169,7 +172,8 @@ TEST(CudaQuant, LinearAllFormats) {
           const auto bias = random_floats(size_t(out), rng);
           for (int64_t n : {1, 2, 3, 5, 8, 9, 33, 200})
             for (bool with_bias : {false, true})
-              EXPECT_LT(run_linear(&cuda::linear_q, dw, w, x, with_bias ? &bias : nullptr, n), linear_tolerance(n, sdt))
+              EXPECT_LT(run_linear(&cuda::linear_q, dw, w, x, with_bias ? &bias : nullptr, n),
+                        linear_tolerance(n, sdt, bits))
                   << bits << "-bit g" << group << " " << dtype_name(sdt) << " n=" << n << " out=" << out
                   << " bias=" << with_bias;
         }
@@ -240,9 +244,90 @@ TEST(CudaQuant, GemmInChunks) {
       const auto x = random_floats(size_t(20 * sh.in), rng);
       const auto bias = random_floats(size_t(sh.out), rng);
       for (int64_t n : {9, 20})
-        EXPECT_LT(run_linear(&cuda::linear_q, dw, w, x, n == 9 ? &bias : nullptr, n), linear_tolerance(n, sdt))
+        EXPECT_LT(run_linear(&cuda::linear_q_gemm, dw, w, x, n == 9 ? &bias : nullptr, n), linear_tolerance(n, sdt))
             << dtype_name(sdt) << " out=" << sh.out << " in=" << sh.in << " n=" << n;
     }
+}
+
+// The tensor-core kernel rounds each weight once to the scales' 16-bit type (s * q + b, one
+// rounding) and x to the same type, and accumulates the exact products in f32: against that
+// rounding done here in double it agrees to f32 accumulation error, and against the exact
+// weights to the 16-bit rounding.
+double round16(DType sdt, double v) {
+  return sdt == DType::bf16 ? bf16_to_f32(f32_to_bf16(float(v))) : f16_to_f32(f32_to_f16(float(v)));
+}
+
+// Every block shape (x-row tiles 1, 2, 4; 4 or 8 warps) on odd row counts, inputs that end
+// inside a 128-code block, each group size and both 16-bit types, 1 to 256 rows of x.
+TEST(CudaQuant, MmaEveryShapeAgainstRoundedReference) {
+  SKIP_WITHOUT_CUDA();
+  std::mt19937 rng(7);
+  struct Shape {
+    int64_t out, in;
+    int group;
+  };
+  for (const Shape sh : {Shape{37, 352, 32}, Shape{129, 384, 128}, Shape{16, 4224, 64}, Shape{1000, 4160, 64},
+                         Shape{5, 256, 128}})
+    for (DType sdt : kScaleTypes) {
+      const HostQuant q = make_quant(4, sh.group, sdt, sh.out, sh.in, rng);
+      const std::vector<double> w = q.weights();
+      std::vector<double> w16(w.size());
+      for (size_t i = 0; i < w.size(); ++i) w16[i] = round16(sdt, w[i]);
+      DeviceQuant dw(q);
+      const int64_t max_n = sh.out >= 1000 ? 64 : 256;
+      const auto x = random_floats(size_t(max_n * sh.in), rng, -2.0f, 2.0f);
+      std::vector<float> x16(x.size());
+      for (size_t i = 0; i < x.size(); ++i) x16[i] = float(round16(sdt, x[i]));
+      const auto bias = random_floats(size_t(sh.out), rng);
+      for (int64_t n : {1, 2, 3, 7, 8, 9, 16, 17, 33, 64, 100, 256}) {
+        if (n > max_n) continue;
+        const std::vector<float>* b = n % 2 ? &bias : nullptr;
+        const int64_t out = sh.out, in = sh.in;
+        const std::vector<double> ref16 = linear_ref(w16, x16, b, n, out, in), ref = linear_ref(w, x, b, n, out, in);
+        for (int tiles : {0, 1, 2, 4})
+          for (int warps : {0, 4, 8}) {
+            DeviceVec<float> dx(std::vector<float>(x.begin(), x.begin() + n * in));
+            DeviceVec<float> dbias(bias);
+            DeviceVec<float> dy(std::vector<float>(size_t(n * out), kNaN));
+            cuda::linear_q_mma(dx.get(), n, dw.args(), b ? dbias.get() : nullptr, dy.get(), st(), tiles, warps);
+            const std::vector<float> got = dy.download();
+            const std::string what = std::string(dtype_name(sdt)) + " g" + std::to_string(sh.group) + " out=" +
+                                     std::to_string(out) + " in=" + std::to_string(in) + " n=" + std::to_string(n) +
+                                     " tiles=" + std::to_string(tiles) + " warps=" + std::to_string(warps);
+            EXPECT_LT(rel_error(got, ref16), 1e-5) << what;
+            EXPECT_LT(rel_error(got, ref), linear_tolerance(n, sdt, 4)) << what;
+          }
+      }
+    }
+}
+
+// linear_q sends aligned 4-bit weights to the tensor-core kernel up to linear_q_mma_max_rows
+// and refuses other formats there by name.
+TEST(CudaQuant, MmaDispatchAndRefusals) {
+  SKIP_WITHOUT_CUDA();
+  std::mt19937 rng(8);
+  const HostQuant q = make_quant(4, 64, DType::f16, 300, 512, rng);
+  DeviceQuant dw(q);
+  const auto x = random_floats(size_t(9 * 512), rng);
+  DeviceVec<float> dx(x), y1(std::vector<float>(size_t(9 * 300), kNaN)), y2(std::vector<float>(size_t(9 * 300), kNaN));
+  if (env_options().cuda_quant_mma) {
+    // OSPREY_CUDA_QUANT_MMA=1: linear_q routes these row counts to the tensor-core kernel.
+    for (int64_t n : {1, 9}) {
+      cuda::linear_q(dx.get(), n, dw.args(), nullptr, y1.get(), st());
+      cuda::linear_q_mma(dx.get(), n, dw.args(), nullptr, y2.get(), st());
+      const auto a = y1.download(), b = y2.download();
+      EXPECT_EQ(0, std::memcmp(a.data(), b.data(), size_t(n * 300) * sizeof(float))) << "n=" << n;
+    }
+    EXPECT_GE(cuda::linear_q_mma_max_rows(dw.args()), cuda::kGemvMaxRows);
+  } else {
+    EXPECT_EQ(0, cuda::linear_q_mma_max_rows(dw.args()));  // off by default
+  }
+  const HostQuant q8 = make_quant(8, 64, DType::f16, 16, 512, rng);
+  DeviceQuant dw8(q8);
+  EXPECT_FALSE(cuda::linear_q_mma_supported(dx.get(), dw8.args()));
+  EXPECT_THROW(cuda::linear_q_mma(dx.get(), 1, dw8.args(), nullptr, y1.get(), st()), Unsupported);
+  EXPECT_THROW(cuda::linear_q_mma(dx.get(), 1, dw.args(), nullptr, y1.get(), st(), 3), Unsupported);
+  EXPECT_THROW(cuda::linear_q_mma(dx.get(), 1, dw.args(), nullptr, y1.get(), st(), 0, 5), Unsupported);
 }
 
 TEST(CudaQuant, EmbeddingGathersDequantizedRows) {
@@ -526,6 +611,118 @@ TEST(CudaQuant, DISABLED_DecodeStepGemvBandwidth) {
       step_us += sh.per_token * chosen;
     }
     std::printf("  the step's linear layers: %.0f us (%.0f tokens/s bound)\n", step_us, 1e6 / step_us);
+  }
+}
+
+// Fills `bytes` of device memory with random bits (timing inputs: never constant).
+void fill_random(void* dst, size_t bytes, std::mt19937& rng) {
+  std::vector<uint32_t> h((bytes + 3) / 4);
+  for (auto& v : h) v = uint32_t(rng());
+  OSPREY_CUDA_CHECK(cudaMemcpy(dst, h.data(), bytes, cudaMemcpyHostToDevice));
+}
+
+// Random finite 16-bit scales or biases of magnitude about `mag`.
+void fill_params(void* dst, size_t count, DType sdt, float mag, std::mt19937& rng) {
+  std::uniform_real_distribution<float> d(-mag, mag);
+  std::vector<uint16_t> h(count);
+  for (auto& v : h) v = to_bits(sdt, d(rng));
+  OSPREY_CUDA_CHECK(cudaMemcpy(dst, h.data(), count * 2, cudaMemcpyHostToDevice));
+}
+
+// The Llama-3.1-8B linear shapes, 4-bit g64, for 1 to 256 rows of x: the tensor-core kernel
+// (linear_q_mma, block shape picked by n) against the path linear_q took before it (the fused
+// GEMV up to 8 rows, dequantize + cuBLAS above), and the dense f16 layer as the read-rate
+// reference. GB/s counts the packed words, scales, biases, x and y once; TFLOP/s 2 n out in.
+// Each call reads its own copy of the weights (copies_for), replayed as a CUDA graph.
+TEST(CudaQuant, DISABLED_QuantKernelsByRows) {
+  SKIP_WITHOUT_CUDA();
+  struct Shape {
+    const char* name;
+    int64_t out, in;
+  };
+  const Shape shapes[] = {{"q/o 4096x4096", 4096, 4096},      {"k/v 1024x4096", 1024, 4096},
+                          {"qkv 6144x4096", 6144, 4096},      {"gate/up 14336x4096", 14336, 4096},
+                          {"gate_up 28672x4096", 28672, 4096}, {"down 4096x14336", 4096, 14336}};
+  const int64_t kRows[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
+  std::mt19937 rng(11);
+  for (DType sdt : kScaleTypes) {
+    std::printf("\n4-bit g64, %s scales: us, GB/s and TFLOP/s; old = GEMV (n <= 8) or dequantize + cuBLAS; "
+                "mma = linear_q_mma (picked block); t1/t2/t4 x w4/w8 = forced block shapes\n",
+                dtype_name(sdt));
+    std::printf("%-20s %4s | %8s %7s %6s | %8s %7s %6s | %6s | %s\n", "shape", "n", "old us", "GB/s", "TF/s",
+                "mma us", "GB/s", "TF/s", "x old", "forced us (t,w)");
+    for (const Shape& sh : shapes) {
+      const size_t packed_bytes = size_t(sh.out * sh.in / 2), n_params = size_t(sh.out * (sh.in / 64));
+      const size_t wbytes = packed_bytes + 4 * n_params;
+      const int n_copies = copies_for(wbytes);
+      std::vector<std::unique_ptr<DeviceBytes>> packed, scales, biases;
+      for (int c = 0; c < n_copies; ++c) {
+        packed.push_back(std::make_unique<DeviceBytes>(packed_bytes));
+        scales.push_back(std::make_unique<DeviceBytes>(n_params * 2));
+        biases.push_back(std::make_unique<DeviceBytes>(n_params * 2));
+        fill_random(packed.back()->p, packed_bytes, rng);
+        fill_params(scales.back()->p, n_params, sdt, 0.02f, rng);
+        fill_params(biases.back()->p, n_params, sdt, 0.1f, rng);
+      }
+      auto args = [&](int i) {
+        QuantArgs a;
+        const size_t c = size_t(i % n_copies);
+        a.packed = static_cast<const uint32_t*>(packed[c]->p);
+        a.scales = scales[c]->p;
+        a.biases = biases[c]->p;
+        a.scale_dtype = sdt;
+        a.bits = 4;
+        a.group_size = 64;
+        a.out = sh.out;
+        a.in = sh.in;
+        return a;
+      };
+      DeviceVec<float> x(random_floats(size_t(256 * sh.in), rng)), y(std::vector<float>(size_t(256 * sh.out), 0.0f));
+      const int iters = std::max(20, n_copies);
+      for (int64_t n : kRows) {
+        const double bytes = double(wbytes) + double(n) * double(sh.in + sh.out) * 4.0;
+        const double flops = 2.0 * double(n) * double(sh.out) * double(sh.in);
+        const double old_us = graph_time_us(
+            [&](int i) {
+              if (n <= cuda::kGemvMaxRows)
+                cuda::linear_q_gemv(x.get(), n, args(i), nullptr, y.get(), st());
+              else
+                cuda::linear_q_gemm(x.get(), n, args(i), nullptr, y.get(), st());
+            },
+            iters);
+        auto mma_us = [&](int tiles, int warps) {
+          return graph_time_us(
+              [&](int i) { cuda::linear_q_mma(x.get(), n, args(i), nullptr, y.get(), st(), tiles, warps); }, iters);
+        };
+        const double us = mma_us(0, 0);
+        std::string forced;
+        for (int tiles : {1, 2, 4})
+          for (int warps : {4, 8}) {
+            if ((tiles > 1 && n <= 4) || sdt != DType::f16) continue;
+            char buf[32];
+            std::snprintf(buf, sizeof buf, " %.1f(%d,%d)", mma_us(tiles, warps), tiles, warps);
+            forced += buf;
+          }
+        std::printf("%-20s %4lld | %8.2f %7.0f %6.1f | %8.2f %7.0f %6.1f | %6.2f |%s\n", sh.name,
+                    static_cast<long long>(n), old_us, bytes / old_us / 1e3, flops / old_us / 1e6, us,
+                    bytes / us / 1e3, flops / us / 1e6, old_us / us, forced.c_str());
+      }
+      if (sdt == DType::f16) {  // the dense f16 layer at n = 1: the read rate to compare with
+        const size_t dense_bytes = size_t(sh.out * sh.in * 2);
+        const int dc = copies_for(dense_bytes);
+        std::vector<std::unique_ptr<DeviceBytes>> dw;
+        for (int c = 0; c < dc; ++c) {
+          dw.push_back(std::make_unique<DeviceBytes>(dense_bytes));
+          fill_params(dw.back()->p, dense_bytes / 2, DType::f16, 0.05f, rng);
+        }
+        const double dus = graph_time_us(
+            [&](int i) {
+              cuda::linear_gemv(x.get(), 1, sh.in, dw[size_t(i % dc)]->p, DType::f16, sh.out, nullptr, y.get(), st());
+            },
+            std::max(20, dc));
+        std::printf("%-20s    1 | dense f16 GEMV %8.2f us %7.0f GB/s\n", sh.name, dus, double(dense_bytes) / dus / 1e3);
+      }
+    }
   }
 }
 

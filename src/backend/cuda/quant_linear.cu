@@ -14,6 +14,7 @@
 #include "backend/cuda/quant_common.cuh"
 #include "backend/cuda/quant_kernels.h"
 #include "backend/cuda/quant_linear.h"
+#include "core/env.h"
 
 namespace osprey::cuda {
 namespace {
@@ -257,8 +258,15 @@ void linear_q_gemm(const float* x, int64_t n, const QuantArgs& w, const float* b
   if (bias) add_bias_rows(y, bias, n, out, s);
 }
 
+// NOTE: 256 is where the kernel's largest x tile (32 rows) would read the words 8 times; the
+// per-shape crossover against dequantize-then-cuBLAS is still to be measured (docs/
+// benchmark_results/2026-12-05-h200-quant-kernels.md).
+int64_t linear_q_mma_max_rows(const QuantArgs&) { return env_options().cuda_quant_mma ? 256 : 0; }
+
 void linear_q(const float* x, int64_t n, const QuantArgs& w, const float* bias, float* y, cudaStream_t s) {
-  if (n <= kGemvMaxRows)
+  if (linear_q_mma_supported(x, w) && n <= linear_q_mma_max_rows(w))
+    linear_q_mma(x, n, w, bias, y, s);
+  else if (n <= kGemvMaxRows)
     linear_q_gemv(x, n, w, bias, y, s);
   else
     linear_q_gemm(x, n, w, bias, y, s);
