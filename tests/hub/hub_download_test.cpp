@@ -449,9 +449,42 @@ TEST(HubDownload, AGgufOnlyOrTokenizerlessRepositoryIsNamed) {
   TempDir cache;
   const ResolveOptions o = options_for(cache.path(), server);
   std::string m = message_of([&] { hub::download_model(id_of("org/tiny-GGUF"), o); });
-  EXPECT_NE(m.find("GGUF files, which are not supported yet"), std::string::npos) << m;
+  EXPECT_NE(m.find("it holds GGUF files; name one by its quantization, org/tiny-GGUF:Q4_K_M for instance (its GGUF "
+                   "files: model-q4.gguf)"),
+            std::string::npos)
+      << m;
   m = message_of([&] { hub::download_model(id_of("org/sp"), o); });
   EXPECT_NE(m.find("org/sp has no tokenizer.json"), std::string::npos) << m;
+}
+
+TEST(HubDownload, AGgufTagFetchesThatOneFile) {
+  FakeHub server;
+  FakeRepo repo;
+  repo.revisions = {{"main", kCommit}};
+  repo.files["tiny-Q4_K_M.gguf"] = {pattern(5000, 3), "9999999999999999999999999999999999999999999999999999999999999999",
+                                    true};
+  repo.files["tiny-Q8_0.gguf"] = {pattern(7000, 4), "aaaa999999999999999999999999999999999999999999999999999999999999",
+                                  true};
+  repo.files["README.md"] = {"# tiny", "6666666666666666666666666666666666666666", false};
+  server.add("org/tiny-GGUF", repo);
+  TempDir cache;
+  ResolveOptions o = options_for(cache.path(), server);
+  o.download = true;
+  const std::string file = hub::resolve_model("org/tiny-GGUF:q4_k_m", o);
+  const fs::path snapshot = cache / "models--org--tiny-GGUF" / "snapshots" / kCommit;
+  EXPECT_EQ(file, (snapshot / "tiny-Q4_K_M.gguf").string());
+  EXPECT_EQ(testing::read_file(file), repo.files.at("tiny-Q4_K_M.gguf").bytes);
+  EXPECT_FALSE(fs::exists(snapshot / "tiny-Q8_0.gguf"));
+  EXPECT_FALSE(fs::exists(snapshot / "README.md"));
+  EXPECT_EQ(testing::read_file(cache / "models--org--tiny-GGUF" / "refs" / "main"), kCommit);
+  // Then from the cache alone; a tag the repository lacks names its files.
+  ResolveOptions offline = options_for(cache.path(), server);
+  offline.endpoint = "http://127.0.0.1:" + std::to_string(closed_port());
+  EXPECT_EQ(hub::resolve_model("org/tiny-GGUF:Q4_K_M", offline), file);
+  const std::string m = message_of([&] { hub::download_model(id_of("org/tiny-GGUF:Q5_K_M"), o); });
+  EXPECT_NE(m.find("no GGUF file of org/tiny-GGUF is tagged Q5_K_M (its GGUF files: tiny-Q4_K_M.gguf, tiny-Q8_0.gguf)"),
+            std::string::npos)
+      << m;
 }
 
 TEST(HubDownload, AnIndexNamingAFileOutsideTheRepositoryIsRefused) {
