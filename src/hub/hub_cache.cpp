@@ -59,7 +59,7 @@ std::vector<std::string> snapshot_files(const fs::path& snapshot) {
   std::error_code ec;
   for (auto it = fs::recursive_directory_iterator(snapshot, ec); !ec && it != fs::recursive_directory_iterator();
        it.increment(ec))
-    if (!it->is_directory(ec)) files.push_back(fs::relative(it->path(), snapshot, ec).generic_string());
+    if (!it->is_directory(ec)) files.push_back(it->path().lexically_relative(snapshot).generic_string());
   std::sort(files.begin(), files.end());
   return files;
 }
