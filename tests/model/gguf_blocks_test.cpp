@@ -13,6 +13,7 @@
 #include "model/gguf.h"
 #include "model/gguf_blocks.h"
 #include "model/gguf_model.h"
+#include "model/model.h"
 #include "support/gguf_bytes.h"
 #include "support/test_util.h"
 
@@ -180,6 +181,93 @@ TEST(GgufBlocks, TheLoaderHoldsEachTypeAsDocumented) {
   }
   EXPECT_EQ(ck.config.json()["quantization"]["bits"], 8);  // Q5_0, Q5_1, Q5_K
   EXPECT_EQ(ck.config.json()["quantization"]["model.layers.0.self_attn.v_proj"]["bits"], 4);
+}
+
+}  // namespace osprey
+
+namespace osprey {
+namespace {
+
+// A one-layer llama file (hidden 256, 2 heads, vocab 16) whose matrices are the given types
+// (F32 norms); `dense` writes every matrix as F32 holding ggml's values of the same blocks.
+std::string mixed_model(const std::vector<std::pair<std::string, GgufType>>& matrices, bool dense) {
+  const int64_t hidden = 256, vocab = 16;
+  testing::GgufBytes f;
+  f.header(3, matrices.size() + 3, 7).kv_str("general.architecture", "llama");
+  f.kv_u32("llama.embedding_length", uint32_t(hidden)).kv_u32("llama.feed_forward_length", uint32_t(hidden));
+  f.kv_u32("llama.block_count", 1).kv_u32("llama.attention.head_count", 2).kv_u32("llama.attention.head_count_kv", 2);
+  f.kv_u32("llama.context_length", 64);
+  std::string data;
+  auto add = [&](const std::string& name, std::vector<uint64_t> ne, uint32_t type, const std::string& bytes) {
+    while (data.size() % 32) data.push_back('\0');
+    f.tensor(name, ne, type, data.size());
+    data += bytes;
+  };
+  const std::string ones = [&] {
+    std::string s;
+    for (int64_t i = 0; i < hidden; ++i) {
+      const float one = 1.0f;
+      s.append(reinterpret_cast<const char*>(&one), 4);
+    }
+    return s;
+  }();
+  for (const char* norm : {"blk.0.attn_norm.weight", "blk.0.ffn_norm.weight", "output_norm.weight"})
+    add(norm, {uint64_t(hidden)}, 0, ones);
+  for (const auto& [name, type] : matrices) {
+    const int64_t rows = name == "token_embd.weight" || name == "output.weight" ? vocab : hidden;
+    const std::string blocks = modest_blocks(fixture(gguf_type_name(uint32_t(type))), type, rows, hidden);
+    if (!dense) {
+      add(name, {uint64_t(hidden), uint64_t(rows)}, uint32_t(type), blocks);
+    } else {
+      std::vector<float> w(size_t(rows * hidden));
+      gguf_dequantize(type, reinterpret_cast<const uint8_t*>(blocks.data()), rows * hidden, w.data());
+      add(name, {uint64_t(hidden), uint64_t(rows)}, 0, std::string(reinterpret_cast<const char*>(w.data()), w.size() * 4));
+    }
+  }
+  f.align(32);
+  f.b += data;
+  return f.b;
+}
+
+}  // namespace
+
+// The mixes of Q4_K_M / Q5_K_M files load and run: a tied Q6_K embedding (decoded to f16, also
+// the head), or a Q4_K embedding table with a Q5_K head, beside every other type; the logits
+// match the same model with every matrix stored as F32 holding ggml's values, within the f16
+// rounding of the K-quants' scales and of Q6_K's values and the quantized kernels' own
+// arithmetic (a few 1e-3 of the logits' range here; a block read in the wrong order is off by
+// the order of the logits themselves).
+TEST(GgufBlocks, KQuantMixesLoadAndMatchTheirDequantizedModel) {
+  const std::vector<std::pair<std::string, GgufType>> layer = {
+      {"blk.0.attn_q.weight", GgufType::Q4_K},  {"blk.0.attn_k.weight", GgufType::Q4_K},
+      {"blk.0.attn_v.weight", GgufType::Q6_K},  {"blk.0.attn_output.weight", GgufType::Q5_0},
+      {"blk.0.ffn_gate.weight", GgufType::Q5_K}, {"blk.0.ffn_up.weight", GgufType::Q4_K},
+      {"blk.0.ffn_down.weight", GgufType::Q5_1}};
+  auto with = [&](std::vector<std::pair<std::string, GgufType>> head) {
+    head.insert(head.end(), layer.begin(), layer.end());
+    return head;
+  };
+  const std::vector<std::vector<std::pair<std::string, GgufType>>> mixes = {
+      with({{"token_embd.weight", GgufType::Q6_K}}),
+      with({{"token_embd.weight", GgufType::Q4_K}, {"output.weight", GgufType::Q5_K}}),
+      with({{"token_embd.weight", GgufType::Q8_0}, {"output.weight", GgufType::Q6_K}})};
+  for (size_t i = 0; i < mixes.size(); ++i) {
+    testing::TempDir dir;
+    testing::write_file(dir / "q.gguf", mixed_model(mixes[i], false));
+    testing::write_file(dir / "f.gguf", mixed_model(mixes[i], true));
+    std::unique_ptr<Model> q = load_model(dir / "q.gguf");
+    std::unique_ptr<Model> f = load_model(dir / "f.gguf");
+    const std::vector<int32_t> ids = {1, 5, 2, 9, 15, 3};
+    SequenceCache qc = q->make_cache({}), fc = f->make_cache({});
+    Array ql = q->forward(testing::tokens_of(ids), qc, true);
+    Array fl = f->forward(testing::tokens_of(ids), fc, true);
+    ASSERT_EQ(ql.shape(), fl.shape()) << "mix " << i;
+    const int64_t vocab = fl.dim(1);
+    for (int64_t t = 0; t < fl.dim(0); ++t) {
+      const double e = testing::relative_row_error(ql.data<float>() + t * vocab, fl.data<float>() + t * vocab, vocab);
+      EXPECT_LT(e, 1e-2) << "mix " << i << " position " << t;
+    }
+  }
 }
 
 }  // namespace osprey
