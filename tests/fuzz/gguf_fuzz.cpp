@@ -4,6 +4,7 @@
 // read as a checkpoint (the quantized tensors repacked).
 #include <vector>
 
+#include "core/mapped_file.h"
 #include "fuzz_util.h"
 #include "model/gguf.h"
 #include "model/gguf_blocks.h"
