@@ -73,7 +73,7 @@ std::string gguf_of_tokenizer(const GgufTokCase& c, const std::string& chat_temp
     }
   }
   testing::GgufBytes f;
-  f.header(3, 0, (spm ? 10 : 9) + (chat_template.empty() ? 0 : 1));
+  f.header(3, 0, 9 + (chat_template.empty() ? 0 : 1));
   f.kv_str("general.architecture", "llama");
   f.kv_str("tokenizer.ggml.model", spm ? "llama" : "gpt2");
   if (spm) {
