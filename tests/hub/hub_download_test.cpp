@@ -566,6 +566,30 @@ TEST(HubDownload, CliPullAndGenerateWithDownload) {
   EXPECT_EQ(nlohmann::json::parse(by_id.out)["tokens"], nlohmann::json::parse(by_folder.out)["tokens"]);
   EXPECT_FALSE(fs::exists(cache / "models--org--demo" / "snapshots" / kCommit / "README.md"));
 
+  // A repository of GGUF files: the tag picks the file for pull and for -m.
+  FakeRepo gguf_repo;
+  gguf_repo.revisions = {{"main", kCommit}};
+  const fs::path q4 = testing::source_dir() / "tests/fixtures/gguf/llama-q4_0.gguf";
+  gguf_repo.files["llama-Q4_0.gguf"] = {testing::read_file(q4), std::string(64, 'e'), true};
+  gguf_repo.files["llama-Q8_0.gguf"] = {testing::read_file(testing::source_dir() / "tests/fixtures/gguf/llama-q8_0.gguf"),
+                                        std::string(64, 'd'), true};
+  server.add("org/llama-GGUF", gguf_repo);
+  auto by_file = testing::run_osprey("generate -m " + q4.string() + " -p 'hello' -n 4 --json");
+  ASSERT_EQ(by_file.exit_code, 0) << by_file.err;
+  auto by_tag = testing::run_osprey("generate -m org/llama-GGUF:q4_0 --download -p 'hello' -n 4 --json", env);
+  ASSERT_EQ(by_tag.exit_code, 0) << by_tag.err;
+  EXPECT_EQ(nlohmann::json::parse(by_tag.out)["tokens"], nlohmann::json::parse(by_file.out)["tokens"]);
+  EXPECT_FALSE(fs::exists(cache / "models--org--llama-GGUF" / "snapshots" / kCommit / "llama-Q8_0.gguf"));
+  auto pull_tag = testing::run_osprey("pull org/llama-GGUF:Q8_0", env);
+  ASSERT_EQ(pull_tag.exit_code, 0) << pull_tag.err;
+  EXPECT_EQ(pull_tag.out, (cache / "models--org--llama-GGUF" / "snapshots" / kCommit / "llama-Q8_0.gguf").string() + "\n");
+  auto no_tag = testing::run_osprey("pull org/llama-GGUF:Q6_K", env);
+  EXPECT_EQ(no_tag.exit_code, 1);
+  EXPECT_NE(no_tag.err.find("no GGUF file of org/llama-GGUF is tagged Q6_K (its GGUF files: llama-Q4_0.gguf, "
+                            "llama-Q8_0.gguf)"),
+            std::string::npos)
+      << no_tag.err;
+
   auto gated = testing::run_osprey("pull org/absent", env);
   EXPECT_EQ(gated.exit_code, 1);
   EXPECT_NE(gated.err.find("no model org/absent on the Hub"), std::string::npos) << gated.err;
