@@ -36,8 +36,11 @@ struct PullOptions {
 
 int run_pull(const PullOptions& o) {
   std::optional<hub::HubId> id = hub::parse_hub_id(o.model);
-  if (!id) throw UsageError("pull: \"" + o.model + "\" is not a Hub id (org/name or org/name:revision)");
-  const std::string folder = hub::download_model(*id, hub_options(true)).string();
+  if (!id)
+    throw UsageError("pull: \"" + o.model + "\" is not a Hub id (org/name, org/name:revision or org/name:QUANT)");
+  // A GGUF tag: the one file it picks, fetched unless the cache holds it.
+  const std::string folder = id->quant.empty() ? hub::download_model(*id, hub_options(true)).string()
+                                               : hub::resolve_model(id->spec(), hub_options(true));
   std::printf("%s\n", folder.c_str());
   return 0;
 }

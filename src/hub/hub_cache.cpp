@@ -1,5 +1,8 @@
 #include "hub/hub_cache.h"
 
+#include <algorithm>
+#include <cctype>
+#include <regex>
 #include <system_error>
 
 #include "core/error.h"
@@ -50,9 +53,80 @@ bool path_exists(const fs::path& p) {
   return fs::exists(p, ec);
 }
 
+// The files of a snapshot, as paths within it.
+std::vector<std::string> snapshot_files(const fs::path& snapshot) {
+  std::vector<std::string> files;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(snapshot, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec))
+    if (!it->is_directory(ec)) files.push_back(it->path().lexically_relative(snapshot).generic_string());
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+// Whether pick_gguf_file finds the file (a snapshot that lacks it may be completed by a download).
+bool has_gguf_tagged(const std::vector<std::string>& files, const HubId& id) {
+  try {
+    pick_gguf_file(files, id);
+    return true;
+  } catch (const InvalidInput&) {
+    return false;
+  }
+}
+
 }  // namespace
 
-std::string HubId::spec() const { return revision == "main" ? repo() : repo() + ":" + revision; }
+std::string HubId::spec() const {
+  if (!quant.empty()) return repo() + ":" + quant;
+  return revision == "main" ? repo() : repo() + ":" + revision;
+}
+
+bool is_gguf_quant_tag(const std::string& tag) {
+  std::string t;
+  for (char c : tag) t.push_back(char(std::toupper(static_cast<unsigned char>(c))));
+  if (t.rfind("UD-", 0) == 0) t = t.substr(3);
+  if (t.empty() || !std::all_of(t.begin(), t.end(), [](char c) { return is_word_char(c); })) return false;
+  if (t == "F32" || t == "F16" || t == "BF16" || t.rfind("MXFP4", 0) == 0) return true;
+  auto digit_after = [&](size_t n) { return t.size() > n && std::isdigit(static_cast<unsigned char>(t[n])); };
+  return (t[0] == 'Q' && digit_after(1)) || ((t.rfind("IQ", 0) == 0 || t.rfind("TQ", 0) == 0) && digit_after(2));
+}
+
+std::string pick_gguf_file(const std::vector<std::string>& files, const HubId& id) {
+  auto lower = [](std::string s) {
+    for (char& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
+    return s;
+  };
+  const std::string tag = lower(id.quant);
+  std::vector<std::string> ggufs, matches;
+  for (const std::string& f : files) {
+    const std::string base = lower(fs::path(f).filename().string());
+    if (base.size() <= 5 || base.compare(base.size() - 5, 5, ".gguf") != 0 || base.rfind("mmproj", 0) == 0) continue;
+    ggufs.push_back(f);
+    std::string stem = base.substr(0, base.size() - 5);
+    // A split file's parts (name-00001-of-00003.gguf) match by the name before the numbering.
+    static const std::regex split(R"(-\d{5}-of-\d{5}$)");
+    stem = std::regex_replace(stem, split, "");
+    if (stem.size() > tag.size() && stem.compare(stem.size() - tag.size(), tag.size(), tag) == 0) {
+      const char before = stem[stem.size() - tag.size() - 1];
+      if (before == '-' || before == '.' || before == '_') matches.push_back(f);
+    } else if (stem == tag) {
+      matches.push_back(f);
+    }
+  }
+  std::string listed;
+  for (const std::string& f : ggufs) listed += (listed.empty() ? "" : ", ") + f;
+  if (listed.empty()) listed = "none";
+  if (matches.size() == 1) {
+    static const std::regex split(R"(-\d{5}-of-\d{5}\.gguf$)", std::regex::icase);
+    if (std::regex_search(matches[0], split))
+      throw InvalidInput(id.spec() + ": " + matches[0] + " is one part of a split GGUF file, which Osprey does not read "
+                         "(merge the parts with llama.cpp's gguf-split --merge)");
+    return matches[0];
+  }
+  throw InvalidInput(id.spec() + ": " + (matches.empty() ? "no GGUF file of " + id.repo() + " is tagged " + id.quant
+                                                          : "several GGUF files of " + id.repo() + " are tagged " + id.quant) +
+                     " (its GGUF files: " + listed + ")");
+}
 
 std::optional<HubId> parse_hub_id(const std::string& spec) {
   const size_t colon = spec.find(':');
@@ -63,7 +137,9 @@ std::optional<HubId> parse_hub_id(const std::string& spec) {
   h.org = id.substr(0, slash);
   h.name = id.substr(slash + 1);
   if (!valid_id_part(h.org) || !valid_id_part(h.name)) return std::nullopt;
-  if (colon != std::string::npos) {
+  if (colon != std::string::npos && is_gguf_quant_tag(spec.substr(colon + 1))) {
+    h.quant = spec.substr(colon + 1);
+  } else if (colon != std::string::npos) {
     h.revision = spec.substr(colon + 1);
     if (!valid_revision(h.revision))
       throw InvalidInput("-m " + spec + ": \"" + h.revision +
@@ -153,7 +229,18 @@ std::string resolve_model(const std::string& spec, const ResolveOptions& o) {
     throw IoError("-m " + spec +
                   ": no such folder, and no Hugging Face cache folder to look in (set HF_HUB_CACHE, HF_HOME or HOME)");
   std::optional<fs::path> snapshot = find_cached_snapshot(o.cache_dir, *id);
-  if (snapshot && (!o.download || missing_model_files(*snapshot).empty())) return snapshot->string();
+  if (!id->quant.empty()) {
+    if (snapshot) {
+      const std::vector<std::string> cached = snapshot_files(*snapshot);
+      if (!o.download || has_gguf_tagged(cached, *id)) return (*snapshot / pick_gguf_file(cached, *id)).string();
+    }
+    if (o.download) {
+      const fs::path fetched = download_model(*id, o);
+      return (fetched / pick_gguf_file(snapshot_files(fetched), *id)).string();
+    }
+  } else if (snapshot && (!o.download || missing_model_files(*snapshot).empty())) {
+    return snapshot->string();
+  }
   if (o.download) return download_model(*id, o).string();
   throw IoError("-m " + spec + ": no such folder, and the Hub model " + id->spec() +
                 " is not in the Hugging Face cache (" + o.cache_dir.string() + "): run `osprey pull " + id->spec() +

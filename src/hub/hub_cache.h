@@ -16,15 +16,28 @@
 
 namespace osprey::hub {
 
-// A model on the Hub: "org/name", optionally ":revision" (a branch, a tag or a commit hash).
+// A model on the Hub: "org/name", optionally ":revision" (a branch, a tag or a commit hash),
+// or ":QUANT", a GGUF quantization (Q4_K_M, q8_0, BF16, ...: see is_gguf_quant_tag) that picks
+// one .gguf file of the repository's main revision, as llama.cpp's -hf does.
 struct HubId {
   std::string org;
   std::string name;
   std::string revision = "main";
+  std::string quant;  // empty: a safetensors model
   std::string repo() const { return org + "/" + name; }
-  // "org/name", with ":revision" when it is not main.
+  // "org/name", with ":quant", or ":revision" when it is not main.
   std::string spec() const;
 };
+
+// Whether `tag` names a GGUF quantization rather than a revision: (UD-)F32, F16, BF16,
+// Q<digit>..., IQ<digit>..., TQ<digit>..., MXFP4..., case-insensitive, letters, digits and '_'.
+bool is_gguf_quant_tag(const std::string& tag);
+
+// The one .gguf file among `files` (paths within a repository) whose name ends in id.quant
+// after a '-', '.' or '_' (case-insensitive), multimodal projector files (mmproj*) aside.
+// Throws InvalidInput naming the repository, the tag and the GGUF files it holds when none or
+// several match, or when the match is one part of a split file (-00001-of-00003.gguf).
+std::string pick_gguf_file(const std::vector<std::string>& files, const HubId& id);
 
 // `spec` as a Hub id, or nullopt when it is not of the form org/name[:revision] (each part
 // letters, digits, '.', '_' and '-', starting and ending with a letter, digit or '_', without
@@ -71,6 +84,8 @@ std::vector<std::string> missing_model_files(const std::filesystem::path& snapsh
 // The model folder `spec` names (what -m takes):
 // - a path that exists: a folder is itself, a .gguf file is itself (it holds the whole model:
 //   weights, tokenizer and chat template), another file is its folder;
+// - else a Hub id with a GGUF tag: the .gguf file of its snapshot the tag picks (downloaded,
+//   with o.download, when the cache lacks it);
 // - else a Hub id: its snapshot in the cache; when absent (or, with o.download, missing files)
 //   and o.download is set, downloaded (hub_download.h); else IoError naming the id, the cache
 //   and `osprey pull`;

@@ -440,8 +440,13 @@ std::vector<std::string> files_to_fetch(const std::vector<std::string>& siblings
     const bool gguf = std::any_of(siblings.begin(), siblings.end(), [](const std::string& s) {
       return s.size() > 5 && s.compare(s.size() - 5, 5, ".gguf") == 0;
     });
+    std::string listed;
+    for (const std::string& f : siblings)
+      if (f.size() > 5 && f.compare(f.size() - 5, 5, ".gguf") == 0) listed += (listed.empty() ? "" : ", ") + f;
     throw InvalidInput(repo + " has no model.safetensors or model.safetensors.index.json on the Hub" +
-                       (gguf ? std::string(": it holds GGUF files, which are not supported yet") : std::string()));
+                       (gguf ? ": it holds GGUF files; name one by its quantization, " + repo +
+                                   ":Q4_K_M for instance (its GGUF files: " + listed + ")"
+                             : std::string()));
   }
   return files;
 }
@@ -451,10 +456,12 @@ namespace {
 // download_model's work once the offline case is out of the way.
 fs::path fetch_model(const HubId& id, const ResolveOptions& o) {
   const RepoInfo info = fetch_repo_info(id, o);
-  const std::vector<std::string> files = files_to_fetch(info.files, id.repo());
+  const std::vector<std::string> files =
+      id.quant.empty() ? files_to_fetch(info.files, id.repo()) : std::vector<std::string>{pick_gguf_file(info.files, id)};
   const fs::path repo = repo_cache_dir(o.cache_dir, id);
   const fs::path snapshot = repo / "snapshots" / info.commit;
   fs::create_directories(snapshot);
+  if (!id.quant.empty()) check_repo_file_name(files[0], id.repo() + " (the Hub's file list)");
   log_info("fetching " + id.spec() + " (commit " + info.commit + ") into " + snapshot.string());
   for (const std::string& f : files) fetch_file(id, info.commit, f, o);
   if (std::find(files.begin(), files.end(), "model.safetensors.index.json") != files.end()) {
@@ -476,7 +483,7 @@ fs::path download_model(const HubId& id, const ResolveOptions& o) {
   if (o.cache_dir.empty()) throw IoError("no Hugging Face cache folder to download into (set HF_HUB_CACHE or HF_HOME)");
   if (o.offline) {
     std::optional<fs::path> cached = find_cached_snapshot(o.cache_dir, id);
-    if (cached && missing_model_files(*cached).empty()) return *cached;
+    if (cached && id.quant.empty() && missing_model_files(*cached).empty()) return *cached;
     throw IoError("HF_HUB_OFFLINE is set, and " + id.spec() + " is not (wholly) in the Hugging Face cache (" +
                   o.cache_dir.string() + "): unset HF_HUB_OFFLINE to download it");
   }

@@ -10,7 +10,9 @@
 #include "core/error.h"
 #include "core/file_read.h"
 #include "core/half.h"
+#include "core/log.h"
 #include "core/mapped_file.h"
+#include "model/gguf_blocks.h"
 
 namespace osprey {
 namespace {
@@ -80,20 +82,71 @@ std::string hf_tensor_name(const std::string& name, bool sandwich) {
   return name;
 }
 
-// ggml's 32-value blocks that are exactly an affine quantization with one scale and bias per
-// block: Q8_0 (w = d * q, q int8), Q4_0 (w = d * (q - 8), q in [0, 16)), Q4_1 (w = d * q + m).
-// They are repacked at load into Osprey's affine layout (backend/quant.h: codes as a
-// little-endian bit stream per row, scales and biases f16 per group of 32): the same codes and
-// the same f16 values, so every weight dequantizes to the same number as in ggml.
+// How each block-quantized type is held after load (docs/gguf.md, "Quantized types"):
+// repacked into Osprey's affine layout (backend/quant.h: codes as a little-endian bit stream
+// per row, f16 scale and bias per group of 32, w = scale * q + bias in f32) with `bits` per
+// code, or, for Q6_K (whose 16-value scales fit no supported group), decoded to f16.
+//   exact: Q8_0 (q + 128, d, -128 d), Q4_0 (q, d, -8 d), Q4_1 (q, d, m), Q5_0 (q, d, -16 d),
+//          Q5_1 (q, d, m): the same f16 d and m, and every product and sum exact in f32, so each
+//          weight dequantizes to ggml's value bit for bit;
+//   not exact: Q4_K, Q5_K (per 32: q, f16(d * sc), f16(-(dmin * m))): the 17-bit scale
+//          products are rounded to f16; Q6_K: each value rounded to f16.
 int repacked_bits(GgufType t) {
   switch (t) {
-    case GgufType::Q8_0: return 8;
-    case GgufType::Q4_0: case GgufType::Q4_1: return 4;
+    case GgufType::Q8_0: case GgufType::Q5_0: case GgufType::Q5_1: case GgufType::Q5_K: return 8;
+    case GgufType::Q4_0: case GgufType::Q4_1: case GgufType::Q4_K: return 4;
     default: return 0;
   }
 }
 
-// One quantized matrix [rows, cols] repacked: the three arrays' bytes, appended to `store` at
+// One block of a repacked type as affine groups of 32: codes[elements], scale and bias f16
+// per group (elements / 32 of them).
+void affine_groups(GgufType type, const uint8_t* blk, uint8_t* codes, uint16_t* scale, uint16_t* bias) {
+  uint16_t d, m = 0;
+  std::memcpy(&d, blk, 2);
+  switch (type) {
+    case GgufType::Q8_0:
+      for (int i = 0; i < 32; ++i) codes[i] = uint8_t(int(int8_t(blk[2 + i])) + 128);
+      scale[0] = d, bias[0] = f32_to_f16(-128.0f * f16_to_f32(d));
+      return;
+    case GgufType::Q4_0: case GgufType::Q4_1: case GgufType::Q5_0: case GgufType::Q5_1: {
+      const bool has_min = type == GgufType::Q4_1 || type == GgufType::Q5_1;
+      const bool five = type == GgufType::Q5_0 || type == GgufType::Q5_1;
+      uint32_t qh = 0;
+      if (has_min) std::memcpy(&m, blk + 2, 2);
+      if (five) std::memcpy(&qh, blk + (has_min ? 4 : 2), 4);
+      const uint8_t* qs = blk + (has_min ? 4 : 2) + (five ? 4 : 0);
+      for (int i = 0; i < 16; ++i) codes[i] = qs[i] & 0x0F, codes[i + 16] = qs[i] >> 4;
+      if (five)
+        for (int i = 0; i < 32; ++i) codes[i] = uint8_t(codes[i] | (((qh >> i) & 1u) << 4));
+      scale[0] = d;
+      bias[0] = has_min ? m : f32_to_f16((five ? -16.0f : -8.0f) * f16_to_f32(d));
+      return;
+    }
+    case GgufType::Q4_K: case GgufType::Q5_K: {
+      const bool five = type == GgufType::Q5_K;
+      std::memcpy(&m, blk + 2, 2);
+      const float df = f16_to_f32(d), dmin = f16_to_f32(m);
+      const uint8_t* qh = blk + 16;
+      const uint8_t* qs = blk + 16 + (five ? 32 : 0);
+      for (int j = 0; j < 8; ++j) {
+        uint8_t sc, mn;
+        gguf_k_scale_min(blk + 4, j, sc, mn);
+        scale[j] = f32_to_f16(df * float(sc));
+        bias[j] = f32_to_f16(-(dmin * float(mn)));
+        for (int l = 0; l < 32; ++l) {
+          const uint8_t q = qs[32 * (j / 2) + l];
+          codes[32 * j + l] = uint8_t(((j % 2 == 0) ? (q & 0x0F) : (q >> 4)) | (five ? ((qh[l] >> j) & 1) << 4 : 0));
+        }
+      }
+      return;
+    }
+    default:
+      throw Unsupported("affine_groups: " + gguf_type_name(uint32_t(type)));
+  }
+}
+
+// One quantized matrix [rows, cols] repacked: the arrays' bytes, appended to `store` at
 // 64-byte aligned offsets, and their TensorInfos under `name`'s module.
 struct RepackStore {
   std::vector<uint8_t> bytes;
@@ -104,14 +157,31 @@ struct RepackStore {
   }
 };
 
+void add_info(std::vector<TensorInfo>& infos, const std::string& name, DType dt, Shape shape, size_t at, size_t n) {
+  TensorInfo ti;
+  ti.name = name;
+  ti.dtype = dt;
+  ti.shape = shape;
+  ti.file_index = 1;
+  ti.byte_offset = at;
+  ti.nbytes = n;
+  infos.push_back(std::move(ti));
+}
+
+void check_matrix(const GgufFile& g, const GgufTensorInfo& t) {
+  if (t.shape.n != 2)
+    throw InvalidInput(g.path().string() + ": tensor " + t.name + " is a " + gguf_type_name(uint32_t(t.type)) +
+                       " tensor of " + std::to_string(t.shape.n) + " dimensions (a matrix is expected)");
+}
+
 void repack_blocks(const GgufFile& g, const GgufTensorInfo& t, const std::string& hf_name, RepackStore& store,
                    std::vector<TensorInfo>& infos) {
   const std::string where = g.path().string() + ": tensor " + t.name;
-  if (t.shape.n != 2) throw InvalidInput(where + " is a " + gguf_type_name(uint32_t(t.type)) + " tensor of " +
-                                         std::to_string(t.shape.n) + " dimensions (a matrix is expected)");
+  check_matrix(g, t);
   const int bits = repacked_bits(t.type);
   const int64_t rows = t.shape[0], cols = t.shape[1], groups = cols / 32;
   const GgufBlock block = *gguf_block(uint32_t(t.type));
+  const int64_t blocks_per_row = cols / block.elements, groups_per_block = block.elements / 32;
   const std::string module = hf_name.size() > 7 && hf_name.compare(hf_name.size() - 7, 7, ".weight") == 0
                                  ? hf_name.substr(0, hf_name.size() - 7)
                                  : hf_name;
@@ -119,45 +189,53 @@ void repack_blocks(const GgufFile& g, const GgufTensorInfo& t, const std::string
   const size_t scale_bytes = size_t(rows) * size_t(groups) * 2;
   const size_t p_at = store.reserve(packed_bytes), s_at = store.reserve(scale_bytes), b_at = store.reserve(scale_bytes);
   const uint8_t* src = g.file()->data() + t.byte_offset;
+  std::vector<uint8_t> codes(static_cast<size_t>(block.elements));
+  std::vector<uint16_t> sc(static_cast<size_t>(groups_per_block)), bs(static_cast<size_t>(groups_per_block));
   for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t k = 0; k < groups; ++k) {
-      const uint8_t* blk = src + (size_t(r) * size_t(groups) + size_t(k)) * size_t(block.bytes);
-      uint16_t d, m = 0;
-      std::memcpy(&d, blk, 2);
-      uint8_t codes[32];
-      if (t.type == GgufType::Q8_0) {
-        for (int i = 0; i < 32; ++i) codes[i] = uint8_t(int(int8_t(blk[2 + i])) + 128);
-        m = f32_to_f16(-128.0f * f16_to_f32(d));
-      } else {
-        const uint8_t* qs = blk + (t.type == GgufType::Q4_1 ? 4 : 2);
-        for (int i = 0; i < 16; ++i) codes[i] = qs[i] & 0x0F, codes[i + 16] = qs[i] >> 4;
-        if (t.type == GgufType::Q4_1) std::memcpy(&m, blk + 2, 2);
-        else m = f32_to_f16(-8.0f * f16_to_f32(d));
-      }
-      uint8_t* out = store.bytes.data() + p_at + (size_t(r) * size_t(cols) + size_t(k) * 32) * size_t(bits) / 8;
+    for (int64_t k = 0; k < blocks_per_row; ++k) {
+      affine_groups(t.type, src + (size_t(r) * size_t(blocks_per_row) + size_t(k)) * size_t(block.bytes), codes.data(),
+                    sc.data(), bs.data());
+      for (int64_t j = 0; j < groups_per_block; ++j)
+        if ((sc[j] & 0x7C00) == 0x7C00 || (bs[j] & 0x7C00) == 0x7C00)
+          throw InvalidInput(where + ": a block's scale or minimum (row " + std::to_string(r) +
+                             ") is not a finite float16 in Osprey's affine layout");
+      const size_t first = size_t(r) * size_t(cols) + size_t(k) * size_t(block.elements);
+      uint8_t* out = store.bytes.data() + p_at + first * size_t(bits) / 8;
       if (bits == 8) {
-        std::memcpy(out, codes, 32);
+        std::memcpy(out, codes.data(), codes.size());
       } else {
-        for (int i = 0; i < 16; ++i) out[i] = uint8_t(codes[2 * i] | (codes[2 * i + 1] << 4));
+        for (size_t i = 0; i < codes.size() / 2; ++i) out[i] = uint8_t(codes[2 * i] | (codes[2 * i + 1] << 4));
       }
-      const size_t at = (size_t(r) * size_t(groups) + size_t(k)) * 2;
-      std::memcpy(store.bytes.data() + s_at + at, &d, 2);
-      std::memcpy(store.bytes.data() + b_at + at, &m, 2);
+      const size_t at = (size_t(r) * size_t(groups) + size_t(k) * size_t(groups_per_block)) * 2;
+      std::memcpy(store.bytes.data() + s_at + at, sc.data(), sc.size() * 2);
+      std::memcpy(store.bytes.data() + b_at + at, bs.data(), bs.size() * 2);
     }
   }
-  auto info = [&](const std::string& name, DType dt, Shape shape, size_t at, size_t n) {
-    TensorInfo ti;
-    ti.name = name;
-    ti.dtype = dt;
-    ti.shape = shape;
-    ti.file_index = 1;
-    ti.byte_offset = at;
-    ti.nbytes = n;
-    infos.push_back(std::move(ti));
-  };
-  info(module + ".weight", DType::u32, {rows, cols * bits / 32}, p_at, packed_bytes);
-  info(module + ".scales", DType::f16, {rows, groups}, s_at, scale_bytes);
-  info(module + ".biases", DType::f16, {rows, groups}, b_at, scale_bytes);
+  add_info(infos, module + ".weight", DType::u32, {rows, cols * bits / 32}, p_at, packed_bytes);
+  add_info(infos, module + ".scales", DType::f16, {rows, groups}, s_at, scale_bytes);
+  add_info(infos, module + ".biases", DType::f16, {rows, groups}, b_at, scale_bytes);
+}
+
+// A Q6_K matrix decoded to f16 [rows, cols] (each value as ggml computes it, then rounded).
+void decode_to_f16(const GgufFile& g, const GgufTensorInfo& t, const std::string& hf_name, RepackStore& store,
+                   std::vector<TensorInfo>& infos) {
+  check_matrix(g, t);
+  const int64_t rows = t.shape[0], cols = t.shape[1];
+  const size_t row_bytes = size_t(t.nbytes) / size_t(rows);
+  const size_t at = store.reserve(size_t(rows) * size_t(cols) * 2);
+  const uint8_t* src = g.file()->data() + t.byte_offset;
+  std::vector<float> row(static_cast<size_t>(cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    gguf_dequantize(t.type, src + size_t(r) * row_bytes, cols, row.data());
+    uint16_t* out = reinterpret_cast<uint16_t*>(store.bytes.data() + at) + size_t(r) * size_t(cols);
+    for (int64_t i = 0; i < cols; ++i) {
+      out[i] = f32_to_f16(row[size_t(i)]);
+      if ((out[i] & 0x7C00) == 0x7C00)
+        throw InvalidInput(g.path().string() + ": tensor " + t.name + ": the value at row " + std::to_string(r) +
+                           ", column " + std::to_string(i) + " is not a finite float16");
+    }
+  }
+  add_info(infos, hf_name, DType::f16, {rows, cols}, at, size_t(rows) * size_t(cols) * 2);
 }
 
 // Copies an integer key into the config when present.
@@ -186,24 +264,33 @@ GgufCheckpoint read_gguf_checkpoint(const GgufFile& g) {
   const std::string A = arch_name + ".";
   const bool sandwich = arch_name == "gemma3";
 
-  // Tensors: dense ones under their Hugging Face names (views of the mapping), Q8_0, Q4_0 and
-  // Q4_1 repacked; rope_freqs becomes rope factors.
+  // Tensors: dense ones under their Hugging Face names (views of the mapping), the quantized
+  // ones repacked or decoded (repacked_bits); rope_freqs becomes rope factors.
   std::vector<TensorInfo> infos;
   std::vector<double> rope_factors;
   auto store = std::make_shared<RepackStore>();
-  std::map<std::string, int> module_bits;  // repacked modules -> bits
+  std::map<std::string, int> module_bits;    // repacked modules -> bits
+  std::map<std::string, int> converted;      // "Q4_K repacked to 4-bit affine" -> tensors
   for (const GgufTensorInfo& t : g.tensors()) {
+    const std::string type_name = gguf_type_name(uint32_t(t.type));
     if (repacked_bits(t.type)) {
       const std::string hf = hf_tensor_name(t.name, sandwich);
       repack_blocks(g, t, hf, *store, infos);
       module_bits[hf.substr(0, hf.size() - std::min<size_t>(hf.size(), 7))] = repacked_bits(t.type);
+      ++converted[type_name + " repacked to " + std::to_string(repacked_bits(t.type)) + "-bit affine"];
+      continue;
+    }
+    if (t.type == GgufType::Q6_K) {
+      decode_to_f16(g, t, hf_tensor_name(t.name, sandwich), *store, infos);
+      ++converted[type_name + " decoded to f16"];
       continue;
     }
     const auto dtype = gguf_dense_dtype(t.type);
     if (!dtype || !is_float(*dtype))
-      throw Unsupported(where + ": tensor " + t.name + " is " + gguf_type_name(uint32_t(t.type)) +
-                        ", which Osprey does not read yet (GGUF tensors of type F32, F16, BF16, Q8_0, Q4_0 and "
-                        "Q4_1 load; requantize the file to one of them, or load the safetensors checkpoint)");
+      throw Unsupported(where + ": tensor " + t.name + " is " + type_name +
+                        ", which Osprey does not read (GGUF tensors of type F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, "
+                        "Q5_1, Q4_K, Q5_K and Q6_K load; requantize the file to one of them, or load the "
+                        "safetensors checkpoint)");
     if (t.name == "rope_freqs.weight") {
       const Array f = ops::cast(g.tensor_array(t), DType::f32);
       for (int64_t i = 0; i < f.numel(); ++i) rope_factors.push_back(f.data<float>()[i]);
@@ -341,6 +428,12 @@ GgufCheckpoint read_gguf_checkpoint(const GgufFile& g) {
     for (const auto& [module, bits] : module_bits)
       if (bits != global) q[module] = {{"group_size", 32}, {"bits", bits}};
     c["quantization"] = q;
+  }
+
+  if (!converted.empty()) {
+    std::string what;
+    for (const auto& [how, n] : converted) what += (what.empty() ? "" : ", ") + std::to_string(n) + " " + how;
+    log_info(where + ": quantized tensors converted at load (docs/gguf.md): " + what);
   }
 
   // The repacked bytes, owned by a buffer of their own (file_index 1).

@@ -1,6 +1,9 @@
 #include "model/gguf_tokenizer.h"
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
+#include <tuple>
+#include <unordered_map>
 
 #include "core/error.h"
 
@@ -46,19 +49,55 @@ json pre_tokenizer_of(const GgufPre& pre) {
   return {{"type", "Sequence"}, {"pretokenizers", list}};
 }
 
+// SentencePiece's BPE (llama.cpp's llm_tokenizer_spm) merges, at each step, the adjacent pair
+// whose concatenation is the vocabulary piece of highest score. The same order as Hugging
+// Face BPE merges (its SentencePieceExtractor): every split of a piece into two pieces of
+// the vocabulary, ordered by the whole piece's score (highest first), then by ids.
+json spm_merges(const std::vector<std::string_view>& tokens, const std::vector<int64_t>& types,
+                const std::vector<float>& scores) {
+  std::unordered_map<std::string_view, int64_t> id_of;
+  id_of.reserve(tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i)
+    if (types[i] != kUnused) id_of.emplace(tokens[i], int64_t(i));
+  struct Merge {
+    float score;
+    int64_t whole, left, right;
+  };
+  std::vector<Merge> merges;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (types[i] != kNormal && types[i] != kUserDefined) continue;
+    const std::string_view t = tokens[i];
+    for (size_t at = 1; at < t.size(); ++at) {
+      if ((static_cast<unsigned char>(t[at]) & 0xC0) == 0x80) continue;  // inside a UTF-8 character
+      const auto l = id_of.find(t.substr(0, at));
+      if (l == id_of.end()) continue;
+      const auto r = id_of.find(t.substr(at));
+      if (r == id_of.end()) continue;
+      merges.push_back({scores[i], int64_t(i), l->second, r->second});
+    }
+  }
+  std::sort(merges.begin(), merges.end(), [](const Merge& a, const Merge& b) {
+    return std::tie(b.score, a.whole, a.left, a.right) < std::tie(a.score, b.whole, b.left, b.right);
+  });
+  json out = json::array();
+  for (const Merge& m : merges) out.push_back({std::string(tokens[size_t(m.left)]), std::string(tokens[size_t(m.right)])});
+  return out;
+}
+
 }  // namespace
 
 GgufTokenizerJson gguf_tokenizer_json(const GgufFile& g) {
   const std::string where = g.path().string();
   const std::string model = g.get_string("tokenizer.ggml.model");
-  if (model != "gpt2")
+  if (model != "gpt2" && model != "llama")
     throw Unsupported(where + ": tokenizer.ggml.model \"" + model +
-                      "\" is not supported yet (\"gpt2\", byte-level BPE, is)");
+                      "\" is not supported (\"gpt2\", byte-level BPE, and \"llama\", SentencePiece, are)");
+  const bool spm = model == "llama";
   const std::string pre_name = g.has("tokenizer.ggml.pre") ? g.get_string("tokenizer.ggml.pre") : "default";
   const GgufPre* pre = nullptr;
   for (const GgufPre& p : kGgufPres)
     if (pre_name == p.name) pre = &p;
-  if (!pre) {
+  if (!pre && !spm) {
     std::string names;
     for (const GgufPre& p : kGgufPres) names += (names.empty() ? "" : ", ") + std::string(p.name);
     throw Unsupported(where + ": tokenizer.ggml.pre \"" + pre_name + "\" is not supported (supported: " + names + ")");
@@ -72,10 +111,20 @@ GgufTokenizerJson gguf_tokenizer_json(const GgufFile& g) {
       throw InvalidInput(where + ": tokenizer.ggml.token_type has " + std::to_string(types.size()) +
                          " entries for " + std::to_string(tokens.size()) + " tokens");
   }
+  // SentencePiece: control and user-defined pieces are in the vocabulary too (the merges
+  // reach user-defined ones, as in Hugging Face's tokenizer.json of such a model).
   json vocab = json::object();
   json added = json::array();
+  std::optional<std::string> unk;
   for (size_t i = 0; i < tokens.size(); ++i) {
     const std::string text(tokens[i]);
+    if (types[i] == kUnknown && !unk) unk = text;
+    if (spm && (types[i] == kControl || types[i] == kUserDefined)) {
+      if (vocab.contains(text))
+        throw InvalidInput(where + ": tokenizer.ggml.tokens holds " + json(text).dump() + " twice (ids " +
+                           std::to_string(vocab[text].get<int64_t>()) + " and " + std::to_string(i) + ")");
+      vocab[text] = i;
+    }
     switch (types[i]) {
       case kNormal: case kUnknown: case kByte:
         if (vocab.contains(text))
@@ -95,7 +144,15 @@ GgufTokenizerJson gguf_tokenizer_json(const GgufFile& g) {
     }
   }
   json merges = json::array();
-  for (std::string_view m : g.get_string_array("tokenizer.ggml.merges")) merges.push_back(std::string(m));
+  if (spm) {
+    const std::vector<float> scores = g.get_float_array("tokenizer.ggml.scores");
+    if (scores.size() != tokens.size())
+      throw InvalidInput(where + ": tokenizer.ggml.scores has " + std::to_string(scores.size()) + " entries for " +
+                         std::to_string(tokens.size()) + " tokens");
+    merges = spm_merges(tokens, types, scores);
+  } else {
+    for (std::string_view m : g.get_string_array("tokenizer.ggml.merges")) merges.push_back(std::string(m));
+  }
 
   auto token_id = [&](const char* key) -> std::optional<int64_t> {
     if (!g.has(key)) return std::nullopt;
@@ -107,17 +164,36 @@ GgufTokenizerJson gguf_tokenizer_json(const GgufFile& g) {
   };
   const auto bos = token_id("tokenizer.ggml.bos_token_id");
   const auto eos = token_id("tokenizer.ggml.eos_token_id");
-  const bool add_bos = g.has("tokenizer.ggml.add_bos_token") && g.get_bool("tokenizer.ggml.add_bos_token");
+  // llama.cpp's defaults: SentencePiece adds BOS and a space before the text unless told not to.
+  const bool add_bos =
+      g.has("tokenizer.ggml.add_bos_token") ? g.get_bool("tokenizer.ggml.add_bos_token") : spm;
+  const bool space_prefix =
+      spm && (g.has("tokenizer.ggml.add_space_prefix") ? g.get_bool("tokenizer.ggml.add_space_prefix") : true);
   const bool add_eos = g.has("tokenizer.ggml.add_eos_token") && g.get_bool("tokenizer.ggml.add_eos_token");
 
   json t = json::object();
   t["version"] = "1.0";
-  t["model"] = {{"type", "BPE"},       {"vocab", vocab},         {"merges", merges},
-                {"byte_fallback", false}, {"ignore_merges", pre->ignore_merges}, {"fuse_unk", false}};
+  t["model"] = {{"type", "BPE"},   {"vocab", vocab},  {"merges", merges}, {"byte_fallback", spm},
+                {"ignore_merges", pre && pre->ignore_merges}, {"fuse_unk", spm}};
+  if (spm && unk) t["model"]["unk_token"] = *unk;
   t["added_tokens"] = added;
-  t["normalizer"] = pre->nfc ? json{{"type", "NFC"}} : json();
-  t["pre_tokenizer"] = pre_tokenizer_of(*pre);
-  t["decoder"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}};
+  if (spm) {
+    // The U+2581 space of SentencePiece, pieces over the whole text, <0xXX> byte pieces.
+    const json space = {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\xE2\x96\x81"}};
+    t["normalizer"] = space_prefix ? json{{"type", "Sequence"},
+                                          {"normalizers", {{{"type", "Prepend"}, {"prepend", "\xE2\x96\x81"}}, space}}}
+                                   : space;
+    t["pre_tokenizer"] = json();
+    json decoders = {{{"type", "Replace"}, {"pattern", {{"String", "\xE2\x96\x81"}}}, {"content", " "}},
+                     {{"type", "ByteFallback"}},
+                     {{"type", "Fuse"}}};
+    if (space_prefix) decoders.push_back({{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}});
+    t["decoder"] = {{"type", "Sequence"}, {"decoders", decoders}};
+  } else {
+    t["normalizer"] = pre->nfc ? json{{"type", "NFC"}} : json();
+    t["pre_tokenizer"] = pre_tokenizer_of(*pre);
+    t["decoder"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}};
+  }
   // The special tokens the file says to add around a text.
   json single = json::array(), special = json::object();
   auto add_special = [&](const std::optional<int64_t>& id, const char* key) {

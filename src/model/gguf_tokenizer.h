@@ -14,7 +14,9 @@ struct GgufTokenizerJson {
 };
 
 // tokenizer.ggml.model "gpt2" (byte-level BPE) with the pre-tokenizer tokenizer.ggml.pre names
-// (llama-bpe, qwen2, command-r, default). Throws Unsupported naming another model or
+// (llama-bpe, qwen2, command-r, default), or "llama" (SentencePiece BPE: tokens, scores, token
+// types, <0xXX> byte pieces, the U+2581 space, tokenizer.ggml.add_space_prefix; BOS added by
+// default, as llama.cpp does): a BPE with byte fallback whose merges follow the scores. Throws Unsupported naming another model or
 // pre-tokenizer, InvalidInput for missing or inconsistent keys (naming them).
 GgufTokenizerJson gguf_tokenizer_json(const GgufFile& gguf);
 

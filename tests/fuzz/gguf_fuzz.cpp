@@ -1,8 +1,14 @@
 // The GGUF reader on arbitrary bytes, as a whole .gguf file. Every metadata value the reader
 // accepts is read back through the typed getters, and every tensor it accepts must lie
-// inside the file.
+// inside the file; every tensor of a block type Osprey decodes is decoded, and the file is
+// read as a checkpoint (the quantized tensors repacked).
+#include <vector>
+
+#include "core/mapped_file.h"
 #include "fuzz_util.h"
 #include "model/gguf.h"
+#include "model/gguf_blocks.h"
+#include "model/gguf_model.h"
 
 using namespace osprey;
 
@@ -33,7 +39,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (ti.byte_offset + ti.nbytes > size) std::abort();  // accepted, but outside the file
       Array a = g.tensor_array(ti);
       if (a.nbytes() != ti.nbytes) std::abort();
+      if (gguf_dequantizes(ti.type) && ti.shape.numel() <= (int64_t(1) << 20)) {
+        std::vector<float> out(size_t(ti.shape.numel()));
+        gguf_dequantize(ti.type, g.file()->data() + ti.byte_offset, ti.shape.numel(), out.data());
+      }
     }
+    fuzz::expect_clean([&] { (void)read_gguf_checkpoint(g); });
   });
   return 0;
 }

@@ -96,6 +96,50 @@ TEST(HubCache, ParsesHubIds) {
   EXPECT_FALSE(hub::is_commit_hash(kMain.substr(0, 39) + "G"));
 }
 
+TEST(HubCache, AGgufQuantizationTagIsNoRevision) {
+  auto id = hub::parse_hub_id("bartowski/Llama-3.2-1B-Instruct-GGUF:Q4_K_M");
+  ASSERT_TRUE(id);
+  EXPECT_EQ(id->quant, "Q4_K_M");
+  EXPECT_EQ(id->revision, "main");
+  EXPECT_EQ(id->spec(), "bartowski/Llama-3.2-1B-Instruct-GGUF:Q4_K_M");
+  for (const char* tag : {"q8_0", "F16", "bf16", "IQ4_XS", "UD-Q4_K_XL", "Q4_0", "tq1_0", "MXFP4"})
+    EXPECT_TRUE(hub::is_gguf_quant_tag(tag)) << tag;
+  for (const char* rev : {"main", "v1.0", "refs/pr/1", "Q", "dev", "qwen"}) {
+    EXPECT_FALSE(hub::is_gguf_quant_tag(rev)) << rev;
+    EXPECT_EQ(hub::parse_hub_id(std::string("org/name:") + rev)->quant, "") << rev;
+  }
+}
+
+TEST(HubCache, AGgufTagPicksItsFileCaseInsensitivelyOrListsTheFiles) {
+  TempDir cache;
+  const fs::path repo = cache / "models--org--tiny-GGUF";
+  write_snapshot(repo, kMain,
+                 {{"tiny-Q4_K_M.gguf", "q4km"}, {"tiny.Q8_0.gguf", "q8"}, {"tiny-UD-Q4_K_XL.gguf", "ud"},
+                  {"mmproj-tiny-F16.gguf", "proj"}, {"tiny-F16.gguf", "f16"}, {"README.md", "#"}});
+  write_ref(repo, "main", kMain);
+  const fs::path snap = repo / "snapshots" / kMain;
+  EXPECT_EQ(hub::resolve_model("org/tiny-GGUF:Q4_K_M", options_for(cache.path())), (snap / "tiny-Q4_K_M.gguf").string());
+  EXPECT_EQ(hub::resolve_model("org/tiny-GGUF:q8_0", options_for(cache.path())), (snap / "tiny.Q8_0.gguf").string());
+  EXPECT_EQ(hub::resolve_model("org/tiny-GGUF:ud-q4_k_xl", options_for(cache.path())),
+            (snap / "tiny-UD-Q4_K_XL.gguf").string());
+  // The projector file is no model: F16 is the one model file.
+  EXPECT_EQ(hub::resolve_model("org/tiny-GGUF:F16", options_for(cache.path())), (snap / "tiny-F16.gguf").string());
+  // Q4_K picks nothing (Q4_K_M is not Q4_K), and the message lists the files.
+  const std::string m = message_of([&] { hub::resolve_model("org/tiny-GGUF:Q4_K", options_for(cache.path())); });
+  EXPECT_NE(m.find("org/tiny-GGUF:Q4_K: no GGUF file of org/tiny-GGUF is tagged Q4_K (its GGUF files: tiny-F16.gguf, "
+                   "tiny-Q4_K_M.gguf, tiny-UD-Q4_K_XL.gguf, tiny.Q8_0.gguf)"),
+            std::string::npos)
+      << m;
+  // Two files of one tag are ambiguous.
+  const fs::path two = cache / "models--org--two-GGUF";
+  write_snapshot(two, kMain, {{"a-Q8_0.gguf", "a"}, {"b-q8_0.gguf", "b"}});
+  write_ref(two, "main", kMain);
+  const std::string a = message_of([&] { hub::resolve_model("org/two-GGUF:Q8_0", options_for(cache.path())); });
+  EXPECT_NE(a.find("several GGUF files of org/two-GGUF are tagged Q8_0 (its GGUF files: a-Q8_0.gguf, b-q8_0.gguf)"),
+            std::string::npos)
+      << a;
+}
+
 TEST(HubCache, CacheFolderPrecedenceIsHuggingFaceHubs) {
   EnvOptions env;
   env.hf_hub_cache = "/a/hub-cache";

