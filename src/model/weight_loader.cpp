@@ -225,6 +225,7 @@ QuantizedMatrix WeightLoader::quantized(const std::string& prefix, int64_t out, 
   q.scales = place(slice_2d(weights_.get(sname), s.row0, s.rows, s.col0 / group, s.cols / group));
   q.biases = place(slice_2d(weights_.get(bname), s.row0, s.rows, s.col0 / group, s.cols / group));
   quant_weights_[{bits, group}] += s.rows * s.cols;
+  ops::repack_for_cpu(q);
   return q;
 }
 
