@@ -17,6 +17,9 @@ struct QuantizedMatrix {
   Array packed;  // [out, in * bits / 32] u32
   Array scales;  // [out, in / group_size] f16 | bf16
   Array biases;  // [out, in / group_size], the dtype of scales
+  // CPU only: the same matrix repacked for the 4-bit decode kernels (ops::repack_for_cpu), or
+  // undefined. packed, scales and biases stay the reference (embeddings, other kernels).
+  Array cpu_tiles;  // [bytes] u8
   int bits = 0;
   int group_size = 0;
 
@@ -61,6 +64,11 @@ Array embedding(const LinearWeight& table, const Array& ids, float scale = 1.0f)
 
 // The whole matrix dequantized to `dtype` (f32 | f16 | bf16), on w's device.
 Array dequantize(const QuantizedMatrix& w, DType dtype = DType::f32);
+
+// Fills w.cpu_tiles when w lives on the CPU, has 4 bits and the CPU's level has integer
+// kernels for it (backend/cpu/quant_int8.h); leaves w unchanged otherwise. Called once per
+// weight at load; the copy is written by the pool's threads that will read it in decode.
+void repack_for_cpu(QuantizedMatrix& w);
 
 }  // namespace ops
 }  // namespace osprey

@@ -3,6 +3,7 @@
 #include "backend/quant.h"
 
 #include "backend/cpu/kernel_table.h"
+#include "backend/cpu/quant_int8.h"
 #include "backend/cpu/quant_kernels.h"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/ops.h"
@@ -50,6 +51,13 @@ QuantArgs quant_args(const char* op, const QuantizedMatrix& w) {
   a.group_size = w.group_size;
   a.out = out;
   a.in = in;
+  if (w.cpu_tiles.defined()) {
+    require(w.packed.device().is_cpu() && w.cpu_tiles.dtype() == DType::u8 && w.cpu_tiles.is_contiguous() &&
+                cpu::int8_path_takes(a) && w.cpu_tiles.nbytes() == size_t(cpu::q4_tiles_bytes(a)),
+            op, "cpu_tiles (" + osprey::describe(w.cpu_tiles) + ") are not the CPU tiles of " + describe(w) +
+                    " (made by repack_for_cpu)");
+    a.tiles = w.cpu_tiles.raw();
+  }
   return a;
 }
 
@@ -150,6 +158,18 @@ Array dequantize(const QuantizedMatrix& w, DType dtype) {
   }
   cpu::kernels().dequantize(a, dtype, out.raw());
   return out;
+}
+
+void repack_for_cpu(QuantizedMatrix& w) {
+  if (!w.defined() || !w.packed.device().is_cpu()) return;
+  QuantizedMatrix plain = w;
+  plain.cpu_tiles = Array();
+  const QuantArgs a = quant_args("repack_for_cpu", plain);
+  cpu::Int8Isa isa;
+  if (!cpu::int8_path_takes(a) || !cpu::int8_isa_best(&isa)) return;
+  Array tiles = Array::empty({cpu::q4_tiles_bytes(a)}, DType::u8);
+  cpu::repack_q4_tiles(a, tiles.raw(), cpu_pool());
+  w.cpu_tiles = std::move(tiles);
 }
 
 }  // namespace osprey::ops

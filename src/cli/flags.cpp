@@ -126,7 +126,7 @@ CLI::Option* add_device_option(CLI::App& app, std::string& device) {
 }
 
 CLI::Option* add_threads_option(CLI::App& app, int& threads) {
-  return app.add_option("-t,--threads", threads, "CPU threads (default: OSPREY_THREADS or one per core)")
+  return app.add_option("-t,--threads", threads, "CPU threads (default: OSPREY_THREADS or one per physical core)")
       ->check(int_range(0, kMaxCpuThreads));
 }
 

@@ -12,7 +12,7 @@ inline constexpr int kMaxKvStep = 1 << 16;
 struct EnvOptions {
   bool kv_inplace_write = true;  // OSPREY_KV_INPLACE_WRITE: 0/false/off/no disable
   int kv_step = 256;             // OSPREY_KV_STEP: cache capacity grows in steps of this many rows
-  int n_threads = 0;             // OSPREY_THREADS: CPU worker threads (0: one per core)
+  int n_threads = 0;             // OSPREY_THREADS: CPU worker threads (0: one per physical core)
   std::string log_level = "info";  // OSPREY_LOG_LEVEL: error, warn, info, debug
   std::string device;              // OSPREY_DEVICE: cpu, cuda or cuda:N (empty: choose)
   bool force_sync = false;         // OSPREY_FORCE_SYNC: 1 turns pipelined decode off (CUDA)

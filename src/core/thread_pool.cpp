@@ -1,7 +1,11 @@
 #include "core/thread_pool.h"
 
+#include <sched.h>
+
 #include <chrono>
+#include <fstream>
 #include <memory>
+#include <set>
 #include <string>
 #include <system_error>
 
@@ -9,8 +13,28 @@
 
 namespace osprey {
 
+int physical_cores() {
+  static const int n = [] {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof(set), &set) != 0)
+      return int(std::max(1u, std::thread::hardware_concurrency()));
+    // A core is named by its sibling list (the same text for every CPU of the core).
+    std::set<std::string> cores;
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+      if (!CPU_ISSET(cpu, &set)) continue;
+      std::ifstream f("/sys/devices/system/cpu/cpu" + std::to_string(cpu) + "/topology/thread_siblings_list");
+      std::string siblings;
+      if (!(f && std::getline(f, siblings)) || siblings.empty()) siblings = "cpu " + std::to_string(cpu);
+      cores.insert(siblings);
+    }
+    return std::max(1, int(cores.size()));
+  }();
+  return n;
+}
+
 ThreadPool::ThreadPool(int n_threads) {
-  if (n_threads <= 0) n_threads = int(std::min<unsigned>(kMaxCpuThreads, std::max(1u, std::thread::hardware_concurrency())));
+  if (n_threads <= 0) n_threads = std::min(kMaxCpuThreads, physical_cores());
   if (n_threads > kMaxCpuThreads)
     throw InvalidInput("a thread pool of " + std::to_string(n_threads) + " threads: at most " +
                        std::to_string(kMaxCpuThreads) + " are supported");

@@ -14,9 +14,14 @@ namespace osprey {
 // The most threads a pool may have (the CLI's -t and OSPREY_THREADS are bounded by it).
 inline constexpr int kMaxCpuThreads = 1024;
 
+// The physical cores this process may run on: the CPUs of its affinity mask, SMT siblings
+// (/sys/devices/system/cpu/cpuN/topology/thread_siblings_list) counted once. Where sysfs does
+// not list a CPU's siblings, that CPU counts as a core of its own. At least 1.
+int physical_cores();
+
 class ThreadPool {
  public:
-  // n_threads: total threads including the caller; <= 0: hardware count. Throws InvalidInput
+  // n_threads: total threads including the caller; <= 0: physical_cores(). Throws InvalidInput
   // above kMaxCpuThreads, and OutOfMemory naming the count when the system refuses a thread
   // (a process limit): the threads already started are stopped and joined first.
   explicit ThreadPool(int n_threads);
@@ -46,7 +51,7 @@ class ThreadPool {
 };
 
 // The process-wide CPU pool, made on first use with the count of the last set_cpu_threads
-// call before it (0, the default: one per core). The CLI passes OSPREY_THREADS or -t.
+// call before it (0, the default: one per physical core). The CLI passes OSPREY_THREADS or -t.
 ThreadPool& cpu_pool();
 void set_cpu_threads(int n_threads);
 

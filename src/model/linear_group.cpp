@@ -1,6 +1,7 @@
 #include "model/linear_group.h"
 
 #include "backend/ops.h"
+#include "backend/quant.h"
 #include "core/error.h"
 
 namespace osprey {
@@ -52,6 +53,7 @@ LinearWeight stack_weights(const std::vector<LinearWeight>& parts) {
     f.quant.biases = stack_rows(biases);
     f.quant.bits = parts[0].quant.bits;
     f.quant.group_size = parts[0].quant.group_size;
+    ops::repack_for_cpu(f.quant);
   } else {
     std::vector<Array> dense;
     for (const LinearWeight& p : parts) dense.push_back(p.dense);

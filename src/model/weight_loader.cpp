@@ -316,20 +316,31 @@ QuantizedMatrix WeightLoader::quantized(const std::string& prefix, int64_t out, 
   q.scales = place(slice_2d(weights_.get(sname), s.row0, s.rows, s.col0 / group, s.cols / group));
   q.biases = place(slice_2d(weights_.get(bname), s.row0, s.rows, s.col0 / group, s.cols / group));
   quant_weights_[{bits, group}] += s.rows * s.cols;
+  if (!defer_repack_) ops::repack_for_cpu(q);
   return q;
 }
 
 LinearGroup WeightLoader::linear_group(const std::vector<GroupPart>& parts, int64_t in, std::optional<DType> dtype,
                                        bool with_bias) {
   LinearGroup g;
-  for (const GroupPart& p : parts) {
-    const WeightSlice slice = p.rows >= 0 ? WeightSlice::by_rows(p.row0, p.rows) : WeightSlice{};
-    g.parts.push_back(linear(p.prefix, p.out, in, dtype, slice));
-    g.outs.push_back(p.rows >= 0 ? p.rows : p.out);
+  // The parts' CPU tiles wait for the stacking, which makes the stacked weight's own.
+  defer_repack_ = true;
+  try {
+    for (const GroupPart& p : parts) {
+      const WeightSlice slice = p.rows >= 0 ? WeightSlice::by_rows(p.row0, p.rows) : WeightSlice{};
+      g.parts.push_back(linear(p.prefix, p.out, in, dtype, slice));
+      g.outs.push_back(p.rows >= 0 ? p.rows : p.out);
+    }
+  } catch (...) {
+    defer_repack_ = false;
+    throw;
   }
+  defer_repack_ = false;
   for (const GroupPart& p : parts)
     g.biases.push_back(with_bias ? vector_f32(p.prefix + ".bias", p.out, p.row0, p.rows) : Array());
   if (ops::device_traits(options_.device).stack_shared_input_linears) stack_linear_group(g);
+  for (LinearWeight& w : g.parts)
+    if (w.quantized()) ops::repack_for_cpu(w.quant);
   return g;
 }
 

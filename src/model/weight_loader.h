@@ -138,6 +138,7 @@ class WeightLoader {
   QuantConfig quant_;
   std::set<std::string> read_;  // tensors read or ignored
   std::map<std::pair<int, int>, int64_t> quant_weights_;  // (bits, group size) -> weights loaded
+  bool defer_repack_ = false;  // linear_group: parts get their CPU tiles after stacking, or not at all
   size_t total_ = 0;
   size_t done_ = 0;
   int64_t converted_delta_ = 0;  // bytes of the arrays converted at load minus their source bytes

@@ -19,8 +19,10 @@
 #include "backend/cpu/kernel_table.h"
 #include "backend/cpu/quant_int8.h"
 #include "backend/cpu/quant_kernels.h"
+#include "backend/quant.h"
 #include "core/error.h"
 #include "core/half.h"
+#include "model/quantize.h"
 #include "support/cpu_levels.h"
 
 namespace osprey {
@@ -381,12 +383,129 @@ TEST(QuantLinearInt8, ChoosesAnInstructionSetTheCpuHas) {
   }
 }
 
+// w's decode tiles (repack_q4_tiles) in `buf`, and args that carry them.
+QuantArgs with_tiles(const QMatrix& m, std::vector<uint8_t>& buf, ThreadPool& pool) {
+  QuantArgs a = m.args();
+  buf.assign(size_t(cpu::q4_tiles_bytes(a)), 0xa5);  // not zero: padding rows must be written
+  cpu::repack_q4_tiles(a, buf.data(), pool);
+  a.tiles = buf.data();
+  return a;
+}
+
+TEST(QuantLinearInt8, TilesMatchRoundedActivationReference) {
+  // The tile kernel (n <= 8 with w.tiles) on every instruction set against the double
+  // reference of the documented rounding of x; out not a multiple of 16 (a padded tile),
+  // more threads than tiles, bias or none.
+  const std::vector<cpu::Int8Isa> isas = supported_isas();
+  if (isas.empty()) GTEST_SKIP() << "this CPU has no AVX2";
+  ThreadPool pool1(1), pool3(3), pool5(5);
+  std::mt19937 rng(5150);
+  for (int g : {32, 64, 128})
+    for (DType sd : {DType::f16, DType::bf16})
+      for (int64_t in : {int64_t(g), int64_t(5) * g})
+        for (int64_t out : {16, 37, 129}) {
+          const QMatrix m = make_matrix(out, in, 4, g, sd, rng);
+          std::vector<uint8_t> buf;
+          const QuantArgs a = with_tiles(m, buf, pool3);
+          const std::vector<float> bias = random_vector(size_t(out), rng);
+          for (int64_t n = 1; n <= cpu::kQ4TilesMaxN; ++n) {
+            std::vector<float> x = random_vector(size_t(n * in), rng);
+            if (n == 5) std::fill(x.begin(), x.begin() + 32, 0.0f);  // an all-zero block
+            std::vector<double> ref, mag, bound;
+            int8_reference(m, x, n, ref, mag, bound);
+            for (cpu::Int8Isa isa : isas)
+              for (ThreadPool* pool : {&pool1, &pool3, &pool5})
+                for (const float* b : {static_cast<const float*>(nullptr), bias.data()}) {
+                  std::vector<float> y(size_t(n * out), std::nanf(""));
+                  cpu::linear_q4_int8(x.data(), n, a, b, y.data(), *pool, isa);
+                  EXPECT_LT(worst_error(y, ref, mag, out, b), 2e-6)
+                      << cpu::int8_isa_name(isa) << " group=" << g << " scales=" << dtype_name(sd) << " n=" << n
+                      << " in=" << in << " out=" << out << " threads=" << pool->n_threads()
+                      << " bias=" << (b != nullptr);
+                }
+          }
+        }
+}
+
+TEST(QuantLinearInt8, TileRowsAreTheSameAloneInABatchAndOnEveryInstructionSet) {
+  // A row of y from the tile kernel has the same bits for any n <= 8, any place in the batch,
+  // any thread count and every instruction set (each lane is one output row).
+  const std::vector<cpu::Int8Isa> isas = supported_isas();
+  if (isas.empty()) GTEST_SKIP() << "this CPU has no AVX2";
+  ThreadPool pool1(1), pool2(2);
+  std::mt19937 rng(77);
+  const QMatrix m = make_matrix(75, 640, 4, 64, DType::bf16, rng);
+  std::vector<uint8_t> buf;
+  const QuantArgs a = with_tiles(m, buf, pool2);
+  const int64_t n = cpu::kQ4TilesMaxN;
+  const std::vector<float> x = random_vector(size_t(n * m.in), rng);
+  std::vector<float> alone(size_t(n * m.out));
+  for (int64_t i = 0; i < n; ++i)
+    cpu::linear_q4_int8(x.data() + i * m.in, 1, a, nullptr, alone.data() + i * m.out, pool1, isas.front());
+  for (cpu::Int8Isa isa : isas)
+    for (int64_t rows : {2, 3, 5, 8})
+      for (int64_t i0 = 0; i0 + rows <= n; i0 += rows) {
+        std::vector<float> y(size_t(rows * m.out), std::nanf(""));
+        cpu::linear_q4_int8(x.data() + i0 * m.in, rows, a, nullptr, y.data(), pool2, isa);
+        EXPECT_EQ(std::memcmp(y.data(), alone.data() + i0 * m.out, y.size() * sizeof(float)), 0)
+            << cpu::int8_isa_name(isa) << " rows=" << rows << " from " << i0;
+      }
+}
+
+TEST(QuantLinearInt8, RepackForCpuFeedsTheOpAndTilesOfAnotherMatrixAreRefused) {
+  std::mt19937 rng(6);
+  Array w32 = Array::empty({37, 256}, DType::f32);
+  const std::vector<float> wv = random_vector(size_t(37 * 256), rng);
+  std::copy(wv.begin(), wv.end(), w32.data<float>());
+  const QuantizedMatrix q = quantize_affine(w32, 4, 64, DType::f16);
+  QuantizedMatrix qt = q;
+  ops::repack_for_cpu(qt);
+  cpu::Int8Isa isa;
+  if (!cpu::int8_isa_best(&isa)) {
+    EXPECT_FALSE(qt.cpu_tiles.defined());
+    GTEST_SKIP() << "this CPU has no AVX2";
+  }
+  ASSERT_TRUE(qt.cpu_tiles.defined());
+  Array x = Array::empty({3, 256}, DType::f32);
+  const std::vector<float> xv = random_vector(size_t(3 * 256), rng);
+  std::copy(xv.begin(), xv.end(), x.data<float>());
+  // The op on the tiles is the tile kernel of the level's instruction set, bit for bit.
+  QuantArgs a;
+  a.packed = q.packed.data<uint32_t>();
+  a.scales = q.scales.raw();
+  a.biases = q.biases.raw();
+  a.scale_dtype = DType::f16;
+  a.out = 37;
+  a.in = 256;
+  a.tiles = qt.cpu_tiles.raw();
+  ASSERT_TRUE(cpu::int8_isa_best(cpu_level(), &isa));
+  std::vector<float> want(3 * 37);
+  cpu::linear_q4_int8(x.data<float>(), 3, a, nullptr, want.data(), cpu_pool(), isa);
+  const Array y = ops::linear(x, qt);
+  EXPECT_EQ(std::memcmp(y.data<float>(), want.data(), want.size() * sizeof(float)), 0);
+  // Tiles that do not fit the matrix's shape are refused by name.
+  QuantizedMatrix other = quantize_affine(w32.slice_rows(0, 16), 4, 64, DType::f16);
+  other.cpu_tiles = qt.cpu_tiles;
+  try {
+    (void)ops::linear(x, other);
+    ADD_FAILURE() << "tiles of a 37-row matrix taken for a 16-row one";
+  } catch (const InvalidInput& e) {
+    EXPECT_NE(std::string(e.what()).find("cpu_tiles"), std::string::npos) << e.what();
+  }
+  // Other bits get no tiles.
+  QuantizedMatrix q8 = quantize_affine(w32, 8, 64, DType::f16);
+  ops::repack_for_cpu(q8);
+  EXPECT_FALSE(q8.cpu_tiles.defined());
+}
+
 TEST(QuantLinearInt8, RejectsWhatItDoesNotTake) {
   ThreadPool pool(1);
   std::mt19937 rng(2);
   const QMatrix m = make_matrix(4, 64, 8, 32, DType::f16, rng);
   std::vector<float> x(64, 1.0f), y(4);
   EXPECT_THROW(cpu::linear_q4_int8(x.data(), 1, m.args(), nullptr, y.data(), pool, cpu::Int8Isa::avx2), Unsupported);
+  std::vector<uint8_t> tiles(64);
+  EXPECT_THROW(cpu::repack_q4_tiles(m.args(), tiles.data(), pool), Unsupported);
 }
 
 TEST_P(QuantLinear, DequantizeRowsMatchesReference) {

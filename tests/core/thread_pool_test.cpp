@@ -1,11 +1,15 @@
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstring>
+#include <set>
 #include <string>
+#include <utility>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -27,6 +31,27 @@ TEST(ThreadPool, RunsEveryChunkOnce) {
     for (int64_t i = b; i < e; ++i) hits[size_t(i)]++;
   });
   for (auto& h : hits) EXPECT_EQ(h.load(), 1);
+}
+
+TEST(ThreadPool, DefaultsToThePhysicalCoresLscpuCounts) {
+  // util-linux's lscpu: the (core, socket) of every CPU; the pool counts each core of the
+  // CPUs this process may run on once.
+  FILE* p = popen("lscpu -p=CPU,CORE,SOCKET 2>/dev/null", "r");
+  if (!p) GTEST_SKIP() << "no lscpu";
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+  std::set<std::pair<int, int>> cores;
+  char line[256];
+  while (std::fgets(line, sizeof(line), p)) {
+    int cpu = 0, core = 0, socket = 0;
+    if (line[0] == '#' || std::sscanf(line, "%d,%d,%d", &cpu, &core, &socket) != 3) continue;
+    if (cpu < CPU_SETSIZE && CPU_ISSET(cpu, &set)) cores.insert({core, socket});
+  }
+  if (pclose(p) != 0 || cores.empty()) GTEST_SKIP() << "lscpu did not list the CPUs";
+  EXPECT_EQ(physical_cores(), int(cores.size()));
+  ThreadPool pool(0);
+  EXPECT_EQ(pool.n_threads(), std::min(kMaxCpuThreads, int(cores.size())));
 }
 
 TEST(ThreadPool, CountAboveTheBoundIsAnError) {

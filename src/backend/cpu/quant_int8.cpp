@@ -43,6 +43,8 @@ namespace {
 
 constexpr int kBlockCodes = 128;  // the matvec's x layout unit (64 bytes of 4-bit codes)
 constexpr int kXBlock = 32;       // values of x per int8 step
+// Fewest tiles per thread of the tile kernel, and of repack_q4_tiles (the same split).
+constexpr int64_t kTileMinChunk = 2;
 
 // The rows of w as the kernels see them.
 struct Q4Rows {
@@ -132,6 +134,7 @@ INT8_AVX512_COMMON
 inline Acc acc_add(Acc a, IV u, IV s) { return _mm512_dpbusd_epi32(a, u, s); }
 inline IV acc_finish(Acc a) { return a; }
 #include "backend/cpu/quant_int8_kernels.inc"
+#include "backend/cpu/quant_int8_tiles.inc"
 }  // namespace
 }  // namespace int8_avx512_vnni
 #ifdef __clang__
@@ -151,6 +154,7 @@ INT8_AVX512_COMMON  // Acc: 16-bit sums of pairs
 inline Acc acc_add(Acc a, IV u, IV s) { return _mm512_add_epi16(a, _mm512_maddubs_epi16(u, s)); }
 inline IV acc_finish(Acc a) { return _mm512_madd_epi16(a, _mm512_set1_epi16(1)); }
 #include "backend/cpu/quant_int8_kernels.inc"
+#include "backend/cpu/quant_int8_tiles.inc"
 }  // namespace
 }  // namespace int8_avx512bw
 #ifdef __clang__
@@ -204,6 +208,7 @@ INT8_AVX256_COMMON
 inline Acc acc_add(Acc a, IV u, IV s) { return _mm256_dpbusd_avx_epi32(a, u, s); }
 inline IV acc_finish(Acc a) { return a; }
 #include "backend/cpu/quant_int8_kernels.inc"
+#include "backend/cpu/quant_int8_tiles.inc"
 }  // namespace
 }  // namespace int8_avx_vnni
 #ifdef __clang__
@@ -223,6 +228,7 @@ INT8_AVX256_COMMON
 inline Acc acc_add(Acc a, IV u, IV s) { return _mm256_add_epi16(a, _mm256_maddubs_epi16(u, s)); }
 inline IV acc_finish(Acc a) { return _mm256_madd_epi16(a, _mm256_set1_epi16(1)); }
 #include "backend/cpu/quant_int8_kernels.inc"
+#include "backend/cpu/quant_int8_tiles.inc"
 }  // namespace
 }  // namespace int8_avx2
 #ifdef __clang__
@@ -303,6 +309,48 @@ bool int8_path_takes(const QuantArgs& w) {
          (w.scale_dtype == DType::f16 || w.scale_dtype == DType::bf16) && w.in % w.group_size == 0;
 }
 
+int64_t q4_tiles_bytes(const QuantArgs& w) {
+  const int64_t n_tiles = (w.out + kQ4TileRows - 1) / kQ4TileRows, n_groups = w.in / w.group_size;
+  const int64_t record = 2 * kQ4TileRows * 2 + w.group_size / 32 * 4 * kQ4TileRows * 4;
+  return n_tiles * n_groups * record;
+}
+
+void repack_q4_tiles(const QuantArgs& w, void* dst, ThreadPool& pool) {
+  if (!int8_path_takes(w))
+    throw Unsupported("repack_q4_tiles: bits " + std::to_string(w.bits) + ", group_size " +
+                      std::to_string(w.group_size) + " (want 4 bits, group 32, 64 or 128, f16 or bf16 scales)");
+  const Q4Rows rows{w};
+  const int64_t n_tiles = (w.out + kQ4TileRows - 1) / kQ4TileRows, n_groups = rows.n_groups;
+  const int64_t tile_bytes = q4_tiles_bytes(w) / n_tiles, record = tile_bytes / n_groups;
+  auto* out = static_cast<uint8_t*>(dst);
+  const auto body = [&](int64_t t0, int64_t t1, int) {
+    for (int64_t t = t0; t < t1; ++t)
+      for (int r = 0; r < kQ4TileRows; ++r) {
+        const int64_t row = t * kQ4TileRows + r;
+        const bool live = row < w.out;
+        const uint8_t* src = live ? rows.bytes(row) : nullptr;
+        for (int64_t g = 0; g < n_groups; ++g) {
+          uint8_t* rec = out + t * tile_bytes + g * record;
+          const uint16_t zero = 0;
+          std::memcpy(rec + 2 * r, live ? rows.scales(row) + g : &zero, 2);
+          std::memcpy(rec + 2 * (kQ4TileRows + r), live ? rows.biases(row) + g : &zero, 2);
+          for (int64_t b = 0; b < w.group_size / 32; ++b) {
+            // Row r's 16 bytes of this block: code k is nibble k % 2 of byte k / 2.
+            const uint8_t* cb = live ? src + (g * w.group_size + b * 32) / 2 : nullptr;
+            const auto code = [&](int k) { return live ? (cb[k / 2] >> (4 * (k % 2))) & 0x0f : 0; };
+            uint8_t* blk = rec + 4 * kQ4TileRows + b * 4 * kQ4TileRows * 4;
+            for (int c = 0; c < 4; ++c)
+              for (int e = 0; e < 4; ++e)
+                blk[(c * kQ4TileRows + r) * 4 + e] = uint8_t(code(4 * c + e) | code(16 + 4 * c + e) << 4);
+          }
+        }
+      }
+  };
+  // NOTE: the tile kernel's split (kTileMinChunk), so that each tile's pages are first touched
+  // by the thread that will stream them.
+  pool.parallel_for(n_tiles, kTileMinChunk, std::ref(body));
+}
+
 void linear_q4_int8(const float* x, int64_t n, const QuantArgs& w, const float* bias, float* y, ThreadPool& pool,
                     Int8Isa isa) {
   if (!int8_path_takes(w))
@@ -326,6 +374,28 @@ void linear_q4_int8(const float* x, int64_t n, const QuantArgs& w, const float* 
   // NOTE: thread_local of the calling thread; workers reach it through `px` only.
   thread_local std::vector<int8_t> q_buf, ql_buf;
   thread_local std::vector<float> d_buf, dw_buf, xsum_buf;
+  const bool tiles = w.tiles != nullptr && n <= kQ4TilesMaxN;
+  if (tiles) {
+    // A few rows: rounded on the calling thread, in code order (the GEMM's layout).
+    const int64_t d_stride = in / kXBlock;
+    if (int64_t(q_buf.size()) < n * in) q_buf.resize(size_t(n * in));
+    if (int64_t(ql_buf.size()) < n * in) ql_buf.resize(size_t(n * in));
+    if (int64_t(d_buf.size()) < n * d_stride) d_buf.resize(size_t(n * d_stride));
+    if (int64_t(xsum_buf.size()) < n * n_groups) xsum_buf.resize(size_t(n * n_groups));
+    for (int64_t i = 0; i < n; ++i)
+      quantize_row(x + i * in, in, w.group_size, q_buf.data() + i * in, ql_buf.data() + i * in,
+                   d_buf.data() + i * d_stride, xsum_buf.data() + i * n_groups, false);
+    const GemmX gx{q_buf.data(), ql_buf.data(), in, d_buf.data(), d_stride, xsum_buf.data(), n_groups};
+#if INT8_X86
+    switch (isa) {
+      case Int8Isa::avx512_vnni: int8_avx512_vnni::run_tiles(w, gx, n, bias, y, pool); return;
+      case Int8Isa::avx512bw: int8_avx512bw::run_tiles(w, gx, n, bias, y, pool); return;
+      case Int8Isa::avx_vnni: int8_avx_vnni::run_tiles(w, gx, n, bias, y, pool); return;
+      case Int8Isa::avx2: int8_avx2::run_tiles(w, gx, n, bias, y, pool); return;
+    }
+#endif
+    return;
+  }
   if (n == 1) {
     const int64_t q_len = (in + kBlockCodes - 1) / kBlockCodes * kBlockCodes;
     if (int64_t(q_buf.size()) < q_len) q_buf.resize(size_t(q_len));

@@ -37,7 +37,29 @@ bool int8_isa_best(CpuLevel level, Int8Isa* isa);
 // Whether linear_q4_int8 takes w: 4 bits, group 32, 64 or 128, f16 or bf16 scales.
 bool int8_path_takes(const QuantArgs& w);
 
-// y[n, out] = x[n, in] * dequant(w)^T + bias[out] (bias may be nullptr), x rounded as above; n == 1 runs the matvec kernel, n > 1 the blocked integer GEMM. w must satisfy
+// The decode kernels' copy of w (QuantArgs::tiles), made once at load. Rows go in tiles of
+// kQ4TileRows (the last one padded with zero rows); a tile is one contiguous run of
+// n_groups records, and group g's record is
+//   [kQ4TileRows] scales, [kQ4TileRows] biases (w's 16-bit dtype, 64 bytes), then per 32 codes
+//   of the group 4 chunks of [kQ4TileRows rows][4 bytes], byte e of row r in chunk c holding
+//   code 4c + e of the 32 in its low nibble and code 16 + 4c + e in its high one,
+// so that one 64-byte load gives 16 rows x 4 codes and one broadcast of 4 values of x feeds
+// them all (the rows interleaved as GGML's repacked Q4_0 blocks do, here with MLX's scale and
+// bias per group). Each thread of the decode kernel streams one contiguous run of tiles.
+inline constexpr int kQ4TileRows = 16;
+// The most rows of x the tile kernel takes (batched decode); more go to the GEMM or the f32 path.
+inline constexpr int64_t kQ4TilesMaxN = 8;
+// Bytes of the tiles of w (int8_path_takes(w) must hold).
+int64_t q4_tiles_bytes(const QuantArgs& w);
+// Writes the tiles of w to dst [q4_tiles_bytes(w)], on `pool` with the split of the decode
+// kernel over tiles, so that each tile's pages are first written by the thread that reads them
+// (with an equally sized pool). Throws Unsupported unless int8_path_takes(w).
+void repack_q4_tiles(const QuantArgs& w, void* dst, ThreadPool& pool);
+
+// y[n, out] = x[n, in] * dequant(w)^T + bias[out] (bias may be nullptr), x rounded as above;
+// with w.tiles and n <= kQ4TilesMaxN the tile kernel (each row of y the same bits alone or in
+// a batch, and on every instruction set), else n == 1 runs the matvec kernel, n > 1 the blocked
+// integer GEMM. w must satisfy
 // int8_path_takes and isa int8_isa_supported (callers check). Runs on `pool` and blocks.
 void linear_q4_int8(const float* x, int64_t n, const QuantArgs& w, const float* bias, float* y, ThreadPool& pool,
                     Int8Isa isa);

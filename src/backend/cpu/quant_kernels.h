@@ -16,7 +16,7 @@ namespace osprey::cpu {
 OSPREY_CPU_LEVEL_BEGIN
 
 // y[n, out] = x[n, in] * dequant(w)^T + bias[out] (bias may be nullptr); x, y f32 contiguous.
-// 4-bit weights with n == 1 or n > 16, when the CPU has AVX2 or better: x rounded to two int8
+// 4-bit weights with n == 1 or n > 16 (or n <= 8 where w.tiles is set), when the CPU has AVX2 or better: x rounded to two int8
 // parts per block of 32 values and integer dot products (quant_int8.h; each value of x off by
 // at most 1/32512 of its block's largest |x|). Otherwise linear_q_f32. Runs on `pool` and blocks until done
 // (not from inside a task of `pool`).

@@ -22,6 +22,8 @@
 // Bits 3 and 6, n <= kRowsMaxN (rows_generic): each row decoded to f32 (decode_row), then dotted
 // with every row of x.
 // n > kRowsMaxN: the blocked GEMM (gemm_panel.h) with panels decoded by decode_row.
+// 4 bits with the int8 kernels: linear_q4_int8 for n == 1, n > kRowsMaxN, and n <= kQ4TilesMaxN
+// where w has tiles.
 // Scratch: xp and xsum (thread_local of the caller); converted scales and decoded tiles
 // (thread_local of each worker, or on its stack); all grow once.
 #include <algorithm>
@@ -501,8 +503,10 @@ void linear_q_f32(const float* x, int64_t n, const QuantArgs& w, const float* bi
 
 void linear_q(const float* x, int64_t n, const QuantArgs& w, const float* bias, float* y, ThreadPool& pool) {
   Int8Isa isa;
-  // NOTE: for 1 < n <= kRowsMaxN the f32 kernels win: the integer GEMM unpacks all of w per call.
-  if ((n == 1 || n > kRowsMaxN) && int8_path_takes(w) && int8_isa_best(kLevel, &isa))
+  // NOTE: for 1 < n <= kRowsMaxN without tiles the f32 kernels win: the integer GEMM unpacks
+  // all of w per call. With tiles (made at load) the tile kernel takes n <= kQ4TilesMaxN.
+  const bool tiles = w.tiles != nullptr && n <= kQ4TilesMaxN;
+  if ((n == 1 || n > kRowsMaxN || tiles) && int8_path_takes(w) && int8_isa_best(kLevel, &isa))
     linear_q4_int8(x, n, w, bias, y, pool, isa);
   else
     linear_q_f32(x, n, w, bias, y, pool);
