@@ -433,16 +433,28 @@ std::vector<std::string_view> GgufFile::get_string_array(const std::string& key)
   return out;
 }
 
+namespace {
+
+// f(i, element i) for each element of the array value v (of scalar elements).
+template <class F>
+void for_each_element(const GgufValue& v, F&& f) {
+  const size_t es = value_size(v.elem);
+  for (uint64_t i = 0; i < v.count; ++i) {
+    GgufValue e;
+    decode_scalar(v.elem, v.data + i * es, e);
+    f(i, e);
+  }
+}
+
+}  // namespace
+
 std::vector<int64_t> GgufFile::get_int_array(const std::string& key) const {
   const GgufValue& v = require_key(*this, key);
   if (v.type != GgufValueType::array || !(signed_int_type(v.elem) || unsigned_int_type(v.elem) || v.elem == GgufValueType::boolean))
     wrong_type(*this, key, v, "an array of integers");
   std::vector<int64_t> out;
   out.reserve(size_t(v.count));
-  const size_t es = value_size(v.elem);
-  for (uint64_t i = 0; i < v.count; ++i) {
-    GgufValue e;
-    decode_scalar(v.elem, v.data + i * es, e);
+  for_each_element(v, [&](uint64_t i, const GgufValue& e) {
     if (signed_int_type(v.elem)) {
       out.push_back(e.i);
     } else if (e.u > uint64_t(INT64_MAX)) {
@@ -451,7 +463,7 @@ std::vector<int64_t> GgufFile::get_int_array(const std::string& key) const {
     } else {
       out.push_back(int64_t(e.u));
     }
-  }
+  });
   return out;
 }
 
@@ -461,12 +473,7 @@ std::vector<float> GgufFile::get_float_array(const std::string& key) const {
     wrong_type(*this, key, v, "an array of floats");
   std::vector<float> out;
   out.reserve(size_t(v.count));
-  const size_t es = value_size(v.elem);
-  for (uint64_t i = 0; i < v.count; ++i) {
-    GgufValue e;
-    decode_scalar(v.elem, v.data + i * es, e);
-    out.push_back(float(e.f));
-  }
+  for_each_element(v, [&](uint64_t, const GgufValue& e) { out.push_back(float(e.f)); });
   return out;
 }
 
