@@ -161,6 +161,10 @@ class StreamingRequest {
     if (thread_.joinable()) thread_.join();
   }
   size_t received() const { return received_; }
+  bool finished() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return body_.find("data: [DONE]") != std::string::npos;
+  }
   std::string join() {
     thread_.join();
     std::lock_guard<std::mutex> lock(mu_);
@@ -205,9 +209,29 @@ bool completed(const std::string& body) {
   return body.find("data: [DONE]") != std::string::npos && body.find("\"error\"") == std::string::npos;
 }
 
+// A gauge of /metrics (-1 when /metrics does not answer or lacks it).
+int64_t gauge(int port, const std::string& name) {
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(5, 0);
+  auto r = c.Get("/metrics");
+  if (!r || r->status != 200) return -1;
+  const size_t at = r->body.find("\n" + name + " ");
+  if (at == std::string::npos) return -1;
+  return int64_t(std::stod(r->body.substr(at + name.size() + 2)));
+}
+
+// `n` long streams, once the server holds every one of them (running, waiting, or done).
 std::vector<std::unique_ptr<StreamingRequest>> start_streams(int port, int n) {
   std::vector<std::unique_ptr<StreamingRequest>> streams;
   for (int i = 0; i < n; ++i) streams.push_back(std::make_unique<StreamingRequest>(port, kLongStream));
+  const bool held = wait_until(
+      [&] {
+        int64_t done = 0;
+        for (auto& s : streams) done += s->finished();
+        return gauge(port, "osprey:num_requests_running") + gauge(port, "osprey:num_requests_waiting") + done >= n;
+      },
+      std::chrono::seconds(30));
+  EXPECT_TRUE(held) << "the server did not take all " << n << " requests within 30 s";
   return streams;
 }
 
@@ -252,8 +276,11 @@ TEST(CliServe, SecondSigintEndsAtOnce) {
   int ended = 0;
   for (auto& s : streams) {
     const std::string body = s->join();
-    if (ends_shutting_down(body)) ++ended;
-    else EXPECT_TRUE(completed(body)) << body.substr(0, 300) << " ... " << body.substr(body.size() > 300 ? body.size() - 300 : 0);
+    if (ends_shutting_down(body)) {
+      ++ended;
+    } else {
+      EXPECT_TRUE(completed(body)) << body.substr(0, 300) << " ... " << body.substr(body.size() > 300 ? body.size() - 300 : 0);
+    }
   }
   EXPECT_GE(ended, 1) << "no request was still in progress at the second SIGINT";
   std::filesystem::remove(p.log_path);
@@ -282,8 +309,11 @@ TEST(CliServe, SigtermDrainsForTheShutdownTimeoutThenEndsTheRest) {
   int ended = 0;
   for (auto& s : streams) {
     const std::string body = s->join();
-    if (ends_shutting_down(body)) ++ended;
-    else EXPECT_TRUE(completed(body)) << body.substr(0, 300);
+    if (ends_shutting_down(body)) {
+      ++ended;
+    } else {
+      EXPECT_TRUE(completed(body)) << "[" << body.substr(0, 300) << "]";
+    }
   }
   EXPECT_GT(total_received(streams), at_signal) << "nothing was served during the drain";
   EXPECT_GE(ended, 1) << "no request outlived the shutdown timeout";

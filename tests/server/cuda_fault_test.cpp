@@ -95,8 +95,11 @@ TEST_P(CudaFault, TrapInADecodeStepEndsTheRequestHealthAndProcess) {
     EXPECT_NE(log.find("OSPREY_CUDA_FAULT: decode step 4 traps"), std::string::npos) << log;
     EXPECT_NE(log.find("serving stopped"), std::string::npos) << log;
     std::lock_guard<std::mutex> lock(mu);
-    for (const auto& [after, status] : probes)
-      if (after) EXPECT_EQ(status, 503) << "/health answered " << status << " after the device failed";
+    for (const auto& [after, status] : probes) {
+      if (after) {
+        EXPECT_EQ(status, 503) << "/health answered " << status << " after the device failed";
+      }
+    }
     std::filesystem::remove(p.log_path);
   }
 }
