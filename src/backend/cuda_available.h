@@ -20,5 +20,9 @@ size_t cuda_free_memory(int device = 0);
 // device was never used or is in an error state; never throws. Device work after it starts the
 // runtime afresh.
 void release_cuda_device() noexcept;
+// Enqueues a kernel that executes __trap() on the current device's stream: the next checked
+// CUDA call reports the sticky error and throws DeviceLost, as a real fault does. For
+// OSPREY_CUDA_FAULT (backend/fault_injection.h) only. Throws Unsupported without the backend.
+void cuda_enqueue_trap();
 
 }  // namespace osprey

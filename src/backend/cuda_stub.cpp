@@ -19,6 +19,7 @@ int cuda_device_count() { return 0; }
 std::string cuda_description(int) { return kNoBackend; }
 size_t cuda_free_memory(int) { throw Unsupported(kNoBackend); }
 void release_cuda_device() noexcept {}
+void cuda_enqueue_trap() { throw Unsupported(kNoBackend); }
 
 Allocator& cuda_allocator(int device) {
   throw Unsupported("device cuda:" + std::to_string(device) + " requested, but " + kNoBackend);

@@ -1,7 +1,9 @@
 #include "core/env.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 
@@ -48,6 +50,20 @@ bool parse_strict_switch(const char* name) {
   throw InvalidInput(std::string(name) + "=" + v + ": expected 1/true/on/yes or 0/false/off/no");
 }
 
+// OSPREY_CUDA_FAULT: unset or empty is -1; else "trap_after_steps:N" with N in [0, 2^31).
+int64_t parse_cuda_fault() {
+  const char* v = std::getenv("OSPREY_CUDA_FAULT");
+  if (!v || !*v) return -1;
+  const std::string s(v);
+  const std::string prefix = "trap_after_steps:";
+  const std::string n = s.rfind(prefix, 0) == 0 ? s.substr(prefix.size()) : "";
+  const bool digits = !n.empty() && n.size() <= 10 && std::all_of(n.begin(), n.end(), [](unsigned char c) { return std::isdigit(c); });
+  if (!digits || std::stoll(n) > INT32_MAX)
+    throw InvalidInput("OSPREY_CUDA_FAULT=" + s + ": expected trap_after_steps:N with N an integer in [0, " +
+                       std::to_string(INT32_MAX) + "]");
+  return std::stoll(n);
+}
+
 EnvOptions read_env() {
   EnvOptions o;
   o.kv_inplace_write = parse_switch(std::getenv("OSPREY_KV_INPLACE_WRITE"), true);
@@ -60,6 +76,7 @@ EnvOptions read_env() {
   o.cuda_graphs = parse_switch(std::getenv("OSPREY_CUDA_GRAPHS"), true);
   o.cuda_pdl = parse_switch(std::getenv("OSPREY_CUDA_PDL"), true);
   o.cuda_quant_mma = parse_switch(std::getenv("OSPREY_CUDA_QUANT_MMA"), false);
+  o.cuda_fault_trap_after_steps = parse_cuda_fault();
   o.paged_split_keys = parse_int("OSPREY_PAGED_SPLIT_KEYS", 0, 0, 1 << 20);
   if (o.paged_split_keys % 64 != 0)
     throw InvalidInput("OSPREY_PAGED_SPLIT_KEYS must be 0 or a multiple of 64, got " + std::to_string(o.paged_split_keys));

@@ -2,6 +2,7 @@
 // Every OSPREY_ environment variable is read here, once, into EnvOptions; components take
 // the values they need through their own parameter structs. docs/environment-variables.md
 // lists them all, with the Hugging Face variables read for models named by Hub id.
+#include <cstdint>
 #include <string>
 
 namespace osprey {
@@ -21,6 +22,9 @@ struct EnvOptions {
   bool cuda_pdl = true;            // OSPREY_CUDA_PDL: 0 turns programmatic dependent launch off
   bool cuda_quant_mma = false;     // OSPREY_CUDA_QUANT_MMA: 1 runs 4-bit layers on the tensor-core kernel
   std::string cpu_level;           // OSPREY_CPU_LEVEL: scalar, v3, v4, v4-bf16 (empty: the CPU's best)
+  // OSPREY_CUDA_FAULT=trap_after_steps:N: the decode step after the Nth of a model on CUDA
+  // traps on the device (a drill of a sticky device error); -1 when unset.
+  int64_t cuda_fault_trap_after_steps = -1;
   // huggingface_hub's variables, raw (hub/hub_cache.h's resolve_options orders the cache's).
   std::string hf_hub_cache;    // HF_HUB_CACHE: the Hub cache folder
   std::string hf_home;         // HF_HOME: its parent (the cache is $HF_HOME/hub)

@@ -1,5 +1,6 @@
 #include "engine/decode_stepper.h"
 
+#include "backend/fault_injection.h"
 #include "backend/graph.h"
 #include "backend/ops.h"
 #include "core/log.h"
@@ -21,6 +22,7 @@ DecodeStepper::~DecodeStepper() = default;
 
 const Array& DecodeStepper::step() {
   const Device dev = model_.info().device;
+  fault_injection_decode_step(dev);
   ops::fill_i32_(position_, int32_t(cache_.offset()));
   if (options_.graphs && replay_.next_write_in_place()) {
     if (graph_ && graph_memory_generation_ == CapturedGraph::memory_generation(dev) &&

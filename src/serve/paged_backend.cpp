@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "backend/cuda_available.h"
+#include "backend/fault_injection.h"
 #include "backend/ops.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -201,6 +202,7 @@ void PagedBackend::decode(std::span<const DecodeInput> inputs, std::vector<Decod
   outputs.assign(inputs.size(), {});
   if (b == 0) return;
   const Device dev = model_.info().device;
+  fault_injection_decode_step(dev);
   // Padded to the bucket's size: a padded row writes nothing (slot -1) and reads one key of
   // block 0; its output is not looked at.
   int64_t need = 1;

@@ -6,11 +6,18 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
 #include <thread>
+#include <vector>
 
+#include "support/serve_process.h"
 #include "support/test_util.h"
 
 namespace osprey {
@@ -85,36 +92,9 @@ TEST(CliServe, ApiKeyFileMustHoldKeys) {
 }  // namespace osprey
 
 namespace osprey {
-namespace {
 
-// A `osprey serve --port 0` child: its pid and the port its log line names.
-struct ServeProcess {
-  pid_t pid = -1;
-  int port = -1;
-  std::string log_path;
-};
-
-ServeProcess start_serve(const std::string& flags) {
-  ServeProcess p;
-  p.log_path = (std::filesystem::temp_directory_path() / ("osprey-serve-" + std::to_string(::getpid()) + ".log")).string();
-  p.pid = ::fork();
-  if (p.pid == 0) {
-    const std::string cmd = "exec " + std::string(OSPREY_BINARY) + " serve --port 0 " + flags + " 2>" + p.log_path;
-    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), (char*)nullptr);
-    ::_exit(127);
-  }
-  for (int i = 0; i < 600 && p.port < 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    const std::string log = testing::read_file(p.log_path);
-    const size_t at = log.find("serving ");
-    const size_t port_at = log.find("listening on http://127.0.0.1:");
-    if (at != std::string::npos && port_at != std::string::npos)
-      p.port = std::stoi(log.substr(port_at + std::strlen("listening on http://127.0.0.1:")));
-  }
-  return p;
-}
-
-}  // namespace
+using testing::ServeProcess;
+using testing::start_serve;
 
 // SIGTERM with a stream in flight: the stream ends with the shutting_down error after
 // --shutdown-timeout (0 here: the demo model's whole context takes about a second), and the
@@ -134,9 +114,10 @@ TEST(CliServe, SigtermEndsStreamsAndExitsZero) {
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   const auto t0 = std::chrono::steady_clock::now();
   ::kill(p.pid, SIGTERM);
-  int status = 0;
-  ::waitpid(p.pid, &status, 0);
+  const std::optional<int> exited = testing::wait_exit(p.pid, std::chrono::seconds(20));
   client.join();
+  ASSERT_TRUE(exited) << "no exit 20 s after SIGTERM: " << testing::read_file(p.log_path);
+  const int status = *exited;
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
   ASSERT_TRUE(WIFEXITED(status)) << testing::read_file(p.log_path);
   EXPECT_EQ(WEXITSTATUS(status), 0) << testing::read_file(p.log_path);
@@ -144,6 +125,198 @@ TEST(CliServe, SigtermEndsStreamsAndExitsZero) {
   ASSERT_NE(at, std::string::npos) << body.substr(0, 300);
   EXPECT_NE(body.find("\"shutting_down\"", at), std::string::npos) << body.substr(at);
   EXPECT_NE(body.find("\"unavailable_error\"", at), std::string::npos) << body.substr(at);
+  std::filesystem::remove(p.log_path);
+}
+
+namespace {
+
+// Completions that fill the demo model's context, streamed; at -np 1 all but one wait.
+constexpr const char* kLongStream =
+    R"({"prompt": "Once upon a time", "max_tokens": 100000, "ignore_eos": true, "stream": true})";
+
+// A streaming POST in its own thread: the bytes received so far, and the whole body once joined.
+class StreamingRequest {
+ public:
+  StreamingRequest(int port, const std::string& body)
+      : thread_([this, port, body] {
+          httplib::Client c("127.0.0.1", port);
+          c.set_read_timeout(60, 0);
+          c.set_connection_timeout(5, 0);
+          httplib::Request req;
+          req.method = "POST";
+          req.path = "/v1/completions";
+          req.body = body;
+          req.set_header("Content-Type", "application/json");
+          req.content_receiver = [this](const char* data, size_t n, uint64_t, uint64_t) {
+            std::lock_guard<std::mutex> lock(mu_);
+            body_.append(data, n);
+            received_ += n;
+            return true;
+          };
+          auto r = c.send(req);
+          std::lock_guard<std::mutex> lock(mu_);
+          if (r && body_.empty()) body_ = r->body;
+        }) {}
+  ~StreamingRequest() {
+    if (thread_.joinable()) thread_.join();
+  }
+  size_t received() const { return received_; }
+  bool finished() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return body_.find("data: [DONE]") != std::string::npos;
+  }
+  std::string join() {
+    thread_.join();
+    std::lock_guard<std::mutex> lock(mu_);
+    return body_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::string body_;
+  std::atomic<size_t> received_{0};
+  std::thread thread_;
+};
+
+size_t total_received(const std::vector<std::unique_ptr<StreamingRequest>>& streams) {
+  size_t n = 0;
+  for (const auto& s : streams) n += s->received();
+  return n;
+}
+
+// Waits up to `limit` for `done`; whether it held.
+bool wait_until(const std::function<bool()>& done, std::chrono::milliseconds limit) {
+  const auto end = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < end) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return done();
+}
+
+// Whether a body's last event is the shutting_down error (an SSE event or a JSON error body).
+bool ends_shutting_down(const std::string& body) {
+  size_t at = body.rfind("data: ");
+  if (at != std::string::npos && body.compare(at, 12, "data: [DONE]") == 0 && at > 0)
+    at = body.rfind("data: ", at - 1);
+  if (at == std::string::npos) at = 0;
+  return body.find("\"shutting_down\"", at) != std::string::npos &&
+         body.find("\"unavailable_error\"", at) != std::string::npos;
+}
+
+// Whether a body completed normally: a stream's [DONE] with no error event before it.
+bool completed(const std::string& body) {
+  return body.find("data: [DONE]") != std::string::npos && body.find("\"error\"") == std::string::npos;
+}
+
+// A gauge of /metrics (-1 when /metrics does not answer or lacks it).
+int64_t gauge(int port, const std::string& name) {
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(5, 0);
+  auto r = c.Get("/metrics");
+  if (!r || r->status != 200) return -1;
+  const size_t at = r->body.find("\n" + name + " ");
+  if (at == std::string::npos) return -1;
+  return int64_t(std::stod(r->body.substr(at + name.size() + 2)));
+}
+
+// `n` long streams, once the server holds every one of them (running, waiting, or done).
+std::vector<std::unique_ptr<StreamingRequest>> start_streams(int port, int n) {
+  std::vector<std::unique_ptr<StreamingRequest>> streams;
+  for (int i = 0; i < n; ++i) streams.push_back(std::make_unique<StreamingRequest>(port, kLongStream));
+  const bool held = wait_until(
+      [&] {
+        int64_t done = 0;
+        for (auto& s : streams) done += s->finished();
+        return gauge(port, "osprey:num_requests_running") + gauge(port, "osprey:num_requests_waiting") + done >= n;
+      },
+      std::chrono::seconds(30));
+  EXPECT_TRUE(held) << "the server did not take all " << n << " requests within 30 s";
+  return streams;
+}
+
+}  // namespace
+
+// SIGINT once: no new connection is served, the requests in progress go on (bytes keep coming);
+// SIGINT again, long before --shutdown-timeout: the process exits 0 at once, and the requests
+// still in progress end with the shutting_down error.
+TEST(CliServe, SecondSigintEndsAtOnce) {
+  // One CPU thread and one sequence at a time: the streams' work lasts several seconds.
+  ServeProcess p = start_serve("-np 1 --shutdown-timeout 120", "OSPREY_THREADS=1");
+  ASSERT_GT(p.port, 0) << testing::read_file(p.log_path);
+  auto streams = start_streams(p.port, 12);
+  ASSERT_TRUE(wait_until([&] { return total_received(streams) > 0; }, std::chrono::seconds(30)))
+      << testing::read_file(p.log_path);
+
+  ::kill(p.pid, SIGINT);
+  ASSERT_TRUE(wait_until([&] { return testing::read_file(p.log_path).find("received SIGINT") != std::string::npos; },
+                         std::chrono::seconds(10)))
+      << testing::read_file(p.log_path);
+  const size_t at_first = total_received(streams);
+  {
+    httplib::Client c("127.0.0.1", p.port);
+    c.set_connection_timeout(2, 0);
+    c.set_read_timeout(5, 0);
+    auto r = c.Post("/v1/completions", R"({"prompt": "Hello", "max_tokens": 2})", "application/json");
+    EXPECT_TRUE(!r || r->status == 503) << "a request after SIGINT got " << r->status << ": " << r->body;
+  }
+  EXPECT_TRUE(wait_until([&] { return total_received(streams) > at_first; }, std::chrono::seconds(10)))
+      << "no stream made progress after the first SIGINT";
+
+  const auto t0 = std::chrono::steady_clock::now();
+  ::kill(p.pid, SIGINT);
+  const std::optional<int> exited = testing::wait_exit(p.pid, std::chrono::seconds(20));
+  ASSERT_TRUE(exited) << "no exit 20 s after the second SIGINT: " << testing::read_file(p.log_path);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+  ASSERT_TRUE(WIFEXITED(*exited)) << testing::read_file(p.log_path);
+  EXPECT_EQ(WEXITSTATUS(*exited), 0) << testing::read_file(p.log_path);
+  EXPECT_NE(testing::read_file(p.log_path).find("received a second signal"), std::string::npos)
+      << testing::read_file(p.log_path);
+
+  int ended = 0;
+  for (auto& s : streams) {
+    const std::string body = s->join();
+    if (ends_shutting_down(body)) {
+      ++ended;
+    } else {
+      EXPECT_TRUE(completed(body)) << body.substr(0, 300) << " ... " << body.substr(body.size() > 300 ? body.size() - 300 : 0);
+    }
+  }
+  EXPECT_GE(ended, 1) << "no request was still in progress at the second SIGINT";
+  std::filesystem::remove(p.log_path);
+}
+
+// SIGTERM with --shutdown-timeout 1 and more work than a second: the requests go on for the
+// second, then those left end with shutting_down; exit 0, no sooner than the timeout.
+TEST(CliServe, SigtermDrainsForTheShutdownTimeoutThenEndsTheRest) {
+  ServeProcess p = start_serve("-np 1 --shutdown-timeout 1", "OSPREY_THREADS=1");
+  ASSERT_GT(p.port, 0) << testing::read_file(p.log_path);
+  auto streams = start_streams(p.port, 12);
+  ASSERT_TRUE(wait_until([&] { return total_received(streams) > 0; }, std::chrono::seconds(30)))
+      << testing::read_file(p.log_path);
+
+  const auto t0 = std::chrono::steady_clock::now();
+  ::kill(p.pid, SIGTERM);
+  const size_t at_signal = total_received(streams);
+  const std::optional<int> exited = testing::wait_exit(p.pid, std::chrono::seconds(30));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(exited) << "no exit 30 s after SIGTERM: " << testing::read_file(p.log_path);
+  ASSERT_TRUE(WIFEXITED(*exited)) << testing::read_file(p.log_path);
+  EXPECT_EQ(WEXITSTATUS(*exited), 0) << testing::read_file(p.log_path);
+  EXPECT_GE(seconds, 0.9);
+  EXPECT_LT(seconds, 10.0);
+
+  int ended = 0;
+  for (auto& s : streams) {
+    const std::string body = s->join();
+    if (ends_shutting_down(body)) {
+      ++ended;
+    } else {
+      EXPECT_TRUE(completed(body)) << "[" << body.substr(0, 300) << "]";
+    }
+  }
+  EXPECT_GT(total_received(streams), at_signal) << "nothing was served during the drain";
+  EXPECT_GE(ended, 1) << "no request outlived the shutdown timeout";
   std::filesystem::remove(p.log_path);
 }
 

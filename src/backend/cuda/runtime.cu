@@ -47,6 +47,9 @@ void throw_cuda_error(cudaError_t e, const char* expr, const char* file, int lin
 }
 
 void throw_cublas_error(cublasStatus_t e, const char* expr, const char* file, int line) {
+  // A cuBLAS call is often the first to meet a context that an earlier kernel poisoned: that is
+  // DeviceLost, as from any other call.
+  if (const cudaError_t sticky = cudaPeekAtLastError(); context_lost(sticky)) throw_cuda_error(sticky, expr, file, line);
   throw Error(std::string(file) + ":" + std::to_string(line) + ": cuBLAS error " + cublasGetStatusString(e) + " in " +
               expr);
 }
@@ -215,6 +218,15 @@ void release_cuda_device() noexcept {
   const AllocatorStats left = the_allocator().stats();
   if (left.live_bytes > 0)
     log_debug("cuda: " + std::to_string(left.live_bytes) + " bytes of device memory still held by live buffers at exit");
+}
+
+namespace {
+__global__ void fault_trap() { __trap(); }
+}  // namespace
+
+void cuda_enqueue_trap() {
+  fault_trap<<<1, 1, 0, cuda::stream()>>>();
+  OSPREY_CUDA_CHECK(cudaGetLastError());
 }
 
 bool cuda_built() { return true; }
