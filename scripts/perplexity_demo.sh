@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Perplexity and KL divergence of the demo model's conversions against the f16 model on the
+# Perplexity and KL divergence of the demo model's conversions against the bf16 model on the
 # held-out test text of tools/demo_data.py. Usage: scripts/perplexity_demo.sh [OSPREY] [WORKDIR] [extra flags]
 set -euo pipefail
 OSPREY=${1:-build/osprey}
@@ -8,7 +8,7 @@ shift $(( $# > 2 ? 2 : $# )) || true
 mkdir -p "$WORK"
 [ -f "$WORK/text/test.txt" ] || python3 tools/demo_data.py --out "$WORK/text"
 TEXT="$WORK/text/test.txt"
-"$OSPREY" perplexity -m models/demo -f "$TEXT" --kl-divergence-base "$WORK/base.kld" -o json "$@" > "$WORK/f16.json"
+"$OSPREY" perplexity -m models/demo -f "$TEXT" --kl-divergence-base "$WORK/base.kld" -o json "$@" > "$WORK/base.json"
 for q in "mlx 4 64" "mlx 8 64"; do
   set -- $q
   out="$WORK/demo-q$2-g$3"
@@ -22,10 +22,10 @@ out="$WORK/demo-fp8"
 python3 - "$WORK" <<'PY'
 import json, sys
 w = sys.argv[1]
-b = json.load(open(f"{w}/f16.json"))
+b = json.load(open(f"{w}/base.json"))
 print("| model | PPL | mean KLD vs f16 | same top-1 vs f16 |")
 print("| --- | ---: | ---: | ---: |")
-print(f"| f16 | {b['ppl']:.4f} +/- {b['ppl_err']:.4f} | - | - |")
+print(f"| bf16 | {b['ppl']:.4f} +/- {b['ppl_err']:.4f} | - | - |")
 for n in ("q8-g64", "q4-g64", "fp8"):
     j = json.load(open(f"{w}/{n}.json")); k = j["kl_divergence"]
     print(f"| {n} | {j['ppl']:.4f} +/- {j['ppl_err']:.4f} | {k['mean']:.6f} +/- {k['mean_err']:.6f} | "
