@@ -23,7 +23,7 @@ python3 - "$WORK" <<'PY'
 import json, sys
 w = sys.argv[1]
 b = json.load(open(f"{w}/base.json"))
-print("| model | PPL | mean KLD vs f16 | same top-1 vs f16 |")
+print("| model | PPL | mean KLD vs bf16 | same top-1 vs bf16 |")
 print("| --- | ---: | ---: | ---: |")
 print(f"| bf16 | {b['ppl']:.4f} +/- {b['ppl_err']:.4f} | - | - |")
 for n in ("q8-g64", "q4-g64", "fp8"):
