@@ -32,6 +32,7 @@ Command add_template(CLI::App& app);
 Command add_chat(CLI::App& app);
 Command add_serve(CLI::App& app);
 Command add_pull(CLI::App& app);
+Command add_perplexity(CLI::App& app);
 
 // The model folder -m names (hub::resolve_model, with the environment's Hugging Face cache):
 // a folder, a file in one, or a Hub id in the cache, fetched first when `download` is set;

@@ -152,6 +152,7 @@ int main(int argc, char** argv) {
   add("generate", "Generate text from a prompt", osprey::cli::add_generate);
   add("tokenize", "Print the token ids of a text as a JSON array", osprey::cli::add_tokenize);
   add("bench", "Measure prompt and generation throughput (after llama-bench)", osprey::cli::add_bench);
+  add("perplexity", "Perplexity of a model on a text, and KL divergence from a base model (after llama.cpp's perplexity)", osprey::cli::add_perplexity);
   add("chat", "Chat with the model through its chat template", osprey::cli::add_chat);
   add("template", "Print a chat request rendered with the model's chat template", osprey::cli::add_template);
   add("serve", "Serve the model over an OpenAI-compatible HTTP API", osprey::cli::add_serve);
