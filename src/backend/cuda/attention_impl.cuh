@@ -96,10 +96,10 @@ __device__ __forceinline__ uint32_t pack_bf162(float x, float y) {
 
 // m16n8k16 with f32 accumulators on `ty` (f16 or bf16) operands: the top half (A's rows 8..15 zero,
 // only c[0..1] kept) and the whole tile.
-#define OSPREY_MMA_TOP_ASM(ty)                                                                             \
+#define MMA_TOP_PTX(ty)                                                                             \
   "{\n.reg .f32 z0, z1;\nmma.sync.aligned.m16n8k16.row.col.f32." ty "." ty                               \
   ".f32 {%0,%1,z0,z1}, {%2,%6,%3,%6}, {%4,%5}, {%0,%1,%7,%7};\n}\n"
-#define OSPREY_MMA_ASM(ty) \
+#define MMA_PTX(ty) \
   "mma.sync.aligned.m16n8k16.row.col.f32." ty "." ty ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
 
 template <bool kBf16>
@@ -108,22 +108,22 @@ struct MmaOps {
   static __device__ __forceinline__ void mma_top(float& d0, float& d1, uint32_t a0, uint32_t a2, uint32_t b0,
                                                  uint32_t b1) {
     if constexpr (kBf16)
-      asm(OSPREY_MMA_TOP_ASM("bf16") : "+f"(d0), "+f"(d1) : "r"(a0), "r"(a2), "r"(b0), "r"(b1), "r"(0u), "f"(0.0f));
+      asm(MMA_TOP_PTX("bf16") : "+f"(d0), "+f"(d1) : "r"(a0), "r"(a2), "r"(b0), "r"(b1), "r"(0u), "f"(0.0f));
     else
-      asm(OSPREY_MMA_TOP_ASM("f16") : "+f"(d0), "+f"(d1) : "r"(a0), "r"(a2), "r"(b0), "r"(b1), "r"(0u), "f"(0.0f));
+      asm(MMA_TOP_PTX("f16") : "+f"(d0), "+f"(d1) : "r"(a0), "r"(a2), "r"(b0), "r"(b1), "r"(0u), "f"(0.0f));
   }
   // d += A B, all 16 rows.
   static __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     if constexpr (kBf16)
-      asm(OSPREY_MMA_ASM("bf16") : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      asm(MMA_PTX("bf16") : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
           : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
     else
-      asm(OSPREY_MMA_ASM("f16") : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      asm(MMA_PTX("f16") : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
           : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
 };
-#undef OSPREY_MMA_TOP_ASM
-#undef OSPREY_MMA_ASM
+#undef MMA_TOP_PTX
+#undef MMA_PTX
 
 // The 16-bit element types of the tensor-core paths: pack() rounds two f32 into one operand
 // register; mma_top() / mma() as MmaOps.
