@@ -169,8 +169,8 @@ TEST(NChoices, StreamingTwoChoicesCarryTheirIndexes) {
   }
   EXPECT_TRUE(done);
   for (size_t i = 0; i < 2; ++i) {
-    EXPECT_EQ(texts[i], whole["choices"][i]["text"]) << i;
-    EXPECT_EQ(finish[i], whole["choices"][i]["finish_reason"]) << i;
+    EXPECT_EQ(texts[i], whole["choices"][i]["text"].get<std::string>()) << i;
+    EXPECT_EQ(finish[i], whole["choices"][i]["finish_reason"].get<std::string>()) << i;
   }
   EXPECT_EQ(usage, whole["usage"]);
 
