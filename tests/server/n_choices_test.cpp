@@ -194,7 +194,7 @@ TEST(NChoices, StreamingTwoChoicesCarryTheirIndexes) {
   }
   for (size_t i = 0; i < 2; ++i) {
     EXPECT_EQ(roles[i], 1);
-    EXPECT_EQ(content[i], chat_whole["choices"][i]["message"]["content"]) << i;
+    EXPECT_EQ(content[i], chat_whole["choices"][i]["message"]["content"].get<std::string>()) << i;
   }
 }
 
