@@ -75,7 +75,7 @@ EnvOptions read_env() {
   o.force_sync = parse_switch(std::getenv("OSPREY_FORCE_SYNC"), false);
   o.cuda_graphs = parse_switch(std::getenv("OSPREY_CUDA_GRAPHS"), true);
   o.cuda_pdl = parse_switch(std::getenv("OSPREY_CUDA_PDL"), true);
-  o.cuda_quant_mma = parse_switch(std::getenv("OSPREY_CUDA_QUANT_MMA"), false);
+  o.cuda_quant_mma = parse_switch(std::getenv("OSPREY_CUDA_QUANT_MMA"), true);
   o.cuda_fault_trap_after_steps = parse_cuda_fault();
   o.paged_split_keys = parse_int("OSPREY_PAGED_SPLIT_KEYS", 0, 0, 1 << 20);
   if (o.paged_split_keys % 64 != 0)

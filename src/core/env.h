@@ -20,7 +20,7 @@ struct EnvOptions {
   bool cuda_graphs = true;         // OSPREY_CUDA_GRAPHS: 0 turns decode-step graph replay off
   int paged_split_keys = 0;        // OSPREY_PAGED_SPLIT_KEYS: keys per split of paged attention (0: chosen)
   bool cuda_pdl = true;            // OSPREY_CUDA_PDL: 0 turns programmatic dependent launch off
-  bool cuda_quant_mma = false;     // OSPREY_CUDA_QUANT_MMA: 1 runs 4-bit layers on the tensor-core kernel
+  bool cuda_quant_mma = true;      // OSPREY_CUDA_QUANT_MMA: 4-bit layers of 4-16 rows on the tensor-core kernel
   std::string cpu_level;           // OSPREY_CPU_LEVEL: scalar, v3, v4, v4-bf16 (empty: the CPU's best)
   // OSPREY_CUDA_FAULT=trap_after_steps:N: the decode step after the Nth of a model on CUDA
   // traps on the device (a drill of a sticky device error); -1 when unset.

@@ -301,26 +301,36 @@ TEST(CudaQuant, MmaEveryShapeAgainstRoundedReference) {
     }
 }
 
-// linear_q sends aligned 4-bit weights to the tensor-core kernel up to linear_q_mma_max_rows
-// and refuses other formats there by name.
+// linear_q sends aligned 4-bit weights to the tensor-core kernel for kQuantMmaMinRows to
+// linear_q_mma_max_rows rows (the GEMV below, dequantize + cuBLAS above) and refuses other
+// formats there by name.
 TEST(CudaQuant, MmaDispatchAndRefusals) {
   SKIP_WITHOUT_CUDA();
   std::mt19937 rng(8);
   const HostQuant q = make_quant(4, 64, DType::f16, 300, 512, rng);
   DeviceQuant dw(q);
-  const auto x = random_floats(size_t(9 * 512), rng);
-  DeviceVec<float> dx(x), y1(std::vector<float>(size_t(9 * 300), kNaN)), y2(std::vector<float>(size_t(9 * 300), kNaN));
+  const auto x = random_floats(size_t(40 * 512), rng);
+  DeviceVec<float> dx(x), y1(std::vector<float>(size_t(40 * 300), kNaN)), y2(std::vector<float>(size_t(40 * 300), kNaN));
+  auto same = [&](int64_t n, auto&& path) {
+    cuda::linear_q(dx.get(), n, dw.args(), nullptr, y1.get(), st());
+    path(n);
+    const auto a = y1.download(), b = y2.download();
+    return std::memcmp(a.data(), b.data(), size_t(n * 300) * sizeof(float)) == 0;
+  };
+  auto mma = [&](int64_t n) { cuda::linear_q_mma(dx.get(), n, dw.args(), nullptr, y2.get(), st()); };
+  auto gemv = [&](int64_t n) { cuda::linear_q_gemv(dx.get(), n, dw.args(), nullptr, y2.get(), st()); };
+  auto gemm = [&](int64_t n) { cuda::linear_q_gemm(dx.get(), n, dw.args(), nullptr, y2.get(), st()); };
+  const int64_t top = cuda::linear_q_mma_max_rows(dw.args());
   if (env_options().cuda_quant_mma) {
-    // OSPREY_CUDA_QUANT_MMA=1: linear_q routes these row counts to the tensor-core kernel.
-    for (int64_t n : {1, 9}) {
-      cuda::linear_q(dx.get(), n, dw.args(), nullptr, y1.get(), st());
-      cuda::linear_q_mma(dx.get(), n, dw.args(), nullptr, y2.get(), st());
-      const auto a = y1.download(), b = y2.download();
-      EXPECT_EQ(0, std::memcmp(a.data(), b.data(), size_t(n * 300) * sizeof(float))) << "n=" << n;
-    }
-    EXPECT_GE(cuda::linear_q_mma_max_rows(dw.args()), cuda::kGemvMaxRows);
+    EXPECT_EQ(16, top);  // the measured crossover (docs/design.md, "Quantized weights")
+    for (int64_t n : {int64_t(1), cuda::kQuantMmaMinRows - 1}) EXPECT_TRUE(same(n, gemv)) << "n=" << n;
+    for (int64_t n : {cuda::kQuantMmaMinRows, int64_t(9), top}) EXPECT_TRUE(same(n, mma)) << "n=" << n;
+    EXPECT_TRUE(same(top + 1, gemm)) << "n=" << top + 1;
+    EXPECT_TRUE(same(40, gemm));
   } else {
-    EXPECT_EQ(0, cuda::linear_q_mma_max_rows(dw.args()));  // off by default
+    EXPECT_EQ(0, top);  // OSPREY_CUDA_QUANT_MMA=0
+    for (int64_t n : {1, 4, 8}) EXPECT_TRUE(same(n, gemv)) << "n=" << n;
+    for (int64_t n : {9, 16}) EXPECT_TRUE(same(n, gemm)) << "n=" << n;
   }
   const HostQuant q8 = make_quant(8, 64, DType::f16, 16, 512, rng);
   DeviceQuant dw8(q8);

@@ -14,8 +14,8 @@
 namespace osprey::cuda {
 
 // y[n, out] = x[n, in] * dequant(w)^T + bias (bias may be nullptr); x, y f32 contiguous.
-// 4-bit weights with 16-byte aligned words and x, n <= linear_q_mma_max_rows(w)
-// (quant_linear.h): the tensor-core kernel, w dequantized in registers to f16 (bf16 when the
+// 4-bit weights with 16-byte aligned words and x, kQuantMmaMinRows <= n <=
+// linear_q_mma_max_rows(w) (quant_linear.h): the tensor-core kernel, w dequantized in registers to f16 (bf16 when the
 // scales are bf16) against x rounded to the same type, f32 accumulation, nothing allocated
 // (capturable in a CUDA graph). Otherwise n <= kGemvMaxRows (kernels.h): a fused
 // dequantize-GEMV with f32 accumulation of exact products, allocating nothing. Larger n: w is

@@ -258,13 +258,13 @@ void linear_q_gemm(const float* x, int64_t n, const QuantArgs& w, const float* b
   if (bias) add_bias_rows(y, bias, n, out, s);
 }
 
-// NOTE: 256 is where the kernel's largest x tile (32 rows) would read the words 8 times; the
-// per-shape crossover against dequantize-then-cuBLAS is still to be measured (docs/
-// benchmark_results/2026-12-05-h200-quant-kernels.md).
-int64_t linear_q_mma_max_rows(const QuantArgs&) { return env_options().cuda_quant_mma ? 256 : 0; }
+// Measured on an H100 (docs/benchmark_results/2026-12-05-h200-quant-kernels.md): the tensor-core
+// kernel beats the fused GEMV from 4 rows and dequantize + cuBLAS up to 16 rows, for every 8B
+// layer shape; outside [kQuantMmaMinRows, 16] the older paths are faster.
+int64_t linear_q_mma_max_rows(const QuantArgs&) { return env_options().cuda_quant_mma ? 16 : 0; }
 
 void linear_q(const float* x, int64_t n, const QuantArgs& w, const float* bias, float* y, cudaStream_t s) {
-  if (linear_q_mma_supported(x, w) && n <= linear_q_mma_max_rows(w))
+  if (n >= kQuantMmaMinRows && n <= linear_q_mma_max_rows(w) && linear_q_mma_supported(x, w))
     linear_q_mma(x, n, w, bias, y, s);
   else if (n <= kGemvMaxRows)
     linear_q_gemv(x, n, w, bias, y, s);

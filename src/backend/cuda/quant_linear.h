@@ -28,8 +28,10 @@ void linear_q_gemm(const float* x, int64_t n, const QuantArgs& w, const float* b
 bool linear_q_mma_supported(const float* x, const QuantArgs& w);
 void linear_q_mma(const float* x, int64_t n, const QuantArgs& w, const float* bias, float* y, cudaStream_t s,
                   int x_tiles = 0, int warps = 0);
-// Rows of x up to which linear_q takes linear_q_mma (when supported) rather than the GEMV or
-// linear_q_gemm, by shape; 0 with OSPREY_CUDA_QUANT_MMA=0.
+// linear_q takes linear_q_mma (when supported) for kQuantMmaMinRows <= n <=
+// linear_q_mma_max_rows(w), the fused GEMV below and dequantize + cuBLAS above; the maximum is 0
+// with OSPREY_CUDA_QUANT_MMA=0.
+constexpr int64_t kQuantMmaMinRows = 4;
 int64_t linear_q_mma_max_rows(const QuantArgs& w);
 
 // Dequantizes rows [0, w.out) x columns [k0, k0 + kc) of w into dst [w.out, ld] (element
