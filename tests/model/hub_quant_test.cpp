@@ -47,7 +47,9 @@ const fs::path& checkpoints(const std::string& fmt) {
   std::unique_ptr<testing::TempDir>& d = made[fmt];
   if (!d) {
     d = std::make_unique<testing::TempDir>();
-    const std::string cmd = "/usr/bin/python3 " + (testing::source_dir() / "tools/make_quant_checkpoints.py").string() +
+    // Debian's numpy is /usr/bin/python3's; OSPREY_TEST_PYTHON names another interpreter with it.
+    const char* python = std::getenv("OSPREY_TEST_PYTHON");
+    const std::string cmd = std::string(python ? python : "/usr/bin/python3") + " " + (testing::source_dir() / "tools/make_quant_checkpoints.py").string() +
                             " --src " + testing::fixture_dir("llama").string() + " --out " + d->path().string() +
                             " --formats " + fmt + " > " + (d->path() / "log.txt").string() + " 2>&1";
     if (std::system(cmd.c_str()) != 0) ADD_FAILURE() << cmd << ":\n" << testing::read_file(d->path() / "log.txt");
