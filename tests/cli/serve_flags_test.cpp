@@ -97,10 +97,11 @@ using testing::ServeProcess;
 using testing::start_serve;
 
 // SIGTERM with a stream in flight: the stream ends with the shutting_down error after
-// --shutdown-timeout (0 here: the demo model's whole context takes about a second), and the
-// process exits 0; nothing hangs.
+// --shutdown-timeout (0 here: the demo model's whole context takes about a second on one CPU
+// thread; the signal tests run on the CPU, whose pace they rely on, whatever device the machine
+// has), and the process exits 0; nothing hangs.
 TEST(CliServe, SigtermEndsStreamsAndExitsZero) {
-  ServeProcess p = start_serve("--shutdown-timeout 0");
+  ServeProcess p = start_serve("--device cpu --shutdown-timeout 0", "OSPREY_THREADS=1");
   ASSERT_GT(p.port, 0) << testing::read_file(p.log_path);
   std::string body;
   std::thread client([&] {
@@ -242,7 +243,7 @@ std::vector<std::unique_ptr<StreamingRequest>> start_streams(int port, int n) {
 // still in progress end with the shutting_down error.
 TEST(CliServe, SecondSigintEndsAtOnce) {
   // One CPU thread and one sequence at a time: the streams' work lasts several seconds.
-  ServeProcess p = start_serve("-np 1 --shutdown-timeout 120", "OSPREY_THREADS=1");
+  ServeProcess p = start_serve("--device cpu -np 1 --shutdown-timeout 120", "OSPREY_THREADS=1");
   ASSERT_GT(p.port, 0) << testing::read_file(p.log_path);
   auto streams = start_streams(p.port, 12);
   ASSERT_TRUE(wait_until([&] { return total_received(streams) > 0; }, std::chrono::seconds(30)))
@@ -289,7 +290,7 @@ TEST(CliServe, SecondSigintEndsAtOnce) {
 // SIGTERM with --shutdown-timeout 1 and more work than a second: the requests go on for the
 // second, then those left end with shutting_down; exit 0, no sooner than the timeout.
 TEST(CliServe, SigtermDrainsForTheShutdownTimeoutThenEndsTheRest) {
-  ServeProcess p = start_serve("-np 1 --shutdown-timeout 1", "OSPREY_THREADS=1");
+  ServeProcess p = start_serve("--device cpu -np 1 --shutdown-timeout 1", "OSPREY_THREADS=1");
   ASSERT_GT(p.port, 0) << testing::read_file(p.log_path);
   auto streams = start_streams(p.port, 12);
   ASSERT_TRUE(wait_until([&] { return total_received(streams) > 0; }, std::chrono::seconds(30)))
