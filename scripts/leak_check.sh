@@ -105,7 +105,13 @@ PY
     failed=1
   fi
 fi
-osprey_pid=$(pgrep -P "$san_pid" | head -1 || true)
+# The osprey process itself (the sanitizer may start helpers of its own): the one running the
+# osprey binary among the processes of this command line.
+osprey_pid=""
+osprey_exe=$(readlink -f "$OSPREY_BIN")
+for p in $(pgrep -f -- "serve --device cuda --port 0" || true); do
+  [[ $(readlink -f "/proc/$p/exe" 2>/dev/null) == "$osprey_exe" ]] && osprey_pid=$p
+done
 if [[ -z $osprey_pid ]]; then
   echo "serve: FAILED: no osprey process under the sanitizer ($san_pid)"
   failed=1
@@ -126,6 +132,7 @@ trap - EXIT
 if [[ $serve_status -ne 0 ]]; then
   echo "serve: FAILED: exit $serve_status (stderr: $OUT/serve.err)"
   tail -5 "$OUT/serve.err" || true
+  tail -5 "$OUT/serve.sanitizer.log" || true
   failed=1
 fi
 check_log serve "$OUT/serve.sanitizer.log"
