@@ -92,5 +92,23 @@ TEST(PerplexityCli, BadInputIsRefusedByName) {
   EXPECT_EQ(f.exit_code, 2);
 }
 
+// The demo model's perplexity on a held text equals what transformers computes for the same
+// definition (tools/perplexity_reference.py wrote the reference on the GPU machine: float32,
+// the tokenizer.json by HF tokenizers; tests/fixtures/perplexity/README.md).
+TEST(PerplexityCli, DemoModelMatchesTransformers) {
+  const auto dir = testing::source_dir() / "tests/fixtures/perplexity";
+  const json ref = json::parse(testing::read_file(dir / "demo_reference.json"));
+  const int ctx = ref["ctx"].get<int>();
+  auto r = run_osprey("perplexity -m " + demo() + " --device cpu -c " + std::to_string(ctx) + " -f " +
+                      (dir / "austen.txt").string() + " -o json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json a = json::parse(r.out);
+  EXPECT_EQ(a["n_chunks"].get<int>(), ref["n_chunks"].get<int>());
+  EXPECT_EQ(a["n_scored"].get<int>(), ref["n_scored"].get<int>());
+  const double ppl = ref["ppl"].get<double>();
+  EXPECT_GT(ppl, 1.0);
+  EXPECT_NEAR(a["ppl"].get<double>(), ppl, ppl * 1e-3);
+}
+
 }  // namespace
 }  // namespace osprey
