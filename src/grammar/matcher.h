@@ -153,6 +153,7 @@ class Matcher {
   bool accept_bytes(std::string_view bytes);
   bool can_end() const { return automaton_->can_end(state_); }
   bool must_end() const { return automaton_->must_end(state_); }
+  bool is_end_token(int32_t id) const { return automaton_->is_end_token(id); }
 
  private:
   std::shared_ptr<Automaton> automaton_;
