@@ -274,10 +274,10 @@ int run_bench_cmd(const BenchOptions& o) {
     bb.inplace = env.kv_inplace_write;
     bb.split_keys = env.paged_split_keys;
     if (!o.grammar_file.empty() || !o.json_schema.empty()) {
+      bb.grammar = std::make_shared<const grammar::Grammar>(read_grammar_flags("bench", o.grammar_file, o.json_schema));
       if (!model_has_tokenizer(dir))
         throw UsageError("bench --grammar-file/--json-schema: needs the model's tokenizer.json");
       const Tokenizer tokenizer = load_model_tokenizer(dir);
-      bb.grammar = std::make_shared<const grammar::Grammar>(read_grammar_flags("bench", o.grammar_file, o.json_schema));
       bb.trie = grammar::TokenTrie::from_tokenizer(tokenizer);
       bb.end_ids = info.eos_ids;
       for (int32_t id : tokenizer.eos_ids())
