@@ -2,6 +2,7 @@
 // memory and the KV write counters per test. The measurement is engine/bench.h; this file
 // parses flags and prints md, json or csv.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -18,7 +19,10 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "backend/ops.h"
+#include "grammar/matcher.h"
 #include "serve/batched_bench.h"
+#include "server/model_files.h"
+#include "tokenizer/tokenizer.h"
 #include "engine/bench.h"
 #include "engine/sharded_model.h"
 #include "model/model.h"
@@ -47,6 +51,8 @@ struct BenchOptions {
   std::vector<int64_t> batch;
   int64_t block_size = 16;
   bool batch_invariant = false;
+  std::string grammar_file;  // --batch: constrain every sequence to this GBNF grammar
+  std::string json_schema;   // --batch: ... or to JSON valid against this schema (text or @FILE)
 };
 
 struct Header {
@@ -60,6 +66,7 @@ struct Header {
   uint64_t n_params = 0;
   bool kv_inplace = true;
   int kv_step = 256;
+  std::string constraint;  // --batch: the grammar every sequence is held to ("" : none)
 };
 
 std::string cpu_model_name() {
@@ -197,6 +204,7 @@ void print_batched(const Header& h, const std::vector<BatchedBenchResult>& resul
     j["model_type"] = h.model_type;
     j["weight_dtype"] = h.weight_dtype;
     j["batch_invariant"] = invariant;
+    j["constraint"] = h.constraint;
     for (const BatchedBenchResult& r : results)
       j["results"].push_back({{"pp", r.n_prompt}, {"tg", r.n_gen}, {"b", r.batch}, {"n_kv", r.n_kv},
                               {"t_pp", r.t_prompt}, {"s_pp", r.prompt_tps()}, {"t_tg", r.t_gen},
@@ -206,9 +214,9 @@ void print_batched(const Header& h, const std::vector<BatchedBenchResult>& resul
     std::printf("%s\n", j.dump(2).c_str());
     return;
   }
-  std::printf("osprey %s (%s) | %s | model: %s (%s, %s) | batch invariant: %s\n\n", h.version.c_str(),
-              h.commit.c_str(), h.backend.c_str(), h.model_path.c_str(), h.model_type.c_str(), h.weight_dtype.c_str(),
-              invariant ? "on" : "off");
+  std::printf("osprey %s (%s) | %s | model: %s (%s, %s) | batch invariant: %s | constrained: %s\n\n",
+              h.version.c_str(), h.commit.c_str(), h.backend.c_str(), h.model_path.c_str(), h.model_type.c_str(),
+              h.weight_dtype.c_str(), invariant ? "on" : "off", h.constraint.empty() ? "no" : h.constraint.c_str());
   std::printf("| PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s | S_TG per seq t/s | T s | S t/s | KV pool | "
               "peak reserved |\n");
   std::printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
@@ -265,6 +273,17 @@ int run_bench_cmd(const BenchOptions& o) {
     bb.graphs = env.cuda_graphs;
     bb.inplace = env.kv_inplace_write;
     bb.split_keys = env.paged_split_keys;
+    if (!o.grammar_file.empty() || !o.json_schema.empty()) {
+      bb.grammar = std::make_shared<const grammar::Grammar>(read_grammar_flags("bench", o.grammar_file, o.json_schema));
+      if (!model_has_tokenizer(dir))
+        throw UsageError("bench --grammar-file/--json-schema: needs the model's tokenizer.json");
+      const Tokenizer tokenizer = load_model_tokenizer(dir);
+      bb.trie = grammar::TokenTrie::from_tokenizer(tokenizer);
+      bb.end_ids = info.eos_ids;
+      for (int32_t id : tokenizer.eos_ids())
+        if (std::find(bb.end_ids.begin(), bb.end_ids.end(), id) == bb.end_ids.end()) bb.end_ids.push_back(id);
+      h.constraint = !o.grammar_file.empty() ? "grammar " + o.grammar_file : "JSON schema " + o.json_schema;
+    }
     ops::set_batch_invariant(o.batch_invariant);
     print_batched(h, run_batched_bench(*model, bb), o.batch_invariant, o.output);
     return 0;
@@ -324,8 +343,14 @@ Command add_bench(CLI::App& app) {
       ->group("Advanced");
   app.add_flag("--batch-invariant", o->batch_invariant, "--batch: batch-invariant kernels (docs/design.md)")
       ->group("Advanced");
+  app.add_option("--grammar-file", o->grammar_file,
+                 "--batch: constrain every sequence to a GBNF grammar read from this file (docs/benchmarks.md)");
+  app.add_option("--json-schema", o->json_schema,
+                 "--batch: constrain every sequence to JSON valid against this JSON Schema (the text, or @FILE)");
   return [o] {
     if (!o->batch_arg.empty()) o->batch = parse_int_list("--batch", o->batch_arg, 1, 4096);
+    if (o->batch_arg.empty() && (!o->grammar_file.empty() || !o->json_schema.empty()))
+      throw UsageError("bench --grammar-file/--json-schema: constrain the --batch test only; give --batch");
     o->n_prompt = parse_int_list("--n-prompt", o->n_prompt_arg, 0, kMaxSize);
     o->n_gen = parse_int_list("--n-gen", o->n_gen_arg, 0, kMaxSize);
     o->depths = parse_int_list("--n-depth", o->depths_arg, 0, kMaxSize);

@@ -3,9 +3,16 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
 #include "core/thread_pool.h"
+#include "grammar/json_schema.h"
 
 namespace osprey::cli {
 namespace {
@@ -139,6 +146,34 @@ CLI::Option* add_tensor_parallel_option(CLI::App& app, int& ranks) {
       ->check(int_range(1, kMaxTensorParallel))
       ->capture_default_str()
       ->group("Advanced");
+}
+
+// The grammar of --grammar-file or --json-schema; a usage error names the flag at fault.
+grammar::Grammar read_grammar_flags(const std::string& command, const std::string& grammar_file,
+                                   const std::string& json_schema) {
+  if (!grammar_file.empty() && !json_schema.empty())
+    throw UsageError(command + ": --grammar-file and --json-schema both constrain the output; give one");
+  auto read = [](const std::string& path, const char* flag) {
+    if (std::filesystem::is_directory(path)) throw UsageError(std::string(flag) + " " + path + ": is a directory, not a file");
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw UsageError(std::string(flag) + " " + path + ": cannot open: " + std::strerror(errno));
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  try {
+    if (!grammar_file.empty()) return grammar::parse_gbnf(read(grammar_file, "--grammar-file"));
+    const std::string text = json_schema[0] == '@' ? read(json_schema.substr(1), "--json-schema") : json_schema;
+    nlohmann::ordered_json schema;
+    try {
+      schema = nlohmann::ordered_json::parse(text);
+    } catch (const nlohmann::json::exception& e) {
+      throw UsageError(std::string("--json-schema: not valid JSON: ") + e.what());
+    }
+    return grammar::parse_gbnf(grammar::schema_to_gbnf(schema));
+  } catch (const UsageError&) {
+    throw;
+  } catch (const InvalidInput& e) {
+    throw UsageError(std::string(!grammar_file.empty() ? "--grammar-file: " : "--json-schema: ") + e.what());
+  }
 }
 
 }  // namespace osprey::cli

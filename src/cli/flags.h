@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "engine/sampler.h"
+#include "grammar/grammar.h"
 
 namespace osprey::cli {
 
@@ -49,5 +50,10 @@ inline constexpr int kMaxTensorParallel = 64;
 // --tensor-parallel (-tp, rewritten in main): ranks in [1, kMaxTensorParallel]; whether the
 // count divides the model's heads and the devices exist is checked at load.
 CLI::Option* add_tensor_parallel_option(CLI::App& app, int& ranks);
+
+// The grammar of --grammar-file (GBNF) or --json-schema (the schema, or @FILE) for `command`;
+// a usage error names the flag at fault (both given, unreadable, invalid).
+grammar::Grammar read_grammar_flags(const std::string& command, const std::string& grammar_file,
+                                   const std::string& json_schema);
 
 }  // namespace osprey::cli

@@ -179,33 +179,6 @@ void print_json(const std::vector<int32_t>& prompt, const GenerateResult& r, con
   std::printf("%s\n", out.c_str());
 }
 
-// The grammar of --grammar-file or --json-schema; a usage error names the flag at fault.
-grammar::Grammar read_grammar(const GenerateOptions& o) {
-  if (!o.grammar_file.empty() && !o.json_schema.empty())
-    throw UsageError("generate: --grammar-file and --json-schema both constrain the output; give one");
-  auto read = [](const std::string& path, const char* flag) {
-    if (fs::is_directory(path)) throw UsageError(std::string(flag) + " " + path + ": is a directory, not a file");
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw UsageError(std::string(flag) + " " + path + ": cannot open: " + std::strerror(errno));
-    return std::string(std::istreambuf_iterator<char>(in), {});
-  };
-  try {
-    if (!o.grammar_file.empty()) return grammar::parse_gbnf(read(o.grammar_file, "--grammar-file"));
-    const std::string text = o.json_schema[0] == '@' ? read(o.json_schema.substr(1), "--json-schema") : o.json_schema;
-    nlohmann::ordered_json schema;
-    try {
-      schema = nlohmann::ordered_json::parse(text);
-    } catch (const nlohmann::json::exception& e) {
-      throw UsageError(std::string("--json-schema: not valid JSON: ") + e.what());
-    }
-    return grammar::parse_gbnf(grammar::schema_to_gbnf(schema));
-  } catch (const UsageError&) {
-    throw;
-  } catch (const InvalidInput& e) {
-    throw UsageError(std::string(!o.grammar_file.empty() ? "--grammar-file: " : "--json-schema: ") + e.what());
-  }
-}
-
 int run_generate(const GenerateOptions& o) {
   if (o.threads >= 0) set_cpu_threads(o.threads);
   const std::string dir = model_folder(o.model, o.download);
@@ -253,7 +226,7 @@ int run_generate(const GenerateOptions& o) {
   }
   if (!o.grammar_file.empty() || !o.json_schema.empty()) {
     if (!tokenizer) throw UsageError("generate --grammar-file/--json-schema: needs the model's tokenizer.json");
-    gp.grammar = std::make_shared<grammar::Automaton>(read_grammar(o), grammar::TokenTrie::from_tokenizer(*tokenizer),
+    gp.grammar = std::make_shared<grammar::Automaton>(read_grammar_flags("generate", o.grammar_file, o.json_schema), grammar::TokenTrie::from_tokenizer(*tokenizer),
                                                       gp.stop_ids);
   }
   validate(gp.sampler);

@@ -10,6 +10,32 @@ namespace osprey::grammar {
 
 // ---- TokenTrie ----
 
+// Well-formed UTF-8 as a decoder: 0 is a character boundary, -1 a rejected byte.
+static int utf8_next(int s, uint8_t b) {
+  const bool cont = b >= 0x80 && b <= 0xBF;
+  switch (s) {
+    case 0:
+      if (b < 0x80) return 0;
+      if (b >= 0xC2 && b <= 0xDF) return 1;
+      if (b == 0xE0) return 4;
+      if (b == 0xED) return 5;
+      if (b >= 0xE1 && b <= 0xEF) return 2;
+      if (b == 0xF0) return 6;
+      if (b >= 0xF1 && b <= 0xF3) return 3;
+      if (b == 0xF4) return 7;
+      return -1;
+    case 1: return cont ? 0 : -1;
+    case 2: return cont ? 1 : -1;
+    case 3: return cont ? 2 : -1;
+    case 4: return b >= 0xA0 && b <= 0xBF ? 1 : -1;
+    case 5: return b >= 0x80 && b <= 0x9F ? 1 : -1;
+    case 6: return b >= 0x90 && b <= 0xBF ? 2 : -1;
+    case 7: return b >= 0x80 && b <= 0x8F ? 2 : -1;
+  }
+  return -1;
+}
+
+
 TokenTrie::TokenTrie(std::vector<std::string> bytes, const std::vector<bool>& excluded) : bytes_(std::move(bytes)) {
   for (size_t id = 0; id < bytes_.size(); ++id)
     if (id < excluded.size() && excluded[id]) bytes_[id].clear();
@@ -21,6 +47,7 @@ TokenTrie::TokenTrie(std::vector<std::string> bytes, const std::vector<bool>& ex
   });
   nodes_.reserve(ids_.size() * 2);
   nodes_.emplace_back();
+  sub_bytes_.emplace_back();
   fill(0, 0, uint32_t(ids_.size()), 0);
 }
 
@@ -30,6 +57,7 @@ void TokenTrie::fill(uint32_t node, uint32_t lo, uint32_t hi, size_t depth) {
   while (i < hi && bytes_[size_t(ids_[i])].size() == depth) ++i;
   nodes_[node].tok_begin = lo;
   nodes_[node].tok_end = i;
+  nodes_[node].sub_end = hi;
   std::vector<std::pair<uint32_t, uint32_t>> groups;
   while (i < hi) {
     const uint8_t b = uint8_t(bytes_[size_t(ids_[i])][depth]);
@@ -40,12 +68,36 @@ void TokenTrie::fill(uint32_t node, uint32_t lo, uint32_t hi, size_t depth) {
   }
   const uint32_t first = uint32_t(nodes_.size());
   nodes_.resize(nodes_.size() + groups.size());
+  sub_bytes_.resize(nodes_.size());
   nodes_[node].child_begin = first;
   nodes_[node].child_end = first + uint32_t(groups.size());
+  ByteSet below{};
   for (size_t k = 0; k < groups.size(); ++k) {
-    nodes_[first + k].byte = uint8_t(bytes_[size_t(ids_[groups[k].first])][depth]);
-    fill(first + uint32_t(k), groups[k].first, groups[k].second, depth + 1);
+    const uint32_t c = first + uint32_t(k);
+    nodes_[c].byte = uint8_t(bytes_[size_t(ids_[groups[k].first])][depth]);
+    fill(c, groups[k].first, groups[k].second, depth + 1);
+    for (size_t w = 0; w < below.size(); ++w) below[w] |= sub_bytes_[c][w];
   }
+  if (node == 0) return;
+  add_byte(below, nodes_[node].byte);
+  sub_bytes_[node] = below;
+  // The most characters on a path from the parent, each path read from a character boundary.
+  uint32_t height = 0;
+  for (uint32_t t = lo; t < hi && height != kNotUtf8; ++t) {
+    const std::string& b = bytes_[size_t(ids_[t])];
+    uint32_t chars = 0;
+    int u = 0;
+    for (size_t i = depth - 1; i < b.size(); ++i) {
+      chars += u == 0;
+      u = utf8_next(u, uint8_t(b[i]));
+      if (u < 0) {
+        chars = kNotUtf8;
+        break;
+      }
+    }
+    height = std::max(height, chars);
+  }
+  nodes_[node].height = height;
 }
 
 std::shared_ptr<const TokenTrie> TokenTrie::from_tokenizer(const Tokenizer& tokenizer) {
@@ -137,42 +189,173 @@ int32_t Automaton::intern_state(std::vector<int32_t> stacks) {
   state_ids_.emplace(std::move(stacks), id);
   trans_.emplace_back();
   masks_.emplace_back();
+  runs_.emplace_back();
   return id;
 }
 
-int32_t Automaton::step(int32_t state, uint8_t byte) {
-  auto& table = trans_[size_t(state)];
-  if (!table) {
-    table = std::make_unique<std::array<int32_t, 256>>();
-    table->fill(-2);
-  }
-  int32_t& known = (*table)[byte];
-  if (known != -2) return known;
-  std::vector<int32_t> out;
-  for (int32_t id : states_[size_t(state)]) {
+const std::array<int32_t, 256>& Automaton::transitions(int32_t state) {
+  if (trans_[size_t(state)]) return *trans_[size_t(state)];
+  // Bytes taken by the same stacks lead to the same state: split the byte range by every
+  // stack's top set, then compute one successor per class.
+  std::vector<ByteSet> classes{ByteSet{~0ull, ~0ull, ~0ull, ~0ull}};
+  const std::vector<int32_t> stacks = states_[size_t(state)];  // a copy: interning grows states_
+  for (int32_t id : stacks) {
     if (id == kDone) continue;
-    const StackNode n = nodes_[size_t(id)];
-    if (!has_byte(grammar_.sets[grammar_.elems[n.pos].index], byte)) continue;
-    const std::vector<int32_t>& nx = next(id);
-    out.insert(out.end(), nx.begin(), nx.end());
+    const ByteSet& set = grammar_.sets[grammar_.elems[nodes_[size_t(id)].pos].index];
+    for (size_t k = 0, n = classes.size(); k < n; ++k) {
+      ByteSet in, out;
+      bool has_in = false, has_out = false;
+      for (size_t w = 0; w < 4; ++w) {
+        in[w] = classes[k][w] & set[w];
+        out[w] = classes[k][w] & ~set[w];
+        has_in = has_in || in[w];
+        has_out = has_out || out[w];
+      }
+      if (has_in && has_out) {
+        classes[k] = in;
+        classes.push_back(out);
+      }
+    }
   }
-  std::sort(out.begin(), out.end());
-  out.erase(std::unique(out.begin(), out.end()), out.end());
-  const int32_t to = out.empty() ? kDead : intern_state(std::move(out));
-  (*trans_[size_t(state)])[byte] = to;  // interning may have grown trans_, not moved the table
-  return to;
+  auto table = std::make_unique<std::array<int32_t, 256>>();
+  for (const ByteSet& cls : classes) {
+    int b = 0;
+    while (!has_byte(cls, uint8_t(b))) ++b;
+    std::vector<int32_t> out;
+    for (int32_t id : stacks) {
+      if (id == kDone || !has_byte(grammar_.sets[grammar_.elems[nodes_[size_t(id)].pos].index], uint8_t(b))) continue;
+      const std::vector<int32_t>& nx = next(id);
+      out.insert(out.end(), nx.begin(), nx.end());
+    }
+    std::sort(out.begin(), out.end());
+    out.erase(std::unique(out.begin(), out.end()), out.end());
+    const int32_t to = out.empty() ? kDead : intern_state(std::move(out));
+    for (; b < 256; ++b)
+      if (has_byte(cls, uint8_t(b))) (*table)[size_t(b)] = to;
+  }
+  trans_[size_t(state)] = std::move(table);
+  return *trans_[size_t(state)];
+}
+
+// The run's bytes: the largest set of ASCII bytes that lead to one state, joined by every
+// byte from 0x80 when each well-formed multi-byte character leads to that state too (and
+// each of its prefixes is accepted).
+void Automaton::find_run_bytes(int32_t state, Run& r) {
+  const std::array<int32_t, 256> table = transitions(state);
+  int32_t best = kDead;
+  int best_n = 0;
+  for (int b = 0; b < 128; ++b) {
+    if (table[size_t(b)] == kDead) continue;
+    int n = 0;
+    for (int c = 0; c < 128; ++c) n += table[size_t(c)] == table[size_t(b)];
+    if (n > best_n) best = table[size_t(b)], best_n = n;
+    if (best_n >= 64) break;  // a majority
+  }
+  if (best_n < 2) return;  // nothing worth a run
+  r.next = best;
+  for (int b = 0; b < 128; ++b)
+    if (table[size_t(b)] == best) add_byte(r.bytes, uint8_t(b));
+  // (decoder state, automaton state) pairs inside a character, from `state` at a boundary.
+  std::vector<std::pair<int, int32_t>> todo{{0, state}}, seen;
+  while (!todo.empty()) {
+    const auto [u, s] = todo.back();
+    todo.pop_back();
+    const std::array<int32_t, 256>& t = transitions(s);
+    for (int b = 0x80; b < 0x100; ++b) {
+      const int v = utf8_next(u, uint8_t(b));
+      if (v < 0) continue;
+      const int32_t to = t[size_t(b)];
+      if (to == kDead || (v == 0 && to != best)) return;
+      if (v == 0 || std::find(seen.begin(), seen.end(), std::pair{v, to}) != seen.end()) continue;
+      if (seen.size() >= 64) return;
+      seen.emplace_back(v, to);
+      todo.emplace_back(v, to);
+    }
+  }
+  for (size_t w = 2; w < 4; ++w) r.bytes[w] = ~0ull;
+}
+
+static bool bytes_within(const ByteSet& a, const ByteSet& b) {
+  for (size_t w = 0; w < a.size(); ++w)
+    if (a[w] & ~b[w]) return false;
+  return true;
+}
+
+Automaton::Run& Automaton::run_slot(int32_t state) {
+  if (!runs_[size_t(state)]) {
+    auto r = std::make_unique<Run>();  // find_run_bytes may intern states, growing runs_
+    find_run_bytes(state, *r);
+    runs_[size_t(state)] = std::move(r);
+  }
+  return *runs_[size_t(state)];
+}
+
+const Automaton::Run& Automaton::run(int32_t state) {
+  // A length cut short by the cap is a lower bound; one that has fallen to half the cap (a
+  // state further down a chain) is followed again.
+  auto usable = [](const Run& r) { return r.length >= 0 && (!r.cut || r.length >= kRunCap / 2); };
+  if (runs_[size_t(state)] && usable(*runs_[size_t(state)])) return *runs_[size_t(state)];
+  // Follows the chain state -> next -> ... while each set lies within the next one's (then
+  // length(s) >= 1 + length(next)), for at most kRunCap states, and fills the lengths in
+  // backwards.
+  std::vector<int32_t> chain;
+  int32_t s = state;
+  int32_t base = 0;
+  bool cut = false;
+  for (;;) {
+    Run& r = run_slot(s);
+    if (usable(r)) {
+      base = r.length;
+      cut = r.cut;
+      break;
+    }
+    if (r.length == -2) {  // a cycle of equal sets: endless
+      base = kEndless;
+      break;
+    }
+    if (r.next == kDead) {
+      r.length = 0;
+      base = 0;
+      break;
+    }
+    chain.push_back(s);
+    r.length = -2;
+    if (!bytes_within(r.bytes, run_slot(r.next).bytes)) break;
+    if (chain.size() >= size_t(kRunCap)) {
+      cut = true;
+      break;
+    }
+    s = r.next;
+  }
+  for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
+    base = std::min(kEndless, base + 1);
+    runs_[size_t(*it)]->length = base;
+    runs_[size_t(*it)]->cut = cut && base < kEndless;
+  }
+  return *runs_[size_t(state)];
 }
 
 void Automaton::walk(uint32_t trie_node, int32_t state, std::vector<uint64_t>& bits) {
   const auto& nodes = trie_->nodes();
   const auto& ids = trie_->ids();
   const TokenTrie::Node n = nodes[trie_node];
+  const std::array<int32_t, 256>& table = transitions(state);
+  const Run* r = nullptr;  // found when a subtree is large enough to be worth it
   for (uint32_t c = n.child_begin; c < n.child_end; ++c) {
-    const int32_t to = step(state, nodes[c].byte);
+    const TokenTrie::Node& child = nodes[c];
+    const int32_t to = table[child.byte];
     if (to == kDead) continue;
-    for (uint32_t t = nodes[c].tok_begin; t < nodes[c].tok_end; ++t)
+    if (child.sub_end - child.tok_end >= kRunMinTokens) {
+      if (!r) r = &run(state);
+      if (int64_t(child.height) <= r->length && bytes_within(trie_->subtree_bytes(c), r->bytes)) {
+        for (uint32_t t = child.tok_begin; t < child.sub_end; ++t)
+          bits[size_t(ids[t]) >> 6] |= uint64_t(1) << (ids[t] & 63);
+        continue;
+      }
+    }
+    for (uint32_t t = child.tok_begin; t < child.tok_end; ++t)
       bits[size_t(ids[t]) >> 6] |= uint64_t(1) << (ids[t] & 63);
-    if (nodes[c].child_begin != nodes[c].child_end) walk(c, to, bits);
+    if (child.child_begin != child.child_end) walk(c, to, bits);
   }
 }
 

@@ -43,17 +43,26 @@ class TokenTrie {
   struct Node {
     uint32_t child_begin = 0, child_end = 0;  // into nodes(): its children, by byte
     uint32_t tok_begin = 0, tok_end = 0;      // into ids(): the tokens that end here
+    uint32_t sub_end = 0;                     // ids()[tok_begin, sub_end): every token of the subtree
+    // The most UTF-8 characters on a path from the parent to a token below (a character cut
+    // short at the token's end counts as one); kNotUtf8 when a path is not well-formed UTF-8
+    // read from the parent as a character boundary.
+    uint32_t height = 0;
     uint8_t byte = 0;                         // the edge from the parent
   };
+  static constexpr uint32_t kNotUtf8 = ~0u;
   const std::vector<Node>& nodes() const { return nodes_; }  // [0] is the root
   const std::vector<int32_t>& ids() const { return ids_; }
+  // The bytes on every edge of a node's subtree, the edge from its parent included.
+  const ByteSet& subtree_bytes(uint32_t node) const { return sub_bytes_[node]; }
 
  private:
   void fill(uint32_t node, uint32_t lo, uint32_t hi, size_t depth);
 
   std::vector<std::string> bytes_;
   std::vector<Node> nodes_;
-  std::vector<int32_t> ids_;  // token ids sorted by their bytes
+  std::vector<ByteSet> sub_bytes_;  // per node
+  std::vector<int32_t> ids_;        // token ids sorted by their bytes
 };
 
 // A grammar bound to a vocabulary, with the caches its matchers share. Not thread-safe: the
@@ -66,7 +75,10 @@ class Automaton {
   static constexpr int32_t kDead = -1;
   int32_t initial_state() const { return initial_; }
   // The state after `byte`, or kDead.
-  int32_t step(int32_t state, uint8_t byte);
+  int32_t step(int32_t state, uint8_t byte) { return transitions(state)[byte]; }
+  // Every byte's successor from `state` (kDead where rejected), computed on first use; valid
+  // until the automaton is destroyed.
+  const std::array<int32_t, 256>& transitions(int32_t state);
   // The tokens allowed in `state`: a bitmask over the vocabulary (bit i of word i / 64),
   // valid until the automaton is destroyed.
   const std::vector<uint64_t>& mask(int32_t state);
@@ -91,6 +103,26 @@ class Automaton {
   void expand(uint32_t pos, int32_t parent, std::vector<int32_t>& out, int depth);
   const std::vector<int32_t>& next(int32_t node_id);
   int32_t intern_state(std::vector<int32_t> stacks);
+  // A state's run: `bytes`, the largest set of ASCII bytes that all lead to one state (with
+  // every byte from 0x80 when every well-formed multi-byte character does too), and
+  // `length`, how many characters of that set in a row the state is known to accept whatever
+  // they are, the last one possibly cut short (at least 1 when `bytes` is not empty; kEndless
+  // along a cycle). A trie subtree whose bytes all lie in the set and whose height is at most
+  // the length is accepted whole, without walking it: most of the vocabulary inside a string.
+  struct Run {
+    ByteSet bytes{};
+    int32_t next = kDead;    // the state every byte of the set leads to
+    int32_t length = -1;     // -1: not yet known; -2: being computed
+    bool cut = false;        // the chain was followed no further than kRunCap states
+  };
+  static constexpr int32_t kEndless = 1 << 30;
+  static constexpr int32_t kRunCap = 32;
+  // NOTE: finding a run costs the transitions of a chain of states; it is sought only below a
+  // node with at least this many tokens under its children.
+  static constexpr uint32_t kRunMinTokens = 32;
+  const Run& run(int32_t state);
+  Run& run_slot(int32_t state);  // the run with its bytes found, its length maybe not
+  void find_run_bytes(int32_t state, Run& r);
   void walk(uint32_t trie_node, int32_t state, std::vector<uint64_t>& bits);
 
   Grammar grammar_;
@@ -102,8 +134,9 @@ class Automaton {
   std::vector<uint8_t> next_known_;
   std::vector<std::vector<int32_t>> states_;  // sorted stack ids (kDone first)
   std::unordered_map<std::vector<int32_t>, int32_t, VecHash> state_ids_;
-  std::vector<std::unique_ptr<std::array<int32_t, 256>>> trans_;  // -2: not yet computed
+  std::vector<std::unique_ptr<std::array<int32_t, 256>>> trans_;
   std::vector<std::unique_ptr<std::vector<uint64_t>>> masks_;
+  std::vector<std::unique_ptr<Run>> runs_;
   int32_t initial_ = kDead;
 };
 
@@ -120,6 +153,7 @@ class Matcher {
   bool accept_bytes(std::string_view bytes);
   bool can_end() const { return automaton_->can_end(state_); }
   bool must_end() const { return automaton_->must_end(state_); }
+  bool is_end_token(int32_t id) const { return automaton_->is_end_token(id); }
 
  private:
   std::shared_ptr<Automaton> automaton_;

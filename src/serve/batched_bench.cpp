@@ -6,13 +6,38 @@
 #include "backend/ops.h"
 #include "core/buffer.h"
 #include "core/error.h"
-#include "serve/paged_backend.h"
 #include "engine/sampler.h"
+#include "grammar/matcher.h"
+#include "serve/mask_worker.h"
+#include "serve/paged_backend.h"
 
 namespace osprey {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// The allowed token of highest logit that is not an end token (the lowest id on ties); -1 when
+// none is allowed.
+int32_t masked_argmax(std::span<const float> logits, const grammar::Matcher& m, std::span<const uint64_t> mask) {
+  int32_t best = -1;
+  for (int32_t id = 0; id < int32_t(logits.size()); ++id)
+    if (grammar::mask_allows(mask, id) && !m.is_end_token(id) && (best < 0 || logits[size_t(id)] > logits[size_t(best)]))
+      best = id;
+  return best;
+}
+
+// The token `m` takes next from `logits`; a complete grammar (nothing but an end token allowed)
+// starts again.
+int32_t choose_constrained(std::span<const float> logits, grammar::Matcher& m, const std::shared_ptr<grammar::Automaton>& a) {
+  int32_t t = masked_argmax(logits, m, m.mask());
+  if (t < 0) {
+    m = grammar::Matcher(a);
+    t = masked_argmax(logits, m, m.mask());
+    if (t < 0) throw InvalidInput("batched bench: the grammar allows no token of the vocabulary at its start");
+  }
+  if (!m.accept(t)) throw Error("batched bench: the grammar refused a token its mask allowed");
+  return t;
+}
 
 BatchedBenchResult run_one(Model& model, const BatchedBenchParams& p, int batch, std::mt19937_64& rng) {
   const ModelInfo& info = model.info();
@@ -42,6 +67,16 @@ BatchedBenchResult run_one(Model& model, const BatchedBenchParams& p, int batch,
     for (auto& t : pr) t = token(rng);
   }
 
+  const bool constrained = p.grammar != nullptr;
+  std::shared_ptr<grammar::Automaton> automaton;
+  std::vector<grammar::Matcher> matchers;
+  if (constrained) {
+    if (!p.trie || p.trie->vocab_size() > info.vocab_size)
+      throw InvalidInput("batched bench: the grammar's vocabulary is missing or larger than the model's");
+    automaton = std::make_shared<grammar::Automaton>(*p.grammar, p.trie, p.end_ids);
+    matchers.assign(nb, grammar::Matcher(automaton));
+  }
+  MaskWorker worker;
   std::vector<SequenceBackend::DecodeInput> inputs(nb);
   std::vector<float> logits;
   const auto t0 = Clock::now();
@@ -49,17 +84,35 @@ BatchedBenchResult run_one(Model& model, const BatchedBenchParams& p, int batch,
     auto begun = backend.begin(prompts[size_t(i)], "");
     if (!begun) throw InvalidInput("batched bench: the KV pool cannot hold " + std::to_string(batch) + " sequences");
     backend.prefill(begun->handle, prompts[size_t(i)], true, logits);
-    inputs[size_t(i)] = {begun->handle, argmax(logits), true};
+    if (constrained) {
+      logits.resize(size_t(p.trie->vocab_size()));  // tokens past the tokenizer's vocabulary are never chosen
+      inputs[size_t(i)] = {begun->handle, choose_constrained(logits, matchers[size_t(i)], automaton), false};
+    } else {
+      inputs[size_t(i)] = {begun->handle, argmax(logits), true};
+    }
   }
   ops::synchronize(info.device);
   const auto t1 = Clock::now();
   std::vector<SequenceBackend::DecodeOutput> outputs;
+  std::vector<grammar::Matcher*> batch_matchers;
+  for (grammar::Matcher& m : matchers) batch_matchers.push_back(&m);
   for (int64_t step = 0; step < p.n_gen; ++step) {
-    backend.decode(inputs, outputs);
+    if (constrained) worker.start(batch_matchers);
+    try {
+      backend.decode(inputs, outputs);
+    } catch (...) {
+      if (constrained) worker.wait();
+      throw;
+    }
+    if (constrained) worker.wait();
     for (size_t i = 0; i < inputs.size(); ++i) {
       const auto& out = outputs[i];
       if (!out.error.empty()) throw InvalidInput("batched bench: " + out.error);
-      inputs[i].token = out.token >= 0 ? out.token : argmax(out.logits);
+      if (constrained)
+        inputs[i].token = choose_constrained(std::span<const float>(out.logits).first(size_t(p.trie->vocab_size())),
+                                             matchers[i], automaton);
+      else
+        inputs[i].token = out.token >= 0 ? out.token : argmax(out.logits);
     }
   }
   ops::synchronize(info.device);

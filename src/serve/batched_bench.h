@@ -6,9 +6,15 @@
 // so no prefix is shared.
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "model/model.h"
+
+namespace osprey::grammar {
+struct Grammar;
+class TokenTrie;
+}
 
 namespace osprey {
 
@@ -21,6 +27,15 @@ struct BatchedBenchParams {
   bool graphs = true;       // PagedBackendOptions::graphs
   int64_t split_keys = 0;   // PagedBackendOptions::split_keys
   bool inplace = true;      // PagedBackendOptions::inplace
+  // When set, every sequence is constrained by `grammar` over `trie` (the model's vocabulary):
+  // each token is the allowed non-end token of highest logit, the step's masks are computed
+  // by a mask worker while the backend runs the step (as the scheduler does), and a sequence
+  // whose grammar is complete starts it again, so every sequence decodes all n_gen steps.
+  // One automaton per batch size, shared by its sequences: its first document meets every
+  // state cold.
+  std::shared_ptr<const grammar::Grammar> grammar;
+  std::shared_ptr<const grammar::TokenTrie> trie;
+  std::vector<int32_t> end_ids;  // the vocabulary's end tokens, never chosen
 };
 
 struct BatchedBenchResult {

@@ -159,6 +159,7 @@ void Scheduler::stop() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  mask_worker_.stop();
 }
 
 std::string Scheduler::device_lost() const {
@@ -478,22 +479,17 @@ void Scheduler::step() {
   if (!inputs.empty()) {
     std::vector<SequenceBackend::DecodeOutput> outputs;
     const auto t0 = Clock::now();
-    // The token masks of the constrained sequences depend only on the tokens so far: one
-    // task computes them (into their automata's caches) while the backend runs the step, and
-    // is joined before anything else touches a matcher. A mask that fails here fails again,
-    // with its sequence, in emit().
+    // The token masks of the constrained sequences depend only on the tokens so far: the mask
+    // worker computes them (into their automata's caches) while the backend runs the step, and
+    // is waited for before anything else touches a matcher. A mask that fails there fails
+    // again, with its sequence, in emit().
     std::vector<grammar::Matcher*> constrained;
     for (Sequence* s : decoding)
       if (s->matcher) constrained.push_back(&*s->matcher);
-    std::future<void> masks;
-    if (!constrained.empty())
-      masks = std::async(std::launch::async, [&constrained] {
-        for (grammar::Matcher* m : constrained) m->mask();
-      });
-    auto join_masks = [&masks] {
-      if (!masks.valid()) return;
+    if (!constrained.empty()) mask_worker_.start(std::move(constrained));
+    auto join_masks = [this] {
       try {
-        masks.get();
+        mask_worker_.wait();
       } catch (const std::exception&) {
       }
     };

@@ -30,6 +30,7 @@
 
 #include "engine/sampler.h"
 #include "kv/kv_cache.h"
+#include "serve/mask_worker.h"
 
 namespace osprey {
 
@@ -268,6 +269,7 @@ class Scheduler {
   bool note_device_lost(const std::exception& e);
   std::vector<std::unique_ptr<Sequence>> running_;          // engine thread only
   SchedulerStats stats_;                                    // guarded by mu_ (engine writes)
+  MaskWorker mask_worker_;                                  // driven by the engine thread
   std::thread thread_;
 };
 

