@@ -42,7 +42,7 @@ int run_convert_gguf(const ConvertOptions& o) {
     throw UsageError("--q-bits, --q-group-size and --dtype do not apply to --to gguf (use --outtype)");
   const std::string name = o.outtype.empty() ? "f16" : o.outtype;
   const auto type = parse_gguf_outtype(name);
-  if (!type) throw UsageError("--outtype: \"" + name + "\" is not supported (f16, q8_0, q4_0 or q4_k)");
+  if (!type) throw UsageError("--outtype: \"" + name + "\" is not supported (f16, bf16, q8_0, q4_0 or q4_k)");
   const fs::path src = o.model, dst = o.output;
   std::error_code ec;
   if (!fs::is_directory(src, ec)) throw IoError("-m " + src.string() + ": model folder does not exist");
@@ -132,7 +132,7 @@ Command add_convert(CLI::App& app) {
                  "float16 or bfloat16: scales, biases and unquantized tensors (default: the source's 16-bit "
                  "type; bfloat16 for a float32 source)");
   app.add_option("--outtype", o->outtype,
-                 "gguf only: f16 (default), q8_0, q4_0 or q4_k (ggml's reference quantizers; norms stay F32)");
+                 "gguf only: f16 (default), bf16, q8_0, q4_0 or q4_k (ggml's reference quantizers; norms stay F32)");
   app.add_option("--max-shard-mib", o->shard_mib, "Largest output file in MiB (default 5120)");
   add_threads_option(app, o->threads);
   return [o] { return run_convert(*o); };

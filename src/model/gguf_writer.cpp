@@ -91,6 +91,7 @@ float make_qkx2_quants(int n, int nmax, const float* x, const float* weights, ui
 
 std::optional<GgufOutType> parse_gguf_outtype(std::string_view name) {
   if (name == "f16") return GgufOutType::f16;
+  if (name == "bf16") return GgufOutType::bf16;
   if (name == "q8_0") return GgufOutType::q8_0;
   if (name == "q4_0") return GgufOutType::q4_0;
   if (name == "q4_k") return GgufOutType::q4_k;
@@ -293,6 +294,7 @@ GgufType matrix_type(GgufOutType t, const std::string& name, int64_t cols) {
   const bool embd_or_output = name == "token_embd.weight" || name == "output.weight";
   switch (t) {
     case GgufOutType::f16: return GgufType::F16;
+    case GgufOutType::bf16: return GgufType::BF16;
     case GgufOutType::q8_0: return cols % 32 == 0 ? GgufType::Q8_0 : GgufType::F16;
     case GgufOutType::q4_0: return cols % 32 == 0 && !embd_or_output ? GgufType::Q4_0 : GgufType::F16;
     case GgufOutType::q4_k:
@@ -315,6 +317,12 @@ std::vector<uint8_t> encode(const Array& w, GgufType type) {
       const uint16_t h = f32_to_f16(x[i]);
       std::memcpy(out.data() + 2 * i, &h, 2);
     }
+  } else if (type == GgufType::BF16) {
+    out.resize(size_t(n) * 2);
+    for (int64_t i = 0; i < n; ++i) {
+      const uint16_t h = f32_to_bf16(x[i]);
+      std::memcpy(out.data() + 2 * i, &h, 2);
+    }
   } else {
     const GgufBlock b = *gguf_block(uint32_t(type));
     out.resize(size_t(n / b.elements * b.bytes));
@@ -328,6 +336,7 @@ std::vector<uint8_t> encode(const Array& w, GgufType type) {
 uint32_t file_type(GgufOutType t) {
   switch (t) {
     case GgufOutType::f16: return 1;   // MOSTLY_F16
+    case GgufOutType::bf16: return 32; // MOSTLY_BF16
     case GgufOutType::q8_0: return 7;  // MOSTLY_Q8_0
     case GgufOutType::q4_0: return 2;  // MOSTLY_Q4_0
     case GgufOutType::q4_k: return 15; // MOSTLY_Q4_K_M
@@ -481,7 +490,7 @@ GgufConvertSummary convert_to_gguf(const fs::path& src, const fs::path& dst, Ggu
       }
     } else if (w.shape().n == 2) {
       t.type = matrix_type(type, g, w.shape()[1]);
-      if (t.type != GgufType::F16) ++s.n_quantized;
+      if (t.type != GgufType::F16 && t.type != GgufType::BF16) ++s.n_quantized;
     } else {
       throw Unsupported(src.string() + ": tensor " + hf + " has " + std::to_string(w.shape().n) +
                         " dimensions (1 or 2 are written)");

@@ -18,9 +18,9 @@
 
 namespace osprey {
 
-enum class GgufOutType { f16, q8_0, q4_0, q4_k };
+enum class GgufOutType { f16, bf16, q8_0, q4_0, q4_k };
 
-// nullopt for a name that is not one of f16, q8_0, q4_0, q4_k.
+// nullopt for a name that is not one of f16, bf16, q8_0, q4_0, q4_k.
 std::optional<GgufOutType> parse_gguf_outtype(std::string_view name);
 
 // ggml's reference quantizers (quantize_row_*_ref in ggml-quants.c), for n values (a whole
