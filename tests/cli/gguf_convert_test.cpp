@@ -7,6 +7,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "core/mapped_file.h"
 #include "model/gguf.h"
 #include "support/test_util.h"
 
