@@ -528,6 +528,8 @@ GgufConvertSummary convert_to_gguf(const fs::path& src, const fs::path& dst, Ggu
   }
   f.close();
   if (!f) throw IoError(dst.string() + ": write failed");
+  std::error_code ec;
+  s.tokenizer_left_out = fs::exists(src / "tokenizer.json", ec);
   s.n_tensors = out.size();
   s.bytes = size_t(head.bytes.size() + offset);
   return s;
