@@ -182,6 +182,14 @@ class GgufKv {
   void f32(const std::string& k, double v) { head(k, GgufValueType::f32), put<float>(float(v)); }
   void boolean(const std::string& k, bool v) { head(k, GgufValueType::boolean), put<uint8_t>(v ? 1 : 0); }
   void str(const std::string& k, const std::string& v) { head(k, GgufValueType::string), string(v); }
+  void strings(const std::string& k, const std::vector<std::string>& v) {
+    head(k, GgufValueType::array), put<uint32_t>(uint32_t(GgufValueType::string)), put<uint64_t>(v.size());
+    for (const std::string& x : v) string(x);
+  }
+  void i32s(const std::string& k, const std::vector<int32_t>& v) {
+    head(k, GgufValueType::array), put<uint32_t>(uint32_t(GgufValueType::i32)), put<uint64_t>(v.size());
+    for (int32_t x : v) put<int32_t>(x);
+  }
   void bools(const std::string& k, const std::vector<bool>& v) {
     head(k, GgufValueType::array), put<uint32_t>(uint32_t(GgufValueType::boolean)), put<uint64_t>(v.size());
     for (bool b : v) put<uint8_t>(b ? 1 : 0);
@@ -431,6 +439,51 @@ void write_specials(GgufKv& kv, const fs::path& src, const ConfigReader& c) {
     kv.str("tokenizer.chat_template", t.get_string("chat_template"));
 }
 
+// The pre-tokenizer name llama.cpp gives each family's byte-level BPE (tokenizer.ggml.pre).
+const char* bpe_pre(const std::string& model_type) {
+  if (model_type == "llama" || model_type == "mistral") return "llama-bpe";
+  if (model_type == "qwen2" || model_type == "qwen3") return "qwen2";
+  if (model_type == "cohere2") return "command-r";
+  return nullptr;
+}
+
+// A byte-level BPE tokenizer.json as convert_hf_to_gguf.py writes it (tokenizer.ggml.model
+// gpt2): tokens by id, token types (special added tokens control, other added tokens
+// user-defined, ids no token holds unused), merges. False when the tokenizer is of another
+// kind (Gemma's SentencePiece pieces, whose scores come from tokenizer.model).
+bool write_bpe_vocab(GgufKv& kv, const fs::path& src, const std::string& model_type) {
+  const fs::path path = src / "tokenizer.json";
+  std::error_code ec;
+  const char* pre = bpe_pre(model_type);
+  if (!pre || !fs::exists(path, ec)) return false;
+  const json tj = ConfigReader::load(path).json();
+  const json& m = tj.at("model");
+  if (m.value("type", std::string()) != "BPE" || !m.contains("vocab") || !m.contains("merges"))
+    throw Unsupported(path.string() + ": model.type is not a byte-level BPE with vocab and merges");
+  std::map<int64_t, std::pair<std::string, int32_t>> by_id;
+  for (const auto& [text, id] : m.at("vocab").items()) by_id[id.get<int64_t>()] = {text, 1};
+  for (const auto& a : tj.value("added_tokens", json::array()))
+    by_id[a.at("id").get<int64_t>()] = {a.at("content").get<std::string>(), a.value("special", false) ? 3 : 4};
+  if (by_id.empty() || by_id.begin()->first < 0) throw InvalidInput(path.string() + ": no tokens, or a negative id");
+  const int64_t n = by_id.rbegin()->first + 1;
+  std::vector<std::string> tokens;
+  std::vector<int32_t> types;
+  for (int64_t i = 0; i < n; ++i) {
+    auto it = by_id.find(i);
+    tokens.push_back(it == by_id.end() ? "[PAD" + std::to_string(i) + "]" : it->second.first);
+    types.push_back(it == by_id.end() ? 5 : it->second.second);
+  }
+  std::vector<std::string> merges;
+  for (const auto& x : m.at("merges"))
+    merges.push_back(x.is_string() ? x.get<std::string>() : x.at(0).get<std::string>() + " " + x.at(1).get<std::string>());
+  kv.str("tokenizer.ggml.model", "gpt2");
+  kv.str("tokenizer.ggml.pre", pre);
+  kv.strings("tokenizer.ggml.tokens", tokens);
+  kv.i32s("tokenizer.ggml.token_type", types);
+  kv.strings("tokenizer.ggml.merges", merges);
+  return true;
+}
+
 void write_all(std::ofstream& f, const void* p, size_t n, const fs::path& dst) {
   f.write(static_cast<const char*>(p), std::streamsize(n));
   if (!f) throw IoError(dst.string() + ": write failed");
@@ -457,6 +510,7 @@ GgufConvertSummary convert_to_gguf(const fs::path& src, const fs::path& dst, Ggu
   std::vector<float> rope_freqs;
   write_hparams(kv, config, a, type, src.filename().string(), rope_freqs);
   write_specials(kv, src, config);
+  const bool vocab = write_bpe_vocab(kv, src, model_type);
 
   // Tensor table first (names, types, shapes, offsets), so every tensor is encoded up front:
   // the checkpoints this writes fit in memory as their output does.
@@ -529,7 +583,7 @@ GgufConvertSummary convert_to_gguf(const fs::path& src, const fs::path& dst, Ggu
   f.close();
   if (!f) throw IoError(dst.string() + ": write failed");
   std::error_code ec;
-  s.tokenizer_left_out = fs::exists(src / "tokenizer.json", ec);
+  s.tokenizer_left_out = !vocab && fs::exists(src / "tokenizer.json", ec);
   s.n_tensors = out.size();
   s.bytes = size_t(head.bytes.size() + offset);
   return s;
