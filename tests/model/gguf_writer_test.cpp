@@ -39,14 +39,15 @@ std::vector<float> round_trip(GgufType t, const std::vector<float>& x) {
 
 }  // namespace
 
-// Each value within half a step of its block's grid (Q8_0: d = max|x| / 127).
+// Each value within half a step of its block's grid (Q8_0: d = max|x| / 127), plus the
+// rounding of d to float16 (up to 2^-11 of d, times a code of up to 127).
 TEST(GgufWriter, Q8_0ErrorIsWithinHalfAStep) {
   const auto x = gaussian(4096, 1);
   const auto y = round_trip(GgufType::Q8_0, x);
   for (size_t b = 0; b < x.size(); b += 32) {
     float amax = 0;
     for (size_t j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[b + j]));
-    for (size_t j = 0; j < 32; ++j) EXPECT_LE(std::fabs(x[b + j] - y[b + j]), amax / 127 * 0.502f) << b + j;
+    for (size_t j = 0; j < 32; ++j) EXPECT_LE(std::fabs(x[b + j] - y[b + j]), amax / 127 * 0.565f) << b + j;
   }
 }
 
