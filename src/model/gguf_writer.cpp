@@ -227,10 +227,6 @@ std::string supported_families() {
   return s;
 }
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 // llama.cpp's name of a Hugging Face tensor; empty for one it does not store.
 std::string gguf_tensor_name(const std::string& name, bool sandwich) {
   if (name == "model.embed_tokens.weight") return "token_embd.weight";
@@ -527,17 +523,17 @@ GgufConvertSummary convert_to_gguf(const fs::path& src, const fs::path& dst, Ggu
   size_t done = 0;
   GgufConvertSummary s;
   for (const std::string& hf : st.names()) {
-    if (ends_with(hf, "rotary_emb.inv_freq")) continue;
+    if (hf.ends_with("rotary_emb.inv_freq")) continue;
     const std::string g = gguf_tensor_name(hf, gemma);
     if (g.empty())
       throw Unsupported(src.string() + ": tensor " + hf + " has no llama.cpp name for architecture " + a);
     Array w = ops::cast(st.get(hf), DType::f32);
     if (!is_float(st.info(hf).dtype)) throw InvalidInput(src.string() + ": tensor " + hf + " is not a float tensor");
-    if (llama && ends_with(g, "attn_q.weight")) w = permute_rows(w, n_head);
-    if (llama && ends_with(g, "attn_k.weight")) w = permute_rows(w, n_kv);
+    if (llama && g.ends_with("attn_q.weight")) w = permute_rows(w, n_head);
+    if (llama && g.ends_with("attn_k.weight")) w = permute_rows(w, n_kv);
     OutTensor t{hf, g, GgufType::F32, w.shape(), {}};
     if (w.shape().n == 1) {
-      if (gemma && ends_with(hf, "norm.weight")) {
+      if (gemma && hf.ends_with("norm.weight")) {
         Array c = Array::empty(w.shape(), DType::f32);
         for (int64_t i = 0; i < w.numel(); ++i) c.data<float>()[i] = w.data<float>()[i] + 1.0f;
         w = c;
