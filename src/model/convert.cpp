@@ -23,6 +23,8 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 }
 
 
+}  // namespace
+
 void check_not_quantized(const fs::path& src, const ConfigReader& config, const SafeTensors& st) {
   for (const char* key : {"quantization", "quantization_config"})
     if (config.has(key))
@@ -33,6 +35,8 @@ void check_not_quantized(const fs::path& src, const ConfigReader& config, const 
       throw InvalidInput(src.string() + ": tensor " + name +
                          " is already quantized; convert takes a float16, bfloat16 or float32 checkpoint");
 }
+
+namespace {
 
 void write_json(const fs::path& path, const nlohmann::json& j) {
   std::ofstream out(path, std::ios::trunc);

@@ -71,6 +71,9 @@ struct ConvertSummary {
   DType dtype = DType::bf16;
 };
 
+// Throws InvalidInput when the checkpoint in `src` (its config and tensors) is already quantized.
+void check_not_quantized(const std::filesystem::path& src, const ConfigReader& config, const SafeTensors& st);
+
 // Converts the checkpoint in `src` into the existing, empty folder `dst` (safetensors,
 // config.json, and the tokenizer and generation files copied). Throws InvalidInput for an
 // already quantized source; IoError when a file cannot be read or written. On an error,
