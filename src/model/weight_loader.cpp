@@ -185,6 +185,18 @@ LinearWeight WeightLoader::linear(const std::string& prefix, int64_t out, int64_
   return lw;
 }
 
+LinearWeight WeightLoader::table(const std::string& prefix, int64_t out, int64_t in) {
+  keep_fp8_ = false;
+  try {
+    LinearWeight lw = linear(prefix, out, in);
+    keep_fp8_ = true;
+    return lw;
+  } catch (...) {
+    keep_fp8_ = true;
+    throw;
+  }
+}
+
 LinearWeight WeightLoader::hub_linear(const std::string& prefix, int64_t out, int64_t in, std::optional<DType> dtype,
                                       const WeightSlice& slice) {
   const HubQuant& hq = quant_.hub;
@@ -231,7 +243,7 @@ LinearWeight WeightLoader::hub_linear(const std::string& prefix, int64_t out, in
                        hq.name + "\"");
   // Static activation scales (W8A8 checkpoints): the weights run against unquantized activations.
   if (weights_.contains(prefix + ".input_scale")) read_.insert(prefix + ".input_scale");
-  if (!options_.device.is_cpu()) {
+  if (!options_.device.is_cpu() && keep_fp8_) {
     if (std::optional<LoadedFp8> f = load_fp8(weights_, hq, prefix, out, in)) {
       read_.insert(f->tensors.begin(), f->tensors.end());
       const int64_t groups = f->m.scales.dim(1), group = in / groups;
