@@ -171,7 +171,7 @@ void linear_fp8_gemm(const float* x, int64_t n, const Fp8Args& w, const float* b
 }
 
 void linear_fp8(const float* x, int64_t n, const Fp8Args& w, const float* bias, float* y, cudaStream_t s) {
-  if (n <= kGemvMaxRows && linear_fp8_gemv_takes(x, w))
+  if (n <= kFp8GemvMaxRows && linear_fp8_gemv_takes(x, w))
     linear_fp8_gemv(x, n, w, bias, y, s);
   else
     linear_fp8_gemm(x, n, w, bias, y, s);

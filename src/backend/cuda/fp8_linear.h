@@ -11,8 +11,14 @@
 
 namespace osprey::cuda {
 
+// Rows of x up to which linear_fp8 takes the GEMV (when it takes the shape).
+// NOTE: the GEMV reads the codes once per 8 rows (1 byte a weight each time); the cuBLAS path
+// reads them once, writes and reads bf16 (5 bytes a weight): the GEMV costs fewer bytes up to
+// 32 rows. Not yet measured on the GPU (scripts/bench_fp8.sh).
+constexpr int64_t kFp8GemvMaxRows = 32;
+
 // y[n, out] = x[n, in] * w^T + bias (bias may be nullptr); x, y f32 contiguous.
-// n <= kGemvMaxRows (kernels.h) and linear_fp8_gemv_takes(x, w): linear_fp8_gemv. Otherwise
+// n <= kFp8GemvMaxRows and linear_fp8_gemv_takes(x, w): linear_fp8_gemv. Otherwise
 // linear_fp8_gemm.
 void linear_fp8(const float* x, int64_t n, const Fp8Args& w, const float* bias, float* y, cudaStream_t s);
 
