@@ -32,9 +32,9 @@ struct QuantizedMatrix {
 
 // FP8 e4m3 weights kept as loaded (CUDA; the CPU dequantizes FP8 checkpoints at load):
 // w[o, i] = e4m3(codes[o, i]) * scales[o, i / (in / n_groups)]. A checkpoint's per-tensor,
-// per-row and 128x128-block scales all take this form (model/hub_quant.h's fp8_matrix): one
-// group per row for the first two, in / 128 groups (each row repeating its block's scale) for
-// blocks.
+// per-row and 128x128-block scales all take this form (model/hub_quant.h's load_fp8): one
+// group per row for the first two, groups of gcd(in, 128) inputs (each row repeating its
+// block's scale) for blocks.
 struct Fp8Matrix {
   Array codes;   // [out, in] u8 (float8_e4m3fn bytes)
   Array scales;  // [out, n_groups] f32, n_groups divides in

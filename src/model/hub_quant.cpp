@@ -389,11 +389,10 @@ DequantizedFp8 dequantize_fp8(const SafeTensors& st, const HubQuant& hq, const s
   return r;
 }
 
-std::optional<LoadedFp8> load_fp8(const SafeTensors& st, const HubQuant& hq, const std::string& prefix, int64_t out,
-                                  int64_t in) {
+LoadedFp8 load_fp8(const SafeTensors& st, const HubQuant& hq, const std::string& prefix, int64_t out, int64_t in) {
   const Fp8Source f = read_fp8(st, hq, prefix, out, in);
-  if (f.kind == Fp8Source::block && in % hq.block_cols != 0) return std::nullopt;
-  const int64_t groups = f.kind == Fp8Source::block ? in / hq.block_cols : 1;
+  // Block scales: groups of gcd(in, block_cols) inputs, each inside one block.
+  const int64_t groups = f.kind == Fp8Source::block ? in / std::gcd(in, hq.block_cols) : 1;
   LoadedFp8 r;
   r.m.codes = Array::empty({out, in}, DType::u8);
   std::memcpy(r.m.codes.raw(), f.w.raw(), size_t(out * in));

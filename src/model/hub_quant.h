@@ -67,16 +67,15 @@ DequantizedFp8 dequantize_fp8(const SafeTensors& st, const HubQuant& hq, const s
                               int64_t in, DType to);
 
 // The same layer kept as FP8 (backend/quant.h's Fp8Matrix, on the CPU): the codes as read and
-// the scales as f32 [out, groups] (one group per row for per-tensor and per-row scales, in /
-// block_cols for block scales). nullopt for block scales whose block_cols does not divide in.
+// the scales as f32 [out, groups] (one group per row for per-tensor and per-row scales; for
+// block scales, groups of gcd(in, block_cols) inputs, each taking its block's scale).
 // Errors as dequantize_fp8's.
 struct LoadedFp8 {
   Fp8Matrix m;
   std::vector<std::string> tensors;
   size_t source_bytes = 0;
 };
-std::optional<LoadedFp8> load_fp8(const SafeTensors& st, const HubQuant& hq, const std::string& prefix, int64_t out,
-                                  int64_t in);
+LoadedFp8 load_fp8(const SafeTensors& st, const HubQuant& hq, const std::string& prefix, int64_t out, int64_t in);
 
 // float8_e4m3fn -> float (NaN for the two NaN codes).
 float e4m3_to_float(uint8_t v);

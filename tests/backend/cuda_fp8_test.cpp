@@ -79,10 +79,8 @@ struct Fp8Case {
 
 TEST(CudaFp8, CpuRefusesFp8WeightsByName) {
   const Fp8Case c(Layout::channel, 16, 32, 9);
-  const std::optional<LoadedFp8> f = load_fp8(c.open(), c.hq, "l", c.out, c.in);
-  ASSERT_TRUE(f);
   LinearWeight lw;
-  lw.fp8 = f->m;
+  lw.fp8 = load_fp8(c.open(), c.hq, "l", c.out, c.in).m;
   try {
     ops::linear(Array::zeros({1, 32}, DType::f32), lw);
     FAIL() << "the CPU ran an FP8 linear";
@@ -91,9 +89,21 @@ TEST(CudaFp8, CpuRefusesFp8WeightsByName) {
   }
 }
 
-TEST(CudaFp8, BlockScalesNotDividingTheInputsAreNotKeptAsFp8) {
-  const Fp8Case c(Layout::block, 64, 200, 8);
-  EXPECT_FALSE(load_fp8(c.open(), c.hq, "l", c.out, c.in).has_value());
+// Blocks that do not divide the inputs: groups of gcd(in, 128) inputs, each taking its
+// block's scale (checked here against the raw scales, element by element).
+TEST(CudaFp8, BlockScalesNotDividingTheInputsBecomeSmallerGroups) {
+  for (int64_t in : {200, 160, 64}) {
+    const Fp8Case c(Layout::block, 130, in, 8);
+    const LoadedFp8 f = load_fp8(c.open(), c.hq, "l", c.out, c.in);
+    const int64_t groups = f.m.scales.dim(1);
+    ASSERT_EQ(groups, in == 200 ? 25 : in == 160 ? 5 : 1) << in;
+    const int64_t bcols = (in + kBlock - 1) / kBlock;
+    for (int64_t r = 0; r < c.out; ++r)
+      for (int64_t k = 0; k < in; ++k)
+        ASSERT_EQ(f.m.scales.data<float>()[r * groups + k / (in / groups)],
+                  c.raw_scales[size_t((r / kBlock) * bcols + k / kBlock)])
+            << "in " << in << " [" << r << ", " << k << "]";
+  }
 }
 
 #ifdef OSPREY_WITH_CUDA
@@ -125,18 +135,17 @@ std::vector<float> to_host(const Array& a) {
 // with a remainder of one, and past kFp8GemvMaxRows).
 void check_case(const Fp8Case& c) {
   const SafeTensors st = c.open();
-  const std::optional<LoadedFp8> loaded = load_fp8(st, c.hq, "l", c.out, c.in);
-  ASSERT_TRUE(loaded) << c.label();
+  const LoadedFp8 loaded = load_fp8(st, c.hq, "l", c.out, c.in);
   LinearWeight lw;
-  lw.fp8.codes = ops::to_device(loaded->m.codes, Device::cuda());
-  lw.fp8.scales = ops::to_device(loaded->m.scales, Device::cuda());
+  lw.fp8.codes = ops::to_device(loaded.m.codes, Device::cuda());
+  lw.fp8.scales = ops::to_device(loaded.m.scales, Device::cuda());
   const Array dense = dequantize_fp8(st, c.hq, "l", c.out, c.in, DType::bf16).w;  // the CPU's bf16 weights
   std::mt19937 rng(7);
   const int64_t max_n = 512;
   const std::vector<float> x = testing::random_floats(size_t(max_n * c.in), rng);
   const std::vector<float> bias = testing::random_floats(size_t(c.out), rng);
   const Array bias_cpu = host_array(bias, {c.out}), bias_gpu = ops::to_device(bias_cpu, Device::cuda());
-  const bool gemv = c.in % 16 == 0 && (c.in / loaded->m.scales.dim(1)) % 16 == 0;
+  const bool gemv = c.in % 16 == 0 && (c.in / loaded.m.scales.dim(1)) % 16 == 0;
   Fp8Args a;
   a.codes = lw.fp8.codes.data<uint8_t>();
   a.scales = lw.fp8.scales.data<float>();
@@ -188,6 +197,8 @@ TEST(CudaFp8, BlockScalesMatchTheDequantizedLinear) {
   OSPREY_SKIP_WITHOUT_CUDA();
   check_case(Fp8Case(Layout::block, 300, 384, 4));  // a partial block of rows
   check_case(Fp8Case(Layout::block, 129, 1024, 5));
+  check_case(Fp8Case(Layout::block, 130, 160, 10));  // groups of 32 inputs (gcd with 128)
+  check_case(Fp8Case(Layout::block, 130, 200, 11));  // groups of 8: the cuBLAS path
 }
 
 TEST(CudaFp8, InputsNotAMultipleOf16TakeTheGemmPath) {
