@@ -30,19 +30,40 @@ struct QuantizedMatrix {
   size_t nbytes() const { return packed.nbytes() + scales.nbytes() + biases.nbytes(); }
 };
 
-// A linear layer's weight: dense [out, in] (f32 | f16 | bf16) or quantized. `in_perm`, when
+// FP8 e4m3 weights kept as loaded (CUDA; the CPU dequantizes FP8 checkpoints at load):
+// w[o, i] = e4m3(codes[o, i]) * scales[o, i / (in / n_groups)]. A checkpoint's per-tensor,
+// per-row and 128x128-block scales all take this form (model/hub_quant.h's load_fp8): one
+// group per row for the first two, groups of gcd(in, 128) inputs (each row repeating its
+// block's scale) for blocks.
+struct Fp8Matrix {
+  Array codes;   // [out, in] u8 (float8_e4m3fn bytes)
+  Array scales;  // [out, n_groups] f32, n_groups divides in
+
+  bool defined() const { return codes.defined(); }
+  int64_t out_features() const { return codes.dim(0); }
+  int64_t in_features() const { return codes.dim(1); }
+  Device device() const { return codes.device(); }
+  size_t nbytes() const { return codes.nbytes() + scales.nbytes(); }
+};
+
+// A linear layer's weight: dense [out, in] (f32 | f16 | bf16), MLX-quantized or FP8. `in_perm`, when
 // defined (i32 [in], on the weight's device): the weight's input j is the layer's input
 // in_perm[j], and linear() gathers x by it first (GPTQ's desc_act, model/hub_quant.h).
 struct LinearWeight {
   Array dense;
   QuantizedMatrix quant;
+  Fp8Matrix fp8;
   Array in_perm;
 
   bool quantized() const { return quant.defined(); }
-  bool defined() const { return dense.defined() || quant.defined(); }
-  int64_t out_features() const { return quantized() ? quant.out_features() : dense.dim(0); }
-  int64_t in_features() const { return quantized() ? quant.in_features() : dense.dim(1); }
-  size_t nbytes() const { return quantized() ? quant.nbytes() : dense.nbytes(); }
+  bool defined() const { return dense.defined() || quant.defined() || fp8.defined(); }
+  int64_t out_features() const {
+    return quantized() ? quant.out_features() : fp8.defined() ? fp8.out_features() : dense.dim(0);
+  }
+  int64_t in_features() const {
+    return quantized() ? quant.in_features() : fp8.defined() ? fp8.in_features() : dense.dim(1);
+  }
+  size_t nbytes() const { return quantized() ? quant.nbytes() : fp8.defined() ? fp8.nbytes() : dense.nbytes(); }
 };
 
 // Bits supported by the quantizer, the loader and the kernels.
@@ -54,7 +75,10 @@ namespace ops {
 // x [n, in] f32, w quantized [out, in], bias [out] f32 or undefined -> [n, out] f32.
 // Accumulates in f32 over the dequantized weights (scale * q + bias computed in f32).
 Array linear(const Array& x, const QuantizedMatrix& w, const Array& bias = {});
-// Dispatches to the dense or the quantized linear.
+// x [n, in] f32, w FP8 [out, in] on a CUDA device, bias [out] f32 or undefined -> [n, out] f32
+// (backend/cuda/fp8_linear.h). Unsupported on the CPU, which dequantizes FP8 at load.
+Array linear(const Array& x, const Fp8Matrix& w, const Array& bias = {});
+// Dispatches to the dense, the quantized or the FP8 linear.
 Array linear(const Array& x, const LinearWeight& w, const Array& bias = {});
 
 // table quantized [vocab, d], ids [n] i32 -> [n, d] f32 (dequantized rows, times `scale`).

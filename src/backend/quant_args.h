@@ -22,4 +22,12 @@ struct QuantArgs {
   const void* tiles = nullptr;
 };
 
+// One FP8 [out, in] matrix (backend/quant.h's Fp8Matrix) as device pointers.
+struct Fp8Args {
+  const uint8_t* codes = nullptr;  // [out, in] float8_e4m3fn
+  const float* scales = nullptr;   // [out, n_groups]
+  int64_t out = 0, in = 0;
+  int64_t n_groups = 1;            // divides in
+};
+
 }  // namespace osprey

@@ -94,6 +94,35 @@ Array linear(const Array& x, const QuantizedMatrix& w, const Array& bias) {
   return y;
 }
 
+Array linear(const Array& x, const Fp8Matrix& w, const Array& bias) {
+  const bool gpu = on_cuda("linear", {&x, &w.codes, &w.scales, &bias});
+  const std::string what = "FP8 codes " + osprey::describe(w.codes) + ", scales " + osprey::describe(w.scales);
+  require(w.codes.defined() && w.codes.dtype() == DType::u8 && w.codes.ndim() == 2 && w.codes.is_contiguous(), "linear",
+          "FP8 codes must be a contiguous uint8 matrix, got " + what);
+  const int64_t out = w.codes.dim(0), in = w.codes.dim(1);
+  require(w.scales.defined() && w.scales.dtype() == DType::f32 && w.scales.ndim() == 2 && w.scales.dim(0) == out &&
+              w.scales.dim(1) > 0 && in % w.scales.dim(1) == 0 && w.scales.is_contiguous(),
+          "linear", "FP8 scales must be contiguous float32 [out, groups] with groups dividing the inputs, got " + what);
+  require(x.defined() && x.dtype() == DType::f32 && x.is_contiguous() && x.ndim() >= 1 && x.dim(-1) == in, "linear",
+          "x must be contiguous float32 [..., " + std::to_string(in) + "] for the FP8 weight, got " + osprey::describe(x));
+  if (bias.defined())
+    require(bias.dtype() == DType::f32 && bias.numel() == out && bias.is_contiguous(), "linear",
+            "bias must be float32 [" + std::to_string(out) + "], got " + osprey::describe(bias));
+  if (!gpu)
+    throw Unsupported("linear: FP8 weights are kept as FP8 on CUDA only (the CPU dequantizes them at load), got " + what);
+  const int64_t n = x.numel() / in;
+  Array y = Array::empty({n, out}, DType::f32, x.device());
+  Fp8Args a;
+  a.codes = w.codes.data<uint8_t>();
+  a.scales = w.scales.data<float>();
+  a.out = out;
+  a.in = in;
+  a.n_groups = w.scales.dim(1);
+  cuda_ops::linear_fp8(x.data<float>(), n, a, bias.defined() ? bias.data<float>() : nullptr, y.data<float>(),
+                       batch_invariant());
+  return y;
+}
+
 namespace {
 
 // x [..., in] with its last axis gathered by `perm` (i32 [in]): x'[r, j] = x[r, perm[j]]. A row
@@ -118,6 +147,7 @@ Array linear(const Array& x, const LinearWeight& w, const Array& bias) {
     return linear(gather_inputs(x, w.in_perm), plain, bias);
   }
   if (w.quantized()) return linear(x, w.quant, bias);
+  if (w.fp8.defined()) return linear(x, w.fp8, bias);
   require(w.dense.defined(), "linear", "the weight is undefined (neither dense nor quantized)");
   return linear(x, w.dense, bias);
 }
@@ -141,6 +171,7 @@ Array embedding(const QuantizedMatrix& table, const Array& ids, float scale) {
 
 Array embedding(const LinearWeight& table, const Array& ids, float scale) {
   require(!table.in_perm.defined(), "embedding", "a table whose columns are permuted (GPTQ desc_act) is not supported");
+  require(!table.fp8.defined(), "embedding", "an FP8 table is not supported (FP8 embeddings are dequantized at load)");
   if (table.quantized()) return embedding(table.quant, ids, scale);
   require(table.dense.defined(), "embedding", "the table is undefined (neither dense nor quantized)");
   return embedding(table.dense, ids, scale);

@@ -64,7 +64,7 @@ class Decoder final : public Model {
     const ShardRange kv_rows{heads_.kv_head0 * hd, (heads_.kv_head0 + heads_.n_kv_heads) * hd};
 
     const std::string& P = spec.prefix;
-    embed_ = w.linear(P + "embed_tokens", spec.vocab_size, h);
+    embed_ = w.table(P + "embed_tokens", spec.vocab_size, h);
     const DType dt = embed_.quantized() ? embed_.quant.scales.dtype() : embed_.dense.dtype();
     if (spec.embed_scale_sqrt_hidden) embed_scale_ = in_dtype(float(std::sqrt(double(h))), dt);
     kv_dtype_ = spec.kv_rows_follow_weights ? kv_rows_dtype(dt) : DType::f16;

@@ -309,58 +309,99 @@ RepackedInt repack_int_quant(const SafeTensors& st, const HubQuant& hq, const st
   return r;
 }
 
+namespace {
+
+// An FP8 layer's checkpoint tensors, checked: the codes, the scales as f32 and their layout.
+struct Fp8Source {
+  enum Kind { tensor, channel, block } kind = tensor;
+  std::string wn, sn;
+  Array w;  // u8 [out, in] (the codes' bytes)
+  Array s;  // f32: [1], [out] or [ceil(out / block_rows), ceil(in / block_cols)]
+  int64_t bcols = 0;
+  size_t source_bytes = 0;
+
+  float scale(const HubQuant& hq, int64_t o, int64_t i) const {
+    const float* sp = s.data<float>();
+    return kind == tensor ? sp[0] : kind == channel ? sp[o] : sp[(o / hq.block_rows) * bcols + i / hq.block_cols];
+  }
+};
+
+Fp8Source read_fp8(const SafeTensors& st, const HubQuant& hq, const std::string& prefix, int64_t out, int64_t in) {
+  Fp8Source r;
+  r.wn = prefix + ".weight";
+  r.sn = st.contains(prefix + ".weight_scale_inv") ? prefix + ".weight_scale_inv" : prefix + ".weight_scale";
+  if (!st.contains(r.wn)) throw InvalidInput("missing tensor " + r.wn);
+  const TensorInfo& wi = st.info(r.wn);
+  if (!wi.float8_e4m3 || wi.shape.n != 2 || wi.shape[0] != out || wi.shape[1] != in)
+    throw InvalidInput("tensor " + r.wn + " is " + (wi.float8_e4m3 ? "F8_E4M3" + wi.shape.str() : tensor_str(wi)) +
+                       ", but the FP8 weight is F8_E4M3" + dims(out, in));
+  r.w = st.get(r.wn);
+  if (!st.contains(r.sn))
+    throw InvalidInput("missing tensor " + prefix + ".weight_scale (or .weight_scale_inv): the FP8 weight " + r.wn +
+                       " needs its scales");
+  const TensorInfo& si = st.info(r.sn);
+  if (!is_float(si.dtype))
+    throw InvalidInput("tensor " + r.sn + " is " + tensor_str(si) + ", but FP8 scales are float");
+  r.s = ops::cast(st.get(r.sn), DType::f32);
+  // The scale of element (o, i): one for the tensor, one per row, or one per block.
+  const int64_t n = r.s.numel();
+  const int64_t brows = (out + hq.block_rows - 1) / hq.block_rows;
+  r.bcols = (in + hq.block_cols - 1) / hq.block_cols;
+  if (n == 1)
+    r.kind = Fp8Source::tensor;
+  else if (n == out && (si.shape.n == 1 || (si.shape.n == 2 && si.shape[1] == 1)))
+    r.kind = Fp8Source::channel;
+  else if (si.shape.n == 2 && si.shape[0] == brows && si.shape[1] == r.bcols)
+    r.kind = Fp8Source::block;
+  else
+    throw InvalidInput("tensor " + r.sn + " is " + tensor_str(si) + ", but FP8 scales of a " + dims(out, in) +
+                       " weight are one value, one per row [" + std::to_string(out) + ", 1], or one per " +
+                       dims(hq.block_rows, hq.block_cols) + " block " + dims(brows, r.bcols));
+  const auto* codes = static_cast<const uint8_t*>(r.w.raw());
+  for (int64_t k = 0; k < out * in; ++k)
+    if ((codes[k] & 0x7f) == 0x7f)
+      throw InvalidInput("tensor " + r.wn + ": element [" + std::to_string(k / in) + ", " + std::to_string(k % in) +
+                         "] is NaN");
+  r.source_bytes = r.w.nbytes() + si.nbytes;
+  return r;
+}
+
+}  // namespace
+
 DequantizedFp8 dequantize_fp8(const SafeTensors& st, const HubQuant& hq, const std::string& prefix, int64_t out,
                               int64_t in, DType to) {
-  const std::string wn = prefix + ".weight";
-  const std::string sn = st.contains(prefix + ".weight_scale_inv") ? prefix + ".weight_scale_inv" : prefix + ".weight_scale";
+  const Fp8Source f = read_fp8(st, hq, prefix, out, in);
   DequantizedFp8 r;
-  if (!st.contains(wn)) throw InvalidInput("missing tensor " + wn);
-  const TensorInfo& wi = st.info(wn);
-  if (!wi.float8_e4m3 || wi.shape.n != 2 || wi.shape[0] != out || wi.shape[1] != in)
-    throw InvalidInput("tensor " + wn + " is " + (wi.float8_e4m3 ? "F8_E4M3" + wi.shape.str() : tensor_str(wi)) +
-                       ", but the FP8 weight is F8_E4M3" + dims(out, in));
-  const Array w = st.get(wn);
-  if (!st.contains(sn))
-    throw InvalidInput("missing tensor " + prefix + ".weight_scale (or .weight_scale_inv): the FP8 weight " + wn +
-                       " needs its scales");
-  const TensorInfo& si = st.info(sn);
-  if (!is_float(si.dtype))
-    throw InvalidInput("tensor " + sn + " is " + tensor_str(si) + ", but FP8 scales are float");
-  const Array s = ops::cast(st.get(sn), DType::f32);
-  r.tensors = {wn, sn};
-  // The scale of element (o, i): one for the tensor, one per row, or one per block.
-  const int64_t n = s.numel();
-  const int64_t brows = (out + hq.block_rows - 1) / hq.block_rows, bcols = (in + hq.block_cols - 1) / hq.block_cols;
-  enum { tensor, channel, block } kind;
-  if (n == 1)
-    kind = tensor;
-  else if (n == out && (si.shape.n == 1 || (si.shape.n == 2 && si.shape[1] == 1)))
-    kind = channel;
-  else if (si.shape.n == 2 && si.shape[0] == brows && si.shape[1] == bcols)
-    kind = block;
-  else
-    throw InvalidInput("tensor " + sn + " is " + tensor_str(si) + ", but FP8 scales of a " + dims(out, in) +
-                       " weight are one value, one per row [" + std::to_string(out) + ", 1], or one per " +
-                       dims(hq.block_rows, hq.block_cols) + " block " + dims(brows, bcols));
+  r.tensors = {f.wn, f.sn};
   r.w = Array::empty({out, in}, to);
-  const auto* src = static_cast<const uint8_t*>(w.raw());
-  const float* sp = s.data<float>();
+  const auto* src = static_cast<const uint8_t*>(f.w.raw());
   float table[256];
   for (int v = 0; v < 256; ++v) table[v] = e4m3_to_float(uint8_t(v));
   for (int64_t o = 0; o < out; ++o)
     for (int64_t i = 0; i < in; ++i) {
-      const uint8_t code = src[o * in + i];
-      if ((code & 0x7f) == 0x7f)
-        throw InvalidInput("tensor " + wn + ": element [" + std::to_string(o) + ", " + std::to_string(i) +
-                           "] is NaN");
-      const float scale = kind == tensor ? sp[0] : kind == channel ? sp[o] : sp[(o / hq.block_rows) * bcols + i / hq.block_cols];
-      const float v = table[code] * scale;
+      const float v = table[src[o * in + i]] * f.scale(hq, o, i);
       if (to == DType::f32)
         r.w.data<float>()[o * in + i] = v;
       else
         r.w.data<uint16_t>()[o * in + i] = to_half(v, to);
     }
-  r.source_bytes = w.nbytes() + si.nbytes;
+  r.source_bytes = f.source_bytes;
+  return r;
+}
+
+LoadedFp8 load_fp8(const SafeTensors& st, const HubQuant& hq, const std::string& prefix, int64_t out, int64_t in) {
+  const Fp8Source f = read_fp8(st, hq, prefix, out, in);
+  // Block scales: groups of gcd(in, block_cols) inputs, each inside one block.
+  const int64_t groups = f.kind == Fp8Source::block ? in / std::gcd(in, hq.block_cols) : 1;
+  LoadedFp8 r;
+  r.m.codes = Array::empty({out, in}, DType::u8);
+  std::memcpy(r.m.codes.raw(), f.w.raw(), size_t(out * in));
+  r.m.scales = Array::empty({out, groups}, DType::f32);
+  float* sp = r.m.scales.data<float>();
+  for (int64_t o = 0; o < out; ++o)
+    for (int64_t g = 0; g < groups; ++g) sp[o * groups + g] = f.scale(hq, o, g * (in / groups));
+  r.tensors = {f.wn, f.sn};
+  r.source_bytes = f.source_bytes;
   return r;
 }
 

@@ -6,7 +6,7 @@
 //     the MLX affine layout of backend/quant.h (scale = s, bias = -s * z rounded to the
 //     scales' dtype), so that the 4-bit kernels serve them;
 //   - FP8 e4m3 weights (compressed-tensors, fbgemm_fp8, fp8 with block scales, ModelOpt) are
-//     dequantized to bfloat16.
+//     dequantized to bfloat16 on the CPU and kept as FP8 on CUDA (load_fp8).
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -65,6 +65,17 @@ struct DequantizedFp8 {
 };
 DequantizedFp8 dequantize_fp8(const SafeTensors& st, const HubQuant& hq, const std::string& prefix, int64_t out,
                               int64_t in, DType to);
+
+// The same layer kept as FP8 (backend/quant.h's Fp8Matrix, on the CPU): the codes as read and
+// the scales as f32 [out, groups] (one group per row for per-tensor and per-row scales; for
+// block scales, groups of gcd(in, block_cols) inputs, each taking its block's scale).
+// Errors as dequantize_fp8's.
+struct LoadedFp8 {
+  Fp8Matrix m;
+  std::vector<std::string> tensors;
+  size_t source_bytes = 0;
+};
+LoadedFp8 load_fp8(const SafeTensors& st, const HubQuant& hq, const std::string& prefix, int64_t out, int64_t in);
 
 // float8_e4m3fn -> float (NaN for the two NaN codes).
 float e4m3_to_float(uint8_t v);

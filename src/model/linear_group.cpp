@@ -23,7 +23,8 @@ Array stack_rows(const std::vector<Array>& parts) {
 bool same_storage(const std::vector<LinearWeight>& parts) {
   const LinearWeight& p0 = parts[0];
   for (const LinearWeight& p : parts) {
-    if (p.quantized() != p0.quantized() || p.in_features() != p0.in_features()) return false;
+    if (p.quantized() != p0.quantized() || p.fp8.defined() != p0.fp8.defined() || p.in_features() != p0.in_features())
+      return false;
     // One input order for all of them (the loader shares equal orders' array).
     if (p.in_perm.defined() != p0.in_perm.defined() || (p.in_perm.defined() && p.in_perm.raw() != p0.in_perm.raw()))
       return false;
@@ -31,6 +32,8 @@ bool same_storage(const std::vector<LinearWeight>& parts) {
       if (p.quant.bits != p0.quant.bits || p.quant.group_size != p0.quant.group_size ||
           p.quant.scales.dtype() != p0.quant.scales.dtype() || !p.quant.packed.is_contiguous())
         return false;
+    } else if (p.fp8.defined()) {
+      if (p.fp8.scales.dim(1) != p0.fp8.scales.dim(1) || !p.fp8.codes.is_contiguous()) return false;
     } else if (p.dense.dtype() != p0.dense.dtype() || !p.dense.is_contiguous()) {
       return false;
     }
@@ -54,6 +57,14 @@ LinearWeight stack_weights(const std::vector<LinearWeight>& parts) {
     f.quant.bits = parts[0].quant.bits;
     f.quant.group_size = parts[0].quant.group_size;
     ops::repack_for_cpu(f.quant);
+  } else if (parts[0].fp8.defined()) {
+    std::vector<Array> codes, scales;
+    for (const LinearWeight& p : parts) {
+      codes.push_back(p.fp8.codes);
+      scales.push_back(p.fp8.scales);
+    }
+    f.fp8.codes = stack_rows(codes);
+    f.fp8.scales = stack_rows(scales);
   } else {
     std::vector<Array> dense;
     for (const LinearWeight& p : parts) dense.push_back(p.dense);

@@ -185,6 +185,18 @@ LinearWeight WeightLoader::linear(const std::string& prefix, int64_t out, int64_
   return lw;
 }
 
+LinearWeight WeightLoader::table(const std::string& prefix, int64_t out, int64_t in) {
+  keep_fp8_ = false;
+  try {
+    LinearWeight lw = linear(prefix, out, in);
+    keep_fp8_ = true;
+    return lw;
+  } catch (...) {
+    keep_fp8_ = true;
+    throw;
+  }
+}
+
 LinearWeight WeightLoader::hub_linear(const std::string& prefix, int64_t out, int64_t in, std::optional<DType> dtype,
                                       const WeightSlice& slice) {
   const HubQuant& hq = quant_.hub;
@@ -229,10 +241,35 @@ LinearWeight WeightLoader::hub_linear(const std::string& prefix, int64_t out, in
   if (hq.method != HubQuantMethod::fp8)
     throw InvalidInput("tensor " + prefix + ".weight is float8_e4m3fn, but " + hq.where + " names quant_method \"" +
                        hq.name + "\"");
-  DequantizedFp8 d = dequantize_fp8(weights_, hq, prefix, out, in, dtype.value_or(DType::bf16));
-  read_.insert(d.tensors.begin(), d.tensors.end());
   // Static activation scales (W8A8 checkpoints): the weights run against unquantized activations.
   if (weights_.contains(prefix + ".input_scale")) read_.insert(prefix + ".input_scale");
+  if (!options_.device.is_cpu() && keep_fp8_) {
+    const LoadedFp8 f = load_fp8(weights_, hq, prefix, out, in);
+    read_.insert(f.tensors.begin(), f.tensors.end());
+    const int64_t groups = f.m.scales.dim(1), group = in / groups;
+    if (groups > 1 && (s.col0 % group != 0 || s.cols % group != 0))
+      throw InvalidInput("tensor " + prefix + ".weight has FP8 block scales over groups of " + std::to_string(group) +
+                         " inputs: a tensor-parallel rank's columns " + range_str(s.col0, s.cols) + " of its " +
+                         std::to_string(in) + " inputs do not fall on whole groups (use fewer ranks)");
+    if (!fp8_logged_) {
+      log_info(weights_.source().string() + ": FP8 (" + hq.name + ") weights stay FP8 on " + options_.device.str() +
+               "; activations are not quantized");
+      fp8_logged_ = true;
+    }
+    Fp8Matrix m;
+    m.codes = ops::to_device(slice_2d(f.m.codes, s.row0, s.rows, s.col0, s.cols), options_.device);
+    m.scales = ops::to_device(
+        slice_2d(f.m.scales, s.row0, s.rows, groups > 1 ? s.col0 / group : 0, groups > 1 ? s.cols / group : 1),
+        options_.device);
+    done_ += f.source_bytes;
+    if (options_.progress) options_.progress(done_, total_);
+    converted_delta_ += int64_t(m.nbytes()) - int64_t(f.source_bytes);
+    params_ += uint64_t(s.rows * s.cols);
+    lw.fp8 = std::move(m);
+    return lw;
+  }
+  DequantizedFp8 d = dequantize_fp8(weights_, hq, prefix, out, in, dtype.value_or(DType::bf16));
+  read_.insert(d.tensors.begin(), d.tensors.end());
   if (!fp8_logged_) {
     log_info(weights_.source().string() + ": FP8 (" + hq.name + ") weights are dequantized to " +
              dtype_name(dtype.value_or(DType::bf16)) + " at load; activations are not quantized");

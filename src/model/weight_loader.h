@@ -88,6 +88,9 @@ class WeightLoader {
   // not given).
   LinearWeight linear(const std::string& prefix, int64_t out, int64_t in, std::optional<DType> dtype = std::nullopt,
                       const WeightSlice& slice = {});
+  // linear() for a table that is also read by rows (token embeddings): an FP8 table is
+  // dequantized on every device, as the embedding op does not take FP8.
+  LinearWeight table(const std::string& prefix, int64_t out, int64_t in);
 
   // One part of a linear group: the module `prefix`, with `out` output features, of which
   // rows [row0, row0 + rows) are loaded (rows < 0: all of them).
@@ -143,8 +146,9 @@ class WeightLoader {
   size_t done_ = 0;
   int64_t converted_delta_ = 0;  // bytes of the arrays converted at load minus their source bytes
   uint64_t params_ = 0;
-  std::map<std::vector<int32_t>, Array> perms_;
-  bool fp8_logged_ = false;  // input permutations, shared by equal content
+  std::map<std::vector<int32_t>, Array> perms_;  // input permutations, shared by equal content
+  bool fp8_logged_ = false;
+  bool keep_fp8_ = true;  // false while table() loads
 };
 
 }  // namespace osprey

@@ -61,6 +61,16 @@ Array to_cpu(const Array& a) { return ops::to_device(a, Device::cpu()); }
 
 // The weight as a float32 [out, in] host matrix in the layer's input order.
 Array dequantized(const LinearWeight& w) {
+  if (w.fp8.defined()) {
+    const Array codes = to_cpu(w.fp8.codes), scales = to_cpu(w.fp8.scales);
+    const int64_t rows = codes.dim(0), cols = codes.dim(1), groups = scales.dim(1);
+    Array m = Array::empty({rows, cols}, DType::f32);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < cols; ++j)
+        m.data<float>()[r * cols + j] = e4m3_to_float(codes.data<uint8_t>()[r * cols + j]) *
+                                        scales.data<float>()[r * groups + j / (cols / groups)];
+    return m;
+  }
   Array m = w.quantized() ? to_cpu(ops::dequantize(w.quant, DType::f32)) : ops::cast(to_cpu(w.dense), DType::f32);
   if (!w.in_perm.defined()) return m;
   const Array perm = to_cpu(w.in_perm);
@@ -110,9 +120,12 @@ TEST_P(HubCheckpoint, LoadedWeightsEqualTheScriptsDequantization) {
       EXPECT_EQ(w.quant.bits, fmt == "gptq-v2-8bit" ? 8 : 4) << name;
       EXPECT_EQ(w.quant.group_size, 32) << name;
       EXPECT_EQ(w.in_perm.defined(), fmt == "gptq") << name << ": desc_act orders the inputs";
-    } else {
+    } else if (device().is_cpu()) {
       ASSERT_FALSE(w.quantized()) << name;
       EXPECT_EQ(w.dense.dtype(), DType::bf16) << name;
+    } else {
+      ASSERT_TRUE(w.fp8.defined()) << name << ": FP8 weights stay FP8 on CUDA";
+      EXPECT_FALSE(w.dense.defined()) << name;
     }
     const Array ours = dequantized(w);
     ASSERT_EQ(ours.shape(), r.shape()) << name;
@@ -123,7 +136,7 @@ TEST_P(HubCheckpoint, LoadedWeightsEqualTheScriptsDequantization) {
       for (int64_t i = 0; i < in; ++i) row_max = std::max(row_max, std::fabs(b[i]));
       for (int64_t i = 0; i < in; ++i) {
         // AWQ/GPTQ: bias = -s z rounded once to float16 (2^-11 of |s z| <= the row's range);
-        // FP8: the product rounded to bfloat16 (2^-9 of it).
+        // FP8: the product rounded to bfloat16 (2^-9 of it) on the CPU, in float32 on CUDA.
         const float tol = int_format(fmt) ? std::ldexp(row_max, -10) : std::ldexp(std::fabs(b[i]), -8);
         ASSERT_LE(std::fabs(a[i] - b[i]), tol) << name << " [" << o << ", " << i << "]";
       }

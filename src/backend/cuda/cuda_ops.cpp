@@ -3,6 +3,7 @@
 #include <memory>
 #include <vector>
 
+#include "backend/cuda/fp8_linear.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/quant_kernels.h"
 #include "backend/cuda/quant_linear.h"
@@ -35,6 +36,14 @@ void linear_q(const float* x, int64_t n, const QuantArgs& w, const float* bias, 
     cuda::linear_q_gemv(x, n, w, bias, y, cuda::stream());
   else
     cuda::linear_q(x, n, w, bias, y, cuda::stream());
+}
+void linear_fp8(const float* x, int64_t n, const Fp8Args& w, const float* bias, float* y, bool batch_invariant) {
+  // NOTE: as for linear: the GEMV's per-row arithmetic is independent of the other rows; shapes
+  // it does not take (fp8_linear.h) go through cuBLAS even so.
+  if (batch_invariant && cuda::linear_fp8_gemv_takes(x, w))
+    cuda::linear_fp8_gemv(x, n, w, bias, y, cuda::stream());
+  else
+    cuda::linear_fp8(x, n, w, bias, y, cuda::stream());
 }
 
 void copy_to_device(void* dst, const void* src, size_t bytes) {

@@ -1,0 +1,43 @@
+#pragma once
+// CUDA linear over FP8 e4m3 weights kept as loaded (backend/quant.h's Fp8Matrix, as Fp8Args).
+// Internal header: only src/backend/cuda, the ops dispatch and the CUDA tests include it.
+// Every pointer is a device pointer; every function enqueues its work on `s`.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/quant_args.h"
+#include "core/dtype.h"
+
+namespace osprey::cuda {
+
+// Rows of x up to which linear_fp8 takes the GEMV (when it takes the shape).
+// NOTE: the GEMV reads the codes once per 8 rows (1 byte a weight each time); the cuBLAS path
+// reads them once, writes and reads bf16 (5 bytes a weight): the GEMV costs fewer bytes up to
+// 32 rows. Not yet measured on the GPU (scripts/bench_fp8.sh).
+constexpr int64_t kFp8GemvMaxRows = 32;
+
+// y[n, out] = x[n, in] * w^T + bias (bias may be nullptr); x, y f32 contiguous.
+// n <= kFp8GemvMaxRows and linear_fp8_gemv_takes(x, w): linear_fp8_gemv. Otherwise
+// linear_fp8_gemm.
+void linear_fp8(const float* x, int64_t n, const Fp8Args& w, const float* bias, float* y, cudaStream_t s);
+
+// Whether the GEMV takes x and w: in a multiple of 16, each scale group a multiple of 16
+// inputs, codes and x 16-byte aligned.
+bool linear_fp8_gemv_takes(const float* x, const Fp8Args& w);
+
+// Decode GEMV, any n >= 1 (chunks of 8 rows of x): one warp per output row reads the row's
+// codes once with 16-byte loads, converts pairs to half2 (the hardware conversion on sm_89 and
+// later), multiplies by x in f32 and applies each group's scale to its f32 partial sum. A
+// row's result does not depend on the other rows of x. Allocates nothing (capturable in a CUDA
+// graph). Unsupported unless linear_fp8_gemv_takes(x, w).
+void linear_fp8_gemv(const float* x, int64_t n, const Fp8Args& w, const float* bias, float* y, cudaStream_t s);
+
+// Many rows (prefill, large batches), any shape: w dequantized to bf16 in scratch() a chunk of
+// rows at a time, multiplied by cuBLAS with x rounded to bf16, f32 accumulation.
+void linear_fp8_gemm(const float* x, int64_t n, const Fp8Args& w, const float* bias, float* y, cudaStream_t s);
+
+// dst [w.out, w.in] = w dequantized to bf16 (raw bits).
+void dequantize_fp8(const Fp8Args& w, uint16_t* dst, cudaStream_t s);
+
+}  // namespace osprey::cuda
