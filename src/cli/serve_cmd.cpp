@@ -1,11 +1,15 @@
 #include <CLI/CLI.hpp>
 #include <atomic>
+#include <cerrno>
 #include <csignal>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
+#include <fcntl.h>
 #include <pthread.h>
+#include <unistd.h>
 #include <thread>
 
 #include "backend/device_select.h"
@@ -61,6 +65,54 @@ std::vector<std::string> read_api_keys(const std::string& path) {
   return keys;
 }
 
+// SIGINT and SIGTERM, whichever thread the kernel delivers them to, as bytes on a pipe (writing
+// to a pipe is async-signal-safe); the handlers stay installed until the process ends.
+int g_signal_write_fd = -1;
+
+extern "C" void osprey_forward_signal(int sig) {
+  const int saved = errno;
+  const unsigned char b = static_cast<unsigned char>(sig);
+  [[maybe_unused]] const ssize_t n = ::write(g_signal_write_fd, &b, 1);
+  errno = saved;
+}
+
+class SignalPipe {
+ public:
+  static constexpr int kWake = 0;  // not a signal: the process wakes its own watcher
+
+  SignalPipe() {
+    if (::pipe2(fds_, O_CLOEXEC) != 0) throw IoError(std::string("pipe for signals: ") + std::strerror(errno));
+    g_signal_write_fd = fds_[1];
+    struct sigaction sa {};
+    sa.sa_handler = osprey_forward_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    ::sigaction(SIGINT, &sa, nullptr);
+    ::sigaction(SIGTERM, &sa, nullptr);
+  }
+  SignalPipe(const SignalPipe&) = delete;
+  SignalPipe& operator=(const SignalPipe&) = delete;
+
+  // Blocks until a signal arrives or wake() is called; the signal's number, or kWake.
+  int next() {
+    for (;;) {
+      unsigned char b = 0;
+      const ssize_t n = ::read(fds_[0], &b, 1);
+      if (n == 1) return b;
+      if (n < 0 && errno == EINTR) continue;
+      return kWake;
+    }
+  }
+
+  void wake() {
+    const unsigned char b = kWake;
+    [[maybe_unused]] const ssize_t n = ::write(fds_[1], &b, 1);
+  }
+
+ private:
+  int fds_[2] = {-1, -1};  // left open: a late signal still has somewhere to go
+};
+
 int run_serve(ServeOptions& o) {
   if (o.threads >= 0) set_cpu_threads(o.threads);
   ServerOptions& so = o.server;
@@ -89,8 +141,12 @@ int run_serve(ServeOptions& o) {
   so.split_reasoning = o.reasoning_format == "auto";
   so.system_fingerprint = std::string("osprey-") + OSPREY_VERSION + "-" + OSPREY_GIT_COMMIT;
 
-  // SIGINT and SIGTERM are taken by one thread with sigwait(); every other thread, started
-  // after this, inherits the mask.
+  // SIGINT and SIGTERM reach a handler that writes the signal's number to a pipe, read by one
+  // watcher thread. The threads started from here on block both signals, so none of the server's
+  // own calls is interrupted; threads that existed before (the CUDA driver's, once the device was
+  // selected above, or a tool's injected into the process) keep the default mask, and the handler
+  // makes a signal that the kernel hands to one of them drain the server like any other.
+  SignalPipe signal_pipe;
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
@@ -104,29 +160,32 @@ int run_serve(ServeOptions& o) {
   log_info("listening on http://" + so.host + ":" + std::to_string(port) + ", loading " + so.model_dir.string());
   // The first signal drains (up to --shutdown-timeout), then ends what is left; a second
   // signal during the drain ends it at once.
-  std::atomic<bool> draining{false};
   std::thread watcher([&] {
-    int sig = 0;
-    sigwait(&signals, &sig);
+    pthread_sigmask(SIG_UNBLOCK, &signals, nullptr);
+    const int sig = signal_pipe.next();
+    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+    if (sig == SignalPipe::kWake) {  // the server failed to load or lost its device
+      server.stop();
+      return;
+    }
     log_info(std::string("received ") + (sig == SIGINT ? "SIGINT" : "SIGTERM") + ", shutting down");
-    draining = true;
+    std::atomic<bool> draining{true};
     std::thread second([&] {
-      int again = 0;
-      sigwait(&signals, &again);
-      if (!draining) return;
+      pthread_sigmask(SIG_UNBLOCK, &signals, nullptr);
+      if (signal_pipe.next() == SignalPipe::kWake || !draining) return;
       log_info("received a second signal: ending the requests in progress now");
       server.stop();
     });
     server.drain(o.shutdown_timeout_s * 1000);
     draining = false;
     server.stop();
-    pthread_kill(second.native_handle(), SIGTERM);
+    signal_pipe.wake();
     second.join();
   });
   try {
     server.load();
   } catch (...) {
-    pthread_kill(watcher.native_handle(), SIGTERM);
+    signal_pipe.wake();
     watcher.join();
     throw;
   }
@@ -134,7 +193,7 @@ int run_serve(ServeOptions& o) {
   if (const std::string lost = server.device_lost(); !lost.empty()) {
     // /health has answered 503 since the failure; the requests in flight got their error.
     server.stop();
-    pthread_kill(watcher.native_handle(), SIGTERM);
+    signal_pipe.wake();
     watcher.join();
     throw DeviceLost("serving stopped: " + lost);
   }

@@ -129,6 +129,27 @@ TEST(CliServe, SigtermEndsStreamsAndExitsZero) {
   std::filesystem::remove(p.log_path);
 }
 
+// Threads that exist before main() keep the default signal mask (the CUDA driver's threads once
+// a device is selected; a tool's injected into the process): a SIGTERM the kernel hands to one of
+// them still drains the server and exits 0, each time, instead of ending the process at once.
+TEST(CliServe, SignalsLandingOnThreadsStartedBeforeMainDrain) {
+  for (int round = 0; round < 3; ++round) {
+    ServeProcess p = start_serve("--device cpu --shutdown-timeout 0",
+                                 std::string("OSPREY_THREADS=1 LD_PRELOAD=") + OSPREY_TEST_EARLY_THREADS);
+    ASSERT_GT(p.port, 0) << testing::read_file(p.log_path);
+    ::kill(p.pid, round == 1 ? SIGINT : SIGTERM);
+    const std::optional<int> exited = testing::wait_exit(p.pid, std::chrono::seconds(20));
+    ASSERT_TRUE(exited) << "no exit 20 s after the signal: " << testing::read_file(p.log_path);
+    ASSERT_TRUE(WIFEXITED(*exited)) << "ended by signal " << (WIFSIGNALED(*exited) ? WTERMSIG(*exited) : 0) << ": "
+                                    << testing::read_file(p.log_path);
+    EXPECT_EQ(WEXITSTATUS(*exited), 0) << testing::read_file(p.log_path);
+    const std::string log = testing::read_file(p.log_path);
+    EXPECT_NE(log.find(round == 1 ? "received SIGINT" : "received SIGTERM"), std::string::npos) << log;
+    EXPECT_NE(log.find("stopped"), std::string::npos) << log;
+    std::filesystem::remove(p.log_path);
+  }
+}
+
 namespace {
 
 // Completions that fill the demo model's context, streamed; at -np 1 all but one wait.
