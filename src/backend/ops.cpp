@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -698,8 +699,9 @@ void sample_into(const Array& logits, const DeviceSampling& p, uint64_t counter,
   }
 }
 
-void argmax_rows(const Array& logits, Array& out, Array& nonfinite) {
-  const bool gpu = on_cuda("argmax_rows", {&logits, &out, &nonfinite});
+void argmax_rows(const Array& logits, Array& out, Array& nonfinite, const Array& allowed) {
+  const bool gpu = allowed.defined() ? on_cuda("argmax_rows", {&logits, &out, &nonfinite, &allowed})
+                                     : on_cuda("argmax_rows", {&logits, &out, &nonfinite});
   require(logits.defined() && logits.dtype() == DType::f32 && logits.is_contiguous() && logits.ndim() == 2 &&
               logits.dim(1) >= 1,
           "argmax_rows", "logits must be contiguous float32 [n, vocab] with vocab >= 1, got " + describe(logits));
@@ -711,26 +713,44 @@ void argmax_rows(const Array& logits, Array& out, Array& nonfinite) {
   };
   check_out("out", out);
   check_out("nonfinite", nonfinite);
+  if (allowed.defined())
+    require(allowed.dtype() == DType::u32 && allowed.is_contiguous() && allowed.ndim() == 2 && allowed.dim(0) == n &&
+                allowed.dim(1) >= 1,
+            "argmax_rows", "allowed must be contiguous uint32 [" + std::to_string(n) + ", words >= 1], got " +
+                               describe(allowed));
   if (n == 0) return;
+  const int64_t words = allowed.defined() ? allowed.dim(1) : 0;
+  const uint32_t* mp = allowed.defined() ? allowed.data<uint32_t>() : nullptr;
   if (gpu) {
-    cuda_ops::argmax_rows(logits.data<float>(), n, vocab, out.data<int32_t>(), nonfinite.data<int32_t>());
+    cuda_ops::argmax_rows(logits.data<float>(), n, vocab, mp, words, out.data<int32_t>(), nonfinite.data<int32_t>());
     return;
   }
   // As the device's argmax: NaN ranks as -inf, the lowest id wins a tie (a row without a
-  // value above -inf gives 0).
+  // value above -inf gives its first candidate: 0 unmasked, -1 when the mask allows nothing).
   const float* lp = logits.data<float>();
   int32_t* op = out.data<int32_t>();
   int32_t* fp = nonfinite.data<int32_t>();
+  const int64_t mask_ids = std::min(vocab, words * 32);
   cpu_pool().parallel_for(n, 1, [&](int64_t r0, int64_t r1, int) {
     for (int64_t r = r0; r < r1; ++r) {
       const float* row = lp + r * vocab;
-      int64_t best = 0;
-      float best_v = -INFINITY;
       bool bad = false;
-      for (int64_t i = 0; i < vocab; ++i) {
+      for (int64_t i = 0; i < vocab; ++i) bad |= !std::isfinite(row[i]);
+      int64_t best = -1;
+      float best_v = -INFINITY;
+      auto consider = [&](int64_t i) {
         const float v = row[i];
-        bad |= !std::isfinite(v);
-        if (v > best_v) best = i, best_v = v;  // false for NaN
+        if (best < 0 || v > best_v) best = i, best_v = std::isnan(v) ? -INFINITY : v;  // NaN ranks as -inf
+      };
+      if (!mp) {
+        for (int64_t i = 0; i < vocab; ++i) consider(i);
+      } else {
+        const uint32_t* m = mp + r * words;
+        for (int64_t w = 0; w * 32 < mask_ids; ++w)
+          for (uint32_t bits = m[w]; bits; bits &= bits - 1) {
+            const int64_t i = w * 32 + std::countr_zero(bits);
+            if (i < mask_ids) consider(i);
+          }
       }
       op[r] = int32_t(best);
       fp[r] = bad ? 1 : 0;

@@ -160,8 +160,11 @@ bool batch_invariant();
 
 // Greedy token choice for each row on the device: logits [n, vocab] f32 -> out i32 [n] (the
 // lowest id on ties); a row with a NaN or an infinity sets nonfinite[i] to 1 (else 0), i32 [n].
-// Both outputs on the logits' device.
-void argmax_rows(const Array& logits, Array& out, Array& nonfinite);
+// Both outputs on the logits' device. `allowed`, when defined, is a token mask per row, u32
+// [n, words] on the same device (bit id % 32 of word id / 32, the little-endian reading of
+// grammar::Matcher's u64 masks; ids past words * 32 are not allowed): only allowed ids are
+// chosen, and out[i] is -1 when row i allows none (constrained greedy decoding).
+void argmax_rows(const Array& logits, Array& out, Array& nonfinite, const Array& allowed = {});
 
 // Every element of a (i32, contiguous) set to `value`. On CUDA the value travels with the
 // launch, so the host may change it for the next call at once.

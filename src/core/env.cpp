@@ -76,6 +76,7 @@ EnvOptions read_env() {
   o.cuda_graphs = parse_switch(std::getenv("OSPREY_CUDA_GRAPHS"), true);
   o.cuda_pdl = parse_switch(std::getenv("OSPREY_CUDA_PDL"), true);
   o.cuda_quant_mma = parse_switch(std::getenv("OSPREY_CUDA_QUANT_MMA"), true);
+  o.cuda_fp8_weights = parse_strict_switch("OSPREY_CUDA_FP8_WEIGHTS");
   o.cuda_fault_trap_after_steps = parse_cuda_fault();
   o.paged_split_keys = parse_int("OSPREY_PAGED_SPLIT_KEYS", 0, 0, 1 << 20);
   if (o.paged_split_keys % 64 != 0)

@@ -44,6 +44,10 @@ struct LoadOptions {
   // through `comm` in every forward pass. Not owned; it outlives the model. Null: the whole
   // model.
   Communicator* comm = nullptr;
+  // FP8 checkpoints on CUDA: true keeps the e4m3 weights (half the memory of bf16, through
+  // backend/cuda/fp8_linear.cu), false dequantizes them to bf16 at load (cuBLAS's speed for
+  // prefill and batches; docs/design.md, "FP8"). Unset: OSPREY_CUDA_FP8_WEIGHTS (default off).
+  std::optional<bool> keep_fp8;
   // Called with (bytes done, bytes total) while weights load.
   std::function<void(size_t, size_t)> progress;
 };

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "backend/ops.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "core/file_read.h"
 #include "core/log.h"
@@ -243,7 +244,7 @@ LinearWeight WeightLoader::hub_linear(const std::string& prefix, int64_t out, in
                        hq.name + "\"");
   // Static activation scales (W8A8 checkpoints): the weights run against unquantized activations.
   if (weights_.contains(prefix + ".input_scale")) read_.insert(prefix + ".input_scale");
-  if (!options_.device.is_cpu() && keep_fp8_) {
+  if (!options_.device.is_cpu() && keep_fp8_ && options_.keep_fp8.value_or(env_options().cuda_fp8_weights)) {
     const LoadedFp8 f = load_fp8(weights_, hq, prefix, out, in);
     read_.insert(f.tensors.begin(), f.tensors.end());
     const int64_t groups = f.m.scales.dim(1), group = in / groups;
@@ -272,7 +273,9 @@ LinearWeight WeightLoader::hub_linear(const std::string& prefix, int64_t out, in
   read_.insert(d.tensors.begin(), d.tensors.end());
   if (!fp8_logged_) {
     log_info(weights_.source().string() + ": FP8 (" + hq.name + ") weights are dequantized to " +
-             dtype_name(dtype.value_or(DType::bf16)) + " at load; activations are not quantized");
+             dtype_name(dtype.value_or(DType::bf16)) + " at load" +
+             (options_.device.is_cpu() ? "" : " (OSPREY_CUDA_FP8_WEIGHTS=1 keeps them FP8, at half the memory)") +
+             "; activations are not quantized");
     fp8_logged_ = true;
   }
   Array w = slice_2d(d.w, s.row0, s.rows, s.col0, s.cols);

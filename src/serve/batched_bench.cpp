@@ -1,5 +1,6 @@
 #include "serve/batched_bench.h"
 
+#include <algorithm>
 #include <chrono>
 #include <random>
 
@@ -37,6 +38,21 @@ int32_t choose_constrained(std::span<const float> logits, grammar::Matcher& m, c
   }
   if (!m.accept(t)) throw Error("batched bench: the grammar refused a token its mask allowed");
   return t;
+}
+
+// The mask `m` draws its next token from on the device: its grammar's mask without the end
+// tokens, in `buf`; a complete grammar (nothing but an end token allowed) starts again.
+std::span<const uint64_t> device_mask(grammar::Matcher& m, const std::shared_ptr<grammar::Automaton>& a,
+                                      std::span<const int32_t> end_ids, std::vector<uint64_t>& buf) {
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    const std::vector<uint64_t>& mask = m.mask();
+    buf.assign(mask.begin(), mask.end());
+    for (int32_t id : end_ids)
+      if (id >= 0 && size_t(id) / 64 < buf.size()) buf[size_t(id) / 64] &= ~(uint64_t(1) << (id % 64));
+    if (std::any_of(buf.begin(), buf.end(), [](uint64_t w) { return w != 0; })) return buf;
+    m = grammar::Matcher(a);
+  }
+  throw InvalidInput("batched bench: the grammar allows no token of the vocabulary at its start");
 }
 
 BatchedBenchResult run_one(Model& model, const BatchedBenchParams& p, int batch, std::mt19937_64& rng) {
@@ -86,7 +102,7 @@ BatchedBenchResult run_one(Model& model, const BatchedBenchParams& p, int batch,
     backend.prefill(begun->handle, prompts[size_t(i)], true, logits);
     if (constrained) {
       logits.resize(size_t(p.trie->vocab_size()));  // tokens past the tokenizer's vocabulary are never chosen
-      inputs[size_t(i)] = {begun->handle, choose_constrained(logits, matchers[size_t(i)], automaton), false};
+      inputs[size_t(i)] = {begun->handle, choose_constrained(logits, matchers[size_t(i)], automaton), true, true};
     } else {
       inputs[size_t(i)] = {begun->handle, argmax(logits), true};
     }
@@ -96,10 +112,20 @@ BatchedBenchResult run_one(Model& model, const BatchedBenchParams& p, int batch,
   std::vector<SequenceBackend::DecodeOutput> outputs;
   std::vector<grammar::Matcher*> batch_matchers;
   for (grammar::Matcher& m : matchers) batch_matchers.push_back(&m);
+  // A backend that chooses the tokens asks for the masks while the step runs (as the server's
+  // scheduler does); one that returns logits leaves them to choose_constrained below.
+  std::vector<std::vector<uint64_t>> mask_bufs(nb);
+  bool masks_taken = false;
+  auto masks = [&](std::vector<std::span<const uint64_t>>& out) {
+    worker.wait();
+    masks_taken = true;
+    for (size_t i = 0; i < nb; ++i) out[i] = device_mask(matchers[i], automaton, p.end_ids, mask_bufs[i]);
+  };
   for (int64_t step = 0; step < p.n_gen; ++step) {
     if (constrained) worker.start(batch_matchers);
+    masks_taken = false;
     try {
-      backend.decode(inputs, outputs);
+      backend.decode(inputs, outputs, constrained ? SequenceBackend::MaskFn(masks) : SequenceBackend::MaskFn());
     } catch (...) {
       if (constrained) worker.wait();
       throw;
@@ -108,7 +134,12 @@ BatchedBenchResult run_one(Model& model, const BatchedBenchParams& p, int batch,
     for (size_t i = 0; i < inputs.size(); ++i) {
       const auto& out = outputs[i];
       if (!out.error.empty()) throw InvalidInput("batched bench: " + out.error);
-      if (constrained)
+      if (constrained && masks_taken) {
+        if (out.token < 0 || !matchers[i].accept(out.token))
+          throw Error("batched bench: the backend chose token " + std::to_string(out.token) +
+                      ", which the grammar's mask does not allow");
+        inputs[i].token = out.token;
+      } else if (constrained)
         inputs[i].token = choose_constrained(std::span<const float>(out.logits).first(size_t(p.trie->vocab_size())),
                                              matchers[i], automaton);
       else

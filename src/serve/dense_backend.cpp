@@ -104,7 +104,8 @@ void DenseSlotBackend::prefill(int handle, std::span<const int32_t> tokens, bool
   if (want_logits) last_row(out, logits);
 }
 
-void DenseSlotBackend::decode(std::span<const DecodeInput> inputs, std::vector<DecodeOutput>& outputs) {
+void DenseSlotBackend::decode(std::span<const DecodeInput> inputs, std::vector<DecodeOutput>& outputs,
+                              const MaskFn& /*masks: logits are returned*/) {
   outputs.assign(inputs.size(), {});
   for (size_t i = 0; i < inputs.size(); ++i) {
     Slot& s = slot(inputs[i].handle);

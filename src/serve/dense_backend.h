@@ -37,7 +37,7 @@ class DenseSlotBackend final : public SequenceBackend {
   int64_t context_size() const override { return context_; }
   std::optional<Begun> begin(std::span<const int32_t> prompt, const std::string& cache_salt) override;
   void prefill(int handle, std::span<const int32_t> tokens, bool want_logits, std::vector<float>& logits) override;
-  void decode(std::span<const DecodeInput> inputs, std::vector<DecodeOutput>& outputs) override;
+  void decode(std::span<const DecodeInput> inputs, std::vector<DecodeOutput>& outputs, const MaskFn& masks) override;
   void end(int handle, std::span<const int32_t> tokens) override;
   double kv_usage() const override;
   KVCounters kv_counters() const override;

@@ -197,7 +197,7 @@ PagedBackend::Bucket& PagedBackend::bucket_for(int64_t b, int64_t blocks) {
   return *buckets_.back();
 }
 
-void PagedBackend::decode(std::span<const DecodeInput> inputs, std::vector<DecodeOutput>& outputs) {
+void PagedBackend::decode(std::span<const DecodeInput> inputs, std::vector<DecodeOutput>& outputs, const MaskFn& masks) {
   const int64_t b = int64_t(inputs.size());
   outputs.assign(inputs.size(), {});
   if (b == 0) return;
@@ -272,12 +272,17 @@ void PagedBackend::decode(std::span<const DecodeInput> inputs, std::vector<Decod
     // Tokens and non-finite flags side by side in one array: one readback.
     Array both = Array::empty({2 * b}, DType::i32, dev);
     Array chosen = both.slice_rows(0, b), nonfinite = both.slice_rows(b, 2 * b);
-    ops::argmax_rows(logits, chosen, nonfinite);
+    // Constrained inputs: their masks are computed while the step runs, and cross to the
+    // device (4 bytes per 32 tokens a row) instead of the logits to the host.
+    const Array allowed = device_masks(inputs, logits.dim(1), masks);
+    ops::argmax_rows(logits, chosen, nonfinite, allowed);
     const Array host = ops::to_device(both, Device::cpu());
     const int32_t* h_tok = host.data<int32_t>();
     for (int64_t i = 0; i < b; ++i) {
       if (h_tok[b + i])
         outputs[size_t(i)].error = non_finite_logits_message("NaN or Inf");
+      else if (h_tok[i] < 0)
+        outputs[size_t(i)].error = "the token mask allows no token of the vocabulary";
       else
         outputs[size_t(i)].token = h_tok[i];
     }
@@ -289,6 +294,30 @@ void PagedBackend::decode(std::span<const DecodeInput> inputs, std::vector<Decod
     const float* row = hl.data<float>() + i * vocab;
     outputs[size_t(i)].logits.assign(row, row + vocab);
   }
+}
+
+Array PagedBackend::device_masks(std::span<const DecodeInput> inputs, int64_t vocab, const MaskFn& masks) {
+  if (!masks || std::none_of(inputs.begin(), inputs.end(), [](const DecodeInput& in) { return in.masked; })) return {};
+  std::vector<std::span<const uint64_t>> spans(inputs.size());
+  masks(spans);
+  const int64_t b = int64_t(inputs.size()), words = (vocab + 31) / 32;
+  if (!mask_host_.defined() || mask_host_.dim(0) != b || mask_host_.dim(1) != words)
+    mask_host_ = Array::empty({b, words}, DType::u32);
+  uint32_t* m = mask_host_.data<uint32_t>();
+  for (int64_t i = 0; i < b; ++i) {
+    uint32_t* row = m + i * words;
+    const std::span<const uint64_t> s = spans[size_t(i)];
+    if (!inputs[size_t(i)].masked || s.empty()) {
+      std::fill(row, row + words, ~0u);
+      continue;
+    }
+    // u64 word k holds ids 64k .. 64k + 63, low bits first: as u32 words 2k and 2k + 1.
+    for (int64_t w = 0; w < words; ++w) {
+      const size_t k = size_t(w / 2);
+      row[w] = k < s.size() ? uint32_t(s[k] >> (32 * (w % 2))) : 0u;
+    }
+  }
+  return ops::to_device(mask_host_, model_.info().device);
 }
 
 void PagedBackend::end(int handle, std::span<const int32_t> tokens) {

@@ -49,7 +49,7 @@ class PagedBackend final : public SequenceBackend {
   int64_t context_size() const override { return context_; }
   std::optional<Begun> begin(std::span<const int32_t> prompt, const std::string& cache_salt) override;
   void prefill(int handle, std::span<const int32_t> tokens, bool want_logits, std::vector<float>& logits) override;
-  void decode(std::span<const DecodeInput> inputs, std::vector<DecodeOutput>& outputs) override;
+  void decode(std::span<const DecodeInput> inputs, std::vector<DecodeOutput>& outputs, const MaskFn& masks) override;
   bool reserve(int handle, int64_t n) override;
   // A sequence sharing every block of `handle` (PagedPool::fork); nullopt when no slot is free.
   std::optional<int> fork(int handle) override;
@@ -91,6 +91,9 @@ class PagedBackend final : public SequenceBackend {
   Bucket& bucket_for(int64_t b, int64_t blocks);
   Seq& seq(int handle);
   void publish_stats();
+  // The masked inputs' token masks (asked of `masks`) as u32 [inputs, ceil(vocab / 32)] on the
+  // device, every id allowed in an unmasked row; undefined when no input is masked.
+  Array device_masks(std::span<const DecodeInput> inputs, int64_t vocab, const MaskFn& masks);
 
   Model& model_;
   PagedBackendOptions options_;
@@ -103,6 +106,7 @@ class PagedBackend final : public SequenceBackend {
   std::vector<std::unique_ptr<Bucket>> buckets_;
   int64_t table_width_ = 0;  // blocks of one full context: every bucket's table row
   uint64_t n_graph_replays_ = 0, n_graph_captures_ = 0;
+  Array mask_host_;  // device_masks()'s staging rows, kept between steps
   mutable std::mutex stats_mu_;
   PromptCacheStats prefix_;      // guarded by stats_mu_; the pool's counts are filled in on reading
   PagedPoolStats pool_stats_;    // guarded by stats_mu_

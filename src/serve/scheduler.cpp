@@ -96,12 +96,14 @@ struct Scheduler::Sequence {
   bool ended = false;
   bool resumed = false;         // preempted once: tokens holds prompt and output so far
   bool preempted = false;       // this step: goes back to the queue
-  bool greedy = false;          // the backend may choose the token (DecodeInput::greedy)
+  bool greedy = false;          // the backend may choose the token (DecodeInput::greedy) ...
+  bool masked = false;          // ... from the matcher's mask (DecodeInput::masked)
   Clock::time_point admitted{};  // first begun: the end of its queue wait
 
   Sequence(SequenceRequest r) : request(std::move(r)), sampler(request.params.sampler), tokens(request.prompt) {
     const SamplerParams& sp = request.params.sampler;
-    greedy = sp.temperature <= 0 && !uses_history(sp) && request.params.n_top_logprobs < 0 && !request.params.grammar;
+    greedy = sp.temperature <= 0 && !uses_history(sp) && request.params.n_top_logprobs < 0;
+    masked = greedy && request.params.grammar;
     if (request.params.grammar) matcher.emplace(request.params.grammar);
   }
   int64_t n_prompt() const { return int64_t(request.prompt.size()); }
@@ -473,7 +475,7 @@ void Scheduler::step() {
   std::vector<Sequence*> decoding;
   for (auto& s : running_)
     if (!s->ended && !s->preempted && s->decoding) {
-      inputs.push_back({s->handle, s->tokens.back(), s->greedy});
+      inputs.push_back({s->handle, s->tokens.back(), s->greedy, s->masked});
       decoding.push_back(s.get());
     }
   if (!inputs.empty()) {
@@ -493,9 +495,21 @@ void Scheduler::step() {
       } catch (const std::exception&) {
       }
     };
+    // A backend that chooses greedy tokens asks for the masks once the step runs: the worker's,
+    // an empty span for a sequence whose mask failed (emit() fails it).
+    auto masks = [&](std::vector<std::span<const uint64_t>>& out) {
+      join_masks();
+      for (size_t i = 0; i < decoding.size(); ++i) {
+        if (!inputs[i].masked) continue;
+        try {
+          out[i] = decoding[i]->matcher->mask();
+        } catch (const std::exception&) {
+        }
+      }
+    };
     try {
       try {
-        backend_.decode(inputs, outputs);
+        backend_.decode(inputs, outputs, masks);
       } catch (...) {
         join_masks();
         throw;

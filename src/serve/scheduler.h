@@ -149,13 +149,24 @@ class SequenceBackend {
     // The sequence samples greedily with nothing else to compute from the logits: the backend
     // may choose the token itself (argmax, the lowest id on ties) and return no logits.
     bool greedy = false;
+    // A greedy input drawn from a token mask (constrained decoding) that `masks` gives.
+    bool masked = false;
   };
   struct DecodeOutput {
     int32_t token = -1;         // >= 0: the token the backend chose (greedy inputs only)
     std::vector<float> logits;  // otherwise the next-token logits, [vocab] on the host
     std::string error;          // non-empty: this sequence failed (e.g. non-finite logits)
   };
-  virtual void decode(std::span<const DecodeInput> inputs, std::vector<DecodeOutput>& outputs) = 0;
+  // The token masks of the masked inputs, asked for once the step's forward pass is on its way
+  // (so that the caller computes them meanwhile): fills masks[i] for each masked input i with
+  // a bitmask over the vocabulary (bit id % 64 of word id / 64, grammar::Matcher::mask()'s
+  // layout), valid until decode returns; an empty span leaves input i unmasked.
+  using MaskFn = std::function<void(std::vector<std::span<const uint64_t>>& masks)>;
+  // A backend that chooses the tokens of greedy inputs calls `masks` (when there are masked
+  // inputs) and takes each masked input's allowed token of highest logit: the lowest id on
+  // ties, an error when its mask allows none. One that returns logits need not call it.
+  virtual void decode(std::span<const DecodeInput> inputs, std::vector<DecodeOutput>& outputs,
+                      const MaskFn& masks) = 0;
   // A new sequence holding what `handle`'s cache holds, sharing it where the backend can (the
   // paged pool's blocks, copied on the first write into a shared one); its handle, or nullopt
   // when the backend cannot share a cache, and the caller computes the prompt again for it.

@@ -392,6 +392,53 @@ TEST_P(BatchInvariant, ArgmaxRowsMatchesAHostArgmax) {
   }
 }
 
+// Masked (constrained greedy decoding): the lowest allowed index of the allowed maximum, -1
+// when the row's mask allows nothing; ids past the mask's words are not allowed.
+TEST_P(BatchInvariant, MaskedArgmaxRowsMatchesAHostArgmaxOverTheAllowedIds) {
+  std::mt19937 rng(2024);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (int64_t vocab : {1, 37, 1000, 40000}) {
+    for (int64_t n : {1, 5, 16}) {
+      // Masks one word short of the vocabulary on every other case (the tail is then banned).
+      const int64_t full = (vocab + 31) / 32, words = (n % 2 == 1 || full == 1) ? full : full - 1;
+      std::vector<float> v(size_t(n * vocab));
+      for (auto& e : v) e = float(int(rng() % 16)) - 8.0f;
+      std::vector<uint32_t> m(size_t(n * words));
+      for (int64_t i = 0; i < n; ++i) {
+        uint32_t* row = m.data() + i * words;
+        switch (i % 4) {
+          case 0: for (int64_t w = 0; w < words; ++w) row[w] = uint32_t(rng()) & uint32_t(rng()); break;  // ~1/4
+          case 1: if (i != 1 || vocab < 3) break; row[0] = 1u << 2; v[size_t(i * vocab + 1)] = 1e9f; break;  // one id
+          case 2: for (int64_t w = 0; w < words; ++w) row[w] = ~0u; v[size_t(i * vocab)] = nan; break;
+          default: row[words - 1] = 0x80000000u; break;  // at most the last id the mask reaches
+        }
+      }
+      Array logits = on_device(v, {n, vocab});
+      Array mask_host = Array::empty({n, words}, DType::u32);
+      std::copy(m.begin(), m.end(), mask_host.data<uint32_t>());
+      Array allowed = ops::to_device(mask_host, device());
+      Array out = ops::to_device(Array::empty({n}, DType::i32), device());
+      Array bad = ops::to_device(Array::empty({n}, DType::i32), device());
+      ops::argmax_rows(logits, out, bad, allowed);
+      Array out_h = ops::to_device(out, Device::cpu()), bad_h = ops::to_device(bad, Device::cpu());
+      for (int64_t i = 0; i < n; ++i) {
+        const float* row = v.data() + i * vocab;
+        int64_t best = -1;
+        double best_v = 0.0;
+        bool flag = false;
+        for (int64_t j = 0; j < vocab; ++j) {
+          if (!std::isfinite(row[j])) flag = true;
+          const bool ok = j < words * 32 && ((m[size_t(i * words + j / 32)] >> (j % 32)) & 1u);
+          const double x = std::isnan(row[j]) ? -INFINITY : double(row[j]);
+          if (ok && (best < 0 || x > best_v)) best = j, best_v = x;
+        }
+        EXPECT_EQ(out_h.data<int32_t>()[i], int32_t(best)) << "vocab=" << vocab << " n=" << n << " row " << i;
+        EXPECT_EQ(bad_h.data<int32_t>()[i], flag ? 1 : 0) << "vocab=" << vocab << " n=" << n << " row " << i;
+      }
+    }
+  }
+}
+
 TEST_P(BatchInvariant, ArgmaxRowsNamesABadArgument) {
   Array logits = on_device(std::vector<float>(12, 0.0f), {3, 4});
   Array out = ops::to_device(Array::empty({3}, DType::i32), device());
@@ -410,6 +457,8 @@ TEST_P(BatchInvariant, ArgmaxRowsNamesABadArgument) {
   EXPECT_NE(message([&] { ops::argmax_rows(logits, short_out, bad); }).find("out must"), std::string::npos);
   Array f32_flags = ops::to_device(Array::empty({3}, DType::f32), device());
   EXPECT_NE(message([&] { ops::argmax_rows(logits, out, f32_flags); }).find("nonfinite must"), std::string::npos);
+  Array i32_mask = ops::to_device(Array::empty({3, 1}, DType::i32), device());
+  EXPECT_NE(message([&] { ops::argmax_rows(logits, out, bad, i32_mask); }).find("allowed must"), std::string::npos);
 }
 
 INSTANTIATE_TEST_SUITE_P(BatchInvariantDevices, BatchInvariant, OSPREY_DEVICE_LEVELS);

@@ -100,6 +100,14 @@ float margin(const float* row, int64_t n) {
 class HubCheckpoint : public testing::DeviceTestOf<testing::ModelCase> {
  protected:
   fs::path dir() const { return checkpoints(GetParam().model) / GetParam().model; }
+  // The quantized checkpoint, its FP8 weights kept FP8 on CUDA (the path of
+  // OSPREY_CUDA_FP8_WEIGHTS=1; by default they are dequantized to bf16 as on the CPU).
+  std::unique_ptr<Model> load_quant() const {
+    LoadOptions lo;
+    lo.device = device();
+    lo.keep_fp8 = true;
+    return load_model(dir(), lo);
+  }
 };
 
 TEST_P(HubCheckpoint, LoadedWeightsEqualTheScriptsDequantization) {
@@ -108,8 +116,22 @@ TEST_P(HubCheckpoint, LoadedWeightsEqualTheScriptsDequantization) {
   const SafeTensors ref = SafeTensors::open_file(dir() / "dequant.safetensors");
   LoadOptions opt;
   opt.device = device();
+  opt.keep_fp8 = true;
   WeightLoader loader(st, opt, parse_quant_config(ConfigReader::load(dir() / "config.json")));
   ASSERT_EQ(ref.names().size(), 21u);  // q, k, v, o, gate, up, down of 3 layers
+  if (!int_format(fmt)) {
+    // Unless asked to keep them, FP8 weights are dequantized to bf16 at load on every device.
+    LoadOptions by_default;
+    by_default.device = device();
+    by_default.keep_fp8 = false;
+    WeightLoader dequantizing(st, by_default, parse_quant_config(ConfigReader::load(dir() / "config.json")));
+    const std::string first = ref.names().front();
+    const LinearWeight w = dequantizing.linear(first.substr(0, first.size() - std::string(".weight").size()),
+                                               ref.get(first).dim(0), ref.get(first).dim(1));
+    EXPECT_FALSE(w.fp8.defined()) << first;
+    ASSERT_TRUE(w.dense.defined()) << first;
+    EXPECT_EQ(w.dense.dtype(), DType::bf16) << first;
+  }
   for (const std::string& name : ref.names()) {
     const Array r = ref.get(name);
     const int64_t out = r.dim(0), in = r.dim(1);
@@ -151,7 +173,7 @@ TEST_P(HubCheckpoint, LoadedWeightsEqualTheScriptsDequantization) {
 // K/V rows against the twin's float32 weights and float16 rows.
 TEST_P(HubCheckpoint, LogitsMatchTheDequantizedDenseModel) {
   const double tol = int_format(GetParam().model) ? 3e-3 : 1e-2;
-  auto quant = testing::load_on(dir(), device());
+  auto quant = load_quant();
   auto dense = testing::load_on(dir() / "dense", device());
   const std::vector<int32_t> ids = testing::random_prompt(24, 7);
   {
@@ -177,7 +199,7 @@ TEST_P(HubCheckpoint, LogitsMatchTheDequantizedDenseModel) {
 // Greedy output of the quantized model equals the dense twin's over the steps whose margin
 // (dense logits, teacher-forced) is clear.
 TEST_P(HubCheckpoint, GreedyOutputMatchesTheDenseModelWhereMarginsAreClear) {
-  auto quant = testing::load_on(dir(), device());
+  auto quant = load_quant();
   auto dense = testing::load_on(dir() / "dense", device());
   int clear = 0;
   for (uint32_t seed : {1u, 2u, 3u}) {

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <random>
 
@@ -109,7 +110,7 @@ BatchRun run_batch(PagedBackend& backend, const std::vector<std::vector<int32_t>
   std::vector<SequenceBackend::DecodeOutput> out;
   for (int s = 0; s < n_steps; ++s) {
     for (const auto& i : in) EXPECT_TRUE(backend.reserve(i.handle, 1));
-    backend.decode(in, out);
+    backend.decode(in, out, {});
     for (size_t i = 0; i < in.size(); ++i) {
       EXPECT_TRUE(out[i].error.empty()) << out[i].error;
       r.logits[i].push_back(out[i].logits);
@@ -221,6 +222,70 @@ TEST_P(PagedBackendTest, CachedBlocksKeepTheirRowsWhileOthersWriteAfterThem) {
     EXPECT_EQ(std::memcmp(third.logits[0][i].data(), first.logits[0][i].data(), size_t(vocab_) * 4), 0) << "third, step " << i;
   }
   EXPECT_EQ(backend.pool_stats().n_in_use, 0);
+}
+
+// Greedy inputs with token masks (constrained decoding): a backend that chooses the tokens asks
+// for the masks and takes each row's allowed maximum (checked against the dense path's logits);
+// a row whose mask allows nothing fails alone. One that returns logits (the CPU) need not ask.
+TEST_P(PagedBackendTest, MaskedGreedyInputsTakeTheAllowedMaximum) {
+  std::mt19937 rng(31);
+  PagedBackend backend(*model_, options(8));
+  const int n = 4;
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<SequenceBackend::DecodeInput> in;
+  for (int i = 0; i < n; ++i) {
+    prompts.push_back(random_prompt(rng, 6 + i, vocab_));
+    auto b = backend.begin(prompts.back(), "");
+    ASSERT_TRUE(b.has_value());
+    std::vector<float> logits;
+    ASSERT_TRUE(backend.reserve(b->handle, int64_t(prompts.back().size())));
+    backend.prefill(b->handle, prompts.back(), true, logits);
+    const int32_t t = argmax(logits);
+    prompts.back().push_back(t);
+    in.push_back({b->handle, t, true, i != 2});  // row 2: greedy, unmasked
+    ASSERT_TRUE(backend.reserve(b->handle, 1));
+  }
+  // About one id in eight allowed, over a mask one word short of the vocabulary (its tail
+  // banned); row 3 allows nothing.
+  const size_t words = size_t((vocab_ + 63) / 64) - (vocab_ > 64 ? 1 : 0);
+  std::vector<std::vector<uint64_t>> masks(n, std::vector<uint64_t>(words, 0));
+  for (int i = 0; i < 3; ++i)
+    for (auto& w : masks[size_t(i)]) w = uint64_t(rng()) << 32 | rng(), w &= uint64_t(rng()) << 32 | rng(), w &= uint64_t(rng()) << 32 | rng();
+  int asked = 0;
+  std::vector<SequenceBackend::DecodeOutput> out;
+  backend.decode(in, out, [&](std::vector<std::span<const uint64_t>>& spans) {
+    ++asked;
+    ASSERT_EQ(spans.size(), size_t(n));
+    for (int i = 0; i < n; ++i)
+      if (in[size_t(i)].masked) spans[size_t(i)] = masks[size_t(i)];
+  });
+  EXPECT_EQ(asked, device().is_cpu() ? 0 : 1);
+  auto allowed = [&](int i, int64_t id) {
+    return size_t(id / 64) < words && ((masks[size_t(i)][size_t(id / 64)] >> (id % 64)) & 1);
+  };
+  for (int i = 0; i < n; ++i) {
+    const std::vector<float> ref = dense_reference(prompts[size_t(i)], prompts[size_t(i)].size()).back();
+    int32_t best = -1;
+    for (int64_t id = 0; id < vocab_; ++id)
+      if ((!in[size_t(i)].masked || allowed(i, id)) && (best < 0 || ref[size_t(id)] > ref[size_t(best)])) best = int32_t(id);
+    if (i == 3 && !device().is_cpu()) {
+      EXPECT_NE(out[3].error.find("allows no token"), std::string::npos) << out[3].error;
+      continue;
+    }
+    ASSERT_TRUE(out[size_t(i)].error.empty()) << out[size_t(i)].error;
+    if (out[size_t(i)].token < 0) {  // logits returned: the caller chooses
+      EXPECT_EQ(int64_t(out[size_t(i)].logits.size()), vocab_);
+      continue;
+    }
+    const int32_t t = out[size_t(i)].token;
+    ASSERT_GE(t, 0);
+    ASSERT_LT(t, vocab_);
+    if (in[size_t(i)].masked) EXPECT_TRUE(allowed(i, t)) << "row " << i << ": token " << t << " is not allowed";
+    // The paged step's logits equal the dense path's up to rounding: the choice is the
+    // allowed maximum unless two allowed ids are that close.
+    EXPECT_GE(ref[size_t(t)], ref[size_t(best)] - 1e-3f * std::max(1.0f, std::fabs(ref[size_t(best)])))
+        << "row " << i << ": token " << t << " against the allowed maximum " << best;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, PagedBackendTest, OSPREY_MODELS_ON_DEVICES(testing::kFamilies));

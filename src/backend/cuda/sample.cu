@@ -29,9 +29,12 @@ __device__ __forceinline__ float key(float v) { return v != v ? kNegInf : v; }
 
 // One block scans the row x[0, n); each thread keeps its best, then a warp / block reduction.
 // Thread 0 writes the lowest index of the maximum to *idx (NaN ranking as -inf, so a row of
-// NaN gives 0) and whether the row held a NaN or an Inf to *bad_out. Call from all threads of
-// the block (barriers).
-__device__ __forceinline__ void block_argmax(const float* __restrict__ x, int64_t n, int32_t* idx, int* bad_out) {
+// NaN gives 0) and whether the row held a NaN or an Inf to *bad_out. With `allowed` (a token
+// mask over ids [0, mask_ids), x[i] being id base + i), only allowed elements are candidates,
+// and *idx is -1 when none is. Call from all threads of the block (barriers).
+__device__ __forceinline__ void block_argmax(const float* __restrict__ x, int64_t n, int32_t* idx, int* bad_out,
+                                             const uint32_t* __restrict__ allowed = nullptr, int64_t base = 0,
+                                             int64_t mask_ids = 0) {
   __shared__ float sv[32];
   __shared__ int64_t si[32];
   float bv = kNegInf;
@@ -40,6 +43,10 @@ __device__ __forceinline__ void block_argmax(const float* __restrict__ x, int64_
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
     const float raw = x[i];
     bad |= !isfinite(raw);
+    if (allowed) {
+      const int64_t id = base + i;
+      if (id >= mask_ids || !((allowed[id >> 5] >> (id & 31)) & 1u)) continue;
+    }
     const float v = key(raw);
     if (better(v, i, bv, bi)) bv = v, bi = i;
   }
@@ -64,7 +71,7 @@ __device__ __forceinline__ void block_argmax(const float* __restrict__ x, int64_
       if (better(ov, oi, bv, bi)) bv = ov, bi = oi;
     }
     if (lane == 0) {
-      *idx = int32_t(bi < n ? bi : 0);
+      *idx = int32_t(bi < n ? bi : allowed ? -1 : 0);
       *bad_out = bad;
     }
   }
@@ -90,18 +97,22 @@ struct RowPart {
   int32_t bad;
 };
 
-__global__ void argmax_row_parts_kernel(const float* __restrict__ logits, int64_t vocab, RowPart* __restrict__ parts) {
+__global__ void argmax_row_parts_kernel(const float* __restrict__ logits, int64_t vocab,
+                                        const uint32_t* __restrict__ allowed, int64_t mask_words,
+                                        RowPart* __restrict__ parts) {
   pdl_wait();
   const int64_t row = blockIdx.y, part = blockIdx.x;
   const int64_t per = (vocab + kRowParts - 1) / kRowParts;
   const int64_t lo = min(vocab, part * per), hi = min(vocab, lo + per);
-  int32_t idx = 0;
+  int32_t idx = -1;
   int bad = 0;
-  if (lo < hi) block_argmax(logits + row * vocab + lo, hi - lo, &idx, &bad);
+  if (lo < hi)
+    block_argmax(logits + row * vocab + lo, hi - lo, &idx, &bad, allowed ? allowed + row * mask_words : nullptr, lo,
+                 mask_words * 32);
   if (threadIdx.x == 0) {
     RowPart& p = parts[row * kRowParts + part];
-    p.value = lo < hi ? key(logits[row * vocab + lo + idx]) : kNegInf;
-    p.index = lo < hi ? int32_t(lo + idx) : int32_t(vocab);
+    p.value = idx >= 0 ? key(logits[row * vocab + lo + idx]) : kNegInf;
+    p.index = idx >= 0 ? int32_t(lo + idx) : int32_t(vocab);
     p.bad = bad;
   }
 }
@@ -126,7 +137,7 @@ __global__ void argmax_row_merge_kernel(const RowPart* __restrict__ parts, int64
   }
   bad = __any_sync(0xffffffffu, bad);
   if (lane == 0) {
-    out[row] = int32_t(bi < vocab ? bi : 0);
+    out[row] = int32_t(bi < vocab ? bi : -1);  // -1: the row's mask allows no id
     nonfinite[row] = bad;
   }
 }
@@ -146,14 +157,17 @@ void argmax(const float* x, int64_t n, int32_t* out, cudaStream_t s) {
   launch_kernel(argmax_kernel, 1, kThreads, 0, s, x, n, out);
 }
 
-void argmax_rows(const float* logits, int64_t rows, int64_t vocab, int32_t* out, int32_t* nonfinite, cudaStream_t s) {
+void argmax_rows(const float* logits, int64_t rows, int64_t vocab, const uint32_t* allowed, int64_t mask_words,
+                 int32_t* out, int32_t* nonfinite, cudaStream_t s) {
   if (rows <= 0) return;
   if (vocab <= 0) throw InvalidInput("argmax_rows: empty rows (vocab " + std::to_string(vocab) + ")");
   if (vocab > 0x7fffffffLL) throw Unsupported("argmax_rows: rows longer than 2^31 - 1");
   if (rows > 0x7fffffffLL) throw Unsupported("argmax_rows: more than 2^31 - 1 rows");
   if (rows > 65535) throw Unsupported("argmax_rows: more than 65535 rows");
   auto* parts = static_cast<RowPart*>(scratch(size_t(rows) * kRowParts * sizeof(RowPart)));
-  launch_kernel(argmax_row_parts_kernel, dim3(kRowParts, unsigned(rows)), kRowThreads, 0, s, logits, vocab, parts);
+  if (allowed && mask_words <= 0) throw InvalidInput("argmax_rows: a token mask of no words");
+  launch_kernel(argmax_row_parts_kernel, dim3(kRowParts, unsigned(rows)), kRowThreads, 0, s, logits, vocab, allowed,
+                mask_words, parts);
   launch_kernel(argmax_row_merge_kernel, unsigned(rows), 32, 0, s, parts, vocab, out, nonfinite);
 }
 
