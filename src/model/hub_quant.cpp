@@ -8,6 +8,7 @@
 #include "backend/ops.h"
 #include "core/error.h"
 #include "core/half.h"
+#include "core/thread_pool.h"
 #include "model/config_reader.h"
 #include "model/safetensors.h"
 
@@ -75,19 +76,21 @@ Fp8Rows quantize_fp8_rows(const Array& w, DType scale_dtype) {
   r.scales = Array::empty({out, 1}, scale_dtype);
   const float* src = f.data<float>();
   auto* codes = r.codes.data<uint8_t>();
-  for (int64_t o = 0; o < out; ++o) {
-    float amax = 0;
-    for (int64_t i = 0; i < in; ++i) amax = std::max(amax, std::fabs(src[o * in + i]));
-    float scale = amax > 0 ? amax / 448.0f : 1.0f;
-    if (scale_dtype == DType::f32) {
-      r.scales.data<float>()[o] = scale;
-    } else {
-      const uint16_t h = to_half(scale, scale_dtype);
-      r.scales.data<uint16_t>()[o] = h;
-      scale = scale_dtype == DType::f16 ? f16_to_f32(h) : bf16_to_f32(h);
+  cpu_pool().parallel_for(out, 16, [&](int64_t o0, int64_t o1, int) {
+    for (int64_t o = o0; o < o1; ++o) {
+      float amax = 0;
+      for (int64_t i = 0; i < in; ++i) amax = std::max(amax, std::fabs(src[o * in + i]));
+      float scale = amax > 0 ? amax / 448.0f : 1.0f;
+      if (scale_dtype == DType::f32) {
+        r.scales.data<float>()[o] = scale;
+      } else {
+        const uint16_t h = to_half(scale, scale_dtype);
+        r.scales.data<uint16_t>()[o] = h;
+        scale = scale_dtype == DType::f16 ? f16_to_f32(h) : bf16_to_f32(h);
+      }
+      for (int64_t i = 0; i < in; ++i) codes[o * in + i] = float_to_e4m3(double(src[o * in + i]) / double(scale));
     }
-    for (int64_t i = 0; i < in; ++i) codes[o * in + i] = float_to_e4m3(double(src[o * in + i]) / double(scale));
-  }
+  });
   return r;
 }
 
@@ -377,14 +380,16 @@ DequantizedFp8 dequantize_fp8(const SafeTensors& st, const HubQuant& hq, const s
   const auto* src = static_cast<const uint8_t*>(f.w.raw());
   float table[256];
   for (int v = 0; v < 256; ++v) table[v] = e4m3_to_float(uint8_t(v));
-  for (int64_t o = 0; o < out; ++o)
-    for (int64_t i = 0; i < in; ++i) {
-      const float v = table[src[o * in + i]] * f.scale(hq, o, i);
-      if (to == DType::f32)
-        r.w.data<float>()[o * in + i] = v;
-      else
-        r.w.data<uint16_t>()[o * in + i] = to_half(v, to);
-    }
+  cpu_pool().parallel_for(out, 16, [&](int64_t o0, int64_t o1, int) {
+    for (int64_t o = o0; o < o1; ++o)
+      for (int64_t i = 0; i < in; ++i) {
+        const float v = table[src[o * in + i]] * f.scale(hq, o, i);
+        if (to == DType::f32)
+          r.w.data<float>()[o * in + i] = v;
+        else
+          r.w.data<uint16_t>()[o * in + i] = to_half(v, to);
+      }
+  });
   r.source_bytes = f.source_bytes;
   return r;
 }
