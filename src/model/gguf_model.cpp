@@ -13,6 +13,7 @@
 #include "core/log.h"
 #include "core/mapped_file.h"
 #include "model/gguf_blocks.h"
+#include "model/gguf_names.h"
 
 namespace osprey {
 namespace {
@@ -43,43 +44,6 @@ std::string supported_archs() {
   std::string s;
   for (const GgufArch& a : kGgufArchs) s += (s.empty() ? "" : ", ") + std::string(a.arch);
   return s;
-}
-
-// GGUF's per-layer tensor names, after "blk.N.", and the Hugging Face module they are.
-std::string layer_tensor_name(const std::string& rest, bool sandwich) {
-  static const std::map<std::string, std::string> common = {
-      {"attn_norm", "input_layernorm"},        {"attn_q", "self_attn.q_proj"},
-      {"attn_k", "self_attn.k_proj"},          {"attn_v", "self_attn.v_proj"},
-      {"attn_output", "self_attn.o_proj"},     {"attn_q_norm", "self_attn.q_norm"},
-      {"attn_k_norm", "self_attn.k_norm"},     {"ffn_gate", "mlp.gate_proj"},
-      {"ffn_up", "mlp.up_proj"},               {"ffn_down", "mlp.down_proj"},
-      {"post_attention_norm", "post_attention_layernorm"},
-      {"post_ffw_norm", "post_feedforward_layernorm"},
-  };
-  const size_t dot = rest.rfind('.');
-  if (dot == std::string::npos) return "";
-  const std::string module = rest.substr(0, dot), suffix = rest.substr(dot);
-  if (module == "ffn_norm") return (sandwich ? "pre_feedforward_layernorm" : "post_attention_layernorm") + suffix;
-  auto it = common.find(module);
-  return it == common.end() ? "" : it->second + suffix;
-}
-
-// The Hugging Face name of a GGUF tensor; the GGUF name itself when it has none (the family
-// then names it as a tensor it does not read).
-std::string hf_tensor_name(const std::string& name, bool sandwich) {
-  if (name == "token_embd.weight") return "model.embed_tokens.weight";
-  if (name == "output_norm.weight") return "model.norm.weight";
-  if (name == "output.weight") return "lm_head.weight";
-  if (name.rfind("blk.", 0) == 0) {
-    const size_t dot = name.find('.', 4);
-    if (dot == std::string::npos || dot == 4) return name;
-    const std::string layer = name.substr(4, dot - 4);
-    if (layer.find_first_not_of("0123456789") != std::string::npos || layer.size() > 9) return name;
-    const std::string rest = layer_tensor_name(name.substr(dot + 1), sandwich);
-    if (rest.empty()) return name;
-    return "model.layers." + std::to_string(std::stol(layer)) + "." + rest;
-  }
-  return name;
 }
 
 // How each block-quantized type is held after load (docs/gguf.md, "Quantized types"):

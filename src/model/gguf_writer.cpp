@@ -14,6 +14,7 @@
 #include "model/config_reader.h"
 #include "model/convert.h"
 #include "model/gguf_blocks.h"
+#include "model/gguf_names.h"
 #include "model/safetensors.h"
 
 namespace osprey {
@@ -225,32 +226,6 @@ std::string supported_families() {
   std::string s;
   for (const Arch& a : kArchs) s += (s.empty() ? "" : ", ") + std::string(a.model_type);
   return s;
-}
-
-// llama.cpp's name of a Hugging Face tensor; empty for one it does not store.
-std::string gguf_tensor_name(const std::string& name, bool sandwich) {
-  if (name == "model.embed_tokens.weight") return "token_embd.weight";
-  if (name == "model.norm.weight") return "output_norm.weight";
-  if (name == "lm_head.weight") return "output.weight";
-  static const std::map<std::string, std::string> layer = {
-      {"input_layernorm", "attn_norm"},        {"self_attn.q_proj", "attn_q"},
-      {"self_attn.k_proj", "attn_k"},          {"self_attn.v_proj", "attn_v"},
-      {"self_attn.o_proj", "attn_output"},     {"self_attn.q_norm", "attn_q_norm"},
-      {"self_attn.k_norm", "attn_k_norm"},     {"mlp.gate_proj", "ffn_gate"},
-      {"mlp.up_proj", "ffn_up"},               {"mlp.down_proj", "ffn_down"},
-      {"post_feedforward_layernorm", "post_ffw_norm"}, {"pre_feedforward_layernorm", "ffn_norm"},
-  };
-  const std::string prefix = "model.layers.";
-  if (name.rfind(prefix, 0) != 0) return "";
-  const size_t dot = name.find('.', prefix.size()), last = name.rfind('.');
-  if (dot == std::string::npos || last <= dot) return "";
-  const std::string n = name.substr(prefix.size(), dot - prefix.size());
-  const std::string module = name.substr(dot + 1, last - dot - 1), suffix = name.substr(last);
-  std::string g;
-  if (module == "post_attention_layernorm") g = sandwich ? "post_attention_norm" : "ffn_norm";
-  else if (auto it = layer.find(module); it != layer.end()) g = it->second;
-  else return "";
-  return "blk." + n + "." + g + suffix;
 }
 
 // convert_hf_to_gguf's permute(): each head's rows, halves (i, i + d/2), to interleaved pairs.
