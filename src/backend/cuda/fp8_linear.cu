@@ -14,73 +14,146 @@
 namespace osprey::cuda {
 namespace {
 
-constexpr int kWarps = 8;  // output rows per block of the GEMV
+// The GEMV: a block of kThreads threads owns kRows consecutive output rows and splits their
+// inputs: thread t takes the 16-code chunks t, t + kThreads, ... of every row. Each pass it
+// holds the codes of kUnroll chunks of all kRows rows in registers and issues the next pass's
+// loads before it computes (kRows * kUnroll 16-byte loads in flight a thread), so that the
+// codes stream at the memory's rate; x is read through L1 once per kRows rows. The first
+// pass's codes load before pdl_wait() (they are weights), the next kernel is released after
+// the last load.
+constexpr int kThreads = 128;
+constexpr int kRows = 4;
+constexpr int kUnroll = 2;
 // Scratch for the rounded x plus one dequantized chunk of rows (at least kMinChunkBytes).
 constexpr size_t kScratchBytes = size_t(64) << 20;
 constexpr size_t kMinChunkBytes = size_t(16) << 20;
 
-// Two e4m3 codes (low byte first) as floats.
-__device__ __forceinline__ float2 e4m3x2_to_float2(uint16_t pair) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3);
-  return __half22float2(__half2(h));
+// Four e4m3 codes (low byte first) as floats.
+__device__ __forceinline__ void e4m3x4_to_float(uint32_t word, float (&v)[4]) {
+  const __half2_raw a = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(word & 0xffffu), __NV_E4M3);
+  const __half2_raw b = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(word >> 16), __NV_E4M3);
+  const float2 fa = __half22float2(__half2(a)), fb = __half22float2(__half2(b));
+  v[0] = fa.x, v[1] = fa.y, v[2] = fb.x, v[3] = fb.y;
 }
 
-// y[r, o] for r < NR: warp `o` of the grid reads row o of the codes once.
-// x [NR, in] f32, codes [out, in], scales [out, n_groups]; in % 16 == 0, group % 16 == 0.
+__device__ __forceinline__ uint32_t word_of(const uint4& r, int i) {
+  return i == 0 ? r.x : i == 1 ? r.y : i == 2 ? r.z : r.w;
+}
+
+// y[j, o] for the block's rows o and j < NR: x [NR, in] f32, codes [out, in], scales
+// [out, n_groups]; in % 16 == 0, (in / n_groups) % 16 == 0. Per (row of w, row of x) the sum
+// runs over the same chunks in the same order whatever NR: a row's result does not depend on
+// the other rows of x.
 template <int NR>
-__global__ void __launch_bounds__(kWarps * 32) fp8_gemv_kernel(const float* __restrict__ x, Fp8Args w,
-                                                               const float* __restrict__ bias, float* __restrict__ y) {
-  const int lane = threadIdx.x & 31;
-  const int64_t o = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
-  if (o >= w.out) return;
-  const int64_t group = w.in / w.n_groups;
-  const uint8_t* row = w.codes + o * w.in;
-  const float* srow = w.scales + o * w.n_groups;
-  float acc[NR];
+__global__ void __launch_bounds__(kThreads) fp8_gemv_kernel(const float* __restrict__ x, Fp8Args w,
+                                                            const float* __restrict__ bias, float* __restrict__ y) {
+  const int tid = threadIdx.x;
+  const int n_chunks = int(w.in / 16);
+  const int group_chunks = int(w.in / w.n_groups) / 16;
+  const int64_t row0 = int64_t(blockIdx.x) * kRows;
+  const uint4* rows[kRows];
+  const float* srows[kRows];
 #pragma unroll
-  for (int r = 0; r < NR; ++r) acc[r] = 0.0f;
-  // NOTE: x is read in f32 from L1/L2 by every warp: 4 bytes per code byte and row of x, so
-  // beyond a few rows the GEMV is bound by L1 rather than by the codes' DRAM bandwidth (x
-  // staged in shared memory as f16 would cut it by 2 to 4 times; not measured yet).
-#pragma unroll 2
-  for (int64_t k = int64_t(lane) * 16; k < w.in; k += 32 * 16) {
-    const uint4 q = __ldg(reinterpret_cast<const uint4*>(row + k));
-    const uint32_t words[4] = {q.x, q.y, q.z, q.w};
-    float v[16];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float2 a = e4m3x2_to_float2(uint16_t(words[j] & 0xffffu));
-      const float2 b = e4m3x2_to_float2(uint16_t(words[j] >> 16));
-      v[4 * j] = a.x, v[4 * j + 1] = a.y, v[4 * j + 2] = b.x, v[4 * j + 3] = b.y;
-    }
-    const float scale = __ldg(srow + k / group);
-#pragma unroll
-    for (int r = 0; r < NR; ++r) {
-      const float4* xr = reinterpret_cast<const float4*>(x + r * w.in + k);
-      float part = 0.0f;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float4 xv = xr[j];
-        part = fmaf(v[4 * j], xv.x, part);
-        part = fmaf(v[4 * j + 1], xv.y, part);
-        part = fmaf(v[4 * j + 2], xv.z, part);
-        part = fmaf(v[4 * j + 3], xv.w, part);
-      }
-      acc[r] = fmaf(scale, part, acc[r]);
-    }
+  for (int r = 0; r < kRows; ++r) {
+    const int64_t o = min(row0 + r, w.out - 1);  // rows past the end repeat the last (not written)
+    rows[r] = reinterpret_cast<const uint4*>(w.codes + o * w.in);
+    srows[r] = w.scales + o * w.n_groups;
   }
+  float acc[kRows][NR];
 #pragma unroll
-  for (int r = 0; r < NR; ++r) {
-    const float t = warp_sum(acc[r]);
-    if (lane == 0) y[r * w.out + o] = t + (bias ? bias[o] : 0.0f);
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int j = 0; j < NR; ++j) acc[r][j] = 0.0f;
+
+  uint4 q[kUnroll][kRows];
+  auto load = [&](uint4 (&dst)[kUnroll][kRows], int c) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int cu = c + u * kThreads;
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) dst[u][r] = cu < n_chunks ? __ldcs(rows[r] + cu) : make_uint4(0, 0, 0, 0);
+    }
+  };
+  int c = tid;
+  load(q, c);
+  pdl_wait();
+  while (c < n_chunks) {
+    const int next = c + kUnroll * kThreads;
+    uint4 qn[kUnroll][kRows];
+    if (next < n_chunks) load(qn, next);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int cu = c + u * kThreads;
+      if (cu < n_chunks) {
+        float part[kRows][NR];
+#pragma unroll
+        for (int r = 0; r < kRows; ++r)
+#pragma unroll
+          for (int j = 0; j < NR; ++j) part[r][j] = 0.0f;
+#pragma unroll
+        for (int wi = 0; wi < 4; ++wi) {
+          float4 xv[NR];
+#pragma unroll
+          for (int j = 0; j < NR; ++j) xv[j] = __ldg(reinterpret_cast<const float4*>(x + int64_t(j) * w.in) + cu * 4 + wi);
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) {
+            float v[4];
+            e4m3x4_to_float(word_of(q[u][r], wi), v);
+#pragma unroll
+            for (int j = 0; j < NR; ++j) {
+              part[r][j] = fmaf(v[0], xv[j].x, part[r][j]);
+              part[r][j] = fmaf(v[1], xv[j].y, part[r][j]);
+              part[r][j] = fmaf(v[2], xv[j].z, part[r][j]);
+              part[r][j] = fmaf(v[3], xv[j].w, part[r][j]);
+            }
+          }
+        }
+        const int g = cu / group_chunks;
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          const float scale = __ldg(srows[r] + g);
+#pragma unroll
+          for (int j = 0; j < NR; ++j) acc[r][j] = fmaf(scale, part[r][j], acc[r][j]);
+        }
+      }
+    }
+    if (next < n_chunks) {
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) q[u][r] = qn[u][r];
+    }
+    c = next;
+  }
+  pdl_launch_dependents();
+
+  // Warp sums, then the kThreads / 32 warps' partials summed in order through shared memory.
+  __shared__ float part_sums[kThreads / 32][kRows * NR];
+  const int lane = tid & 31, warp = tid >> 5;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int j = 0; j < NR; ++j) {
+      const float t = warp_sum(acc[r][j]);
+      if (lane == 0) part_sums[warp][r * NR + j] = t;
+    }
+  __syncthreads();
+  if (tid < kRows * NR) {
+    const int r = tid / NR, j = tid % NR;
+    const int64_t o = row0 + r;
+    if (o < w.out) {
+      float t = 0.0f;
+#pragma unroll
+      for (int k = 0; k < kThreads / 32; ++k) t += part_sums[k][tid];
+      y[int64_t(j) * w.out + o] = t + (bias ? bias[o] : 0.0f);
+    }
   }
 }
 
 template <int NR>
 void launch_gemv(const float* x, const Fp8Args& w, const float* bias, float* y, cudaStream_t s) {
-  const unsigned blocks = unsigned((w.out + kWarps - 1) / kWarps);
-  fp8_gemv_kernel<NR><<<blocks, kWarps * 32, 0, s>>>(x, w, bias, y);
-  OSPREY_CUDA_CHECK_LAUNCH();
+  const unsigned blocks = unsigned((w.out + kRows - 1) / kRows);
+  launch_kernel(fp8_gemv_kernel<NR>, blocks, kThreads, 0, s, x, w, bias, y);
 }
 
 // dst[i, c] = bf16(e4m3(codes[i, c]) * scales[i, c / group]) for rows [0, rows).

@@ -26,11 +26,13 @@ void linear_fp8(const float* x, int64_t n, const Fp8Args& w, const float* bias, 
 // inputs, codes and x 16-byte aligned.
 bool linear_fp8_gemv_takes(const float* x, const Fp8Args& w);
 
-// Decode GEMV, any n >= 1 (chunks of 8 rows of x): one warp per output row reads the row's
-// codes once with 16-byte loads, converts pairs to half2 (the hardware conversion on sm_89 and
-// later), multiplies by x in f32 and applies each group's scale to its f32 partial sum. A
-// row's result does not depend on the other rows of x. Allocates nothing (capturable in a CUDA
-// graph). Unsupported unless linear_fp8_gemv_takes(x, w).
+// Decode GEMV, any n >= 1 (chunks of 8 rows of x): a block of 128 threads owns 4 output rows
+// and splits their inputs in 16-code chunks (8 chunks of codes in flight a thread, the next
+// pass's loaded while the current one computes), converts pairs to half2 (the hardware
+// conversion on sm_89 and later), multiplies by x in f32 and applies each group's scale to its
+// f32 partial sum. A row's result does not depend on the other rows of x. Allocates nothing
+// (capturable in a CUDA graph; launched with programmatic dependent launch). Unsupported
+// unless linear_fp8_gemv_takes(x, w).
 void linear_fp8_gemv(const float* x, int64_t n, const Fp8Args& w, const float* bias, float* y, cudaStream_t s);
 
 // Many rows (prefill, large batches), any shape: w dequantized to bf16 in scratch() a chunk of
