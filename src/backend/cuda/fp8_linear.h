@@ -14,8 +14,8 @@ namespace osprey::cuda {
 // Rows of x up to which linear_fp8 takes the GEMV (when it takes the shape).
 // NOTE: the GEMV reads the codes once per 8 rows (1 byte a weight each time); the cuBLAS path
 // reads them once, writes and reads bf16 (5 bytes a weight): the GEMV costs fewer bytes up to
-// 32 rows, but from 4 rows it is bound by reading x through L1 (an H100, 8B model: 744 t/s at
-// 16 sequences against 2,114 for bf16 weights; docs/benchmark_results/2026-12-06-h100-fp8.md).
+// 32 rows, but from 4 rows it is bound by reading x through L1, and slower than bf16 weights
+// (docs/benchmark_results/2026-12-06-h100-fp8.md).
 constexpr int64_t kFp8GemvMaxRows = 32;
 
 // y[n, out] = x[n, in] * w^T + bias (bias may be nullptr); x, y f32 contiguous.
