@@ -60,8 +60,8 @@ int run_convert_gguf(const ConvertOptions& o) {
   std::fprintf(stderr, "converted %s: %zu tensors (%zu quantized, %s), %.1f MiB -> %s\n", src.string().c_str(),
                s.n_tensors, s.n_quantized, name.c_str(), double(s.bytes) / (1024.0 * 1024.0), dst.string().c_str());
   if (s.tokenizer_left_out)
-    std::fprintf(stderr, "warning: %s/tokenizer.json is not written to the GGUF file (convert writes byte-level BPE "
-                         "vocabularies, not yet SentencePiece ones); the file runs on token ids only, and llama.cpp needs a tokenizer to "
+    std::fprintf(stderr, "warning: %s/tokenizer.json is not written to the GGUF file (its family has no llama.cpp "
+                         "pre-tokenizer name); the file runs on token ids only, and llama.cpp needs a tokenizer to "
                          "load it\n", src.string().c_str());
   return 0;
 }

@@ -191,6 +191,10 @@ class GgufKv {
     head(k, GgufValueType::array), put<uint32_t>(uint32_t(GgufValueType::i32)), put<uint64_t>(v.size());
     for (int32_t x : v) put<int32_t>(x);
   }
+  void f32s(const std::string& k, const std::vector<float>& v) {
+    head(k, GgufValueType::array), put<uint32_t>(uint32_t(GgufValueType::f32)), put<uint64_t>(v.size());
+    for (float x : v) put<float>(x);
+  }
   void bools(const std::string& k, const std::vector<bool>& v) {
     head(k, GgufValueType::array), put<uint32_t>(uint32_t(GgufValueType::boolean)), put<uint64_t>(v.size());
     for (bool b : v) put<uint8_t>(b ? 1 : 0);
@@ -418,19 +422,26 @@ const char* bpe_pre(const std::string& model_type) {
   return nullptr;
 }
 
-// A byte-level BPE tokenizer.json as convert_hf_to_gguf.py writes it (tokenizer.ggml.model
-// gpt2): tokens by id, token types (special added tokens control, other added tokens
-// user-defined, ids no token holds unused), merges. False when the tokenizer is of another
-// kind (Gemma's SentencePiece pieces, whose scores come from tokenizer.model).
+// A BPE tokenizer.json as convert_hf_to_gguf.py writes it: tokens by id, token types (special
+// added tokens control, other added tokens user-defined, ids no token holds unused), and
+//  - byte-level BPE (tokenizer.ggml.model gpt2): tokenizer.ggml.pre and the merges;
+//  - SentencePiece BPE (byte_fallback, as Gemma's; tokenizer.ggml.model llama): <unk> unknown,
+//    <0xXX> pieces byte, and scores. The converter reads those from tokenizer.model, which
+//    Hugging Face folders need not hold; here a piece's score is minus the rank of the first
+//    merge that forms it (0 for a piece no merge forms), so that merging by score, as
+//    llama.cpp and Osprey's GGUF reader do, applies the merges in tokenizer.json's order.
+// False when there is no tokenizer.json or the family has no byte-level pre-tokenizer name.
 bool write_bpe_vocab(GgufKv& kv, const fs::path& src, const std::string& model_type) {
   const fs::path path = src / "tokenizer.json";
   std::error_code ec;
-  const char* pre = bpe_pre(model_type);
-  if (!pre || !fs::exists(path, ec)) return false;
+  if (!fs::exists(path, ec)) return false;
   const json tj = ConfigReader::load(path).json();
   const json& m = tj.at("model");
   if (m.value("type", std::string()) != "BPE" || !m.contains("vocab") || !m.contains("merges"))
-    throw Unsupported(path.string() + ": model.type is not a byte-level BPE with vocab and merges");
+    throw Unsupported(path.string() + ": model.type is not a BPE with vocab and merges");
+  const bool spm = m.value("byte_fallback", false);
+  const char* pre = bpe_pre(model_type);
+  if (!spm && !pre) return false;
   std::map<int64_t, std::pair<std::string, int32_t>> by_id;
   for (const auto& [text, id] : m.at("vocab").items()) by_id[id.get<int64_t>()] = {text, 1};
   for (const auto& a : tj.value("added_tokens", json::array()))
@@ -447,6 +458,44 @@ bool write_bpe_vocab(GgufKv& kv, const fs::path& src, const std::string& model_t
   std::vector<std::string> merges;
   for (const auto& x : m.at("merges"))
     merges.push_back(x.is_string() ? x.get<std::string>() : x.at(0).get<std::string>() + " " + x.at(1).get<std::string>());
+  if (spm) {
+    std::map<std::string, int64_t> id_of;
+    for (int64_t i = 0; i < n; ++i)
+      if (types[size_t(i)] != 5) id_of.emplace(tokens[size_t(i)], i);
+    const std::string unk = m.value("unk_token", std::string());
+    for (int64_t i = 0; i < n; ++i) {
+      const std::string& t = tokens[size_t(i)];
+      if (!unk.empty() && t == unk) types[size_t(i)] = 2;
+      if (t.size() == 6 && t.rfind("<0x", 0) == 0 && t[5] == '>') types[size_t(i)] = 6;
+    }
+    std::vector<float> scores(size_t(n), 0.0f);
+    std::vector<bool> formed(size_t(n), false);
+    const json& pairs = m.at("merges");
+    for (size_t r = 0; r < pairs.size(); ++r) {
+      const json& x = pairs[r];
+      std::string whole;
+      if (x.is_string()) {
+        const std::string s = x.get<std::string>();
+        const size_t sp = s.find(' ');
+        whole = sp == std::string::npos ? std::string() : s.substr(0, sp) + s.substr(sp + 1);
+      } else {
+        whole = x.at(0).get<std::string>() + x.at(1).get<std::string>();
+      }
+      const auto it = id_of.find(whole);
+      if (it == id_of.end())
+        throw InvalidInput(path.string() + ": merge " + std::to_string(r) + " (" + json(merges[r]).dump() +
+                           ") forms no token of the vocabulary");
+      if (!formed[size_t(it->second)]) formed[size_t(it->second)] = true, scores[size_t(it->second)] = -float(r + 1);
+    }
+    // A dummy prefix is a Prepend of U+2581 in the normalizer (Gemma 3 has none).
+    const std::string norm = tj.value("normalizer", json()).dump();
+    kv.str("tokenizer.ggml.model", "llama");
+    kv.strings("tokenizer.ggml.tokens", tokens);
+    kv.f32s("tokenizer.ggml.scores", scores);
+    kv.i32s("tokenizer.ggml.token_type", types);
+    kv.boolean("tokenizer.ggml.add_space_prefix", norm.find("\"Prepend\"") != std::string::npos);
+    return true;
+  }
   kv.str("tokenizer.ggml.model", "gpt2");
   kv.str("tokenizer.ggml.pre", pre);
   kv.strings("tokenizer.ggml.tokens", tokens);

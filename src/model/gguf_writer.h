@@ -31,7 +31,7 @@ void gguf_quantize_q4_k(const float* x, int64_t n, uint8_t* out);
 
 struct GgufConvertSummary {
   size_t n_tensors = 0, n_quantized = 0, bytes = 0;
-  bool tokenizer_left_out = false;  // a tokenizer.json not written (Gemma's SentencePiece, yet)
+  bool tokenizer_left_out = false;  // a byte-level tokenizer.json of a family without a pre-tokenizer name
 };
 
 // Writes `dst` (a new file) from the checkpoint folder `src`. Throws Unsupported for a model

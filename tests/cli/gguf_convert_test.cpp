@@ -131,12 +131,13 @@ TEST(GgufConvert, BadInputIsAClearError) {
 
 namespace osprey {
 
-// A family's fixture with a real byte-level BPE tokenizer beside it: the GGUF file's
+// A family's fixture with a real tokenizer beside it (byte-level BPE, or Gemma 3's
+// SentencePiece BPE written as tokenizer.ggml.model llama with scores): the GGUF file's
 // vocabulary tokenizes as the tokenizer.json does (itself checked against Hugging Face's ids
 // in tests/tokenizer/).
-TEST(GgufConvert, ByteLevelBpeVocabularyTokenizesAsTheTokenizerJson) {
+TEST(GgufConvert, VocabularyTokenizesAsTheTokenizerJson) {
   const std::pair<std::string, std::string> cases[] = {
-      {"llama", "llama3_2"}, {"qwen2", "qwen2_5"}, {"cohere2", "command_r_plus"}};
+      {"llama", "llama3_2"}, {"qwen2", "qwen2_5"}, {"cohere2", "command_r_plus"}, {"gemma3", "gemma3"}};
   for (const auto& [family, tok] : cases) {
     SCOPED_TRACE(tok);
     testing::TempDir d;
@@ -151,7 +152,7 @@ TEST(GgufConvert, ByteLevelBpeVocabularyTokenizesAsTheTokenizerJson) {
     const auto c = testing::run_osprey("convert -m " + folder.string() + " -o " + out + " --to gguf");
     ASSERT_EQ(c.exit_code, 0) << c.err;
     EXPECT_EQ(c.err.find("warning"), std::string::npos) << c.err;
-    const std::string text = " 'Hello, world! It is 2026... naïve café 東京 <|x|>  spaces'";
+    const std::string text = " 'Hello, world! It is 2026... naïve café 東京 <|x|>  spaces\ttab 🦀 ünïcödé'";
     const auto a = testing::run_osprey("tokenize -m " + out + text);
     const auto b = testing::run_osprey("tokenize -m " + folder.string() + text);
     ASSERT_EQ(a.exit_code, 0) << a.err;
