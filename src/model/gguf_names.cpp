@@ -23,20 +23,23 @@ constexpr std::pair<const char*, const char*> kGlobal[] = {
     {"output.weight", "lm_head.weight"},
 };
 
+// kLayerModules read one way (GGUF to Hugging Face when to_hf) or the other; "" when absent.
+std::string lookup(const std::string& module, bool to_hf) {
+  for (const auto& [g, hf] : kLayerModules)
+    if (module == (to_hf ? g : hf)) return to_hf ? hf : g;
+  return "";
+}
+
 std::string hf_module(const std::string& module, bool sandwich) {
   if (module == "ffn_norm") return sandwich ? "pre_feedforward_layernorm" : "post_attention_layernorm";
   if (module == "post_attention_norm") return "post_attention_layernorm";
-  for (const auto& [g, hf] : kLayerModules)
-    if (module == g) return hf;
-  return "";
+  return lookup(module, true);
 }
 
 std::string gguf_module(const std::string& module, bool sandwich) {
   if (module == "post_attention_layernorm") return sandwich ? "post_attention_norm" : "ffn_norm";
   if (module == "pre_feedforward_layernorm") return "ffn_norm";
-  for (const auto& [g, hf] : kLayerModules)
-    if (module == hf) return g;
-  return "";
+  return lookup(module, false);
 }
 
 }  // namespace

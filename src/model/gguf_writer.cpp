@@ -455,9 +455,6 @@ bool write_bpe_vocab(GgufKv& kv, const fs::path& src, const std::string& model_t
     tokens.push_back(it == by_id.end() ? "[PAD" + std::to_string(i) + "]" : it->second.first);
     types.push_back(it == by_id.end() ? 5 : it->second.second);
   }
-  std::vector<std::string> merges;
-  for (const auto& x : m.at("merges"))
-    merges.push_back(x.is_string() ? x.get<std::string>() : x.at(0).get<std::string>() + " " + x.at(1).get<std::string>());
   if (spm) {
     std::map<std::string, int64_t> id_of;
     for (int64_t i = 0; i < n; ++i)
@@ -483,7 +480,7 @@ bool write_bpe_vocab(GgufKv& kv, const fs::path& src, const std::string& model_t
       }
       const auto it = id_of.find(whole);
       if (it == id_of.end())
-        throw InvalidInput(path.string() + ": merge " + std::to_string(r) + " (" + json(merges[r]).dump() +
+        throw InvalidInput(path.string() + ": merge " + std::to_string(r) + " (" + x.dump() +
                            ") forms no token of the vocabulary");
       if (!formed[size_t(it->second)]) formed[size_t(it->second)] = true, scores[size_t(it->second)] = -float(r + 1);
     }
@@ -496,6 +493,9 @@ bool write_bpe_vocab(GgufKv& kv, const fs::path& src, const std::string& model_t
     kv.boolean("tokenizer.ggml.add_space_prefix", norm.find("\"Prepend\"") != std::string::npos);
     return true;
   }
+  std::vector<std::string> merges;
+  for (const auto& x : m.at("merges"))
+    merges.push_back(x.is_string() ? x.get<std::string>() : x.at(0).get<std::string>() + " " + x.at(1).get<std::string>());
   kv.str("tokenizer.ggml.model", "gpt2");
   kv.str("tokenizer.ggml.pre", pre);
   kv.strings("tokenizer.ggml.tokens", tokens);

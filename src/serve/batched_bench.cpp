@@ -115,15 +115,12 @@ BatchedBenchResult run_one(Model& model, const BatchedBenchParams& p, int batch,
   // A backend that chooses the tokens asks for the masks while the step runs (as the server's
   // scheduler does); one that returns logits leaves them to choose_constrained below.
   std::vector<std::vector<uint64_t>> mask_bufs(nb);
-  bool masks_taken = false;
   auto masks = [&](std::vector<std::span<const uint64_t>>& out) {
     worker.wait();
-    masks_taken = true;
     for (size_t i = 0; i < nb; ++i) out[i] = device_mask(matchers[i], automaton, p.end_ids, mask_bufs[i]);
   };
   for (int64_t step = 0; step < p.n_gen; ++step) {
     if (constrained) worker.start(batch_matchers);
-    masks_taken = false;
     try {
       backend.decode(inputs, outputs, constrained ? SequenceBackend::MaskFn(masks) : SequenceBackend::MaskFn());
     } catch (...) {
@@ -134,8 +131,8 @@ BatchedBenchResult run_one(Model& model, const BatchedBenchParams& p, int batch,
     for (size_t i = 0; i < inputs.size(); ++i) {
       const auto& out = outputs[i];
       if (!out.error.empty()) throw InvalidInput("batched bench: " + out.error);
-      if (constrained && masks_taken) {
-        if (out.token < 0 || !matchers[i].accept(out.token))
+      if (constrained && out.token >= 0) {  // chosen by the backend from the mask
+        if (!matchers[i].accept(out.token))
           throw Error("batched bench: the backend chose token " + std::to_string(out.token) +
                       ", which the grammar's mask does not allow");
         inputs[i].token = out.token;
