@@ -15,12 +15,17 @@ struct QuantArgs {
   const void* biases = nullptr;      // [out, in / group_size], scale_dtype
   DType scale_dtype = DType::f16;
   int bits = 4;                      // 2, 3, 4, 6 or 8
-  int group_size = 64;               // 32, 64 or 128; divides in
+  int group_size = 64;               // 32, 64 or 128 (16 for 8 bits: supported_quant_group); divides in
   int64_t out = 0, in = 0;
   // CPU, 4 bits: the decode kernel's copy of the matrix in 16-row tiles (cpu/quant_int8.h,
   // repack_q4_tiles), or null. Read instead of packed, scales and biases by the n <= 8 kernel.
   const void* tiles = nullptr;
 };
+
+// The group sizes the kernels take: 32, 64 and 128 for every width, and 16 for 8-bit codes
+// (GGUF's Q6_K, whose scales are per 16 values, is held so: docs/gguf.md). The quantizer and
+// `osprey convert` write 32, 64 or 128 only (backend/quant.h's supported_group_size).
+inline bool supported_quant_group(int bits, int g) { return g == 32 || g == 64 || g == 128 || (bits == 8 && g == 16); }
 
 // One FP8 [out, in] matrix (backend/quant.h's Fp8Matrix) as device pointers.
 struct Fp8Args {

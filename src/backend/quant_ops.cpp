@@ -29,8 +29,8 @@ QuantArgs quant_args(const char* op, const QuantizedMatrix& w) {
   require(w.packed.defined() && w.scales.defined() && w.biases.defined(), op,
           "quantized matrix needs packed words, scales and biases, got " + describe(w));
   require(supported_quant_bits(w.bits), op, "unsupported bits in " + describe(w) + " (supported: 2, 3, 4, 6, 8)");
-  require(supported_group_size(w.group_size), op,
-          "unsupported group size in " + describe(w) + " (supported: 32, 64, 128)");
+  require(supported_quant_group(w.bits, w.group_size), op,
+          "unsupported group size in " + describe(w) + " (supported: 32, 64, 128; 16 for 8-bit codes)");
   require(w.packed.dtype() == DType::u32 && w.packed.ndim() == 2 && w.packed.is_contiguous(), op,
           "packed words must be a contiguous uint32 matrix, got " + describe(w));
   const int64_t out = w.packed.dim(0), in = w.in_features();

@@ -48,23 +48,26 @@ std::string supported_archs() {
 
 // How each block-quantized type is held after load (docs/gguf.md, "Quantized types"):
 // repacked into Osprey's affine layout (backend/quant.h: codes as a little-endian bit stream
-// per row, f16 scale and bias per group of 32, w = scale * q + bias in f32) with `bits` per
-// code, or, for Q6_K (whose 16-value scales fit no supported group), decoded to f16.
+// per row, f16 scale and bias per group, w = scale * q + bias in f32) with `bits` per code in
+// groups of `repacked_group` values:
 //   exact: Q8_0 (q + 128, d, -128 d), Q4_0 (q, d, -8 d), Q4_1 (q, d, m), Q5_0 (q, d, -16 d),
 //          Q5_1 (q, d, m): the same f16 d and m, and every product and sum exact in f32, so each
 //          weight dequantizes to ggml's value bit for bit;
-//   not exact: Q4_K, Q5_K (per 32: q, f16(d * sc), f16(-(dmin * m))): the 17-bit scale
-//          products are rounded to f16; Q6_K: each value rounded to f16.
+//   not exact: Q4_K, Q5_K (per 32: q, f16(d * sc), f16(-(dmin * m))) and Q6_K (8-bit codes
+//          per 16: q, f16(d * sc), -32 f16(d * sc)): the scale products are rounded to f16.
 int repacked_bits(GgufType t) {
   switch (t) {
-    case GgufType::Q8_0: case GgufType::Q5_0: case GgufType::Q5_1: case GgufType::Q5_K: return 8;
+    case GgufType::Q8_0: case GgufType::Q5_0: case GgufType::Q5_1: case GgufType::Q5_K: case GgufType::Q6_K: return 8;
     case GgufType::Q4_0: case GgufType::Q4_1: case GgufType::Q4_K: return 4;
     default: return 0;
   }
 }
 
-// One block of a repacked type as affine groups of 32: codes[elements], scale and bias f16
-// per group (elements / 32 of them).
+// Values per scale and bias: Q6_K's scales are per 16 values, every other type's per 32.
+int repacked_group(GgufType t) { return t == GgufType::Q6_K ? 16 : 32; }
+
+// One block of a repacked type as affine groups of repacked_group(type): codes[elements],
+// scale and bias f16 per group.
 void affine_groups(GgufType type, const uint8_t* blk, uint8_t* codes, uint16_t* scale, uint16_t* bias) {
   uint16_t d, m = 0;
   std::memcpy(&d, blk, 2);
@@ -105,6 +108,25 @@ void affine_groups(GgufType type, const uint8_t* blk, uint8_t* codes, uint16_t* 
       }
       return;
     }
+    case GgufType::Q6_K: {
+      // Two halves of 128 values; value 32 k + l of half h (k < 4, l < 32) has its low four
+      // bits in ql[64 h + 32 (k % 2) + l] (the low nibble for k < 2) and its top two in bits
+      // 2 k of qh[32 h + l]; sc[i / 16] scales value i, and d the block, after d at byte 208.
+      const uint8_t* ql = blk;
+      const uint8_t* qh = blk + 128;
+      std::memcpy(&d, blk + 208, 2);
+      const float df = f16_to_f32(d);
+      for (int j = 0; j < 16; ++j) {
+        scale[j] = f32_to_f16(df * float(int8_t(blk[192 + j])));
+        bias[j] = f32_to_f16(-32.0f * f16_to_f32(scale[j]));
+      }
+      for (int i = 0; i < 256; ++i) {
+        const int h = i / 128, k = i % 128 / 32, l = i % 32;
+        const uint8_t lo = ql[64 * h + 32 * (k % 2) + l];
+        codes[i] = uint8_t((k < 2 ? lo & 0x0F : lo >> 4) | ((qh[32 * h + l] >> (2 * k)) & 3) << 4);
+      }
+      return;
+    }
     default:
       throw Unsupported("affine_groups: " + gguf_type_name(uint32_t(type)));
   }
@@ -142,10 +164,10 @@ void repack_blocks(const GgufFile& g, const GgufTensorInfo& t, const std::string
                    std::vector<TensorInfo>& infos) {
   const std::string where = g.path().string() + ": tensor " + t.name;
   check_matrix(g, t);
-  const int bits = repacked_bits(t.type);
-  const int64_t rows = t.shape[0], cols = t.shape[1], groups = cols / 32;
+  const int bits = repacked_bits(t.type), group = repacked_group(t.type);
+  const int64_t rows = t.shape[0], cols = t.shape[1], groups = cols / group;
   const GgufBlock block = *gguf_block(uint32_t(t.type));
-  const int64_t blocks_per_row = cols / block.elements, groups_per_block = block.elements / 32;
+  const int64_t blocks_per_row = cols / block.elements, groups_per_block = block.elements / group;
   const std::string module = hf_name.size() > 7 && hf_name.compare(hf_name.size() - 7, 7, ".weight") == 0
                                  ? hf_name.substr(0, hf_name.size() - 7)
                                  : hf_name;
@@ -180,28 +202,6 @@ void repack_blocks(const GgufFile& g, const GgufTensorInfo& t, const std::string
   add_info(infos, module + ".biases", DType::f16, {rows, groups}, b_at, scale_bytes);
 }
 
-// A Q6_K matrix decoded to f16 [rows, cols] (each value as ggml computes it, then rounded).
-void decode_to_f16(const GgufFile& g, const GgufTensorInfo& t, const std::string& hf_name, RepackStore& store,
-                   std::vector<TensorInfo>& infos) {
-  check_matrix(g, t);
-  const int64_t rows = t.shape[0], cols = t.shape[1];
-  const size_t row_bytes = size_t(t.nbytes) / size_t(rows);
-  const size_t at = store.reserve(size_t(rows) * size_t(cols) * 2);
-  const uint8_t* src = g.file()->data() + t.byte_offset;
-  std::vector<float> row(static_cast<size_t>(cols));
-  for (int64_t r = 0; r < rows; ++r) {
-    gguf_dequantize(t.type, src + size_t(r) * row_bytes, cols, row.data());
-    uint16_t* out = reinterpret_cast<uint16_t*>(store.bytes.data() + at) + size_t(r) * size_t(cols);
-    for (int64_t i = 0; i < cols; ++i) {
-      out[i] = f32_to_f16(row[size_t(i)]);
-      if ((out[i] & 0x7C00) == 0x7C00)
-        throw InvalidInput(g.path().string() + ": tensor " + t.name + ": the value at row " + std::to_string(r) +
-                           ", column " + std::to_string(i) + " is not a finite float16");
-    }
-  }
-  add_info(infos, hf_name, DType::f16, {rows, cols}, at, size_t(rows) * size_t(cols) * 2);
-}
-
 // Copies an integer key into the config when present.
 void copy_int(const GgufFile& g, const std::string& key, json& config, const char* field) {
   if (g.has(key)) config[field] = g.get_uint(key);
@@ -233,20 +233,17 @@ GgufCheckpoint read_gguf_checkpoint(const GgufFile& g) {
   std::vector<TensorInfo> infos;
   std::vector<double> rope_factors;
   auto store = std::make_shared<RepackStore>();
-  std::map<std::string, int> module_bits;    // repacked modules -> bits
+  std::map<std::string, std::pair<int, int>> module_quant;  // repacked modules -> bits, group size
   std::map<std::string, int> converted;      // "Q4_K repacked to 4-bit affine" -> tensors
   for (const GgufTensorInfo& t : g.tensors()) {
     const std::string type_name = gguf_type_name(uint32_t(t.type));
     if (repacked_bits(t.type)) {
       const std::string hf = hf_tensor_name(t.name, sandwich);
       repack_blocks(g, t, hf, *store, infos);
-      module_bits[hf.substr(0, hf.size() - std::min<size_t>(hf.size(), 7))] = repacked_bits(t.type);
-      ++converted[type_name + " repacked to " + std::to_string(repacked_bits(t.type)) + "-bit affine"];
-      continue;
-    }
-    if (t.type == GgufType::Q6_K) {
-      decode_to_f16(g, t, hf_tensor_name(t.name, sandwich), *store, infos);
-      ++converted[type_name + " decoded to f16"];
+      module_quant[hf.substr(0, hf.size() - std::min<size_t>(hf.size(), 7))] = {repacked_bits(t.type),
+                                                                                 repacked_group(t.type)};
+      ++converted[type_name + " repacked to " + std::to_string(repacked_bits(t.type)) + "-bit affine (group " +
+                  std::to_string(repacked_group(t.type)) + ")"];
       continue;
     }
     const auto dtype = gguf_dense_dtype(t.type);
@@ -381,16 +378,16 @@ GgufCheckpoint read_gguf_checkpoint(const GgufFile& g) {
   if (!eos.empty()) c["eos_token_id"] = eos;
   if (g.has("tokenizer.ggml.bos_token_id")) c["bos_token_id"] = g.get_uint("tokenizer.ggml.bos_token_id");
 
-  // Repacked weights: the most common bits as the global setting, the others per module.
-  if (!module_bits.empty()) {
-    std::map<int, int> count;
-    for (const auto& [module, bits] : module_bits) ++count[bits];
-    int global = 0;
-    for (const auto& [bits, n] : count)
-      if (global == 0 || n > count[global]) global = bits;
-    json q = {{"group_size", 32}, {"bits", global}};
-    for (const auto& [module, bits] : module_bits)
-      if (bits != global) q[module] = {{"group_size", 32}, {"bits", bits}};
+  // Repacked weights: the most common (bits, group size) as the global setting, the others per module.
+  if (!module_quant.empty()) {
+    std::map<std::pair<int, int>, int> count;
+    for (const auto& [module, bg] : module_quant) ++count[bg];
+    std::pair<int, int> global{0, 0};
+    for (const auto& [bg, n] : count)
+      if (global.first == 0 || n > count[global]) global = bg;
+    json q = {{"group_size", global.second}, {"bits", global.first}};
+    for (const auto& [module, bg] : module_quant)
+      if (bg != global) q[module] = {{"group_size", bg.second}, {"bits", bg.first}};
     c["quantization"] = q;
   }
 

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "backend/ops.h"
+#include "backend/quant_args.h"
 #include "core/env.h"
 #include "core/error.h"
 #include "core/file_read.h"
@@ -55,8 +56,8 @@ QuantSetting parse_setting(const ConfigReader& c) {
   s.bits = int(c.get_int("bits"));
   s.group_size = int(c.get_int("group_size"));
   if (!supported_quant_bits(s.bits)) c.fail("bits", "must be 2, 3, 4, 6 or 8, got " + std::to_string(s.bits));
-  if (!supported_group_size(s.group_size))
-    c.fail("group_size", "must be 32, 64 or 128, got " + std::to_string(s.group_size));
+  if (!supported_quant_group(s.bits, s.group_size))
+    c.fail("group_size", "must be 32, 64 or 128 (or 16 with 8 bits), got " + std::to_string(s.group_size));
   return s;
 }
 
@@ -325,12 +326,12 @@ QuantizedMatrix WeightLoader::quantized(const std::string& prefix, int64_t out, 
                        tensor_str(si) + ")");
   const int64_t n_groups = si.shape[1];
   const int group = in % n_groups == 0 ? int(in / n_groups) : 0;
-  if (!supported_group_size(group))
+  if (!supported_quant_group(bits, group))
     throw InvalidInput("tensor " + sname + " is " + tensor_str(si) + ": " + std::to_string(n_groups) +
                        " groups per row " +
                        (group == 0 ? "do not divide the " + std::to_string(in) + " inputs"
                                    : "make a group size of " + std::to_string(group)) +
-                       " (the group size must be 32, 64 or 128 and divide the inputs)");
+                       " (the group size must be 32, 64 or 128, or 16 with 8 bits, and divide the inputs)");
   const QuantSetting found{bits, group};
   const std::optional<QuantSetting> expected = quant_.for_module(prefix);
   if (!expected)

@@ -306,11 +306,14 @@ void Scheduler::close(Sequence& s, SequenceEvent::Kind kind, const std::string& 
   // Forks not yet started end as their prompt's sequence did.
   std::vector<SequenceFork> forks;
   forks.swap(s.request.forks);
+  {
+    // Counted before the events go out: a client that has its reply sees it in /metrics.
+    std::lock_guard<std::mutex> lock(mu_);
+    uint64_t& count = failed ? stats_.n_failed : why == "cancelled" ? stats_.n_cancelled : stats_.n_finished;
+    count += 1 + forks.size();
+  }
   for (const SequenceFork& f : forks) f.channel->push(e);
   s.request.channel->push(std::move(e));
-  std::lock_guard<std::mutex> lock(mu_);
-  uint64_t& count = failed ? stats_.n_failed : why == "cancelled" ? stats_.n_cancelled : stats_.n_finished;
-  count += 1 + forks.size();
 }
 
 void Scheduler::start_forks(Sequence& s, std::span<const float> logits) {
@@ -397,11 +400,11 @@ bool Scheduler::emit(Sequence& s, std::span<const float> logits, int32_t chosen)
   }
   s.tokens.push_back(e.token);
   ++s.n_generated;
-  s.request.channel->push(std::move(e));
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.n_generated_tokens;
   }
+  s.request.channel->push(std::move(e));
   if (s.matcher && s.matcher->must_end()) {
     finish(s, "stop");
     return false;

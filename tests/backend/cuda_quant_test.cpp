@@ -147,7 +147,7 @@ double run_linear(Fn fn, const DeviceQuant& dw, const std::vector<double>& w, co
 }
 
 const int kBits[] = {2, 3, 4, 6, 8};
-const int kGroups[] = {32, 64, 128};
+const int kGroups[] = {16, 32, 64, 128};  // 16 with 8-bit codes only (supported_quant_group)
 const DType kScaleTypes[] = {DType::f16, DType::bf16};
 
 // The GEMV accumulates exact products in f32; the GEMM path and the tensor-core kernel (4-bit,
@@ -165,6 +165,7 @@ TEST(CudaQuant, LinearAllFormats) {
     for (int group : kGroups)
       for (DType sdt : kScaleTypes)
         for (int64_t out : {37, 129}) {
+          if (!supported_quant_group(bits, group)) continue;
           const HostQuant q = make_quant(bits, group, sdt, out, in, rng);
           const std::vector<double> w = q.weights();
           DeviceQuant dw(q);
@@ -188,9 +189,10 @@ TEST(CudaQuant, GemvLongRowsEveryBlockShape) {
     int64_t out, in;  // 8256: 258 four-bit chunks of 32 a row, 516 eight-bit chunks of 16
   };
   for (const Shape sh : {Shape{333, 8256}, Shape{5, 256}})
-    for (int bits : {4, 8, 3})
+    for (int bits : {4, 8, 3, 16})  // 16: 8-bit codes in groups of 16
       for (DType sdt : kScaleTypes) {
-        const HostQuant q = make_quant(bits, 64, sdt, sh.out, sh.in, rng);
+        const HostQuant q = bits == 16 ? make_quant(8, 16, sdt, sh.out, sh.in, rng)
+                                       : make_quant(bits, 64, sdt, sh.out, sh.in, rng);
         const std::vector<double> w = q.weights();
         DeviceQuant dw(q);
         const auto x = random_floats(size_t(8 * sh.in), rng);
@@ -349,6 +351,7 @@ TEST(CudaQuant, EmbeddingGathersDequantizedRows) {
   for (int bits : kBits)
     for (int group : kGroups)
       for (DType sdt : kScaleTypes) {
+        if (!supported_quant_group(bits, group)) continue;
         const HostQuant q = make_quant(bits, group, sdt, vocab, d, rng);
         DeviceQuant dw(q);
         DeviceVec<int32_t> dids(ids);
@@ -368,6 +371,7 @@ TEST(CudaQuant, DequantizeToEveryFloatType) {
   for (int bits : kBits)
     for (int group : kGroups)
       for (DType sdt : kScaleTypes) {
+        if (!supported_quant_group(bits, group)) continue;
         const HostQuant q = make_quant(bits, group, sdt, out, in, rng);
         const std::vector<double> ref = q.weights();
         DeviceQuant dw(q);

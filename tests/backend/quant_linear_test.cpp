@@ -151,11 +151,12 @@ TEST_P(QuantLinear, F32ActivationsMatchDoubleReference) {
   ThreadPool pool1(1), pool3(3);
   std::mt19937 rng(2024);
   for (int bits : {2, 3, 4, 6, 8})
-    for (int g : {32, 64, 128})
+    for (int g : {16, 32, 64, 128})  // 16: 8-bit codes only (GGUF's Q6_K)
       for (DType sd : {DType::f16, DType::bf16})
         // in: one group, a ragged number of SIMD blocks of codes, several k blocks.
         for (int64_t in : {int64_t(g), int64_t(5) * g, int64_t(13) * g})
           for (int64_t out : {37, 129}) {
+            if (!supported_quant_group(bits, g)) continue;
             const QMatrix m = make_matrix(out, in, bits, g, sd, rng);
             const QuantArgs a = m.args();
             const std::vector<float> bias = random_vector(size_t(out), rng);
@@ -181,7 +182,8 @@ TEST_P(QuantLinear, F32ActivationsLargerShapesMatchDoubleReference) {
   ThreadPool pool(3);
   std::mt19937 rng(77);
   for (int bits : {4, 8, 2})
-    for (int g : {64, 128}) {
+    for (int g : {16, 64, 128}) {
+      if (!supported_quant_group(bits, g)) continue;
       const int64_t out = 301, in = 4096 + 3 * g;
       const QMatrix m = make_matrix(out, in, bits, g, bits == 8 ? DType::bf16 : DType::f16, rng);
       const std::vector<float> bias = random_vector(size_t(out), rng);
@@ -511,8 +513,9 @@ TEST(QuantLinearInt8, RejectsWhatItDoesNotTake) {
 TEST_P(QuantLinear, DequantizeRowsMatchesReference) {
   std::mt19937 rng(5);
   for (int bits : {2, 3, 4, 6, 8})
-    for (int g : {32, 64, 128})
+    for (int g : {16, 32, 64, 128})
       for (DType sd : {DType::f16, DType::bf16}) {
+        if (!supported_quant_group(bits, g)) continue;
         const QMatrix m = make_matrix(23, 3 * g, bits, g, sd, rng);
         const std::vector<int32_t> rows = {0, 22, 7, 7, 13, 1};
         const int64_t n = int64_t(rows.size());
@@ -541,8 +544,9 @@ TEST_P(QuantLinear, DequantizeRowsMatchesReference) {
 TEST_P(QuantLinear, DequantizeMatchesReference) {
   std::mt19937 rng(6);
   for (int bits : {2, 3, 4, 6, 8})
-    for (int g : {32, 64, 128})
+    for (int g : {16, 32, 64, 128})
       for (DType sd : {DType::f16, DType::bf16}) {
+        if (!supported_quant_group(bits, g)) continue;
         const QMatrix m = make_matrix(19, 5 * g, bits, g, sd, rng);
         const size_t count = size_t(m.out * m.in);
         std::vector<float> f32(count, std::nanf(""));

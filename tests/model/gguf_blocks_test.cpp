@@ -102,7 +102,8 @@ TEST(GgufBlocks, RefusesTheTypesItDoesNotDecodeByName) {
 
 // Each type loaded as a linear weight of a one-layer llama file: Q5_0 and Q5_1 repacked to
 // 8-bit affine groups dequantize exactly to ggml's values; Q4_K and Q5_K (f16 group scales
-// d * sc and biases -dmin * m) within the f16 rounding of the scale products; Q6_K is f16.
+// d * sc and biases -dmin * m) within the f16 rounding of the scale products; Q6_K as 8-bit
+// codes in groups of 16 (scale f16(d * sc), bias -32 times it) within that rounding too.
 TEST(GgufBlocks, TheLoaderHoldsEachTypeAsDocumented) {
   const int64_t cols = 256, rows = 4;
   struct Case {
@@ -142,27 +143,29 @@ TEST(GgufBlocks, TheLoaderHoldsEachTypeAsDocumented) {
     const Case& k = cases[c];
     std::vector<float> want(size_t(rows * cols));
     gguf_dequantize(k.type, reinterpret_cast<const uint8_t*>(blocks[c].data()), rows * cols, want.data());
-    Array w;
-    if (k.type == GgufType::Q6_K) {
-      EXPECT_EQ(ck.tensors.info(k.module + ".weight").dtype, DType::f16);
-      w = ops::cast(ck.tensors.get(k.module + ".weight"), DType::f32);
-    } else {
-      QuantizedMatrix qm;
-      qm.packed = ck.tensors.get(k.module + ".weight");
-      qm.scales = ck.tensors.get(k.module + ".scales");
-      qm.biases = ck.tensors.get(k.module + ".biases");
-      qm.bits = int(qm.packed.dim(1) * 32 / cols);
-      qm.group_size = 32;
-      EXPECT_EQ(qm.bits, k.type == GgufType::Q4_K ? 4 : 8) << k.name;
-      w = ops::dequantize(qm, DType::f32);
-    }
+    QuantizedMatrix qm;
+    qm.packed = ck.tensors.get(k.module + ".weight");
+    qm.scales = ck.tensors.get(k.module + ".scales");
+    qm.biases = ck.tensors.get(k.module + ".biases");
+    qm.bits = int(qm.packed.dim(1) * 32 / cols);
+    qm.group_size = int(cols / qm.scales.dim(1));
+    EXPECT_EQ(qm.bits, k.type == GgufType::Q4_K ? 4 : 8) << k.name;
+    EXPECT_EQ(qm.group_size, k.type == GgufType::Q6_K ? 16 : 32) << k.name;
+    const Array w = ops::dequantize(qm, DType::f32);
     ASSERT_EQ(w.shape(), (Shape{rows, cols})) << k.name;
     for (int64_t i = 0; i < rows * cols; ++i) {
       const float got = w.data<float>()[i], ref = want[size_t(i)];
       if (k.type == GgufType::Q5_0 || k.type == GgufType::Q5_1) {
         ASSERT_EQ(bits_of(got), bits_of(ref)) << k.name << " element " << i;
       } else if (k.type == GgufType::Q6_K) {
-        ASSERT_EQ(got, f16_to_f32(f32_to_f16(ref))) << k.name << " element " << i;
+        // w = s' (q - 32) with s' = f16(d * sc): |error| <= 32 |d sc| 2^-11 (and a subnormal
+        // s' at most 2^-25 off, times 32), while a wrong code is off by at least |d sc|.
+        const uint8_t* blk = reinterpret_cast<const uint8_t*>(blocks[c].data()) + size_t(i / 256) * 210;
+        uint16_t dh;
+        std::memcpy(&dh, blk + 208, 2);
+        const float dsc = f16_to_f32(dh) * float(int8_t(blk[192 + int(i % 256) / 16]));
+        const float bound = 32.0f * std::fabs(dsc) * std::ldexp(1.0f, -11) * 1.001f + std::ldexp(1.0f, -20);
+        ASSERT_LE(std::fabs(got - ref), bound) << k.name << " element " << i;
       } else {
         // One f16 rounding of d * sc and of dmin * m: |error| <= (31 |d sc| + |dmin m|) 2^-11,
         // while a wrong code is off by at least |d sc|.
@@ -180,6 +183,8 @@ TEST(GgufBlocks, TheLoaderHoldsEachTypeAsDocumented) {
     }
   }
   EXPECT_EQ(ck.config.json()["quantization"]["bits"], 8);  // Q5_0, Q5_1, Q5_K
+  EXPECT_EQ(ck.config.json()["quantization"]["group_size"], 32);
+  EXPECT_EQ(ck.config.json()["quantization"]["model.layers.0.mlp.down_proj"]["group_size"], 16);  // Q6_K
   EXPECT_EQ(ck.config.json()["quantization"]["model.layers.0.self_attn.v_proj"]["bits"], 4);
 }
 
@@ -231,10 +236,10 @@ std::string mixed_model(const std::vector<std::pair<std::string, GgufType>>& mat
 
 }  // namespace
 
-// The mixes of Q4_K_M / Q5_K_M files load and run: a tied Q6_K embedding (decoded to f16, also
-// the head), or a Q4_K embedding table with a Q5_K head, beside every other type; the logits
+// The mixes of Q4_K_M / Q5_K_M files load and run: a tied Q6_K embedding (8-bit codes in
+// groups of 16, also the head), or a Q4_K embedding table with a Q5_K head, beside every other type; the logits
 // match the same model with every matrix stored as F32 holding ggml's values, within the f16
-// rounding of the K-quants' scales and of Q6_K's values and the quantized kernels' own
+// rounding of the K-quants' scales and the quantized kernels' own
 // arithmetic (a few 1e-3 of the logits' range here; a block read in the wrong order is off by
 // the order of the logits themselves).
 TEST(GgufBlocks, KQuantMixesLoadAndMatchTheirDequantizedModel) {

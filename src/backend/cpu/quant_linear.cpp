@@ -425,6 +425,9 @@ void fused_impl(const float* x, int64_t n, const QuantArgs& w, const float* bias
 template <class SF, int B>
 void fused_group(const float* x, int64_t n, const QuantArgs& w, const float* bias, float* y, ThreadPool& pool) {
   switch (w.group_size) {
+    case 16:
+      if constexpr (B == 8) return fused_impl<SF, B, 16>(x, n, w, bias, y, pool);
+      throw Unsupported("linear_q: group size 16 takes 8-bit codes only");
     case 32: fused_impl<SF, B, 32>(x, n, w, bias, y, pool); break;
     case 64: fused_impl<SF, B, 64>(x, n, w, bias, y, pool); break;
     default: fused_impl<SF, B, 128>(x, n, w, bias, y, pool); break;
@@ -485,8 +488,8 @@ void pack_quant_panel(const void* ctx, int64_t j0, int64_t k0, int64_t kc, float
 void linear_q_f32(const float* x, int64_t n, const QuantArgs& w, const float* bias, float* y, ThreadPool& pool) {
   if (!(w.bits == 2 || w.bits == 3 || w.bits == 4 || w.bits == 6 || w.bits == 8))
     throw Unsupported("linear_q: bits " + std::to_string(w.bits) + " (want 2, 3, 4, 6 or 8)");
-  if (!(w.group_size == 32 || w.group_size == 64 || w.group_size == 128))
-    throw Unsupported("linear_q: group_size " + std::to_string(w.group_size) + " (want 32, 64 or 128)");
+  if (!supported_quant_group(w.bits, w.group_size))
+    throw Unsupported("linear_q: group_size " + std::to_string(w.group_size) + " (want 32, 64 or 128; 16 for 8 bits)");
   if (w.scale_dtype != DType::f16 && w.scale_dtype != DType::bf16)
     throw Unsupported(std::string("linear_q: scales dtype ") + dtype_name(w.scale_dtype) + " (want f16 or bf16)");
   if (n <= 0 || w.out <= 0) return;

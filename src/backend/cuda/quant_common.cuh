@@ -44,7 +44,16 @@ __device__ __forceinline__ void dequant_unit(const uint32_t (&w)[B], float s, fl
 #pragma unroll
   for (int k = 0; k < 32; ++k) v[k] = fmaf(s, code_to_float(unit_code<B>(w, k)), b);
 }
+// A unit of two groups of 16 (8-bit codes with group size 16): (s0, b0) for codes 0-15, (s1, b1) after.
+template <int B>
+__device__ __forceinline__ void dequant_unit(const uint32_t (&w)[B], float s0, float b0, float s1, float b1,
+                                             float (&v)[32]) {
+#pragma unroll
+  for (int k = 0; k < 32; ++k) v[k] = fmaf(k < 16 ? s0 : s1, code_to_float(unit_code<B>(w, k)), k < 16 ? b0 : b1);
+}
 
-inline int group_shift(int group_size) { return group_size == 32 ? 5 : group_size == 64 ? 6 : 7; }
+inline int group_shift(int group_size) {
+  return group_size == 16 ? 4 : group_size == 32 ? 5 : group_size == 64 ? 6 : 7;
+}
 
 }  // namespace osprey::cuda

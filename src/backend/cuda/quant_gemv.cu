@@ -23,6 +23,10 @@ void linear_q_gemv(const float* x, int64_t n, const QuantArgs& w, const float* b
   const bool xv = aligned16(x);  // rows of x stay aligned: in is a multiple of 32
   const bool fast = (w.bits == 4 || w.bits == 8) && xv && aligned16(w.packed);
   const bool bf16 = w.scale_dtype == DType::bf16;
+  // The generic kernel's chunks are 32 codes, one group: groups of 16 need the fast kernel's
+  // 16-code chunks (8-bit codes, aligned words and x, which the allocator's arrays are).
+  if (w.group_size == 16 && !fast)
+    throw Unsupported("linear_q: 8-bit codes in groups of 16 need 16-byte aligned words and x");
   qgemv::GemvParams p{};
   p.packed = w.packed;
   p.scales = static_cast<const uint16_t*>(w.scales);

@@ -85,10 +85,15 @@ __global__ void dequant_kernel(const DequantParams p) {
     uint32_t w[B];
     load_unit<B>(p.packed + r * p.words_per_row, u, w);
     const int64_t g = (u * 32) >> p.group_shift;
-    float s = load_param<BF16>(p.scales + r * p.groups_per_row + g);
-    float b = load_param<BF16>(p.biases + r * p.groups_per_row + g);
+    const float s = load_param<BF16>(p.scales + r * p.groups_per_row + g);
+    const float b = load_param<BF16>(p.biases + r * p.groups_per_row + g);
     float v[32];
-    dequant_unit<B>(w, s, b, v);
+    if (p.group_shift == 4) {  // two groups of 16 in the unit
+      dequant_unit<B>(w, s, b, load_param<BF16>(p.scales + r * p.groups_per_row + g + 1),
+                      load_param<BF16>(p.biases + r * p.groups_per_row + g + 1), v);
+    } else {
+      dequant_unit<B>(w, s, b, v);
+    }
     if constexpr (GATHER) {
 #pragma unroll
       for (int k = 0; k < 32; ++k) v[k] *= p.scale;
@@ -144,9 +149,9 @@ void check_quant_args(const char* op, const QuantArgs& w) {
   const std::string name(op);
   if (w.bits != 2 && w.bits != 3 && w.bits != 4 && w.bits != 6 && w.bits != 8)
     throw Unsupported(name + ": " + std::to_string(w.bits) + "-bit quantization is not supported on CUDA (2, 3, 4, 6, 8)");
-  if (w.group_size != 32 && w.group_size != 64 && w.group_size != 128)
-    throw Unsupported(name + ": group size " + std::to_string(w.group_size) +
-                      " is not supported on CUDA (32, 64, 128)");
+  if (!supported_quant_group(w.bits, w.group_size))
+    throw Unsupported(name + ": group size " + std::to_string(w.group_size) + " with " + std::to_string(w.bits) +
+                      "-bit codes is not supported on CUDA (32, 64, 128; 16 for 8-bit codes)");
   if (w.scale_dtype != DType::f16 && w.scale_dtype != DType::bf16)
     throw Unsupported(unsupported_dtype((name + " (scales)").c_str(), w.scale_dtype));
   if (w.in <= 0 || w.in % w.group_size != 0)
