@@ -17,8 +17,9 @@ struct QuantArgs {
   int bits = 4;                      // 2, 3, 4, 6 or 8
   int group_size = 64;               // 32, 64 or 128 (16 for 8 bits: supported_quant_group); divides in
   int64_t out = 0, in = 0;
-  // CPU, 4 bits: the decode kernel's copy of the matrix in 16-row tiles (cpu/quant_int8.h,
-  // repack_q4_tiles), or null. Read instead of packed, scales and biases by the n <= 8 kernel.
+  // CPU, 4 or 8 bits: the decode kernel's copy of the matrix in 16-row tiles (cpu/quant_int8.h,
+  // repack_q4_tiles / repack_q8_tiles), or null. Read instead of packed, scales and biases by
+  // the n <= 8 kernel.
   const void* tiles = nullptr;
 };
 

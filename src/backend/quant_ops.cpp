@@ -5,6 +5,7 @@
 #include "backend/cpu/kernel_table.h"
 #include "backend/cpu/quant_int8.h"
 #include "backend/cpu/quant_kernels.h"
+#include "backend/cpu_level.h"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/ops.h"
 #include "backend/quant_args.h"
@@ -52,8 +53,9 @@ QuantArgs quant_args(const char* op, const QuantizedMatrix& w) {
   a.out = out;
   a.in = in;
   if (w.cpu_tiles.defined()) {
-    require(w.packed.device().is_cpu() && w.cpu_tiles.dtype() == DType::u8 && w.cpu_tiles.is_contiguous() &&
-                cpu::int8_path_takes(a) && w.cpu_tiles.nbytes() == size_t(cpu::q4_tiles_bytes(a)),
+    const bool fits = a.bits == 8 ? cpu::int8_tiles8_takes(a) && w.cpu_tiles.nbytes() == size_t(cpu::q8_tiles_bytes(a))
+                                   : cpu::int8_path_takes(a) && w.cpu_tiles.nbytes() == size_t(cpu::q4_tiles_bytes(a));
+    require(w.packed.device().is_cpu() && w.cpu_tiles.dtype() == DType::u8 && w.cpu_tiles.is_contiguous() && fits,
             op, "cpu_tiles (" + osprey::describe(w.cpu_tiles) + ") are not the CPU tiles of " + describe(w) +
                     " (made by repack_for_cpu)");
     a.tiles = w.cpu_tiles.raw();
@@ -197,6 +199,14 @@ void repack_for_cpu(QuantizedMatrix& w) {
   plain.cpu_tiles = Array();
   const QuantArgs a = quant_args("repack_for_cpu", plain);
   cpu::Int8Isa isa;
+  if (a.bits == 8) {
+    // 8-bit tiles only where the level's kernels have VNNI to read them.
+    if (!cpu::int8_tiles8_takes(a) || !cpu::int8_isa_best(cpu_level(), &isa) || !cpu::int8_isa_exact_u8(isa)) return;
+    Array tiles = Array::empty({cpu::q8_tiles_bytes(a)}, DType::u8);
+    cpu::repack_q8_tiles(a, tiles.raw(), cpu_pool());
+    w.cpu_tiles = std::move(tiles);
+    return;
+  }
   if (!cpu::int8_path_takes(a) || !cpu::int8_isa_best(&isa)) return;
   Array tiles = Array::empty({cpu::q4_tiles_bytes(a)}, DType::u8);
   cpu::repack_q4_tiles(a, tiles.raw(), cpu_pool());

@@ -494,10 +494,159 @@ TEST(QuantLinearInt8, RepackForCpuFeedsTheOpAndTilesOfAnotherMatrixAreRefused) {
   } catch (const InvalidInput& e) {
     EXPECT_NE(std::string(e.what()).find("cpu_tiles"), std::string::npos) << e.what();
   }
-  // Other bits get no tiles.
-  QuantizedMatrix q8 = quantize_affine(w32, 8, 64, DType::f16);
-  ops::repack_for_cpu(q8);
-  EXPECT_FALSE(q8.cpu_tiles.defined());
+  // Other bits get no tiles (8 bits get tiles of their own, tested below).
+  QuantizedMatrix q6 = quantize_affine(w32, 6, 64, DType::f16);
+  ops::repack_for_cpu(q6);
+  EXPECT_FALSE(q6.cpu_tiles.defined());
+}
+
+// w's q8 decode tiles (repack_q8_tiles) in `buf`, and args that carry them.
+QuantArgs with_tiles8(const QMatrix& m, std::vector<uint8_t>& buf, ThreadPool& pool) {
+  QuantArgs a = m.args();
+  buf.assign(size_t(cpu::q8_tiles_bytes(a)), 0xa5);  // not zero: padding rows must be written
+  cpu::repack_q8_tiles(a, buf.data(), pool);
+  a.tiles = buf.data();
+  return a;
+}
+
+std::vector<cpu::Int8Isa> vnni_isas() {
+  std::vector<cpu::Int8Isa> isas;
+  for (cpu::Int8Isa isa : supported_isas())
+    if (cpu::int8_isa_exact_u8(isa)) isas.push_back(isa);
+  return isas;
+}
+
+TEST(QuantLinearInt8, OnlyVnniSetsTakeFullByteCodes) {
+  // vpmaddubsw's pair sums overflow 16 bits for codes near 255 times 127; vpdpbusd does not.
+  EXPECT_FALSE(cpu::int8_isa_exact_u8(cpu::Int8Isa::avx2));
+  EXPECT_FALSE(cpu::int8_isa_exact_u8(cpu::Int8Isa::avx512bw));
+  EXPECT_TRUE(cpu::int8_isa_exact_u8(cpu::Int8Isa::avx_vnni));
+  EXPECT_TRUE(cpu::int8_isa_exact_u8(cpu::Int8Isa::avx512_vnni));
+}
+
+TEST(QuantLinearInt8, Tiles8MatchRoundedActivationReference) {
+  // The 8-bit tile kernel on every VNNI set against the double reference of the documented
+  // rounding of x; groups of 16 (GGUF Q6_K's) to 128, a padded tile, more threads than tiles.
+  const std::vector<cpu::Int8Isa> isas = vnni_isas();
+  if (isas.empty()) GTEST_SKIP() << "this CPU has no VNNI";
+  ThreadPool pool1(1), pool3(3), pool5(5);
+  std::mt19937 rng(4242);
+  for (int g : {16, 32, 64, 128})
+    for (DType sd : {DType::f16, DType::bf16})
+      for (int64_t in : {int64_t(std::max(g, 32)), int64_t(5) * std::max(g, 32)})
+        for (int64_t out : {16, 37, 129}) {
+          const QMatrix m = make_matrix(out, in, 8, g, sd, rng);
+          std::vector<uint8_t> buf;
+          const QuantArgs a = with_tiles8(m, buf, pool3);
+          const std::vector<float> bias = random_vector(size_t(out), rng);
+          for (int64_t n = 1; n <= cpu::kQ4TilesMaxN; ++n) {
+            std::vector<float> x = random_vector(size_t(n * in), rng);
+            if (n == 5) std::fill(x.begin(), x.begin() + 32, 0.0f);  // an all-zero block
+            std::vector<double> ref, mag, bound;
+            int8_reference(m, x, n, ref, mag, bound);
+            for (cpu::Int8Isa isa : isas)
+              for (ThreadPool* pool : {&pool1, &pool3, &pool5})
+                for (const float* b : {static_cast<const float*>(nullptr), bias.data()}) {
+                  std::vector<float> y(size_t(n * out), std::nanf(""));
+                  cpu::linear_q8_tiles(x.data(), n, a, b, y.data(), *pool, isa);
+                  EXPECT_LT(worst_error(y, ref, mag, out, b), 2e-6)
+                      << cpu::int8_isa_name(isa) << " group=" << g << " scales=" << dtype_name(sd) << " n=" << n
+                      << " in=" << in << " out=" << out << " threads=" << pool->n_threads()
+                      << " bias=" << (b != nullptr);
+                }
+          }
+        }
+}
+
+TEST(QuantLinearInt8, Tile8RowsAreTheSameAloneInABatchAndOnEveryVnniSet) {
+  const std::vector<cpu::Int8Isa> isas = vnni_isas();
+  if (isas.empty()) GTEST_SKIP() << "this CPU has no VNNI";
+  ThreadPool pool1(1), pool2(2);
+  std::mt19937 rng(78);
+  const QMatrix m = make_matrix(75, 640, 8, 16, DType::f16, rng);
+  std::vector<uint8_t> buf;
+  const QuantArgs a = with_tiles8(m, buf, pool2);
+  const int64_t n = cpu::kQ4TilesMaxN;
+  const std::vector<float> x = random_vector(size_t(n * m.in), rng);
+  std::vector<float> alone(size_t(n * m.out));
+  for (int64_t i = 0; i < n; ++i)
+    cpu::linear_q8_tiles(x.data() + i * m.in, 1, a, nullptr, alone.data() + i * m.out, pool1, isas.front());
+  for (cpu::Int8Isa isa : isas)
+    for (int64_t rows : {2, 3, 5, 8})
+      for (int64_t i0 = 0; i0 + rows <= n; i0 += rows) {
+        std::vector<float> y(size_t(rows * m.out), std::nanf(""));
+        cpu::linear_q8_tiles(x.data() + i0 * m.in, rows, a, nullptr, y.data(), pool2, isa);
+        EXPECT_EQ(std::memcmp(y.data(), alone.data() + i0 * m.out, y.size() * sizeof(float)), 0)
+            << cpu::int8_isa_name(isa) << " rows=" << rows << " from " << i0;
+      }
+}
+
+TEST(QuantLinearInt8, RepackForCpuGivesEightBitTilesWhereTheLevelHasVnni) {
+  std::mt19937 rng(16);
+  Array w32 = Array::empty({37, 256}, DType::f32);
+  const std::vector<float> wv = random_vector(size_t(37 * 256), rng);
+  std::copy(wv.begin(), wv.end(), w32.data<float>());
+  const QuantizedMatrix q = quantize_affine(w32, 8, 32, DType::f16);
+  QuantizedMatrix qt = q;
+  ops::repack_for_cpu(qt);
+  cpu::Int8Isa isa;
+  if (!cpu::int8_isa_best(cpu_level(), &isa) || !cpu::int8_isa_exact_u8(isa)) {
+    EXPECT_FALSE(qt.cpu_tiles.defined()) << "8-bit tiles made for a level without VNNI";
+    GTEST_SKIP() << "this CPU level has no VNNI";
+  }
+  ASSERT_TRUE(qt.cpu_tiles.defined());
+  Array x = Array::empty({5, 256}, DType::f32);
+  const std::vector<float> xv = random_vector(size_t(5 * 256), rng);
+  std::copy(xv.begin(), xv.end(), x.data<float>());
+  QuantArgs a;
+  a.packed = q.packed.data<uint32_t>();
+  a.scales = q.scales.raw();
+  a.biases = q.biases.raw();
+  a.scale_dtype = DType::f16;
+  a.bits = 8;
+  a.group_size = 32;
+  a.out = 37;
+  a.in = 256;
+  a.tiles = qt.cpu_tiles.raw();
+  std::vector<float> want(5 * 37);
+  cpu::linear_q8_tiles(x.data<float>(), 5, a, nullptr, want.data(), cpu_pool(), isa);
+  const Array y = ops::linear(x, qt);
+  EXPECT_EQ(std::memcmp(y.data<float>(), want.data(), want.size() * sizeof(float)), 0);
+  // ... and within the rounding of x of the plain (f32) path on the same codes.
+  const Array plain = ops::linear(x, q);
+  for (size_t i = 0; i < want.size(); ++i)
+    EXPECT_NEAR(y.data<float>()[i], plain.data<float>()[i], 2e-3 * (1.0 + std::abs(plain.data<float>()[i]))) << i;
+  // 4-bit tiles are not 8-bit ones: a 4-bit matrix given these is refused by name.
+  QuantizedMatrix q4 = quantize_affine(w32, 4, 32, DType::f16);
+  q4.cpu_tiles = qt.cpu_tiles;
+  try {
+    (void)ops::linear(x, q4);
+    ADD_FAILURE() << "8-bit tiles taken for a 4-bit matrix";
+  } catch (const InvalidInput& e) {
+    EXPECT_NE(std::string(e.what()).find("cpu_tiles"), std::string::npos) << e.what();
+  }
+}
+
+TEST(QuantLinearInt8, Tiles8RejectWhatTheyDoNotTake) {
+  ThreadPool pool(1);
+  std::mt19937 rng(3);
+  const QMatrix m8 = make_matrix(16, 64, 8, 32, DType::f16, rng);
+  const QMatrix m4 = make_matrix(16, 64, 4, 32, DType::f16, rng);
+  std::vector<float> x(64 * 9, 1.0f), y(16 * 9);
+  std::vector<uint8_t> tiles(size_t(cpu::q8_tiles_bytes(m8.args())));
+  EXPECT_THROW(cpu::repack_q8_tiles(m4.args(), tiles.data(), pool), Unsupported);
+  EXPECT_FALSE(cpu::int8_tiles8_takes(m4.args()));
+  EXPECT_TRUE(cpu::int8_tiles8_takes(m8.args()));
+  QuantArgs no_tiles = m8.args();
+  EXPECT_THROW(cpu::linear_q8_tiles(x.data(), 1, no_tiles, nullptr, y.data(), pool, cpu::Int8Isa::avx2), Unsupported);
+  cpu::repack_q8_tiles(m8.args(), tiles.data(), pool);
+  QuantArgs a = m8.args();
+  a.tiles = tiles.data();
+  // Without VNNI, or more rows than the tile kernel takes.
+  EXPECT_THROW(cpu::linear_q8_tiles(x.data(), 1, a, nullptr, y.data(), pool, cpu::Int8Isa::avx2), Unsupported);
+  EXPECT_THROW(cpu::linear_q8_tiles(x.data(), 1, a, nullptr, y.data(), pool, cpu::Int8Isa::avx512bw), Unsupported);
+  for (cpu::Int8Isa isa : vnni_isas())
+    EXPECT_THROW(cpu::linear_q8_tiles(x.data(), cpu::kQ4TilesMaxN + 1, a, nullptr, y.data(), pool, isa), Unsupported);
 }
 
 TEST(QuantLinearInt8, RejectsWhatItDoesNotTake) {

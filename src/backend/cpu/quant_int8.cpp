@@ -135,6 +135,7 @@ inline Acc acc_add(Acc a, IV u, IV s) { return _mm512_dpbusd_epi32(a, u, s); }
 inline IV acc_finish(Acc a) { return a; }
 #include "backend/cpu/quant_int8_kernels.inc"
 #include "backend/cpu/quant_int8_tiles.inc"
+#include "backend/cpu/quant_int8_tiles8.inc"
 }  // namespace
 }  // namespace int8_avx512_vnni
 #ifdef __clang__
@@ -209,6 +210,7 @@ inline Acc acc_add(Acc a, IV u, IV s) { return _mm256_dpbusd_avx_epi32(a, u, s);
 inline IV acc_finish(Acc a) { return a; }
 #include "backend/cpu/quant_int8_kernels.inc"
 #include "backend/cpu/quant_int8_tiles.inc"
+#include "backend/cpu/quant_int8_tiles8.inc"
 }  // namespace
 }  // namespace int8_avx_vnni
 #ifdef __clang__
@@ -351,6 +353,94 @@ void repack_q4_tiles(const QuantArgs& w, void* dst, ThreadPool& pool) {
   pool.parallel_for(n_tiles, kTileMinChunk, std::ref(body));
 }
 
+bool int8_isa_exact_u8(Int8Isa isa) { return isa == Int8Isa::avx512_vnni || isa == Int8Isa::avx_vnni; }
+
+bool int8_tiles8_takes(const QuantArgs& w) {
+  return w.bits == 8 && (w.group_size == 16 || w.group_size == 32 || w.group_size == 64 || w.group_size == 128) &&
+         (w.scale_dtype == DType::f16 || w.scale_dtype == DType::bf16) && w.in % w.group_size == 0 &&
+         w.in % kXBlock == 0;
+}
+
+int64_t q8_tiles_bytes(const QuantArgs& w) {
+  const int64_t n_tiles = (w.out + kQ4TileRows - 1) / kQ4TileRows, n_groups = w.in / w.group_size;
+  const int64_t record = 2 * kQ4TileRows * 2 + w.group_size / 4 * kQ4TileRows * 4;
+  return n_tiles * n_groups * record;
+}
+
+void repack_q8_tiles(const QuantArgs& w, void* dst, ThreadPool& pool) {
+  if (!int8_tiles8_takes(w))
+    throw Unsupported("repack_q8_tiles: bits " + std::to_string(w.bits) + ", group_size " +
+                      std::to_string(w.group_size) + ", in " + std::to_string(w.in) +
+                      " (want 8 bits, group 16, 32, 64 or 128, in a multiple of 32, f16 or bf16 scales)");
+  const int64_t n_tiles = (w.out + kQ4TileRows - 1) / kQ4TileRows, n_groups = w.in / w.group_size;
+  const int64_t tile_bytes = q8_tiles_bytes(w) / n_tiles, record = tile_bytes / n_groups;
+  const auto* codes = reinterpret_cast<const uint8_t*>(w.packed);  // 8 bits: code k of a row is its byte k
+  const auto* scales = static_cast<const uint16_t*>(w.scales);
+  const auto* biases = static_cast<const uint16_t*>(w.biases);
+  auto* out = static_cast<uint8_t*>(dst);
+  const auto body = [&](int64_t t0, int64_t t1, int) {
+    for (int64_t t = t0; t < t1; ++t)
+      for (int r = 0; r < kQ4TileRows; ++r) {
+        const int64_t row = t * kQ4TileRows + r;
+        const bool live = row < w.out;
+        for (int64_t g = 0; g < n_groups; ++g) {
+          uint8_t* rec = out + t * tile_bytes + g * record;
+          const uint16_t zero = 0;
+          std::memcpy(rec + 2 * r, live ? scales + row * n_groups + g : &zero, 2);
+          std::memcpy(rec + 2 * (kQ4TileRows + r), live ? biases + row * n_groups + g : &zero, 2);
+          // Chunk c holds codes 4c .. 4c + 3 of the group, 4 bytes per row.
+          uint8_t* chunks = rec + 4 * kQ4TileRows;
+          for (int64_t c = 0; c < w.group_size / 4; ++c) {
+            uint8_t* dst_row = chunks + (c * kQ4TileRows + r) * 4;
+            if (live)
+              std::memcpy(dst_row, codes + row * w.in + g * w.group_size + 4 * c, 4);
+            else
+              std::memset(dst_row, 0, 4);
+          }
+        }
+      }
+  };
+  pool.parallel_for(n_tiles, kTileMinChunk, std::ref(body));
+}
+
+namespace {
+// x rounded on the calling thread in code order for the tile kernels: n rows into the
+// thread_local buffers.
+GemmX round_rows_for_tiles(const float* x, int64_t n, const QuantArgs& w, QuantizeRow quantize_row) {
+  thread_local std::vector<int8_t> q_buf, ql_buf;
+  thread_local std::vector<float> d_buf, xsum_buf;
+  const int64_t in = w.in, n_groups = w.in / w.group_size, d_stride = in / kXBlock;
+  if (int64_t(q_buf.size()) < n * in) q_buf.resize(size_t(n * in));
+  if (int64_t(ql_buf.size()) < n * in) ql_buf.resize(size_t(n * in));
+  if (int64_t(d_buf.size()) < n * d_stride) d_buf.resize(size_t(n * d_stride));
+  if (int64_t(xsum_buf.size()) < n * n_groups) xsum_buf.resize(size_t(n * n_groups));
+  for (int64_t i = 0; i < n; ++i)
+    quantize_row(x + i * in, in, w.group_size, q_buf.data() + i * in, ql_buf.data() + i * in,
+                 d_buf.data() + i * d_stride, xsum_buf.data() + i * n_groups, false);
+  return GemmX{q_buf.data(), ql_buf.data(), in, d_buf.data(), d_stride, xsum_buf.data(), n_groups};
+}
+}  // namespace
+
+void linear_q8_tiles(const float* x, int64_t n, const QuantArgs& w, const float* bias, float* y, ThreadPool& pool,
+                     Int8Isa isa) {
+  if (!int8_tiles8_takes(w) || w.tiles == nullptr || n > kQ4TilesMaxN)
+    throw Unsupported("linear_q8_tiles: bits " + std::to_string(w.bits) + ", group_size " +
+                      std::to_string(w.group_size) + (w.tiles ? "" : ", no tiles") + ", n " + std::to_string(n) +
+                      " (want 8 bits, group 16, 32, 64 or 128, the tiles of repack_q8_tiles, n <= " +
+                      std::to_string(kQ4TilesMaxN) + ")");
+  if (!int8_isa_exact_u8(isa) || !int8_isa_supported(isa))
+    throw Unsupported(std::string("linear_q8_tiles: ") + int8_isa_name(isa) +
+                      (int8_isa_exact_u8(isa) ? " is not on this CPU" : " has no exact u8 x s8 dot product (VNNI)"));
+  if (n <= 0 || w.out <= 0) return;
+#if INT8_X86
+  if (isa == Int8Isa::avx512_vnni) {
+    int8_avx512_vnni::run_tiles8(w, round_rows_for_tiles(x, n, w, &int8_avx512_vnni::quantize_row), n, bias, y, pool);
+  } else {
+    int8_avx_vnni::run_tiles8(w, round_rows_for_tiles(x, n, w, &int8_avx_vnni::quantize_row), n, bias, y, pool);
+  }
+#endif
+}
+
 void linear_q4_int8(const float* x, int64_t n, const QuantArgs& w, const float* bias, float* y, ThreadPool& pool,
                     Int8Isa isa) {
   if (!int8_path_takes(w))
@@ -377,15 +467,7 @@ void linear_q4_int8(const float* x, int64_t n, const QuantArgs& w, const float* 
   const bool tiles = w.tiles != nullptr && n <= kQ4TilesMaxN;
   if (tiles) {
     // A few rows: rounded on the calling thread, in code order (the GEMM's layout).
-    const int64_t d_stride = in / kXBlock;
-    if (int64_t(q_buf.size()) < n * in) q_buf.resize(size_t(n * in));
-    if (int64_t(ql_buf.size()) < n * in) ql_buf.resize(size_t(n * in));
-    if (int64_t(d_buf.size()) < n * d_stride) d_buf.resize(size_t(n * d_stride));
-    if (int64_t(xsum_buf.size()) < n * n_groups) xsum_buf.resize(size_t(n * n_groups));
-    for (int64_t i = 0; i < n; ++i)
-      quantize_row(x + i * in, in, w.group_size, q_buf.data() + i * in, ql_buf.data() + i * in,
-                   d_buf.data() + i * d_stride, xsum_buf.data() + i * n_groups, false);
-    const GemmX gx{q_buf.data(), ql_buf.data(), in, d_buf.data(), d_stride, xsum_buf.data(), n_groups};
+    const GemmX gx = round_rows_for_tiles(x, n, w, quantize_row);
 #if INT8_X86
     switch (isa) {
       case Int8Isa::avx512_vnni: int8_avx512_vnni::run_tiles(w, gx, n, bias, y, pool); return;

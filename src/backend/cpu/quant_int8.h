@@ -56,6 +56,26 @@ int64_t q4_tiles_bytes(const QuantArgs& w);
 // (with an equally sized pool). Throws Unsupported unless int8_path_takes(w).
 void repack_q4_tiles(const QuantArgs& w, void* dst, ThreadPool& pool);
 
+// 8-bit weights get decode tiles too (q8 layout): the same 16-row tiles, group by group the
+// group's 16 scales and 16 biases, then per 4 codes of the group one chunk of [kQ4TileRows
+// rows][4 bytes] (byte e of row r in chunk c: code 4c + e, as stored). Only the instruction sets
+// with VNNI's vpdpbusd take them: a code up to 255 times 127 overflows vpmaddubsw's 16-bit
+// pair sums, which the 4-bit codes never reach.
+bool int8_isa_exact_u8(Int8Isa isa);
+// Whether w is one the q8 tiles take: 8 bits, group 16, 32, 64 or 128, in a multiple of 32,
+// f16 or bf16 scales.
+bool int8_tiles8_takes(const QuantArgs& w);
+int64_t q8_tiles_bytes(const QuantArgs& w);
+// Writes the q8 tiles of w to dst [q8_tiles_bytes(w)] on `pool`, with the kernel's split (first
+// touch). Throws Unsupported unless int8_tiles8_takes(w).
+void repack_q8_tiles(const QuantArgs& w, void* dst, ThreadPool& pool);
+// y[n, out] = x[n, in] * dequant(w)^T + bias[out] for an 8-bit w with q8 tiles, n <= kQ4TilesMaxN,
+// x rounded as below (two int8 parts per value, steps per 32 values): each row of y the same
+// bits alone or in a batch and on both sets. Throws Unsupported otherwise (other w, n, or an isa
+// without VNNI or not on this CPU).
+void linear_q8_tiles(const float* x, int64_t n, const QuantArgs& w, const float* bias, float* y, ThreadPool& pool,
+                     Int8Isa isa);
+
 // y[n, out] = x[n, in] * dequant(w)^T + bias[out] (bias may be nullptr), x rounded as above;
 // with w.tiles and n <= kQ4TilesMaxN the tile kernel (each row of y the same bits alone or in
 // a batch, and on every instruction set), else n == 1 runs the matvec kernel, n > 1 the blocked

@@ -509,7 +509,9 @@ void linear_q(const float* x, int64_t n, const QuantArgs& w, const float* bias, 
   // NOTE: for 1 < n <= kRowsMaxN without tiles the f32 kernels win: the integer GEMM unpacks
   // all of w per call. With tiles (made at load) the tile kernel takes n <= kQ4TilesMaxN.
   const bool tiles = w.tiles != nullptr && n <= kQ4TilesMaxN;
-  if ((n == 1 || n > kRowsMaxN || tiles) && int8_path_takes(w) && int8_isa_best(kLevel, &isa))
+  if (tiles && w.bits == 8 && int8_isa_best(kLevel, &isa) && int8_isa_exact_u8(isa))
+    linear_q8_tiles(x, n, w, bias, y, pool, isa);
+  else if ((n == 1 || n > kRowsMaxN || tiles) && int8_path_takes(w) && int8_isa_best(kLevel, &isa))
     linear_q4_int8(x, n, w, bias, y, pool, isa);
   else
     linear_q_f32(x, n, w, bias, y, pool);
