@@ -10,8 +10,10 @@
 #     exist in FILES_DIR;
 #  2. runs REPS rounds; each round runs, per type (and thread count on the CPU), `osprey bench`
 #     on the file and then (where LLAMA_BUILD has llama-bench) `llama-bench` on the same file,
-#     so the two engines alternate and share the machine's drifts; on the CPU both are pinned
-#     (taskset) to the first T physical cores;
+#     so the two engines alternate and share the machine's drifts (and OSPREY_BASE_BIN, an
+#     earlier build, in the same rounds: a before/after in one visit); on the CPU all are pinned
+#     (taskset) to the first T physical cores, and the read bandwidth is measured first at 1, 4,
+#     every physical core and each count of THREADS (STREAM_BIN);
 # and writes OUT_DIR/summary.md and summary.json (per test: each engine's median t/s with its
 # min-max spread over the rounds and their ratio) and the raw json under OUT_DIR/raw/.
 #
@@ -29,6 +31,9 @@
 #   TOKENIZER_DIR  a folder with the shape's tokenizer.json and tokenizer_config.json (Llama 3.x)
 #   FILES_DIR      where the checkpoint and the GGUF files are made or found (default OUT_DIR/files)
 #   OSPREY_BIN     the osprey binary (default build/osprey)
+#   OSPREY_BASE_BIN  another osprey binary to time in the same rounds (default: none)
+#   STREAM_BIN     the read-bandwidth probe (default build/osprey_stream_read; cpu only, skipped
+#                  when absent)
 #   PYTHON         a python3 with numpy (default python3)
 set -euo pipefail
 
@@ -51,9 +56,12 @@ LLAMA_BUILD=${LLAMA_BUILD:-}
 TOKENIZER_DIR=${TOKENIZER_DIR:-}
 FILES_DIR=${FILES_DIR:-$OUT_DIR/files}
 OSPREY_BIN=${OSPREY_BIN:-$ROOT/build/osprey}
+OSPREY_BASE_BIN=${OSPREY_BASE_BIN:-}
+STREAM_BIN=${STREAM_BIN:-$ROOT/build/osprey_stream_read}
 PYTHON=${PYTHON:-python3}
 
 [[ -x $OSPREY_BIN ]] || { echo "bench_gguf.sh: no osprey binary at $OSPREY_BIN (cmake --build build, or set OSPREY_BIN)" >&2; exit 1; }
+[[ -z $OSPREY_BASE_BIN || -x $OSPREY_BASE_BIN ]] || { echo "bench_gguf.sh: OSPREY_BASE_BIN=$OSPREY_BASE_BIN is not an executable" >&2; exit 1; }
 [[ $REPS =~ ^[1-9][0-9]*$ ]] || { echo "bench_gguf.sh: REPS=$REPS is not a positive integer" >&2; exit 1; }
 for t in $THREADS; do
   [[ $t =~ ^[0-9]+$ ]] || { echo "bench_gguf.sh: THREADS='$THREADS' holds '$t', not a thread count" >&2; exit 1; }
@@ -111,7 +119,14 @@ for ty in $TYPES; do
     { tail -5 "$OUT_DIR/quantize-$ty.log" >&2; exit 1; }
 done
 ls -l "$FILES_DIR"/*.gguf >"$OUT_DIR/files.txt"
-[[ $DEVICE == cpu ]] && lscpu >"$OUT_DIR/lscpu.txt"
+if [[ $DEVICE == cpu ]]; then
+  lscpu >"$OUT_DIR/lscpu.txt"
+  if [[ -x $STREAM_BIN ]]; then
+    n_phys=$(physical_cpus 100000 | tr ',' '\n' | wc -l)
+    probe=$(printf '%s\n' 1 4 "$n_phys" $THREADS | sort -n -u | tr '\n' ',' | sed 's/,$//')
+    "$STREAM_BIN" -t "$probe" --mib 2048 -r 10 --json >"$OUT_DIR/stream.json"
+  fi
+fi
 [[ $DEVICE == cuda ]] && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$OUT_DIR/gpu.txt"
 
 for r in $(seq 1 "$REPS"); do
@@ -123,6 +138,11 @@ for r in $(seq 1 "$REPS"); do
       pinned "$t" "$OSPREY_BIN" bench -m "$f" --device "$DEVICE" -p "$PP" -n "$TG" -r 1 --warmup 1 "${targs[@]}" -o json \
         >"$OUT_DIR/raw/osprey-$ty-t$t-r$r.json" 2>"$OUT_DIR/raw/osprey-$ty-t$t-r$r.log" ||
         { echo "bench_gguf.sh: osprey bench failed on $f" >&2; tail -3 "$OUT_DIR/raw/osprey-$ty-t$t-r$r.log" >&2; }
+      if [[ -n $OSPREY_BASE_BIN ]]; then
+        pinned "$t" "$OSPREY_BASE_BIN" bench -m "$f" --device "$DEVICE" -p "$PP" -n "$TG" -r 1 --warmup 1 "${targs[@]}" -o json \
+          >"$OUT_DIR/raw/base-$ty-t$t-r$r.json" 2>"$OUT_DIR/raw/base-$ty-t$t-r$r.log" ||
+          { echo "bench_gguf.sh: the base osprey failed on $f" >&2; tail -3 "$OUT_DIR/raw/base-$ty-t$t-r$r.log" >&2; }
+      fi
       if [[ -n $LLAMA_BENCH ]]; then
         # shellcheck disable=SC2086
         pinned "$t" "$LLAMA_BENCH" -m "$f" -p "$PP" -n "$TG" -r 1 "${targs[@]}" $LLAMA_ARGS -o json \
@@ -150,7 +170,7 @@ def samples(engine, ty, t):
         except (OSError, ValueError):
             continue
         for test in d["tests"] if isinstance(d, dict) else d:
-            if engine == "osprey":
+            if engine != "llamacpp":
                 name = test["name"]
             else:  # llama-bench: one record per test
                 name = f"pp{test['n_prompt']}" if test["n_gen"] == 0 else f"tg{test['n_gen']}"
@@ -160,19 +180,37 @@ def samples(engine, ty, t):
 def fmt(v):
     return f"{statistics.median(v):.1f} ({min(v):.1f}-{max(v):.1f})" if v else "-"
 
+def ratio(a, b):
+    return statistics.median(a) / statistics.median(b) if a and b else None
+
+def fmt_ratio(r):
+    return f"{r:.2f}" if r else "-"
+
 summary = {"device": device, "shape": shape, "rounds": reps, "results": []}
+stream_path = os.path.join(out_dir, "stream.json")
+if os.path.exists(stream_path):
+    summary["stream"] = json.load(open(stream_path))
+    print("Read bandwidth (osprey_stream_read, 2 GiB, 10 repetitions):\n")
+    print("| threads | read GB/s (best) | read GB/s (median) |\n|---|---|---|")
+    for s in summary["stream"]:
+        print(f"| {s['threads']} | {s['read_gbs_best']:.1f} | {s['read_gbs_median']:.1f} |")
+    print()
+has_base = any(f.startswith("base-") for f in os.listdir(os.path.join(out_dir, "raw")))
 print(f"{shape}, {device}; t/s: median (min-max) of {reps} rounds, the engines alternating within each round.\n")
-print("| file | threads | test | Osprey t/s | llama.cpp t/s | Osprey / llama.cpp (medians) |")
-print("|---|---|---|---|---|---|")
+print("| file | threads | test | Osprey t/s | " + ("Osprey base t/s | Osprey / base | " if has_base else "") +
+      "llama.cpp t/s | Osprey / llama.cpp (medians) |")
+print("|---|---|---|---|" + ("---|---|" if has_base else "") + "---|---|")
 for t in threads:
     for ty in types.split():
-        ours, theirs = samples("osprey", ty, t), samples("llamacpp", ty, t)
+        ours, base, theirs = samples("osprey", ty, t), samples("base", ty, t), samples("llamacpp", ty, t)
         for name in sorted(set(ours) | set(theirs), key=lambda n: (n[:2] != "pp", n)):
-            o, l = ours.get(name, []), theirs.get(name, [])
-            ratio = statistics.median(o) / statistics.median(l) if o and l else None
-            summary["results"].append({"type": ty, "threads": t, "test": name, "osprey_ts": o,
-                                       "llama_cpp_ts": l, "ratio_of_medians": ratio})
-            print(f"| {ty} | {t or '-'} | {name} | {fmt(o)} | {fmt(l)} | {f'{ratio:.2f}' if ratio else '-'} |")
+            o, b, l = ours.get(name, []), base.get(name, []), theirs.get(name, [])
+            summary["results"].append({"type": ty, "threads": t, "test": name, "osprey_ts": o, "base_ts": b,
+                                       "llama_cpp_ts": l, "ratio_of_medians": ratio(o, l),
+                                       "ratio_to_base": ratio(o, b)})
+            print(f"| {ty} | {t or '-'} | {name} | {fmt(o)} | " +
+                  (f"{fmt(b)} | {fmt_ratio(ratio(o, b))} | " if has_base else "") +
+                  f"{fmt(l)} | {fmt_ratio(ratio(o, l))} |")
 json.dump(summary, open(os.path.join(out_dir, "summary.json"), "w"), indent=2)
 EOF
 echo "bench_gguf.sh: done in $((SECONDS - start)) s; $OUT_DIR/summary.md" >&2

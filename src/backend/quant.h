@@ -17,9 +17,12 @@ struct QuantizedMatrix {
   Array packed;  // [out, in * bits / 32] u32
   Array scales;  // [out, in / group_size] f16 | bf16
   Array biases;  // [out, in / group_size], the dtype of scales
-  // CPU only: the same matrix repacked for the 4-bit decode kernels (ops::repack_for_cpu), or
-  // undefined. packed, scales and biases stay the reference (embeddings, other kernels).
+  // CPU only: the same matrix repacked for the 4- and 8-bit decode kernels (ops::repack_for_cpu),
+  // or undefined. packed, scales and biases stay the reference (embeddings, other kernels).
   Array cpu_tiles;  // [bytes] u8
+  // With cpu_tiles: 0 when they hold every group's bias, or z > 0 when every bias is -z times
+  // its scale (symmetric sources: GGUF's Q4_0, Q8_0 and Q6_K) and the tiles hold scales alone.
+  int cpu_tiles_zero = 0;
   int bits = 0;
   int group_size = 0;
 
@@ -89,8 +92,9 @@ Array embedding(const LinearWeight& table, const Array& ids, float scale = 1.0f)
 // The whole matrix dequantized to `dtype` (f32 | f16 | bf16), on w's device.
 Array dequantize(const QuantizedMatrix& w, DType dtype = DType::f32);
 
-// Fills w.cpu_tiles when w lives on the CPU, has 4 bits and the CPU's level has integer
-// kernels for it (backend/cpu/quant_int8.h); leaves w unchanged otherwise. Called once per
+// Fills w.cpu_tiles (and cpu_tiles_zero) when w lives on the CPU, has 4 bits (8 bits: the
+// level has VNNI) and the CPU's level has integer kernels for it (backend/cpu/quant_int8.h);
+// leaves w unchanged otherwise. Called once per
 // weight at load; the copy is written by the pool's threads that will read it in decode.
 void repack_for_cpu(QuantizedMatrix& w);
 

@@ -21,6 +21,9 @@ struct QuantArgs {
   // repack_q4_tiles / repack_q8_tiles), or null. Read instead of packed, scales and biases by
   // the n <= 8 kernel.
   const void* tiles = nullptr;
+  // 0: the tiles hold each group's scale and bias. z > 0: every group's bias is exactly -z
+  // times its scale (in f32), and the tiles hold the scales alone (quant_int8.h).
+  int tiles_zero = 0;
 };
 
 // The group sizes the kernels take: 32, 64 and 128 for every width, and 16 for 8-bit codes

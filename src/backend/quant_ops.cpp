@@ -53,6 +53,7 @@ QuantArgs quant_args(const char* op, const QuantizedMatrix& w) {
   a.out = out;
   a.in = in;
   if (w.cpu_tiles.defined()) {
+    a.tiles_zero = w.cpu_tiles_zero;
     const bool fits = a.bits == 8 ? cpu::int8_tiles8_takes(a) && w.cpu_tiles.nbytes() == size_t(cpu::q8_tiles_bytes(a))
                                    : cpu::int8_path_takes(a) && w.cpu_tiles.nbytes() == size_t(cpu::q4_tiles_bytes(a));
     require(w.packed.device().is_cpu() && w.cpu_tiles.dtype() == DType::u8 && w.cpu_tiles.is_contiguous() && fits,
@@ -197,20 +198,25 @@ void repack_for_cpu(QuantizedMatrix& w) {
   if (!w.defined() || !w.packed.device().is_cpu()) return;
   QuantizedMatrix plain = w;
   plain.cpu_tiles = Array();
-  const QuantArgs a = quant_args("repack_for_cpu", plain);
+  plain.cpu_tiles_zero = 0;
+  QuantArgs a = quant_args("repack_for_cpu", plain);
   cpu::Int8Isa isa;
   if (a.bits == 8) {
     // 8-bit tiles only where the level's kernels have VNNI to read them.
     if (!cpu::int8_tiles8_takes(a) || !cpu::int8_isa_best(cpu_level(), &isa) || !cpu::int8_isa_exact_u8(isa)) return;
-    Array tiles = Array::empty({cpu::q8_tiles_bytes(a)}, DType::u8);
-    cpu::repack_q8_tiles(a, tiles.raw(), cpu_pool());
-    w.cpu_tiles = std::move(tiles);
+  } else if (!cpu::int8_path_takes(a) || !cpu::int8_isa_best(&isa)) {
     return;
   }
-  if (!cpu::int8_path_takes(a) || !cpu::int8_isa_best(&isa)) return;
-  Array tiles = Array::empty({cpu::q4_tiles_bytes(a)}, DType::u8);
-  cpu::repack_q4_tiles(a, tiles.raw(), cpu_pool());
+  // A symmetric matrix (every bias -z times its scale) keeps its scales alone: fewer bytes
+  // per decoded token.
+  a.tiles_zero = cpu::tiles_symmetric_zero(a);
+  Array tiles = Array::empty({a.bits == 8 ? cpu::q8_tiles_bytes(a) : cpu::q4_tiles_bytes(a)}, DType::u8);
+  if (a.bits == 8)
+    cpu::repack_q8_tiles(a, tiles.raw(), cpu_pool());
+  else
+    cpu::repack_q4_tiles(a, tiles.raw(), cpu_pool());
   w.cpu_tiles = std::move(tiles);
+  w.cpu_tiles_zero = a.tiles_zero;
 }
 
 }  // namespace osprey::ops

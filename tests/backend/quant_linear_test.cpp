@@ -480,6 +480,8 @@ TEST(QuantLinearInt8, RepackForCpuFeedsTheOpAndTilesOfAnotherMatrixAreRefused) {
   a.out = 37;
   a.in = 256;
   a.tiles = qt.cpu_tiles.raw();
+  // Symmetric data gives MLX's quantizer q0 = 8 in every group (bias -8 scale): scales-only tiles.
+  a.tiles_zero = qt.cpu_tiles_zero;
   ASSERT_TRUE(cpu::int8_isa_best(cpu_level(), &isa));
   std::vector<float> want(3 * 37);
   cpu::linear_q4_int8(x.data<float>(), 3, a, nullptr, want.data(), cpu_pool(), isa);
@@ -647,6 +649,149 @@ TEST(QuantLinearInt8, Tiles8RejectWhatTheyDoNotTake) {
   EXPECT_THROW(cpu::linear_q8_tiles(x.data(), 1, a, nullptr, y.data(), pool, cpu::Int8Isa::avx512bw), Unsupported);
   for (cpu::Int8Isa isa : vnni_isas())
     EXPECT_THROW(cpu::linear_q8_tiles(x.data(), cpu::kQ4TilesMaxN + 1, a, nullptr, y.data(), pool, isa), Unsupported);
+}
+
+// m with every bias replaced by -z times its scale (exact for a power-of-two z), as GGUF's
+// Q4_0 (z 8), Q8_0 (z 128) and Q6_K (z 32) are held.
+QMatrix make_symmetric(QMatrix m, int z) {
+  const int64_t n_groups = m.in / m.group_size, words_per_row = m.in * m.bits / 32;
+  for (size_t g = 0; g < m.scales.size(); ++g)
+    m.biases[g] = to_half(float(-z * half_value(m.scales[g], m.scale_dtype)), m.scale_dtype);
+  for (int64_t r = 0; r < m.out; ++r)
+    for (int64_t i = 0; i < m.in; ++i) {
+      const size_t g = size_t(r * n_groups + i / m.group_size);
+      const uint32_t q = read_code(&m.packed[size_t(r * words_per_row)], i, m.bits);
+      m.w[size_t(r * m.in + i)] = half_value(m.scales[g], m.scale_dtype) * double(q) + half_value(m.biases[g], m.scale_dtype);
+    }
+  return m;
+}
+
+// Tiles of m (4 or 8 bits) with the given tiles_zero, in buf.
+QuantArgs with_tiles_zero(const QMatrix& m, int zero, std::vector<uint8_t>& buf, ThreadPool& pool) {
+  QuantArgs a = m.args();
+  a.tiles_zero = zero;
+  buf.assign(size_t(m.bits == 8 ? cpu::q8_tiles_bytes(a) : cpu::q4_tiles_bytes(a)), 0xa5);
+  if (m.bits == 8)
+    cpu::repack_q8_tiles(a, buf.data(), pool);
+  else
+    cpu::repack_q4_tiles(a, buf.data(), pool);
+  a.tiles = buf.data();
+  return a;
+}
+
+TEST(QuantLinearInt8, SymmetricTilesGiveTheSameResultsFromFewerBytes) {
+  // A matrix whose biases are -z times its scales: its z is found, its tiles leave the biases
+  // out (bytes from the layout), and the kernels give what the tiles with biases give, float
+  // for float, within the rounded-activation reference's bound.
+  const std::vector<cpu::Int8Isa> isas = supported_isas();
+  if (isas.empty()) GTEST_SKIP() << "this CPU has no AVX2";
+  ThreadPool pool1(1), pool3(3);
+  std::mt19937 rng(1717);
+  struct Case { int bits, group, z; DType sd; };
+  for (const Case c : {Case{4, 32, 8, DType::f16}, Case{4, 64, 8, DType::bf16}, Case{4, 128, 4, DType::f16},
+                       Case{8, 16, 32, DType::f16}, Case{8, 32, 128, DType::f16}, Case{8, 64, 128, DType::bf16}}) {
+    const int64_t out = 37, in = 256;
+    const QMatrix plain = make_matrix(out, in, c.bits, c.group, c.sd, rng);
+    const QMatrix m = make_symmetric(plain, c.z);
+    EXPECT_EQ(cpu::tiles_symmetric_zero(m.args()), c.z) << c.bits << " bits, group " << c.group;
+    EXPECT_EQ(cpu::tiles_symmetric_zero(plain.args()), 0) << c.bits << " bits, group " << c.group;
+    std::vector<uint8_t> with_biases, scales_only;
+    const QuantArgs a0 = with_tiles_zero(m, 0, with_biases, pool3);
+    const QuantArgs az = with_tiles_zero(m, c.z, scales_only, pool3);
+    // Per 16-row tile and group: 16 scales (and 16 biases) of 2 bytes, then the codes.
+    const int64_t n_tiles = (out + 15) / 16, n_groups = in / c.group, codes = 16 * c.group * c.bits / 8;
+    EXPECT_EQ(int64_t(with_biases.size()), n_tiles * n_groups * (64 + codes));
+    EXPECT_EQ(int64_t(scales_only.size()), n_tiles * n_groups * (32 + codes));
+    for (int64_t n : {1, 3, 8}) {
+      const std::vector<float> x = random_vector(size_t(n * in), rng);
+      std::vector<double> ref, mag, bound;
+      int8_reference(m, x, n, ref, mag, bound);
+      for (cpu::Int8Isa isa : isas) {
+        if (c.bits == 8 && !cpu::int8_isa_exact_u8(isa)) continue;
+        for (ThreadPool* pool : {&pool1, &pool3}) {
+          std::vector<float> y0(size_t(n * out), std::nanf("")), yz(size_t(n * out), std::nanf(""));
+          if (c.bits == 8) {
+            cpu::linear_q8_tiles(x.data(), n, a0, nullptr, y0.data(), *pool, isa);
+            cpu::linear_q8_tiles(x.data(), n, az, nullptr, yz.data(), *pool, isa);
+          } else {
+            cpu::linear_q4_int8(x.data(), n, a0, nullptr, y0.data(), *pool, isa);
+            cpu::linear_q4_int8(x.data(), n, az, nullptr, yz.data(), *pool, isa);
+          }
+          for (size_t i = 0; i < y0.size(); ++i)
+            ASSERT_EQ(yz[i], y0[i]) << cpu::int8_isa_name(isa) << " " << c.bits << " bits, group " << c.group
+                                    << " n=" << n << " at " << i;
+          EXPECT_LT(worst_error(yz, ref, mag, out, nullptr), 2e-6) << cpu::int8_isa_name(isa) << " " << c.bits
+                                                                    << " bits, group " << c.group << " n=" << n;
+        }
+      }
+    }
+  }
+}
+
+TEST(QuantLinearInt8, SymmetricTilesOfAMatrixThatIsNotAreRefused) {
+  ThreadPool pool(1);
+  std::mt19937 rng(23);
+  const QMatrix plain = make_matrix(16, 64, 4, 32, DType::f16, rng);
+  const QMatrix m = make_symmetric(plain, 8);
+  std::vector<uint8_t> buf;
+  EXPECT_THROW(with_tiles_zero(plain, 8, buf, pool), Unsupported);  // biases not -8 scales
+  EXPECT_THROW(with_tiles_zero(m, 4, buf, pool), Unsupported);      // the wrong z
+  EXPECT_THROW(with_tiles_zero(m, -8, buf, pool), Unsupported);
+  const QMatrix m8 = make_symmetric(make_matrix(16, 64, 8, 16, DType::f16, rng), 32);
+  EXPECT_THROW(with_tiles_zero(m8, 16, buf, pool), Unsupported);
+  // One group off by one bias value is enough to make a matrix not symmetric.
+  QMatrix off = m;
+  off.biases[5] = uint16_t(off.biases[5] ^ 1u);
+  EXPECT_EQ(cpu::tiles_symmetric_zero(off.args()), 0);
+  EXPECT_THROW(with_tiles_zero(off, 8, buf, pool), Unsupported);
+}
+
+TEST(QuantLinearInt8, RepackForCpuKeepsTheScalesAloneOfASymmetricMatrix) {
+  std::mt19937 rng(31);
+  Array w32 = Array::empty({40, 256}, DType::f32);
+  const std::vector<float> wv = random_vector(size_t(40 * 256), rng);
+  std::copy(wv.begin(), wv.end(), w32.data<float>());
+  QuantizedMatrix q = quantize_affine(w32, 4, 32, DType::f16);
+  // Q4_0's form: every bias -8 times its scale.
+  uint16_t* s = q.scales.data<uint16_t>();
+  uint16_t* b = q.biases.data<uint16_t>();
+  for (int64_t i = 0; i < q.scales.numel(); ++i) b[i] = f32_to_f16(-8.0f * f16_to_f32(s[i]));
+  QuantizedMatrix qt = q;
+  ops::repack_for_cpu(qt);
+  cpu::Int8Isa isa;
+  if (!cpu::int8_isa_best(cpu_level(), &isa)) GTEST_SKIP() << "this CPU level has no integer kernels";
+  ASSERT_TRUE(qt.cpu_tiles.defined());
+  EXPECT_EQ(qt.cpu_tiles_zero, 8);
+  EXPECT_EQ(int64_t(qt.cpu_tiles.nbytes()), 3 * 8 * (32 + 16 * 16));  // 3 tiles, 8 groups
+  Array x = Array::empty({2, 256}, DType::f32);
+  const std::vector<float> xv = random_vector(size_t(2 * 256), rng);
+  std::copy(xv.begin(), xv.end(), x.data<float>());
+  // The op equals the tile kernel on tiles that keep the biases.
+  QuantArgs a;
+  a.packed = q.packed.data<uint32_t>();
+  a.scales = q.scales.raw();
+  a.biases = q.biases.raw();
+  a.scale_dtype = DType::f16;
+  a.bits = 4;
+  a.group_size = 32;
+  a.out = 40;
+  a.in = 256;
+  std::vector<uint8_t> tiles(size_t(cpu::q4_tiles_bytes(a)));
+  cpu::repack_q4_tiles(a, tiles.data(), cpu_pool());
+  a.tiles = tiles.data();
+  std::vector<float> want(2 * 40);
+  cpu::linear_q4_int8(x.data<float>(), 2, a, nullptr, want.data(), cpu_pool(), isa);
+  const Array y = ops::linear(x, qt);
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(y.data<float>()[i], want[i]) << i;
+  // A zero that does not fit the tiles' size is refused by name.
+  QuantizedMatrix wrong = qt;
+  wrong.cpu_tiles_zero = 0;
+  try {
+    (void)ops::linear(x, wrong);
+    ADD_FAILURE() << "symmetric tiles read as tiles with biases";
+  } catch (const InvalidInput& e) {
+    EXPECT_NE(std::string(e.what()).find("cpu_tiles"), std::string::npos) << e.what();
+  }
 }
 
 TEST(QuantLinearInt8, RejectsWhatItDoesNotTake) {

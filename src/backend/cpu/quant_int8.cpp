@@ -311,9 +311,53 @@ bool int8_path_takes(const QuantArgs& w) {
          (w.scale_dtype == DType::f16 || w.scale_dtype == DType::bf16) && w.in % w.group_size == 0;
 }
 
+namespace {
+// Bytes of a group record's header: scales and biases, or scales alone (symmetric tiles).
+int64_t tile_header_bytes(const QuantArgs& w) { return (w.tiles_zero != 0 ? 1 : 2) * kQ4TileRows * 2; }
+
+float half_value(uint16_t h, DType dtype) { return dtype == DType::bf16 ? bf16_to_f32(h) : f16_to_f32(h); }
+
+// Whether every group of w has bias == scale * -z in f32 (the tile kernels' product).
+bool all_groups_symmetric(const QuantArgs& w, int z) {
+  const int64_t n = w.out * (w.in / w.group_size);
+  const auto* s = static_cast<const uint16_t*>(w.scales);
+  const auto* b = static_cast<const uint16_t*>(w.biases);
+  const float neg_zero = -float(z);
+  for (int64_t i = 0; i < n; ++i) {
+    const float sv = half_value(s[i], w.scale_dtype);
+    if (!std::isfinite(sv) || half_value(b[i], w.scale_dtype) != sv * neg_zero) return false;
+  }
+  return true;
+}
+
+// Throws Unsupported when w.tiles_zero is set but is not w's symmetric zero.
+void check_tiles_zero(const char* op, const QuantArgs& w) {
+  if (w.tiles_zero != 0 && (w.tiles_zero < 0 || w.tiles_zero > (1 << w.bits) || !all_groups_symmetric(w, w.tiles_zero)))
+    throw Unsupported(std::string(op) + ": tiles_zero " + std::to_string(w.tiles_zero) +
+                      ", but not every group's bias is -" + std::to_string(w.tiles_zero) + " times its scale");
+}
+}  // namespace
+
+int tiles_symmetric_zero(const QuantArgs& w) {
+  if (w.scales == nullptr || w.biases == nullptr || w.out <= 0 || w.in <= 0 || w.group_size <= 0) return 0;
+  if (w.scale_dtype != DType::f16 && w.scale_dtype != DType::bf16) return 0;
+  // z from the first group with a nonzero scale, then checked on all of them.
+  const int64_t n = w.out * (w.in / w.group_size);
+  const auto* s = static_cast<const uint16_t*>(w.scales);
+  const auto* b = static_cast<const uint16_t*>(w.biases);
+  for (int64_t i = 0; i < n; ++i) {
+    const float sv = half_value(s[i], w.scale_dtype);
+    if (sv == 0.0f) continue;
+    const double z = -double(half_value(b[i], w.scale_dtype)) / double(sv);
+    if (!(z >= 1.0 && z <= double(1 << w.bits)) || z != std::floor(z)) return 0;
+    return all_groups_symmetric(w, int(z)) ? int(z) : 0;
+  }
+  return 0;  // every scale zero: nothing to gain
+}
+
 int64_t q4_tiles_bytes(const QuantArgs& w) {
   const int64_t n_tiles = (w.out + kQ4TileRows - 1) / kQ4TileRows, n_groups = w.in / w.group_size;
-  const int64_t record = 2 * kQ4TileRows * 2 + w.group_size / 32 * 4 * kQ4TileRows * 4;
+  const int64_t record = tile_header_bytes(w) + w.group_size / 32 * 4 * kQ4TileRows * 4;
   return n_tiles * n_groups * record;
 }
 
@@ -321,6 +365,8 @@ void repack_q4_tiles(const QuantArgs& w, void* dst, ThreadPool& pool) {
   if (!int8_path_takes(w))
     throw Unsupported("repack_q4_tiles: bits " + std::to_string(w.bits) + ", group_size " +
                       std::to_string(w.group_size) + " (want 4 bits, group 32, 64 or 128, f16 or bf16 scales)");
+  check_tiles_zero("repack_q4_tiles", w);
+  const int64_t header = tile_header_bytes(w);
   const Q4Rows rows{w};
   const int64_t n_tiles = (w.out + kQ4TileRows - 1) / kQ4TileRows, n_groups = rows.n_groups;
   const int64_t tile_bytes = q4_tiles_bytes(w) / n_tiles, record = tile_bytes / n_groups;
@@ -335,12 +381,12 @@ void repack_q4_tiles(const QuantArgs& w, void* dst, ThreadPool& pool) {
           uint8_t* rec = out + t * tile_bytes + g * record;
           const uint16_t zero = 0;
           std::memcpy(rec + 2 * r, live ? rows.scales(row) + g : &zero, 2);
-          std::memcpy(rec + 2 * (kQ4TileRows + r), live ? rows.biases(row) + g : &zero, 2);
+          if (w.tiles_zero == 0) std::memcpy(rec + 2 * (kQ4TileRows + r), live ? rows.biases(row) + g : &zero, 2);
           for (int64_t b = 0; b < w.group_size / 32; ++b) {
             // Row r's 16 bytes of this block: code k is nibble k % 2 of byte k / 2.
             const uint8_t* cb = live ? src + (g * w.group_size + b * 32) / 2 : nullptr;
             const auto code = [&](int k) { return live ? (cb[k / 2] >> (4 * (k % 2))) & 0x0f : 0; };
-            uint8_t* blk = rec + 4 * kQ4TileRows + b * 4 * kQ4TileRows * 4;
+            uint8_t* blk = rec + header + b * 4 * kQ4TileRows * 4;
             for (int c = 0; c < 4; ++c)
               for (int e = 0; e < 4; ++e)
                 blk[(c * kQ4TileRows + r) * 4 + e] = uint8_t(code(4 * c + e) | code(16 + 4 * c + e) << 4);
@@ -363,7 +409,7 @@ bool int8_tiles8_takes(const QuantArgs& w) {
 
 int64_t q8_tiles_bytes(const QuantArgs& w) {
   const int64_t n_tiles = (w.out + kQ4TileRows - 1) / kQ4TileRows, n_groups = w.in / w.group_size;
-  const int64_t record = 2 * kQ4TileRows * 2 + w.group_size / 4 * kQ4TileRows * 4;
+  const int64_t record = tile_header_bytes(w) + w.group_size / 4 * kQ4TileRows * 4;
   return n_tiles * n_groups * record;
 }
 
@@ -372,6 +418,8 @@ void repack_q8_tiles(const QuantArgs& w, void* dst, ThreadPool& pool) {
     throw Unsupported("repack_q8_tiles: bits " + std::to_string(w.bits) + ", group_size " +
                       std::to_string(w.group_size) + ", in " + std::to_string(w.in) +
                       " (want 8 bits, group 16, 32, 64 or 128, in a multiple of 32, f16 or bf16 scales)");
+  check_tiles_zero("repack_q8_tiles", w);
+  const int64_t header = tile_header_bytes(w);
   const int64_t n_tiles = (w.out + kQ4TileRows - 1) / kQ4TileRows, n_groups = w.in / w.group_size;
   const int64_t tile_bytes = q8_tiles_bytes(w) / n_tiles, record = tile_bytes / n_groups;
   const auto* codes = reinterpret_cast<const uint8_t*>(w.packed);  // 8 bits: code k of a row is its byte k
@@ -387,9 +435,9 @@ void repack_q8_tiles(const QuantArgs& w, void* dst, ThreadPool& pool) {
           uint8_t* rec = out + t * tile_bytes + g * record;
           const uint16_t zero = 0;
           std::memcpy(rec + 2 * r, live ? scales + row * n_groups + g : &zero, 2);
-          std::memcpy(rec + 2 * (kQ4TileRows + r), live ? biases + row * n_groups + g : &zero, 2);
+          if (w.tiles_zero == 0) std::memcpy(rec + 2 * (kQ4TileRows + r), live ? biases + row * n_groups + g : &zero, 2);
           // Chunk c holds codes 4c .. 4c + 3 of the group, 4 bytes per row.
-          uint8_t* chunks = rec + 4 * kQ4TileRows;
+          uint8_t* chunks = rec + header;
           for (int64_t c = 0; c < w.group_size / 4; ++c) {
             uint8_t* dst_row = chunks + (c * kQ4TileRows + r) * 4;
             if (live)

@@ -40,7 +40,8 @@ bool int8_path_takes(const QuantArgs& w);
 // The decode kernels' copy of w (QuantArgs::tiles), made once at load. Rows go in tiles of
 // kQ4TileRows (the last one padded with zero rows); a tile is one contiguous run of
 // n_groups records, and group g's record is
-//   [kQ4TileRows] scales, [kQ4TileRows] biases (w's 16-bit dtype, 64 bytes), then per 32 codes
+//   [kQ4TileRows] scales, [kQ4TileRows] biases (w's 16-bit dtype, 64 bytes; the scales alone,
+//   32 bytes, in symmetric tiles: w.tiles_zero, below), then per 32 codes
 //   of the group 4 chunks of [kQ4TileRows rows][4 bytes], byte e of row r in chunk c holding
 //   code 4c + e of the 32 in its low nibble and code 16 + 4c + e in its high one,
 // so that one 64-byte load gives 16 rows x 4 codes and one broadcast of 4 values of x feeds
@@ -49,12 +50,21 @@ bool int8_path_takes(const QuantArgs& w);
 inline constexpr int kQ4TileRows = 16;
 // The most rows of x the tile kernel takes (batched decode); more go to the GEMM or the f32 path.
 inline constexpr int64_t kQ4TilesMaxN = 8;
-// Bytes of the tiles of w (int8_path_takes(w) must hold).
+// Bytes of the tiles of w (int8_path_takes(w) must hold), symmetric ones where w.tiles_zero.
 int64_t q4_tiles_bytes(const QuantArgs& w);
 // Writes the tiles of w to dst [q4_tiles_bytes(w)], on `pool` with the split of the decode
 // kernel over tiles, so that each tile's pages are first written by the thread that reads them
-// (with an equally sized pool). Throws Unsupported unless int8_path_takes(w).
+// (with an equally sized pool); symmetric tiles where w.tiles_zero. Throws Unsupported unless
+// int8_path_takes(w), or when w.tiles_zero is set and some group's bias is not -z times its scale.
 void repack_q4_tiles(const QuantArgs& w, void* dst, ThreadPool& pool);
+
+// Symmetric tiles (QuantArgs::tiles_zero = z > 0): where every group's bias is exactly -z times
+// its scale in f32 (GGUF's Q4_0: z 8; Q8_0 held as codes + 128: z 128; Q6_K: z 32), a group's
+// record holds its 16 scales alone (32 bytes, not 64) and the kernels form each bias as
+// scale * -z, the same f32 value: the same results from fewer bytes (4.5 bits a 4-bit weight
+// of group 32 instead of 5). The z of w (0 when w is not symmetric, or has a group whose
+// scale is not finite): one integer 1 <= z <= 2^bits, the same for every group of every row.
+int tiles_symmetric_zero(const QuantArgs& w);
 
 // 8-bit weights get decode tiles too (q8 layout): the same 16-row tiles, group by group the
 // group's 16 scales and 16 biases, then per 4 codes of the group one chunk of [kQ4TileRows
@@ -67,7 +77,8 @@ bool int8_isa_exact_u8(Int8Isa isa);
 bool int8_tiles8_takes(const QuantArgs& w);
 int64_t q8_tiles_bytes(const QuantArgs& w);
 // Writes the q8 tiles of w to dst [q8_tiles_bytes(w)] on `pool`, with the kernel's split (first
-// touch). Throws Unsupported unless int8_tiles8_takes(w).
+// touch), symmetric where w.tiles_zero. Throws Unsupported unless int8_tiles8_takes(w), or for a
+// w.tiles_zero that is not w's (as repack_q4_tiles).
 void repack_q8_tiles(const QuantArgs& w, void* dst, ThreadPool& pool);
 // y[n, out] = x[n, in] * dequant(w)^T + bias[out] for an 8-bit w with q8 tiles, n <= kQ4TilesMaxN,
 // x rounded as below (two int8 parts per value, steps per 32 values): each row of y the same
