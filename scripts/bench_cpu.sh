@@ -79,18 +79,8 @@ shape_args() {
 }
 for s in $SHAPES; do shape_args "$s" >/dev/null; done
 
-# The first CPU of each of the first $1 physical cores (SMT siblings once), comma-separated.
-physical_cpus() {
-  local n=$1 list=() seen=" " cpu sib
-  for cpu in $(ls -d /sys/devices/system/cpu/cpu[0-9]* | sed 's/.*cpu//' | sort -n); do
-    sib=$(cat "/sys/devices/system/cpu/cpu$cpu/topology/thread_siblings_list" 2>/dev/null || echo "$cpu")
-    [[ $seen == *" $sib "* ]] && continue
-    seen+="$sib "
-    list+=("$cpu")
-  done
-  local IFS=,
-  echo "${list[*]:0:$n}"
-}
+# shellcheck source=lib/physical_cpus.sh
+source "$ROOT/scripts/lib/physical_cpus.sh"
 N_PHYS=$(physical_cpus 100000 | tr ',' '\n' | wc -l)
 pinned() {  # pinned T CMD...: CMD on the first T physical cores (PIN=1)
   local t=$1; shift

@@ -81,18 +81,8 @@ case $SHAPE in
   *) echo "bench_gguf.sh: unknown SHAPE '$SHAPE' (llama8b, llama1b)" >&2; exit 2 ;;
 esac
 
-# The first CPU of each of the first $1 physical cores (SMT siblings once), comma-separated.
-physical_cpus() {
-  local n=$1 list=() seen=" " cpu sib
-  for cpu in $(ls -d /sys/devices/system/cpu/cpu[0-9]* | sed 's/.*cpu//' | sort -n); do
-    sib=$(cat "/sys/devices/system/cpu/cpu$cpu/topology/thread_siblings_list" 2>/dev/null || echo "$cpu")
-    [[ $seen == *" $sib "* ]] && continue
-    seen+="$sib "
-    list+=("$cpu")
-  done
-  local IFS=,
-  echo "${list[*]:0:$n}"
-}
+# shellcheck source=lib/physical_cpus.sh
+source "$ROOT/scripts/lib/physical_cpus.sh"
 pinned() {  # pinned T CMD...: CMD on the first T physical cores (the CPU only)
   local t=$1; shift
   if [[ $t == 0 ]] || ! command -v taskset >/dev/null; then "$@"; else taskset -c "$(physical_cpus "$t")" "$@"; fi
