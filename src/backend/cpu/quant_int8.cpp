@@ -330,6 +330,21 @@ bool all_groups_symmetric(const QuantArgs& w, int z) {
   return true;
 }
 
+// Bytes of the tiles of w (either layout): per 16-row tile and group a header and the group's
+// codes, bits / 8 bytes each per row.
+int64_t tiles_bytes(const QuantArgs& w) {
+  const int64_t n_tiles = (w.out + kQ4TileRows - 1) / kQ4TileRows, n_groups = w.in / w.group_size;
+  return n_tiles * n_groups * (tile_header_bytes(w) + int64_t(w.group_size) * w.bits / 8 * kQ4TileRows);
+}
+
+// Row r's scale (and bias, unless w.tiles_zero) of one group into its record; zeros for a
+// padding row (scale and bias null).
+void write_group_header(uint8_t* rec, int r, const QuantArgs& w, const uint16_t* scale, const uint16_t* bias) {
+  const uint16_t zero = 0;
+  std::memcpy(rec + 2 * r, scale ? scale : &zero, 2);
+  if (w.tiles_zero == 0) std::memcpy(rec + 2 * (kQ4TileRows + r), bias ? bias : &zero, 2);
+}
+
 // Throws Unsupported when w.tiles_zero is set but is not w's symmetric zero.
 void check_tiles_zero(const char* op, const QuantArgs& w) {
   if (w.tiles_zero != 0 && (w.tiles_zero < 0 || w.tiles_zero > (1 << w.bits) || !all_groups_symmetric(w, w.tiles_zero)))
@@ -355,11 +370,7 @@ int tiles_symmetric_zero(const QuantArgs& w) {
   return 0;  // every scale zero: nothing to gain
 }
 
-int64_t q4_tiles_bytes(const QuantArgs& w) {
-  const int64_t n_tiles = (w.out + kQ4TileRows - 1) / kQ4TileRows, n_groups = w.in / w.group_size;
-  const int64_t record = tile_header_bytes(w) + w.group_size / 32 * 4 * kQ4TileRows * 4;
-  return n_tiles * n_groups * record;
-}
+int64_t q4_tiles_bytes(const QuantArgs& w) { return tiles_bytes(w); }
 
 void repack_q4_tiles(const QuantArgs& w, void* dst, ThreadPool& pool) {
   if (!int8_path_takes(w))
@@ -379,9 +390,7 @@ void repack_q4_tiles(const QuantArgs& w, void* dst, ThreadPool& pool) {
         const uint8_t* src = live ? rows.bytes(row) : nullptr;
         for (int64_t g = 0; g < n_groups; ++g) {
           uint8_t* rec = out + t * tile_bytes + g * record;
-          const uint16_t zero = 0;
-          std::memcpy(rec + 2 * r, live ? rows.scales(row) + g : &zero, 2);
-          if (w.tiles_zero == 0) std::memcpy(rec + 2 * (kQ4TileRows + r), live ? rows.biases(row) + g : &zero, 2);
+          write_group_header(rec, r, w, live ? rows.scales(row) + g : nullptr, live ? rows.biases(row) + g : nullptr);
           for (int64_t b = 0; b < w.group_size / 32; ++b) {
             // Row r's 16 bytes of this block: code k is nibble k % 2 of byte k / 2.
             const uint8_t* cb = live ? src + (g * w.group_size + b * 32) / 2 : nullptr;
@@ -407,11 +416,7 @@ bool int8_tiles8_takes(const QuantArgs& w) {
          w.in % kXBlock == 0;
 }
 
-int64_t q8_tiles_bytes(const QuantArgs& w) {
-  const int64_t n_tiles = (w.out + kQ4TileRows - 1) / kQ4TileRows, n_groups = w.in / w.group_size;
-  const int64_t record = tile_header_bytes(w) + w.group_size / 4 * kQ4TileRows * 4;
-  return n_tiles * n_groups * record;
-}
+int64_t q8_tiles_bytes(const QuantArgs& w) { return tiles_bytes(w); }
 
 void repack_q8_tiles(const QuantArgs& w, void* dst, ThreadPool& pool) {
   if (!int8_tiles8_takes(w))
@@ -433,9 +438,8 @@ void repack_q8_tiles(const QuantArgs& w, void* dst, ThreadPool& pool) {
         const bool live = row < w.out;
         for (int64_t g = 0; g < n_groups; ++g) {
           uint8_t* rec = out + t * tile_bytes + g * record;
-          const uint16_t zero = 0;
-          std::memcpy(rec + 2 * r, live ? scales + row * n_groups + g : &zero, 2);
-          if (w.tiles_zero == 0) std::memcpy(rec + 2 * (kQ4TileRows + r), live ? biases + row * n_groups + g : &zero, 2);
+          write_group_header(rec, r, w, live ? scales + row * n_groups + g : nullptr,
+                             live ? biases + row * n_groups + g : nullptr);
           // Chunk c holds codes 4c .. 4c + 3 of the group, 4 bytes per row.
           uint8_t* chunks = rec + header;
           for (int64_t c = 0; c < w.group_size / 4; ++c) {
