@@ -81,6 +81,10 @@ Array linear(const Array& x, const QuantizedMatrix& w, const Array& bias = {});
 // x [n, in] f32, w FP8 [out, in] on a CUDA device, bias [out] f32 or undefined -> [n, out] f32
 // (backend/cuda/fp8_linear.h). Unsupported on the CPU, which dequantizes FP8 at load.
 Array linear(const Array& x, const Fp8Matrix& w, const Array& bias = {});
+// Whether FP8 layers with one scale per row (per-tensor and per-channel checkpoints) run on
+// `device`'s FP8 tensor cores for 2 rows of x and more (W8A8: a CUDA device of compute
+// capability 8.9 or later, OSPREY_CUDA_FP8_MMA on). False on the CPU.
+bool fp8_tensor_cores(Device device);
 // Dispatches to the dense, the quantized or the FP8 linear.
 Array linear(const Array& x, const LinearWeight& w, const Array& bias = {});
 

@@ -14,6 +14,8 @@
 #include "core/thread_pool.h"
 
 namespace osprey::ops {
+bool fp8_tensor_cores(Device device) { return !device.is_cpu() && cuda_ops::fp8_tensor_cores(); }
+
 namespace {
 
 using detail::on_cuda;

@@ -40,9 +40,9 @@ std::string read_string(const char* name, std::string fallback = "") {
 
 // huggingface_hub's reading of a boolean: 1/true/on/yes (any case) or 0/false/off/no; another
 // value is an error naming the variable.
-bool parse_strict_switch(const char* name) {
+std::optional<bool> parse_strict_switch(const char* name) {
   const char* v = std::getenv(name);
-  if (!v || !*v) return false;
+  if (!v || !*v) return std::nullopt;
   std::string s(v);
   std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return char(std::tolower(c)); });
   if (s == "1" || s == "true" || s == "on" || s == "yes") return true;
@@ -77,6 +77,7 @@ EnvOptions read_env() {
   o.cuda_pdl = parse_switch(std::getenv("OSPREY_CUDA_PDL"), true);
   o.cuda_quant_mma = parse_switch(std::getenv("OSPREY_CUDA_QUANT_MMA"), true);
   o.cuda_fp8_weights = parse_strict_switch("OSPREY_CUDA_FP8_WEIGHTS");
+  o.cuda_fp8_mma = parse_switch(std::getenv("OSPREY_CUDA_FP8_MMA"), true);
   o.cuda_fault_trap_after_steps = parse_cuda_fault();
   o.paged_split_keys = parse_int("OSPREY_PAGED_SPLIT_KEYS", 0, 0, 1 << 20);
   if (o.paged_split_keys % 64 != 0)
@@ -87,7 +88,7 @@ EnvOptions read_env() {
   o.home = read_string("HOME");
   o.hf_endpoint = read_string("HF_ENDPOINT", o.hf_endpoint);
   o.hf_token = read_string("HF_TOKEN");
-  o.hf_hub_offline = parse_strict_switch("HF_HUB_OFFLINE");
+  o.hf_hub_offline = parse_strict_switch("HF_HUB_OFFLINE").value_or(false);
   if (const char* v = std::getenv("XDG_DATA_HOME"); v && v[0] == '/') {
     o.data_home = v;
   } else if (const char* home = std::getenv("HOME"); home && *home) {

@@ -3,6 +3,7 @@
 // the values they need through their own parameter structs. docs/environment-variables.md
 // lists them all, with the Hugging Face variables read for models named by Hub id.
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace osprey {
@@ -21,7 +22,10 @@ struct EnvOptions {
   int paged_split_keys = 0;        // OSPREY_PAGED_SPLIT_KEYS: keys per split of paged attention (0: chosen)
   bool cuda_pdl = true;            // OSPREY_CUDA_PDL: 0 turns programmatic dependent launch off
   bool cuda_quant_mma = true;      // OSPREY_CUDA_QUANT_MMA: 4-bit layers of 4-16 rows on the tensor-core kernel
-  bool cuda_fp8_weights = false;   // OSPREY_CUDA_FP8_WEIGHTS: 1 keeps FP8 checkpoints' weights FP8 on CUDA
+  // OSPREY_CUDA_FP8_WEIGHTS: on keeps FP8 checkpoints' weights FP8 on CUDA, off dequantizes
+  // them at load; unset: kept where they run on the FP8 tensor cores (model/weight_loader.h).
+  std::optional<bool> cuda_fp8_weights;
+  bool cuda_fp8_mma = true;        // OSPREY_CUDA_FP8_MMA: FP8 layers of 2+ rows on the FP8 tensor cores (W8A8)
   std::string cpu_level;           // OSPREY_CPU_LEVEL: scalar, v3, v4, v4-bf16 (empty: the CPU's best)
   // OSPREY_CUDA_FAULT=trap_after_steps:N: the decode step after the Nth of a model on CUDA
   // traps on the device (a drill of a sticky device error); -1 when unset.

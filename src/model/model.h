@@ -45,8 +45,9 @@ struct LoadOptions {
   // model.
   Communicator* comm = nullptr;
   // FP8 checkpoints on CUDA: true keeps the e4m3 weights (half the memory of bf16, through
-  // backend/cuda/fp8_linear.cu), false dequantizes them to bf16 at load (cuBLAS's speed for
-  // prefill and batches; docs/design.md, "FP8"). Unset: OSPREY_CUDA_FP8_WEIGHTS (default off).
+  // backend/cuda/fp8_linear.cu), false dequantizes them to bf16 at load (docs/design.md, "FP8").
+  // Unset: OSPREY_CUDA_FP8_WEIGHTS; unset too: kept where they run on the FP8 tensor cores (one
+  // scale per row, ops::fp8_tensor_cores), dequantized otherwise (block scales, older GPUs).
   std::optional<bool> keep_fp8;
   // Called with (bytes done, bytes total) while weights load.
   std::function<void(size_t, size_t)> progress;

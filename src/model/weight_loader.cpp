@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "backend/ops.h"
+#include "backend/quant.h"
 #include "backend/quant_args.h"
 #include "core/env.h"
 #include "core/error.h"
@@ -245,8 +246,17 @@ LinearWeight WeightLoader::hub_linear(const std::string& prefix, int64_t out, in
                        hq.name + "\"");
   // Static activation scales (W8A8 checkpoints): the weights run against unquantized activations.
   if (weights_.contains(prefix + ".input_scale")) read_.insert(prefix + ".input_scale");
-  if (!options_.device.is_cpu() && keep_fp8_ && options_.keep_fp8.value_or(env_options().cuda_fp8_weights)) {
-    const LoadedFp8 f = load_fp8(weights_, hq, prefix, out, in);
+  // FP8 stays FP8 on CUDA when asked to (LoadOptions::keep_fp8, else OSPREY_CUDA_FP8_WEIGHTS), or,
+  // unasked, where it runs on the FP8 tensor cores (one scale per row); block scales run faster
+  // dequantized (docs/design.md, "FP8").
+  const std::optional<bool> want = options_.keep_fp8 ? options_.keep_fp8 : env_options().cuda_fp8_weights;
+  std::optional<LoadedFp8> kept;
+  if (!options_.device.is_cpu() && keep_fp8_ && want.value_or(ops::fp8_tensor_cores(options_.device))) {
+    kept = load_fp8(weights_, hq, prefix, out, in);
+    if (!want && kept->m.scales.dim(1) > 1) kept.reset();
+  }
+  if (kept) {
+    const LoadedFp8& f = *kept;
     read_.insert(f.tensors.begin(), f.tensors.end());
     const int64_t groups = f.m.scales.dim(1), group = in / groups;
     if (groups > 1 && (s.col0 % group != 0 || s.cols % group != 0))
@@ -255,7 +265,10 @@ LinearWeight WeightLoader::hub_linear(const std::string& prefix, int64_t out, in
                          std::to_string(in) + " inputs do not fall on whole groups (use fewer ranks)");
     if (!fp8_logged_) {
       log_info(weights_.source().string() + ": FP8 (" + hq.name + ") weights stay FP8 on " + options_.device.str() +
-               "; activations are not quantized");
+               (ops::fp8_tensor_cores(options_.device) && groups == 1
+                    ? "; 2 rows and more (prompts, batches) run on the FP8 tensor cores with activations quantized "
+                      "to e4m3 per token, one row with unquantized activations"
+                    : "; activations are not quantized"));
       fp8_logged_ = true;
     }
     Fp8Matrix m;
@@ -275,7 +288,7 @@ LinearWeight WeightLoader::hub_linear(const std::string& prefix, int64_t out, in
   if (!fp8_logged_) {
     log_info(weights_.source().string() + ": FP8 (" + hq.name + ") weights are dequantized to " +
              dtype_name(dtype.value_or(DType::bf16)) + " at load" +
-             (options_.device.is_cpu() ? "" : " (OSPREY_CUDA_FP8_WEIGHTS=1 keeps them FP8, at half the memory)") +
+             (options_.device.is_cpu() ? "" : " (OSPREY_CUDA_FP8_WEIGHTS=1 keeps them FP8, at half the memory and slower)") +
              "; activations are not quantized");
     fp8_logged_ = true;
   }

@@ -108,7 +108,8 @@ TEST(CudaFp8, BlockScalesNotDividingTheInputsBecomeSmallerGroups) {
 
 #ifdef OSPREY_WITH_CUDA
 
-std::vector<double> linear_ref(const std::vector<double>& w, const std::vector<float>& x, const std::vector<float>& bias,
+template <typename X>
+std::vector<double> linear_ref(const std::vector<double>& w, const std::vector<X>& x, const std::vector<float>& bias,
                                int64_t n, int64_t out, int64_t in) {
   std::vector<double> y(size_t(n * out));
   for (int64_t j = 0; j < n; ++j)
@@ -118,6 +119,21 @@ std::vector<double> linear_ref(const std::vector<double>& w, const std::vector<f
       y[size_t(j * out + r)] = sum;
     }
   return y;
+}
+
+// x [n, in] as the W8A8 path sees it, from the e4m3 definition (model/hub_quant.h's
+// float_to_e4m3: nearest, ties to even, saturating): per row, amax = max |x|, codes
+// e4m3(x * (448 / amax)) with the product in f32, values code * amax / 448 (a zero row: codes of x).
+std::vector<double> w8a8_rows(const std::vector<float>& x, int64_t n, int64_t in) {
+  std::vector<double> q(x.size());
+  for (int64_t j = 0; j < n; ++j) {
+    float amax = 0.0f;
+    for (int64_t k = 0; k < in; ++k) amax = std::max(amax, std::fabs(x[size_t(j * in + k)]));
+    const float scale = amax > 0.0f ? amax / 448.0f : 1.0f, inv = amax > 0.0f ? 448.0f / amax : 1.0f;
+    for (int64_t k = 0; k < in; ++k)
+      q[size_t(j * in + k)] = double(e4m3_to_float(float_to_e4m3(double(x[size_t(j * in + k)] * inv)))) * scale;
+  }
+  return q;
 }
 
 Array host_array(const std::vector<float>& v, Shape shape) {
@@ -160,10 +176,31 @@ void check_case(const Fp8Case& c) {
     const std::vector<float> cpu_bf16 = to_host(ops::linear(x_cpu, dense, bias_cpu));
     // The CPU's bf16 weights are the exact ones rounded to 2^-9: a sanity bound on the reference.
     ASSERT_LT(testing::rel_error(cpu_bf16, exact), 4e-3);
+    const bool mma = cuda::linear_fp8_mma_takes(x_gpu.data<float>(), a);
+    const std::vector<double> w8a8 = linear_ref(c.w, w8a8_rows(xn, n, c.in), bias, n, c.out, c.in);
+    // e4m3 activations (3 mantissa bits) against exact ones: a sanity bound on that reference.
+    ASSERT_LT(testing::rel_error(std::vector<float>(w8a8.begin(), w8a8.end()), exact), 5e-2);
     const std::vector<float> got = to_host(ops::linear(x_gpu, lw, bias_gpu));
-    EXPECT_LT(testing::rel_error(got, exact), n <= cuda::kFp8GemvMaxRows && gemv ? 1e-5 : 8e-3) << "ops::linear";
-    std::vector<double> cpu_ref(cpu_bf16.begin(), cpu_bf16.end());
-    EXPECT_LT(testing::rel_error(got, cpu_ref), 1e-2) << "ops::linear against the CPU's bf16 linear";
+    if (mma && n > cuda::kFp8GemvMaxRowsBesideMma) {
+      EXPECT_LT(testing::rel_error(got, w8a8), 1e-3) << "ops::linear (W8A8 on the tensor cores)";
+    } else {
+      EXPECT_LT(testing::rel_error(got, exact), n <= cuda::kFp8GemvMaxRows && gemv ? 1e-5 : 8e-3) << "ops::linear";
+      std::vector<double> cpu_ref(cpu_bf16.begin(), cpu_bf16.end());
+      EXPECT_LT(testing::rel_error(got, cpu_ref), 1e-2) << "ops::linear against the CPU's bf16 linear";
+    }
+    if (mma) {
+      for (bool in_cublas : {true, false}) {
+        Array ym = Array::empty({n, c.out}, DType::f32, Device::cuda());
+        cuda::linear_fp8_mma(x_gpu.data<float>(), n, a, bias_gpu.data<float>(), ym.data<float>(), cuda::stream(),
+                             in_cublas);
+        EXPECT_LT(testing::rel_error(to_host(ym), w8a8), 1e-3)
+            << "linear_fp8_mma, scales applied " << (in_cublas ? "by cuBLASLt" : "after the product");
+      }
+    } else {
+      Array ym = Array::empty({n, c.out}, DType::f32, Device::cuda());
+      EXPECT_THROW(cuda::linear_fp8_mma(x_gpu.data<float>(), n, a, nullptr, ym.data<float>(), cuda::stream()),
+                   Unsupported);
+    }
     Array y = Array::empty({n, c.out}, DType::f32, Device::cuda());
     cuda::linear_fp8_gemm(x_gpu.data<float>(), n, a, bias_gpu.data<float>(), y.data<float>(), cuda::stream());
     EXPECT_LT(testing::rel_error(to_host(y), exact), 8e-3) << "linear_fp8_gemm (x and w rounded to bf16)";
@@ -199,6 +236,39 @@ TEST(CudaFp8, BlockScalesMatchTheDequantizedLinear) {
   check_case(Fp8Case(Layout::block, 129, 1024, 5));
   check_case(Fp8Case(Layout::block, 130, 160, 10));  // groups of 32 inputs (gcd with 128)
   check_case(Fp8Case(Layout::block, 130, 200, 11));  // groups of 8: the cuBLAS path
+}
+
+TEST(CudaFp8, W8A8TakesRowScalesOnlyAndZeroRowsStayZero) {
+  OSPREY_SKIP_WITHOUT_CUDA();
+  const Fp8Case c(Layout::channel, 64, 256, 12);
+  const LoadedFp8 loaded = load_fp8(c.open(), c.hq, "l", c.out, c.in);
+  const Array codes = ops::to_device(loaded.m.codes, Device::cuda()), scales = ops::to_device(loaded.m.scales, Device::cuda());
+  Fp8Args a;
+  a.codes = codes.data<uint8_t>();
+  a.scales = scales.data<float>();
+  a.out = c.out;
+  a.in = c.in;
+  a.n_groups = 1;
+  // Rows of zeros beside a row of large values: each row has its own scale.
+  std::vector<float> x(size_t(3 * c.in), 0.0f);
+  std::mt19937 rng(3);
+  const std::vector<float> r = testing::random_floats(size_t(c.in), rng);
+  for (int64_t k = 0; k < c.in; ++k) x[size_t(c.in + k)] = 1000.0f * r[size_t(k)];
+  const Array xg = ops::to_device(host_array(x, {3, c.in}), Device::cuda());
+  ASSERT_TRUE(cuda::linear_fp8_mma_takes(xg.data<float>(), a));
+  Array y = Array::empty({3, c.out}, DType::f32, Device::cuda());
+  cuda::linear_fp8_mma(xg.data<float>(), 3, a, nullptr, y.data<float>(), cuda::stream());
+  const std::vector<float> got = to_host(y);
+  for (int64_t o = 0; o < c.out; ++o) {
+    EXPECT_EQ(got[size_t(o)], 0.0f) << o;
+    EXPECT_EQ(got[size_t(2 * c.out + o)], 0.0f) << o;
+  }
+  const std::vector<double> want = linear_ref(c.w, w8a8_rows(x, 3, c.in), std::vector<float>(size_t(c.out), 0.0f), 3,
+                                              c.out, c.in);
+  EXPECT_LT(testing::rel_error(got, want), 1e-3);
+  a.n_groups = 2;  // block scales: not this path's
+  EXPECT_FALSE(cuda::linear_fp8_mma_takes(xg.data<float>(), a));
+  EXPECT_THROW(cuda::linear_fp8_mma(xg.data<float>(), 3, a, nullptr, y.data<float>(), cuda::stream()), Unsupported);
 }
 
 TEST(CudaFp8, InputsNotAMultipleOf16TakeTheGemmPath) {

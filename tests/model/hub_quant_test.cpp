@@ -148,6 +148,17 @@ TEST_P(HubCheckpoint, LoadedWeightsEqualTheScriptsDequantization) {
     } else {
       ASSERT_TRUE(w.fp8.defined()) << name << ": FP8 weights stay FP8 on CUDA";
       EXPECT_FALSE(w.dense.defined()) << name;
+      // Unasked (LoadOptions::keep_fp8 and OSPREY_CUDA_FP8_WEIGHTS unset): kept FP8 where one
+      // scale per row lets the FP8 tensor cores run it, dequantized otherwise (block scales).
+      if (std::getenv("OSPREY_CUDA_FP8_WEIGHTS") == nullptr) {
+        LoadOptions unasked;
+        unasked.device = device();
+        WeightLoader auto_loader(st, unasked, parse_quant_config(ConfigReader::load(dir() / "config.json")));
+        const LinearWeight wa = auto_loader.linear(prefix, out, in);
+        const bool keep = ops::fp8_tensor_cores(device()) && w.fp8.scales.dim(1) == 1;
+        EXPECT_EQ(wa.fp8.defined(), keep) << name << " (" << fmt << ")";
+        EXPECT_EQ(wa.dense.defined(), !keep) << name << " (" << fmt << ")";
+      }
     }
     const Array ours = dequantized(w);
     ASSERT_EQ(ours.shape(), r.shape()) << name;

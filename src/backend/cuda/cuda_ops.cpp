@@ -9,6 +9,7 @@
 #include "backend/cuda/quant_linear.h"
 #include "backend/cuda/runtime.h"
 #include "backend/cuda/sample.h"
+#include "core/env.h"
 
 namespace osprey::cuda_ops {
 
@@ -45,6 +46,8 @@ void linear_fp8(const float* x, int64_t n, const Fp8Args& w, const float* bias, 
   else
     cuda::linear_fp8(x, n, w, bias, y, cuda::stream());
 }
+
+bool fp8_tensor_cores() { return env_options().cuda_fp8_mma && cuda::fp8_mma_device(); }
 
 void copy_to_device(void* dst, const void* src, size_t bytes) {
   OSPREY_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cuda::stream()));
