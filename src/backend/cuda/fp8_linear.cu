@@ -255,8 +255,9 @@ int64_t round_up(int64_t a, int64_t m) { return (a + m - 1) / m * m; }
 // for the process; the scale pointers are set on each call under the lock, then the matmul is
 // enqueued.
 // NOTE: the per-row scales go to cuBLASLt as OUTER_VEC_32F vectors (M of them for A = w, N for
-// B = x); where that mode has no algorithm (cuBLAS before 12.9), the product runs unscaled and
-// fp8_scale_rows_kernel applies sx[j] * sw[o] and the bias after it (the log says so once).
+// B = x); where that mode has no algorithm (Hopper, with cuBLAS 13.0), the product runs
+// unscaled and fp8_scale_rows_kernel applies sx[j] * sw[o] and the bias after it (the log says
+// so once).
 constexpr size_t kLtWorkspaceBytes = size_t(32) << 20;
 
 struct LtPlan {
@@ -434,7 +435,8 @@ void linear_fp8_mma(const float* x, int64_t n, const Fp8Args& w, const float* bi
         throw Unsupported("linear_fp8_mma: cuBLASLt offers no FP8 GEMM for [" + std::to_string(n) + ", " +
                           std::to_string(in) + "] x [" + std::to_string(out) + ", " + std::to_string(in) + "]^T");
       if (scale_in_cublas && !st.logged_scalar) {
-        log_info("FP8 GEMM: this cuBLASLt has no per-row (outer vector) scales; they are applied after the product");
+        log_info("FP8 GEMM: cuBLASLt offers no per-row-scaled (OUTER_VEC_32F) algorithm on this device; the scales "
+                 "are applied after the product");
         st.logged_scalar = true;
       }
     }
