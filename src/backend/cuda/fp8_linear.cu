@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <climits>
-#include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
@@ -259,6 +258,8 @@ int64_t round_up(int64_t a, int64_t m) { return (a + m - 1) / m * m; }
 // unscaled and fp8_scale_rows_kernel applies sx[j] * sw[o] and the bias after it (the log says
 // so once).
 constexpr size_t kLtWorkspaceBytes = size_t(32) << 20;
+// Plans kept at most (prompt lengths vary: a server would otherwise keep one per length seen).
+constexpr size_t kMaxLtPlans = 4096;
 
 struct LtPlan {
   cublasLtMatmulDesc_t desc = nullptr;
@@ -429,6 +430,15 @@ void linear_fp8_mma(const float* x, int64_t n, const Fp8Args& w, const float* bi
   const auto key = std::make_tuple(out, in, scale_in_cublas ? n : -n);
   auto it = st.plans.find(key);
   if (it == st.plans.end()) {
+    if (st.plans.size() >= kMaxLtPlans) {
+      for (auto& [k, old] : st.plans) {
+        cublasLtMatrixLayoutDestroy(old.a);
+        cublasLtMatrixLayoutDestroy(old.b);
+        cublasLtMatrixLayoutDestroy(old.d);
+        cublasLtMatmulDescDestroy(old.desc);
+      }
+      st.plans.clear();
+    }
     LtPlan p;
     if (!(scale_in_cublas && make_plan(st.handle, out, in, n, true, p))) {
       if (!make_plan(st.handle, out, in, n, false, p))
