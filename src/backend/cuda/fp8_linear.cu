@@ -403,7 +403,10 @@ void linear_fp8_gemm(const float* x, int64_t n, const Fp8Args& w, const float* b
 bool fp8_mma_device() { return device_has_fp8_mma(); }
 
 bool linear_fp8_mma_takes(const float* x, const Fp8Args& w) {
-  return w.n_groups == 1 && w.in % 16 == 0 && aligned16(w.codes) && aligned16(x) && device_has_fp8_mma();
+  // out % 4: y's rows (f32, the GEMM's leading dimension) start 16-byte aligned; cuBLASLt offers
+  // no FP8 algorithm otherwise (an H100 with cuBLAS 13.0 refused out = 77).
+  return w.n_groups == 1 && w.in % 16 == 0 && w.out % 4 == 0 && aligned16(w.codes) && aligned16(x) &&
+         device_has_fp8_mma();
 }
 
 void linear_fp8_mma(const float* x, int64_t n, const Fp8Args& w, const float* bias, float* y, cudaStream_t s,
@@ -414,8 +417,8 @@ void linear_fp8_mma(const float* x, int64_t n, const Fp8Args& w, const float* bi
   if (!linear_fp8_mma_takes(x, w))
     throw Unsupported("linear_fp8_mma: an FP8 weight [" + std::to_string(w.out) + ", " + std::to_string(w.in) +
                       "] with " + std::to_string(w.n_groups) +
-                      " scale groups per row (it takes one scale per row, inputs a multiple of 16, codes and x "
-                      "16-byte aligned, compute capability 8.9 or later)");
+                      " scale groups per row (it takes one scale per row, inputs a multiple of 16, outputs a "
+                      "multiple of 4, codes and x 16-byte aligned, compute capability 8.9 or later)");
   const int64_t in = w.in, out = w.out;
   const int64_t q_bytes = round_up(n * in, 256), sx_bytes = round_up(n * 4, 256);
   auto* buf = static_cast<char*>(scratch(size_t(q_bytes + sx_bytes) + kLtWorkspaceBytes));

@@ -45,8 +45,8 @@ void linear_fp8_gemv(const float* x, int64_t n, const Fp8Args& w, const float* b
 void linear_fp8_gemm(const float* x, int64_t n, const Fp8Args& w, const float* bias, float* y, cudaStream_t s);
 
 // Whether linear_fp8_mma takes x and w: one scale per row (per-tensor and per-channel
-// checkpoints; block scales do not), in a multiple of 16, codes and x 16-byte aligned, and a
-// device of compute capability 8.9 or later (FP8 tensor cores).
+// checkpoints; block scales do not), in a multiple of 16, out a multiple of 4, codes and x
+// 16-byte aligned, and a device of compute capability 8.9 or later (FP8 tensor cores).
 bool linear_fp8_mma_takes(const float* x, const Fp8Args& w);
 // Whether the current device has FP8 tensor cores (compute capability 8.9 and later).
 bool fp8_mma_device();
