@@ -280,6 +280,14 @@ LtState& lt_state() {
   return *st;
 }
 
+void destroy_plan(LtPlan& p) {
+  cublasLtMatrixLayoutDestroy(p.a);
+  cublasLtMatrixLayoutDestroy(p.b);
+  cublasLtMatrixLayoutDestroy(p.d);
+  cublasLtMatmulDescDestroy(p.desc);
+  p = LtPlan{};
+}
+
 // Tries one scale mode; false when the heuristic offers no algorithm for it.
 bool make_plan(cublasLtHandle_t h, int64_t out, int64_t in, int64_t n, bool outer_vec, LtPlan& p) {
   OSPREY_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -304,11 +312,7 @@ bool make_plan(cublasLtHandle_t h, int64_t out, int64_t in, int64_t n, bool oute
   const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(h, p.desc, p.a, p.b, p.d, p.d, pref, 1, &res, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
-    cublasLtMatrixLayoutDestroy(p.a);
-    cublasLtMatrixLayoutDestroy(p.b);
-    cublasLtMatrixLayoutDestroy(p.d);
-    cublasLtMatmulDescDestroy(p.desc);
-    p = LtPlan{};
+    destroy_plan(p);
     return false;
   }
   p.algo = res.algo;
@@ -316,16 +320,6 @@ bool make_plan(cublasLtHandle_t h, int64_t out, int64_t in, int64_t n, bool oute
   return true;
 }
 
-bool device_has_fp8_mma() {
-  static const bool has = [] {
-    int major = 0, minor = 0;
-    const int dev = current_device();
-    OSPREY_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    OSPREY_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-    return major * 10 + minor >= 89;
-  }();
-  return has;
-}
 
 
 }  // namespace
@@ -400,13 +394,22 @@ void linear_fp8_gemm(const float* x, int64_t n, const Fp8Args& w, const float* b
   if (bias) add_bias_rows(y, bias, n, out, s);
 }
 
-bool fp8_mma_device() { return device_has_fp8_mma(); }
+bool fp8_mma_device() {
+  static const bool has = [] {
+    int major = 0, minor = 0;
+    const int dev = current_device();
+    OSPREY_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    OSPREY_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    return major * 10 + minor >= 89;
+  }();
+  return has;
+}
 
 bool linear_fp8_mma_takes(const float* x, const Fp8Args& w) {
   // out % 4: y's rows (f32, the GEMM's leading dimension) start 16-byte aligned; cuBLASLt offers
   // no FP8 algorithm otherwise (an H100 with cuBLAS 13.0 refused out = 77).
   return w.n_groups == 1 && w.in % 16 == 0 && w.out % 4 == 0 && aligned16(w.codes) && aligned16(x) &&
-         device_has_fp8_mma();
+         fp8_mma_device();
 }
 
 void linear_fp8_mma(const float* x, int64_t n, const Fp8Args& w, const float* bias, float* y, cudaStream_t s,
@@ -434,12 +437,7 @@ void linear_fp8_mma(const float* x, int64_t n, const Fp8Args& w, const float* bi
   auto it = st.plans.find(key);
   if (it == st.plans.end()) {
     if (st.plans.size() >= kMaxLtPlans) {
-      for (auto& [k, old] : st.plans) {
-        cublasLtMatrixLayoutDestroy(old.a);
-        cublasLtMatrixLayoutDestroy(old.b);
-        cublasLtMatrixLayoutDestroy(old.d);
-        cublasLtMatmulDescDestroy(old.desc);
-      }
+      for (auto& [k, old] : st.plans) destroy_plan(old);
       st.plans.clear();
     }
     LtPlan p;
