@@ -72,6 +72,12 @@ EnvOptions read_env() {
   if (const char* v = std::getenv("OSPREY_LOG_LEVEL"); v && *v) o.log_level = v;
   if (const char* v = std::getenv("OSPREY_DEVICE"); v && *v) o.device = v;
   if (const char* v = std::getenv("OSPREY_CPU_LEVEL"); v && *v) o.cpu_level = v;
+  if (const char* v = std::getenv("OSPREY_CPU_Q4_ACTIVATIONS"); v && *v) {
+    const std::string a = v;
+    if (a != "int8" && a != "int16")
+      throw InvalidInput("OSPREY_CPU_Q4_ACTIVATIONS=" + a + ": expected int16 (the default) or int8");
+    o.cpu_q4_int8_activations = a == "int8";
+  }
   o.force_sync = parse_switch(std::getenv("OSPREY_FORCE_SYNC"), false);
   o.cuda_graphs = parse_switch(std::getenv("OSPREY_CUDA_GRAPHS"), true);
   o.cuda_pdl = parse_switch(std::getenv("OSPREY_CUDA_PDL"), true);

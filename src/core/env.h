@@ -27,6 +27,10 @@ struct EnvOptions {
   std::optional<bool> cuda_fp8_weights;
   bool cuda_fp8_mma = true;        // OSPREY_CUDA_FP8_MMA: FP8 layers of 2+ rows on the FP8 tensor cores (W8A8)
   std::string cpu_level;           // OSPREY_CPU_LEVEL: scalar, v3, v4, v4-bf16 (empty: the CPU's best)
+  // OSPREY_CPU_Q4_ACTIVATIONS: how the CPU's 4-bit integer kernels round x: "int16" (the
+  // default: a high and a low int8 part per value) or "int8" (the high part alone, as
+  // llama.cpp's Q8 activations: half the integer work; backend/cpu/quant_int8.h).
+  bool cpu_q4_int8_activations = false;
   // OSPREY_CUDA_FAULT=trap_after_steps:N: the decode step after the Nth of a model on CUDA
   // traps on the device (a drill of a sticky device error); -1 when unset.
   int64_t cuda_fault_trap_after_steps = -1;

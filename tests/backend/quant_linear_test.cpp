@@ -201,8 +201,9 @@ TEST_P(QuantLinear, F32ActivationsLargerShapesMatchDoubleReference) {
 // x rounded as linear_q4_int8 documents it, from its definition: per block of 32 values,
 // step = max|x| / 127, h = round(x * (127 / max|x|)), l = round((x - step * h) * (256 * 127 /
 // max|x|)) clamped to [-127, 127] (f32, ties to even), x ~= step / 256 * (256 h + l).
+// Without the low part (Int8Activations::int8): x ~= step * h, to within step / 2.
 void round_to_int8(const std::vector<float>& x, int64_t n, int64_t in, std::vector<double>& rounded,
-                   std::vector<double>& half_step) {
+                   std::vector<double>& half_step, bool low_part = true) {
   rounded.assign(x.size(), 0.0);
   half_step.assign(x.size(), 0.0);
   for (int64_t i = 0; i < n; ++i)
@@ -215,6 +216,11 @@ void round_to_int8(const std::vector<float>& x, int64_t n, int64_t in, std::vect
         const float h = std::nearbyint(xb[k] * inv);
         const float l = std::clamp(std::nearbyint(std::fma(-step, h, xb[k]) * (inv * 256.0f)), -127.0f, 127.0f);
         ASSERT_LE(std::fabs(h), 127.0f);
+        if (!low_part) {
+          rounded[size_t(i * in + b + k)] = double(step) * double(h);
+          half_step[size_t(i * in + b + k)] = double(step) / 2.0;
+          continue;
+        }
         rounded[size_t(i * in + b + k)] = double(step) / 256.0 * (256.0 * double(h) + double(l));
         // The documented bound: step / 512, or step / 256 where l was clamped.
         half_step[size_t(i * in + b + k)] = double(step) / (std::fabs(l) == 127.0f ? 256.0 : 512.0);
@@ -226,9 +232,9 @@ void round_to_int8(const std::vector<float>& x, int64_t n, int64_t in, std::vect
 // ref [n, out], mag [n, out] = sum |terms|, bound [n, out] = sum |scale * q| * (the documented
 // bound of rounding x).
 void int8_reference(const QMatrix& m, const std::vector<float>& x, int64_t n, std::vector<double>& ref,
-                    std::vector<double>& mag, std::vector<double>& bound) {
+                    std::vector<double>& mag, std::vector<double>& bound, bool low_part = true) {
   std::vector<double> rounded, half_step;
-  round_to_int8(x, n, m.in, rounded, half_step);
+  round_to_int8(x, n, m.in, rounded, half_step, low_part);
   ref.assign(size_t(n * m.out), 0.0);
   mag.assign(size_t(n * m.out), 0.0);
   bound.assign(size_t(n * m.out), 0.0);
@@ -427,6 +433,49 @@ TEST(QuantLinearInt8, TilesMatchRoundedActivationReference) {
                 }
           }
         }
+}
+
+// Int8Activations::int8 (OSPREY_CPU_Q4_ACTIVATIONS=int8): x is its high int8 part alone, on
+// the matvec (n = 1), the GEMM (n > 8) and the tile kernel (n <= 8 with tiles), every set,
+// against the double reference of that rounding; and it is not the split16 result.
+TEST(QuantLinearInt8, HighPartAloneMatchesItsRoundingReference) {
+  const std::vector<cpu::Int8Isa> isas = supported_isas();
+  if (isas.empty()) GTEST_SKIP() << "this CPU has no AVX2";
+  ThreadPool pool1(1), pool3(3);
+  std::mt19937 rng(4242);
+  int told_apart = 0, cases = 0;
+  for (int g : {32, 64, 128})
+    for (DType sd : {DType::f16, DType::bf16})
+      for (int64_t in : {int64_t(g), int64_t(5) * g})
+        for (int64_t out : {37, 129}) {
+          const QMatrix m = make_matrix(out, in, 4, g, sd, rng);
+          std::vector<uint8_t> buf;
+          const QuantArgs plain = m.args(), tiled = with_tiles(m, buf, pool3);
+          const std::vector<float> bias = random_vector(size_t(out), rng);
+          for (int64_t n : {1, 2, 5, 8, 17, 40}) {
+            std::vector<float> x = random_vector(size_t(n * in), rng);
+            if (n == 5) std::fill(x.begin(), x.begin() + 32, 0.0f);  // an all-zero block
+            std::vector<double> ref, mag, bound, ref16, mag16, bound16;
+            int8_reference(m, x, n, ref, mag, bound, /*low_part=*/false);
+            int8_reference(m, x, n, ref16, mag16, bound16);
+            for (cpu::Int8Isa isa : isas)
+              for (ThreadPool* pool : {&pool1, &pool3})
+                for (const QuantArgs* a : {&plain, &tiled}) {
+                  if (a == &tiled && n > cpu::kQ4TilesMaxN) continue;
+                  const float* b = n % 2 ? bias.data() : nullptr;
+                  std::vector<float> y(size_t(n * out), std::nanf(""));
+                  cpu::linear_q4_int8(x.data(), n, *a, b, y.data(), *pool, isa, cpu::Int8Activations::int8);
+                  EXPECT_LT(worst_error(y, ref, mag, out, b), 2e-6)
+                      << cpu::int8_isa_name(isa) << " group=" << g << " scales=" << dtype_name(sd) << " n=" << n
+                      << " in=" << in << " out=" << out << " threads=" << pool->n_threads()
+                      << " tiles=" << (a == &tiled);
+                  ++cases;
+                  told_apart += worst_error(y, ref16, mag16, out, b) > 2e-6;
+                }
+          }
+        }
+  // The two roundings differ by up to step / 2 per value: the high part alone is not split16.
+  EXPECT_GT(told_apart, cases / 2) << told_apart << " of " << cases;
 }
 
 TEST(QuantLinearInt8, TileRowsAreTheSameAloneInABatchAndOnEveryInstructionSet) {

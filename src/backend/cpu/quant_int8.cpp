@@ -57,6 +57,9 @@ struct Q4Rows {
   const uint16_t* biases(int64_t r) const { return static_cast<const uint16_t*>(w.biases) + r * n_groups; }
 };
 
+// With Int8Activations::int8 the low part is left out of every product (the kernels' LO = false):
+// x is d h alone, one int8 per value, as llama.cpp's Q8 activations; half the integer work.
+//
 // x of the matvec: q, ql [q_len] the high and low parts (per 128 codes: the 64 even codes, then
 // the 64 odd ones; zero past in), dw [q_len / 8] (the step of each word's block / 256), xsum
 // [n_groups].
@@ -502,7 +505,8 @@ void linear_q8_tiles(const float* x, int64_t n, const QuantArgs& w, const float*
 }
 
 void linear_q4_int8(const float* x, int64_t n, const QuantArgs& w, const float* bias, float* y, ThreadPool& pool,
-                    Int8Isa isa) {
+                    Int8Isa isa, Int8Activations act) {
+  const bool lo = act == Int8Activations::split16;
   if (!int8_path_takes(w))
     throw Unsupported("linear_q4_int8: bits " + std::to_string(w.bits) + ", group_size " +
                       std::to_string(w.group_size) + " (want 4 bits, group 32, 64 or 128, f16 or bf16 scales)");
@@ -530,10 +534,10 @@ void linear_q4_int8(const float* x, int64_t n, const QuantArgs& w, const float* 
     const GemmX gx = round_rows_for_tiles(x, n, w, quantize_row);
 #if INT8_X86
     switch (isa) {
-      case Int8Isa::avx512_vnni: int8_avx512_vnni::run_tiles(w, gx, n, bias, y, pool); return;
-      case Int8Isa::avx512bw: int8_avx512bw::run_tiles(w, gx, n, bias, y, pool); return;
-      case Int8Isa::avx_vnni: int8_avx_vnni::run_tiles(w, gx, n, bias, y, pool); return;
-      case Int8Isa::avx2: int8_avx2::run_tiles(w, gx, n, bias, y, pool); return;
+      case Int8Isa::avx512_vnni: int8_avx512_vnni::run_tiles(w, gx, n, bias, y, pool, lo); return;
+      case Int8Isa::avx512bw: int8_avx512bw::run_tiles(w, gx, n, bias, y, pool, lo); return;
+      case Int8Isa::avx_vnni: int8_avx_vnni::run_tiles(w, gx, n, bias, y, pool, lo); return;
+      case Int8Isa::avx2: int8_avx2::run_tiles(w, gx, n, bias, y, pool, lo); return;
     }
 #endif
     return;
@@ -573,10 +577,10 @@ void linear_q4_int8(const float* x, int64_t n, const QuantArgs& w, const float* 
   }
 #if INT8_X86
   switch (isa) {
-    case Int8Isa::avx512_vnni: int8_avx512_vnni::run(rows, px, n, bias, y, pool); return;
-    case Int8Isa::avx512bw: int8_avx512bw::run(rows, px, n, bias, y, pool); return;
-    case Int8Isa::avx_vnni: int8_avx_vnni::run(rows, px, n, bias, y, pool); return;
-    case Int8Isa::avx2: int8_avx2::run(rows, px, n, bias, y, pool); return;
+    case Int8Isa::avx512_vnni: int8_avx512_vnni::run(rows, px, n, bias, y, pool, lo); return;
+    case Int8Isa::avx512bw: int8_avx512bw::run(rows, px, n, bias, y, pool, lo); return;
+    case Int8Isa::avx_vnni: int8_avx_vnni::run(rows, px, n, bias, y, pool, lo); return;
+    case Int8Isa::avx2: int8_avx2::run(rows, px, n, bias, y, pool, lo); return;
   }
 #endif
 }

@@ -92,7 +92,12 @@ void linear_q8_tiles(const float* x, int64_t n, const QuantArgs& w, const float*
 // a batch, and on every instruction set), else n == 1 runs the matvec kernel, n > 1 the blocked
 // integer GEMM. w must satisfy
 // int8_path_takes and isa int8_isa_supported (callers check). Runs on `pool` and blocks.
+// How linear_q4_int8 rounds x per block of 32 values (step d = max|x| / 127, h = round(x / d)):
+// split16 also keeps the low part l = round((x - d h) * 256 / d), x ~= (d / 256)(256 h + l) to
+// within d / 512; int8 keeps x ~= d h alone (to within d / 2), as llama.cpp's Q8 activations do,
+// for half the integer work (OSPREY_CPU_Q4_ACTIVATIONS).
+enum class Int8Activations { split16, int8 };
 void linear_q4_int8(const float* x, int64_t n, const QuantArgs& w, const float* bias, float* y, ThreadPool& pool,
-                    Int8Isa isa);
+                    Int8Isa isa, Int8Activations act = Int8Activations::split16);
 
 }  // namespace osprey::cpu

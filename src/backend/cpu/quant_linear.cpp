@@ -36,6 +36,7 @@
 #include "backend/cpu/gemm_panel.h"
 #include "backend/cpu/quant_decode.h"
 #include "backend/cpu/quant_int8.h"
+#include "core/env.h"
 #include "backend/cpu/quant_kernels.h"
 #include "backend/cpu/quant_simd.h"
 #include "core/error.h"
@@ -512,7 +513,8 @@ void linear_q(const float* x, int64_t n, const QuantArgs& w, const float* bias, 
   if (tiles && w.bits == 8 && int8_isa_best(kLevel, &isa) && int8_isa_exact_u8(isa))
     linear_q8_tiles(x, n, w, bias, y, pool, isa);
   else if ((n == 1 || n > kRowsMaxN || tiles) && int8_path_takes(w) && int8_isa_best(kLevel, &isa))
-    linear_q4_int8(x, n, w, bias, y, pool, isa);
+    linear_q4_int8(x, n, w, bias, y, pool, isa,
+                   env_options().cpu_q4_int8_activations ? Int8Activations::int8 : Int8Activations::split16);
   else
     linear_q_f32(x, n, w, bias, y, pool);
 }
