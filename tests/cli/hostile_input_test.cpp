@@ -393,6 +393,13 @@ TEST(CliHostile, KvStepBeyondItsBoundIsNamed) {
   EXPECT_EQ(r.err.find("bad_alloc"), std::string::npos) << r.err;
 }
 
+TEST(CliHostile, CpuQ4ActivationsThatAreNoModeAreNamed) {
+  TempDir d;
+  write_tiny_llama(d.path(), tiny_llama_config());
+  expect_error(run(gen(d.path()), "OSPREY_CPU_Q4_ACTIVATIONS=int4"), {"OSPREY_CPU_Q4_ACTIVATIONS=int4", "int16", "int8"});
+  EXPECT_EQ(run(gen(d.path()), "OSPREY_CPU_Q4_ACTIVATIONS=int8").exit_code, 0);
+}
+
 }  // namespace osprey
 
 namespace osprey {
