@@ -157,7 +157,7 @@ TEST_P(BatchInvariant, QuantizedLinearRowsMatchTheRowAlone) {
         q.scales = ops::to_device(q_cpu.scales, device());
         q.biases = ops::to_device(q_cpu.biases, device());
         Array bias = on_device(b, {s.out});
-        // On the CPU, 4 bits: the decode tiles made at load (the n <= 8 kernel).
+        // On the CPU, 4 bits (8 with VNNI): the tiles made at load (the tile kernel, every n).
         ops::repack_for_cpu(q);
         const std::string what = "linear q" + std::to_string(bits) + " g64 " + dtype_name(sdt) + " [" +
                                  std::to_string(s.out) + ", " + std::to_string(s.in) + "]" +

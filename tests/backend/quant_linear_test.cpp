@@ -391,6 +391,10 @@ TEST(QuantLinearInt8, ChoosesAnInstructionSetTheCpuHas) {
   }
 }
 
+// Rows of x the tile tests run: a decode step, small batches, and prompts past the x-row
+// passes of 4 (a remainder of 1 and 2) and past the rounding's split over threads (16 rows).
+constexpr int64_t kTileTestRows[] = {1, 2, 3, 4, 5, 7, 8, 9, 17, 38};
+
 // w's decode tiles (repack_q4_tiles) in `buf`, and args that carry them.
 QuantArgs with_tiles(const QMatrix& m, std::vector<uint8_t>& buf, ThreadPool& pool) {
   QuantArgs a = m.args();
@@ -401,9 +405,9 @@ QuantArgs with_tiles(const QMatrix& m, std::vector<uint8_t>& buf, ThreadPool& po
 }
 
 TEST(QuantLinearInt8, TilesMatchRoundedActivationReference) {
-  // The tile kernel (n <= 8 with w.tiles) on every instruction set against the double
-  // reference of the documented rounding of x; out not a multiple of 16 (a padded tile),
-  // more threads than tiles, bias or none.
+  // The tile kernel (every n with w.tiles: decode, batches, prompts) on every instruction set
+  // against the double reference of the documented rounding of x; out not a multiple of 16 (a
+  // padded tile), more threads than tiles, bias or none.
   const std::vector<cpu::Int8Isa> isas = supported_isas();
   if (isas.empty()) GTEST_SKIP() << "this CPU has no AVX2";
   ThreadPool pool1(1), pool3(3), pool5(5);
@@ -416,7 +420,7 @@ TEST(QuantLinearInt8, TilesMatchRoundedActivationReference) {
           std::vector<uint8_t> buf;
           const QuantArgs a = with_tiles(m, buf, pool3);
           const std::vector<float> bias = random_vector(size_t(out), rng);
-          for (int64_t n = 1; n <= cpu::kQ4TilesMaxN; ++n) {
+          for (int64_t n : kTileTestRows) {
             std::vector<float> x = random_vector(size_t(n * in), rng);
             if (n == 5) std::fill(x.begin(), x.begin() + 32, 0.0f);  // an all-zero block
             std::vector<double> ref, mag, bound;
@@ -436,7 +440,7 @@ TEST(QuantLinearInt8, TilesMatchRoundedActivationReference) {
 }
 
 // Int8Activations::int8 (OSPREY_CPU_Q4_ACTIVATIONS=int8): x is its high int8 part alone, on
-// the matvec (n = 1), the GEMM (n > 8) and the tile kernel (n <= 8 with tiles), every set,
+// the matvec (n = 1), the GEMM (n > 1) and the tile kernel (with tiles), every set,
 // against the double reference of that rounding; and it is not the split16 result.
 TEST(QuantLinearInt8, HighPartAloneMatchesItsRoundingReference) {
   const std::vector<cpu::Int8Isa> isas = supported_isas();
@@ -461,7 +465,6 @@ TEST(QuantLinearInt8, HighPartAloneMatchesItsRoundingReference) {
             for (cpu::Int8Isa isa : isas)
               for (ThreadPool* pool : {&pool1, &pool3})
                 for (const QuantArgs* a : {&plain, &tiled}) {
-                  if (a == &tiled && n > cpu::kQ4TilesMaxN) continue;
                   const float* b = n % 2 ? bias.data() : nullptr;
                   std::vector<float> y(size_t(n * out), std::nanf(""));
                   cpu::linear_q4_int8(x.data(), n, *a, b, y.data(), *pool, isa, cpu::Int8Activations::int8);
@@ -479,8 +482,9 @@ TEST(QuantLinearInt8, HighPartAloneMatchesItsRoundingReference) {
 }
 
 TEST(QuantLinearInt8, TileRowsAreTheSameAloneInABatchAndOnEveryInstructionSet) {
-  // A row of y from the tile kernel has the same bits for any n <= 8, any place in the batch,
-  // any thread count and every instruction set (each lane is one output row).
+  // A row of y from the tile kernel has the same bits for any n (a decode step, a batch, a
+  // prompt), any place in the batch, any thread count and every instruction set (each lane is
+  // one output row).
   const std::vector<cpu::Int8Isa> isas = supported_isas();
   if (isas.empty()) GTEST_SKIP() << "this CPU has no AVX2";
   ThreadPool pool1(1), pool2(2);
@@ -488,13 +492,13 @@ TEST(QuantLinearInt8, TileRowsAreTheSameAloneInABatchAndOnEveryInstructionSet) {
   const QMatrix m = make_matrix(75, 640, 4, 64, DType::bf16, rng);
   std::vector<uint8_t> buf;
   const QuantArgs a = with_tiles(m, buf, pool2);
-  const int64_t n = cpu::kQ4TilesMaxN;
+  const int64_t n = 40;
   const std::vector<float> x = random_vector(size_t(n * m.in), rng);
   std::vector<float> alone(size_t(n * m.out));
   for (int64_t i = 0; i < n; ++i)
     cpu::linear_q4_int8(x.data() + i * m.in, 1, a, nullptr, alone.data() + i * m.out, pool1, isas.front());
   for (cpu::Int8Isa isa : isas)
-    for (int64_t rows : {2, 3, 5, 8})
+    for (int64_t rows : {2, 3, 5, 8, 20, 40})
       for (int64_t i0 = 0; i0 + rows <= n; i0 += rows) {
         std::vector<float> y(size_t(rows * m.out), std::nanf(""));
         cpu::linear_q4_int8(x.data() + i0 * m.in, rows, a, nullptr, y.data(), pool2, isa);
@@ -590,7 +594,7 @@ TEST(QuantLinearInt8, Tiles8MatchRoundedActivationReference) {
           std::vector<uint8_t> buf;
           const QuantArgs a = with_tiles8(m, buf, pool3);
           const std::vector<float> bias = random_vector(size_t(out), rng);
-          for (int64_t n = 1; n <= cpu::kQ4TilesMaxN; ++n) {
+          for (int64_t n : kTileTestRows) {
             std::vector<float> x = random_vector(size_t(n * in), rng);
             if (n == 5) std::fill(x.begin(), x.begin() + 32, 0.0f);  // an all-zero block
             std::vector<double> ref, mag, bound;
@@ -617,13 +621,13 @@ TEST(QuantLinearInt8, Tile8RowsAreTheSameAloneInABatchAndOnEveryVnniSet) {
   const QMatrix m = make_matrix(75, 640, 8, 16, DType::f16, rng);
   std::vector<uint8_t> buf;
   const QuantArgs a = with_tiles8(m, buf, pool2);
-  const int64_t n = cpu::kQ4TilesMaxN;
+  const int64_t n = 40;
   const std::vector<float> x = random_vector(size_t(n * m.in), rng);
   std::vector<float> alone(size_t(n * m.out));
   for (int64_t i = 0; i < n; ++i)
     cpu::linear_q8_tiles(x.data() + i * m.in, 1, a, nullptr, alone.data() + i * m.out, pool1, isas.front());
   for (cpu::Int8Isa isa : isas)
-    for (int64_t rows : {2, 3, 5, 8})
+    for (int64_t rows : {2, 3, 5, 8, 20, 40})
       for (int64_t i0 = 0; i0 + rows <= n; i0 += rows) {
         std::vector<float> y(size_t(rows * m.out), std::nanf(""));
         cpu::linear_q8_tiles(x.data() + i0 * m.in, rows, a, nullptr, y.data(), pool2, isa);
@@ -693,11 +697,9 @@ TEST(QuantLinearInt8, Tiles8RejectWhatTheyDoNotTake) {
   cpu::repack_q8_tiles(m8.args(), tiles.data(), pool);
   QuantArgs a = m8.args();
   a.tiles = tiles.data();
-  // Without VNNI, or more rows than the tile kernel takes.
+  // Without VNNI.
   EXPECT_THROW(cpu::linear_q8_tiles(x.data(), 1, a, nullptr, y.data(), pool, cpu::Int8Isa::avx2), Unsupported);
   EXPECT_THROW(cpu::linear_q8_tiles(x.data(), 1, a, nullptr, y.data(), pool, cpu::Int8Isa::avx512bw), Unsupported);
-  for (cpu::Int8Isa isa : vnni_isas())
-    EXPECT_THROW(cpu::linear_q8_tiles(x.data(), cpu::kQ4TilesMaxN + 1, a, nullptr, y.data(), pool, isa), Unsupported);
 }
 
 // m with every bias replaced by -z times its scale (exact for a power-of-two z), as GGUF's

@@ -467,9 +467,9 @@ void repack_q8_tiles(const QuantArgs& w, void* dst, ThreadPool& pool) {
 }
 
 namespace {
-// x rounded on the calling thread in code order for the tile kernels: n rows into the
-// thread_local buffers.
-GemmX round_rows_for_tiles(const float* x, int64_t n, const QuantArgs& w, QuantizeRow quantize_row) {
+// x rounded in code order for the tile kernels: n rows into the calling thread's thread_local
+// buffers, on the pool's threads for a prompt's many rows.
+GemmX round_rows_for_tiles(const float* x, int64_t n, const QuantArgs& w, QuantizeRow quantize_row, ThreadPool& pool) {
   thread_local std::vector<int8_t> q_buf, ql_buf;
   thread_local std::vector<float> d_buf, xsum_buf;
   const int64_t in = w.in, n_groups = w.in / w.group_size, d_stride = in / kXBlock;
@@ -477,29 +477,36 @@ GemmX round_rows_for_tiles(const float* x, int64_t n, const QuantArgs& w, Quanti
   if (int64_t(ql_buf.size()) < n * in) ql_buf.resize(size_t(n * in));
   if (int64_t(d_buf.size()) < n * d_stride) d_buf.resize(size_t(n * d_stride));
   if (int64_t(xsum_buf.size()) < n * n_groups) xsum_buf.resize(size_t(n * n_groups));
-  for (int64_t i = 0; i < n; ++i)
-    quantize_row(x + i * in, in, w.group_size, q_buf.data() + i * in, ql_buf.data() + i * in,
-                 d_buf.data() + i * d_stride, xsum_buf.data() + i * n_groups, false);
+  int8_t* q = q_buf.data();
+  int8_t* ql = ql_buf.data();
+  float* d = d_buf.data();
+  float* xsum = xsum_buf.data();
+  const auto rows = [&](int64_t i0, int64_t i1, int) {
+    for (int64_t i = i0; i < i1; ++i)
+      quantize_row(x + i * in, in, w.group_size, q + i * in, ql + i * in, d + i * d_stride, xsum + i * n_groups, false);
+  };
+  // NOTE: a decode step's few rows stay on the calling thread (no hand-off for microseconds of
+  // work); passed through std::ref so that std::function does not allocate.
+  pool.parallel_for(n, 16, std::ref(rows));
   return GemmX{q_buf.data(), ql_buf.data(), in, d_buf.data(), d_stride, xsum_buf.data(), n_groups};
 }
 }  // namespace
 
 void linear_q8_tiles(const float* x, int64_t n, const QuantArgs& w, const float* bias, float* y, ThreadPool& pool,
                      Int8Isa isa) {
-  if (!int8_tiles8_takes(w) || w.tiles == nullptr || n > kQ4TilesMaxN)
+  if (!int8_tiles8_takes(w) || w.tiles == nullptr)
     throw Unsupported("linear_q8_tiles: bits " + std::to_string(w.bits) + ", group_size " +
-                      std::to_string(w.group_size) + (w.tiles ? "" : ", no tiles") + ", n " + std::to_string(n) +
-                      " (want 8 bits, group 16, 32, 64 or 128, the tiles of repack_q8_tiles, n <= " +
-                      std::to_string(kQ4TilesMaxN) + ")");
+                      std::to_string(w.group_size) + (w.tiles ? "" : ", no tiles") +
+                      " (want 8 bits, group 16, 32, 64 or 128, the tiles of repack_q8_tiles)");
   if (!int8_isa_exact_u8(isa) || !int8_isa_supported(isa))
     throw Unsupported(std::string("linear_q8_tiles: ") + int8_isa_name(isa) +
                       (int8_isa_exact_u8(isa) ? " is not on this CPU" : " has no exact u8 x s8 dot product (VNNI)"));
   if (n <= 0 || w.out <= 0) return;
 #if INT8_X86
   if (isa == Int8Isa::avx512_vnni) {
-    int8_avx512_vnni::run_tiles8(w, round_rows_for_tiles(x, n, w, &int8_avx512_vnni::quantize_row), n, bias, y, pool);
+    int8_avx512_vnni::run_tiles8(w, round_rows_for_tiles(x, n, w, &int8_avx512_vnni::quantize_row, pool), n, bias, y, pool);
   } else {
-    int8_avx_vnni::run_tiles8(w, round_rows_for_tiles(x, n, w, &int8_avx_vnni::quantize_row), n, bias, y, pool);
+    int8_avx_vnni::run_tiles8(w, round_rows_for_tiles(x, n, w, &int8_avx_vnni::quantize_row, pool), n, bias, y, pool);
   }
 #endif
 }
@@ -528,10 +535,9 @@ void linear_q4_int8(const float* x, int64_t n, const QuantArgs& w, const float* 
   // NOTE: thread_local of the calling thread; workers reach it through `px` only.
   thread_local std::vector<int8_t> q_buf, ql_buf;
   thread_local std::vector<float> d_buf, dw_buf, xsum_buf;
-  const bool tiles = w.tiles != nullptr && n <= kQ4TilesMaxN;
-  if (tiles) {
-    // A few rows: rounded on the calling thread, in code order (the GEMM's layout).
-    const GemmX gx = round_rows_for_tiles(x, n, w, quantize_row);
+  if (w.tiles != nullptr) {
+    // Rounded in code order (the GEMM's layout).
+    const GemmX gx = round_rows_for_tiles(x, n, w, quantize_row, pool);
 #if INT8_X86
     switch (isa) {
       case Int8Isa::avx512_vnni: int8_avx512_vnni::run_tiles(w, gx, n, bias, y, pool, lo); return;

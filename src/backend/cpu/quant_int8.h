@@ -46,10 +46,10 @@ bool int8_path_takes(const QuantArgs& w);
 //   code 4c + e of the 32 in its low nibble and code 16 + 4c + e in its high one,
 // so that one 64-byte load gives 16 rows x 4 codes and one broadcast of 4 values of x feeds
 // them all (the rows interleaved as GGML's repacked Q4_0 blocks do, here with MLX's scale and
-// bias per group). Each thread of the decode kernel streams one contiguous run of tiles.
+// bias per group). Each thread of the tile kernel streams one contiguous run of tiles. The
+// tile kernel takes every n (decode, batches and prefill), so that a weight with tiles never
+// reads its packed words after load.
 inline constexpr int kQ4TileRows = 16;
-// The most rows of x the tile kernel takes (batched decode); more go to the GEMM or the f32 path.
-inline constexpr int64_t kQ4TilesMaxN = 8;
 // Bytes of the tiles of w (int8_path_takes(w) must hold), symmetric ones where w.tiles_zero.
 int64_t q4_tiles_bytes(const QuantArgs& w);
 // Writes the tiles of w to dst [q4_tiles_bytes(w)], on `pool` with the split of the decode
@@ -80,17 +80,17 @@ int64_t q8_tiles_bytes(const QuantArgs& w);
 // touch), symmetric where w.tiles_zero. Throws Unsupported unless int8_tiles8_takes(w), or for a
 // w.tiles_zero that is not w's (as repack_q4_tiles).
 void repack_q8_tiles(const QuantArgs& w, void* dst, ThreadPool& pool);
-// y[n, out] = x[n, in] * dequant(w)^T + bias[out] for an 8-bit w with q8 tiles, n <= kQ4TilesMaxN,
-// x rounded as below (two int8 parts per value, steps per 32 values): each row of y the same
-// bits alone or in a batch and on both sets. Throws Unsupported otherwise (other w, n, or an isa
-// without VNNI or not on this CPU).
+// y[n, out] = x[n, in] * dequant(w)^T + bias[out] for an 8-bit w with q8 tiles, any n, x
+// rounded as below (two int8 parts per value, steps per 32 values): each row of y the same bits
+// alone or in a batch of any size and on both sets. Throws Unsupported otherwise (other w, or an
+// isa without VNNI or not on this CPU).
 void linear_q8_tiles(const float* x, int64_t n, const QuantArgs& w, const float* bias, float* y, ThreadPool& pool,
                      Int8Isa isa);
 
 // y[n, out] = x[n, in] * dequant(w)^T + bias[out] (bias may be nullptr), x rounded as above;
-// with w.tiles and n <= kQ4TilesMaxN the tile kernel (each row of y the same bits alone or in
-// a batch, and on every instruction set), else n == 1 runs the matvec kernel, n > 1 the blocked
-// integer GEMM. w must satisfy
+// with w.tiles the tile kernel for every n (each row of y the same bits alone or in a batch of
+// any size, and on every instruction set), else n == 1 runs the matvec kernel, n > 1 the
+// blocked integer GEMM. w must satisfy
 // int8_path_takes and isa int8_isa_supported (callers check). Runs on `pool` and blocks.
 // How linear_q4_int8 rounds x per block of 32 values (step d = max|x| / 127, h = round(x / d)):
 // split16 also keeps the low part l = round((x - d h) * 256 / d), x ~= (d / 256)(256 h + l) to
