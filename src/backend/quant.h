@@ -17,20 +17,28 @@ struct QuantizedMatrix {
   Array packed;  // [out, in * bits / 32] u32
   Array scales;  // [out, in / group_size] f16 | bf16
   Array biases;  // [out, in / group_size], the dtype of scales
-  // CPU only: the same matrix repacked for the 4- and 8-bit decode kernels (ops::repack_for_cpu),
-  // or undefined. packed, scales and biases stay the reference (embeddings, other kernels).
+  // CPU only: the same matrix repacked for the 4- and 8-bit tile kernels (ops::repack_for_cpu),
+  // or undefined. packed, scales and biases stay the reference (embeddings, other kernels)
+  // unless ops::keep_tiles_only dropped them.
   Array cpu_tiles;  // [bytes] u8
   // With cpu_tiles: 0 when they hold every group's bias, or z > 0 when every bias is -z times
   // its scale (symmetric sources: GGUF's Q4_0, Q8_0 and Q6_K) and the tiles hold scales alone.
   int cpu_tiles_zero = 0;
   int bits = 0;
   int group_size = 0;
+  // Tiles only (ops::keep_tiles_only): packed, scales and biases undefined, and the shape and
+  // the scales' dtype kept here; linear reads the tiles, and embedding and dequantize refuse it.
+  int64_t tiles_out = 0, tiles_in = 0;
+  DType tiles_scale_dtype = DType::f16;
 
-  bool defined() const { return packed.defined(); }
-  int64_t out_features() const { return packed.dim(0); }
-  int64_t in_features() const { return packed.dim(1) * 32 / bits; }
-  Device device() const { return packed.device(); }
-  size_t nbytes() const { return packed.nbytes() + scales.nbytes() + biases.nbytes(); }
+  bool tiles_only() const { return !packed.defined() && cpu_tiles.defined(); }
+  bool defined() const { return packed.defined() || cpu_tiles.defined(); }
+  int64_t out_features() const { return tiles_only() ? tiles_out : packed.dim(0); }
+  int64_t in_features() const { return tiles_only() ? tiles_in : packed.dim(1) * 32 / bits; }
+  Device device() const { return tiles_only() ? cpu_tiles.device() : packed.device(); }
+  size_t nbytes() const {
+    return tiles_only() ? cpu_tiles.nbytes() : packed.nbytes() + scales.nbytes() + biases.nbytes();
+  }
 };
 
 // FP8 e4m3 weights kept as loaded (CUDA; the CPU dequantizes FP8 checkpoints at load):
@@ -101,6 +109,16 @@ Array dequantize(const QuantizedMatrix& w, DType dtype = DType::f32);
 // leaves w unchanged otherwise. Called once per
 // weight at load; the copy is written by the pool's threads that will read it in decode.
 void repack_for_cpu(QuantizedMatrix& w);
+// When w has CPU tiles that the level's linear reads for every n (backend/cpu/quant_linear.cpp),
+// drops packed, scales and biases, keeping w's shape (QuantizedMatrix::tiles_only): the tiles
+// stop costing the weights' size again. For weights that only linear() reads (not an
+// embedding table). Where the dropped arrays lay in a mapped checkpoint file, their resident
+// pages go too (core/mapped_file.h). Returns whether w is tiles-only.
+bool keep_tiles_only(QuantizedMatrix& w);
+// Releases the resident pages of w's packed words, scales and biases where they lie in a
+// mapped checkpoint file (their repacked tiles being what linear reads; an embedding lookup
+// reads its rows back from the file): resident memory only, w is unchanged.
+void release_mapped_source(const QuantizedMatrix& w);
 
 }  // namespace ops
 }  // namespace osprey

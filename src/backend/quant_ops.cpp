@@ -11,6 +11,7 @@
 #include "backend/quant_args.h"
 #include "backend/op_checks.h"
 #include "core/error.h"
+#include "core/mapped_file.h"
 #include "core/thread_pool.h"
 
 namespace osprey::ops {
@@ -22,13 +23,20 @@ using detail::on_cuda;
 using detail::require;
 
 std::string describe(const QuantizedMatrix& w) {
+  if (w.tiles_only())
+    return "tiles only [" + std::to_string(w.tiles_out) + ", " + std::to_string(w.tiles_in) + "] (" +
+           osprey::describe(w.cpu_tiles) + "), bits " + std::to_string(w.bits) + ", group size " +
+           std::to_string(w.group_size);
   return "packed " + osprey::describe(w.packed) + ", scales " + osprey::describe(w.scales) + ", biases " +
          osprey::describe(w.biases) + ", bits " + std::to_string(w.bits) + ", group size " +
          std::to_string(w.group_size);
 }
 
 // Checks the matrix's own consistency and returns its kernel arguments.
+QuantArgs tiles_only_args(const char* op, const QuantizedMatrix& w);
+
 QuantArgs quant_args(const char* op, const QuantizedMatrix& w) {
+  if (w.tiles_only()) return tiles_only_args(op, w);
   require(w.packed.defined() && w.scales.defined() && w.biases.defined(), op,
           "quantized matrix needs packed words, scales and biases, got " + describe(w));
   require(supported_quant_bits(w.bits), op, "unsupported bits in " + describe(w) + " (supported: 2, 3, 4, 6, 8)");
@@ -64,6 +72,37 @@ QuantArgs quant_args(const char* op, const QuantizedMatrix& w) {
     a.tiles = w.cpu_tiles.raw();
   }
   return a;
+}
+
+// A tiles-only matrix's arguments: the shape and dtype it kept, the tiles, no packed words.
+QuantArgs tiles_only_args(const char* op, const QuantizedMatrix& w) {
+  require(!w.scales.defined() && !w.biases.defined(), op,
+          "a tiles-only matrix has no scales or biases of its own, got " + describe(w));
+  require(supported_quant_bits(w.bits) && supported_quant_group(w.bits, w.group_size) && w.tiles_out > 0 &&
+              w.tiles_in > 0 && w.tiles_in % w.group_size == 0 &&
+              (w.tiles_scale_dtype == DType::f16 || w.tiles_scale_dtype == DType::bf16),
+          op, "a tiles-only matrix needs a valid shape, bits, group size and scale dtype, got " + describe(w));
+  QuantArgs a;
+  a.scale_dtype = w.tiles_scale_dtype;
+  a.bits = w.bits;
+  a.group_size = w.group_size;
+  a.out = w.tiles_out;
+  a.in = w.tiles_in;
+  a.tiles_zero = w.cpu_tiles_zero;
+  const bool fits = a.bits == 8 ? cpu::int8_tiles8_takes(a) && w.cpu_tiles.nbytes() == size_t(cpu::q8_tiles_bytes(a))
+                                 : cpu::int8_path_takes(a) && w.cpu_tiles.nbytes() == size_t(cpu::q4_tiles_bytes(a));
+  require(w.cpu_tiles.device().is_cpu() && w.cpu_tiles.dtype() == DType::u8 && w.cpu_tiles.is_contiguous() && fits,
+          op, "cpu_tiles (" + osprey::describe(w.cpu_tiles) + ") are not the CPU tiles of " + describe(w) +
+                  " (made by repack_for_cpu)");
+  a.tiles = w.cpu_tiles.raw();
+  return a;
+}
+
+// The ops that read the packed words themselves refuse a tiles-only matrix by name.
+void require_packed(const char* op, const QuantizedMatrix& w) {
+  require(!w.tiles_only(), op,
+          "the matrix is tiles only (its packed words were dropped after the CPU repack: only linear takes it), "
+          "got " + describe(w));
 }
 
 }  // namespace
@@ -158,6 +197,7 @@ Array linear(const Array& x, const LinearWeight& w, const Array& bias) {
 }
 
 Array embedding(const QuantizedMatrix& table, const Array& ids, float scale) {
+  require_packed("embedding", table);
   const bool gpu = on_cuda("embedding", {&table.packed, &table.scales, &table.biases, &ids});
   const QuantArgs a = quant_args("embedding", table);
   require(ids.defined() && ids.dtype() == DType::i32 && ids.ndim() == 1 && ids.is_contiguous(), "embedding",
@@ -183,6 +223,7 @@ Array embedding(const LinearWeight& table, const Array& ids, float scale) {
 }
 
 Array dequantize(const QuantizedMatrix& w, DType dtype) {
+  require_packed("dequantize", w);
   const bool gpu = on_cuda("dequantize", {&w.packed, &w.scales, &w.biases});
   const QuantArgs a = quant_args("dequantize", w);
   require(is_float(dtype), "dequantize",
@@ -219,6 +260,37 @@ void repack_for_cpu(QuantizedMatrix& w) {
     cpu::repack_q4_tiles(a, tiles.raw(), cpu_pool());
   w.cpu_tiles = std::move(tiles);
   w.cpu_tiles_zero = a.tiles_zero;
+}
+
+namespace {
+void release_pages_of(const Array& a) {
+  if (a.defined() && a.device().is_cpu() && a.is_contiguous()) release_mapped_pages(a.raw(), a.nbytes());
+}
+}  // namespace
+
+void release_mapped_source(const QuantizedMatrix& w) {
+  if (!w.cpu_tiles.defined() || w.tiles_only()) return;
+  release_pages_of(w.packed);
+  release_pages_of(w.scales);
+  release_pages_of(w.biases);
+}
+
+bool keep_tiles_only(QuantizedMatrix& w) {
+  if (w.tiles_only()) return true;
+  if (!w.cpu_tiles.defined()) return false;
+  // The level's linear must take the tiles for every n (cpu/quant_linear.cpp's linear_q): 4 bits
+  // through the int8 kernels of the level's width; 8 bits where they have VNNI.
+  cpu::Int8Isa isa;
+  if (!cpu::int8_isa_best(cpu_level(), &isa) || (w.bits == 8 && !cpu::int8_isa_exact_u8(isa))) return false;
+  const QuantArgs a = quant_args("keep_tiles_only", w);
+  release_mapped_source(w);
+  w.tiles_out = a.out;
+  w.tiles_in = a.in;
+  w.tiles_scale_dtype = a.scale_dtype;
+  w.packed = Array();
+  w.scales = Array();
+  w.biases = Array();
+  return true;
 }
 
 }  // namespace osprey::ops

@@ -124,6 +124,23 @@ MappedFile::~MappedFile() {
   }
 }
 
+size_t release_mapped_pages(const void* data, size_t size) {
+  if (data == nullptr || size == 0) return 0;
+  const uintptr_t b = reinterpret_cast<uintptr_t>(data), e = b + size;
+  static const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  const uintptr_t first = (b + page - 1) / page * page, last = e / page * page;
+  if (last <= first) return 0;
+  // NOTE: under the table's lock, so the mapping cannot be unmapped meanwhile.
+  std::lock_guard<std::mutex> lock(g_mappings_mu);
+  for (const auto& m : g_mappings) {
+    const uintptr_t end = m.end.load();
+    if (end == 0 || b < m.begin.load() || e > end) continue;
+    if (::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED) != 0) return 0;
+    return size_t(last - first);
+  }
+  return 0;
+}
+
 void install_mapped_file_fault_handler() {
   struct sigaction sa {};
   sa.sa_sigaction = on_sigbus;

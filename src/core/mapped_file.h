@@ -28,6 +28,13 @@ class MappedFile {
   std::filesystem::path path_;
 };
 
+// Drops this process's resident copies of the whole pages inside [data, data + size) when the
+// range lies in one live MappedFile: the next read of them faults them in from the file again
+// (the mappings are private and read-only, so no page is ever dirty and nothing is lost).
+// Returns the bytes released; 0 for memory that is not a mapped file's. For weights whose
+// repacked copy is what the kernels read: resident memory, never correctness.
+size_t release_mapped_pages(const void* data, size_t size);
+
 // Installs a SIGBUS handler for the process: a read of a mapped page that no longer exists
 // (the file shrank under the running process) ends it with exit code 1 and
 // "osprey: error: <path>: the mapped file shrank or became unreadable while in use"

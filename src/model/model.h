@@ -49,6 +49,11 @@ struct LoadOptions {
   // Unset: OSPREY_CUDA_FP8_WEIGHTS; unset too: kept where they run on the FP8 tensor cores (one
   // scale per row, ops::fp8_tensor_cores), dequantized otherwise (block scales, older GPUs).
   std::optional<bool> keep_fp8;
+  // CPU, 4- and 8-bit weights with tiles (ops::repack_for_cpu) that only linear() reads: true
+  // keeps the tiles alone (ops::keep_tiles_only: resident memory about the weights' size once,
+  // not twice); false keeps their packed words too, for code that reads the weights themselves
+  // (ops::dequantize).
+  bool cpu_tiles_only = true;
   // Called with (bytes done, bytes total) while weights load.
   std::function<void(size_t, size_t)> progress;
 };

@@ -189,13 +189,13 @@ LinearWeight WeightLoader::linear(const std::string& prefix, int64_t out, int64_
 }
 
 LinearWeight WeightLoader::table(const std::string& prefix, int64_t out, int64_t in) {
-  keep_fp8_ = false;
+  loading_table_ = true;
   try {
     LinearWeight lw = linear(prefix, out, in);
-    keep_fp8_ = true;
+    loading_table_ = false;
     return lw;
   } catch (...) {
-    keep_fp8_ = true;
+    loading_table_ = false;
     throw;
   }
 }
@@ -238,6 +238,7 @@ LinearWeight WeightLoader::hub_linear(const std::string& prefix, int64_t out, in
     }
     quant_weights_[{q.bits, q.group_size}] += s.rows * s.cols;
     params_ += uint64_t(s.rows * s.cols);
+    if (!defer_repack_) finish_cpu_tiles(q);
     lw.quant = std::move(q);
     return lw;
   }
@@ -251,7 +252,7 @@ LinearWeight WeightLoader::hub_linear(const std::string& prefix, int64_t out, in
   // dequantized (docs/design.md, "FP8").
   const std::optional<bool> want = options_.keep_fp8 ? options_.keep_fp8 : env_options().cuda_fp8_weights;
   std::optional<LoadedFp8> kept;
-  if (!options_.device.is_cpu() && keep_fp8_ && want.value_or(ops::fp8_tensor_cores(options_.device))) {
+  if (!options_.device.is_cpu() && !loading_table_ && want.value_or(ops::fp8_tensor_cores(options_.device))) {
     kept = load_fp8(weights_, hq, prefix, out, in);
     if (!want && kept->m.scales.dim(1) > 1) kept.reset();
   }
@@ -370,8 +371,16 @@ QuantizedMatrix WeightLoader::quantized(const std::string& prefix, int64_t out, 
   q.scales = place(slice_2d(weights_.get(sname), s.row0, s.rows, s.col0 / group, s.cols / group));
   q.biases = place(slice_2d(weights_.get(bname), s.row0, s.rows, s.col0 / group, s.cols / group));
   quant_weights_[{bits, group}] += s.rows * s.cols;
-  if (!defer_repack_) ops::repack_for_cpu(q);
+  if (!defer_repack_) finish_cpu_tiles(q);
   return q;
+}
+
+void WeightLoader::finish_cpu_tiles(QuantizedMatrix& q) const {
+  ops::repack_for_cpu(q);
+  if (loading_table_ || !options_.cpu_tiles_only)
+    ops::release_mapped_source(q);
+  else
+    ops::keep_tiles_only(q);
 }
 
 LinearGroup WeightLoader::linear_group(const std::vector<GroupPart>& parts, int64_t in, std::optional<DType> dtype,
@@ -394,7 +403,7 @@ LinearGroup WeightLoader::linear_group(const std::vector<GroupPart>& parts, int6
     g.biases.push_back(with_bias ? vector_f32(p.prefix + ".bias", p.out, p.row0, p.rows) : Array());
   if (ops::device_traits(options_.device).stack_shared_input_linears) stack_linear_group(g);
   for (LinearWeight& w : g.parts)
-    if (w.quantized()) ops::repack_for_cpu(w.quant);
+    if (w.quantized()) finish_cpu_tiles(w.quant);
   return g;
 }
 

@@ -137,6 +137,10 @@ class WeightLoader {
                             const WeightSlice& slice);
 
   const SafeTensors& weights_;
+  // The CPU tiles of a quantized weight just loaded (ops::repack_for_cpu); a weight only linear
+  // reads then keeps the tiles alone (ops::keep_tiles_only), an embedding table keeps its packed
+  // words with their mapped pages released (ops::release_mapped_source).
+  void finish_cpu_tiles(QuantizedMatrix& q) const;
   const LoadOptions& options_;
   QuantConfig quant_;
   std::set<std::string> read_;  // tensors read or ignored
@@ -148,7 +152,7 @@ class WeightLoader {
   uint64_t params_ = 0;
   std::map<std::vector<int32_t>, Array> perms_;  // input permutations, shared by equal content
   bool fp8_logged_ = false;
-  bool keep_fp8_ = true;  // false while table() loads
+  bool loading_table_ = false;  // while table() loads: the embedding keeps its packed words
 };
 
 }  // namespace osprey

@@ -555,6 +555,52 @@ TEST(QuantLinearInt8, RepackForCpuFeedsTheOpAndTilesOfAnotherMatrixAreRefused) {
   EXPECT_FALSE(q6.cpu_tiles.defined());
 }
 
+// ops::keep_tiles_only: a matrix with tiles the level's linear takes drops its packed words,
+// scales and biases; linear gives the same bits for every n, the shape stays, and the ops that
+// read packed words refuse it by name. 4 and 8 bits (8 where the level has VNNI).
+TEST(QuantLinearInt8, TilesOnlyMatrixGivesTheSameRowsAndRefusesWhatReadsPackedWords) {
+  std::mt19937 rng(61);
+  Array w32 = Array::empty({37, 256}, DType::f32);
+  const std::vector<float> wv = random_vector(size_t(37 * 256), rng);
+  std::copy(wv.begin(), wv.end(), w32.data<float>());
+  cpu::Int8Isa isa;
+  const bool level_has = cpu::int8_isa_best(cpu_level(), &isa);
+  for (int bits : {4, 8}) {
+    QuantizedMatrix q = quantize_affine(w32, bits, 64, DType::bf16);
+    ops::repack_for_cpu(q);
+    const bool takes = level_has && (bits == 4 || cpu::int8_isa_exact_u8(isa));
+    QuantizedMatrix t = q;
+    ASSERT_EQ(ops::keep_tiles_only(t), takes && q.cpu_tiles.defined()) << bits << " bits";
+    if (!t.tiles_only()) {
+      EXPECT_TRUE(t.packed.defined());
+      continue;
+    }
+    EXPECT_FALSE(t.packed.defined() || t.scales.defined() || t.biases.defined());
+    EXPECT_EQ(t.out_features(), 37);
+    EXPECT_EQ(t.in_features(), 256);
+    EXPECT_EQ(t.nbytes(), t.cpu_tiles.nbytes());
+    for (int64_t n : {1, 3, 9, 40}) {
+      Array x = Array::empty({n, 256}, DType::f32);
+      const std::vector<float> xv = random_vector(size_t(n * 256), rng);
+      std::copy(xv.begin(), xv.end(), x.data<float>());
+      const Array want = ops::linear(x, q), got = ops::linear(x, t);
+      EXPECT_EQ(std::memcmp(got.raw(), want.raw(), want.nbytes()), 0) << bits << " bits, n=" << n;
+    }
+    Array ids = Array::empty({1}, DType::i32);
+    ids.data<int32_t>()[0] = 3;
+    for (const char* op : {"embedding", "dequantize"})
+      try {
+        if (std::string(op) == "embedding")
+          (void)ops::embedding(t, ids);
+        else
+          (void)ops::dequantize(t);
+        ADD_FAILURE() << op << " took a tiles-only matrix";
+      } catch (const InvalidInput& e) {
+        EXPECT_NE(std::string(e.what()).find("tiles only"), std::string::npos) << e.what();
+      }
+  }
+}
+
 // w's q8 decode tiles (repack_q8_tiles) in `buf`, and args that carry them.
 QuantArgs with_tiles8(const QMatrix& m, std::vector<uint8_t>& buf, ThreadPool& pool) {
   QuantArgs a = m.args();

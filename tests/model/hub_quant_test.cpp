@@ -117,6 +117,7 @@ TEST_P(HubCheckpoint, LoadedWeightsEqualTheScriptsDequantization) {
   LoadOptions opt;
   opt.device = device();
   opt.keep_fp8 = true;
+  opt.cpu_tiles_only = false;  // the weights are read back below (ops::dequantize)
   WeightLoader loader(st, opt, parse_quant_config(ConfigReader::load(dir() / "config.json")));
   ASSERT_EQ(ref.names().size(), 21u);  // q, k, v, o, gate, up, down of 3 layers
   if (!int_format(fmt)) {

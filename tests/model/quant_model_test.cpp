@@ -6,14 +6,19 @@
 #include <algorithm>
 
 #include <cmath>
+#include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "backend/ops.h"
 #include "backend/quant.h"
 #include "core/error.h"
+#include "backend/cpu/quant_int8.h"
+#include "backend/cpu_level.h"
 #include "engine/generator.h"
+#include "model/config_reader.h"
 #include "model/model.h"
 #include "model/safetensors.h"
+#include "model/weight_loader.h"
 #include "support/device_test.h"
 #include "support/family_harness.h"
 #include "support/families.h"
@@ -156,6 +161,52 @@ TEST_P(QuantReference, LogitsAtEveryPositionMatchTransformers) {
 TEST_P(QuantReference, TokenByTokenDecodeMatchesTransformers) { EXPECT_LT(decode_error(), 1e-3); }
 
 TEST_P(QuantReference, GreedyContinuationsMatchWhereMarginsAreClear) { expect_greedy_matches(); }
+
+// CPU: a weight that only linear() reads keeps its tiles alone (LoadOptions::cpu_tiles_only,
+// the default) where the level's kernels take them for every n; the embedding table keeps its
+// packed words; the logits, prefill and decode, have the same bits either way.
+TEST_P(QuantReference, TilesOnlyWeightsGiveTheSameLogitsAsKeptPackedWords) {
+  if (on_cuda()) GTEST_SKIP() << "CPU tiles";
+  const Expected e = expected_of(GetParam().model);
+  cpu::Int8Isa isa;
+  const bool level_takes = cpu::int8_isa_best(cpu_level(), &isa) && (e.bits == 4 || cpu::int8_isa_exact_u8(isa));
+  const std::filesystem::path dir = fixture(GetParam().model);
+  const SafeTensors st = SafeTensors::open(dir);
+  const std::string prefix = "model.layers.0.self_attn.o_proj";
+  const Shape shape = st.info(prefix + ".weight").shape;  // packed [out, in * bits / 32]
+  const int64_t out = shape[0], in = shape[1] * 32 / e.bits;
+  for (bool tiles_only : {true, false}) {
+    LoadOptions opt;
+    opt.device = device();
+    opt.cpu_tiles_only = tiles_only;
+    WeightLoader loader(st, opt, parse_quant_config(ConfigReader::load(dir / "config.json")));
+    const LinearWeight w = loader.linear(prefix, out, in);
+    ASSERT_TRUE(w.quantized());
+    EXPECT_EQ(w.quant.tiles_only(), tiles_only && level_takes) << "tiles_only=" << tiles_only;
+    EXPECT_EQ(w.quant.out_features(), out);
+    EXPECT_EQ(w.quant.in_features(), in);
+    if (w.quant.tiles_only()) {
+      EXPECT_EQ(w.quant.nbytes(), w.quant.cpu_tiles.nbytes());
+      EXPECT_THROW((void)ops::dequantize(w.quant), InvalidInput);
+    }
+    const LinearWeight table = loader.table("model.embed_tokens", model_->info().vocab_size, model_->info().hidden_size);
+    ASSERT_TRUE(table.quantized());
+    EXPECT_FALSE(table.quant.tiles_only()) << "the embedding table reads its packed words";
+  }
+  if (!level_takes) GTEST_SKIP() << "this CPU level has no tile kernels for " << e.bits << " bits";
+  LoadOptions keep;
+  keep.device = device();
+  keep.cpu_tiles_only = false;
+  const std::unique_ptr<Model> kept = load_model(dir, keep);
+  const std::vector<int32_t> ids = ints(ref_->get("tokens_0"));
+  SequenceCache c1 = model_->make_cache({}), c2 = kept->make_cache({});
+  const Array a = to_cpu(model_->forward(tokens_of(ids), c1, true)), b = to_cpu(kept->forward(tokens_of(ids), c2, true));
+  ASSERT_EQ(a.shape(), b.shape());
+  EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0) << "prefill logits differ";
+  const Array da = to_cpu(model_->forward(tokens_of({ids[0]}), c1, false));
+  const Array db = to_cpu(kept->forward(tokens_of({ids[0]}), c2, false));
+  EXPECT_EQ(std::memcmp(da.raw(), db.raw(), da.nbytes()), 0) << "decode logits differ";
+}
 
 TEST_P(QuantReference, KVWriteSwitchGivesByteIdenticalGreedyOutput) {
   const std::string args = "generate -m " + fixture(GetParam().model).string() + " --device " + GetParam().device +

@@ -517,6 +517,9 @@ void linear_q(const float* x, int64_t n, const QuantArgs& w, const float* bias, 
   else if ((n == 1 || n > kRowsMaxN || tiles) && int8_path_takes(w) && int8_isa_best(kLevel, &isa))
     linear_q4_int8(x, n, w, bias, y, pool, isa,
                    env_options().cpu_q4_int8_activations ? Int8Activations::int8 : Int8Activations::split16);
+  else if (w.packed == nullptr)
+    throw Unsupported("linear_q: a tiles-only weight (its packed words dropped at load) needs the tile kernels, "
+                      "which this CPU level does not run for its " + std::to_string(w.bits) + " bits");
   else
     linear_q_f32(x, n, w, bias, y, pool);
 }
