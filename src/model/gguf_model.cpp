@@ -1,5 +1,7 @@
 #include "model/gguf_model.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -132,23 +134,48 @@ void affine_groups(GgufType type, const uint8_t* blk, uint8_t* codes, uint16_t* 
   }
 }
 
-// One quantized matrix [rows, cols] repacked: the arrays' bytes, appended to `store` at
-// 64-byte aligned offsets, and their TensorInfos under `name`'s module.
-struct RepackStore {
-  std::vector<uint8_t> bytes;
-  size_t reserve(size_t n) {
-    const size_t at = (bytes.size() + 63) / 64 * 64;
-    bytes.resize(at + n);
-    return at;
+// One quantized matrix [rows, cols] repacked: its three arrays' bytes in a store of its own, at
+// 64-byte aligned offsets, and their TensorInfos under `name`'s module. A store per matrix: a
+// CPU weight that keeps its tiles alone (ops::keep_tiles_only) lets its store go once loaded.
+// NOTE: mapped anonymous memory, not the heap: a freed store goes back to the system at once
+// (a heap's freed middle would stay resident).
+class RepackStore {
+ public:
+  explicit RepackStore(size_t size) : size_(std::max<size_t>(size, 1)) {
+    void* p = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw OutOfMemory("cannot map " + std::to_string(size_) + " bytes for a repacked GGUF tensor");
+    data_ = static_cast<uint8_t*>(p);
+  }
+  ~RepackStore() { ::munmap(data_, size_); }
+  RepackStore(const RepackStore&) = delete;
+  RepackStore& operator=(const RepackStore&) = delete;
+  uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+// Offsets of n1, n2, n3 bytes at 64-byte alignment, and the total.
+struct StoreLayout {
+  size_t at[3], total;
+  StoreLayout(size_t n1, size_t n2, size_t n3) {
+    const auto up = [](size_t v) { return (v + 63) / 64 * 64; };
+    at[0] = 0;
+    at[1] = up(n1);
+    at[2] = at[1] + up(n2);
+    total = at[2] + n3;
   }
 };
 
-void add_info(std::vector<TensorInfo>& infos, const std::string& name, DType dt, Shape shape, size_t at, size_t n) {
+void add_info(std::vector<TensorInfo>& infos, const std::string& name, DType dt, Shape shape, size_t file_index,
+              size_t at, size_t n) {
   TensorInfo ti;
   ti.name = name;
   ti.dtype = dt;
   ti.shape = shape;
-  ti.file_index = 1;
+  ti.file_index = file_index;
   ti.byte_offset = at;
   ti.nbytes = n;
   infos.push_back(std::move(ti));
@@ -160,8 +187,9 @@ void check_matrix(const GgufFile& g, const GgufTensorInfo& t) {
                        " tensor of " + std::to_string(t.shape.n) + " dimensions (a matrix is expected)");
 }
 
-void repack_blocks(const GgufFile& g, const GgufTensorInfo& t, const std::string& hf_name, RepackStore& store,
-                   std::vector<TensorInfo>& infos) {
+// Appends the matrix's store to `buffers` (its file_index) and its arrays to `infos`.
+void repack_blocks(const GgufFile& g, const GgufTensorInfo& t, const std::string& hf_name,
+                   std::vector<std::shared_ptr<Buffer>>& buffers, std::vector<TensorInfo>& infos) {
   const std::string where = g.path().string() + ": tensor " + t.name;
   check_matrix(g, t);
   const int bits = repacked_bits(t.type), group = repacked_group(t.type);
@@ -173,7 +201,10 @@ void repack_blocks(const GgufFile& g, const GgufTensorInfo& t, const std::string
                                  : hf_name;
   const size_t packed_bytes = size_t(rows) * size_t(cols) * size_t(bits) / 8;
   const size_t scale_bytes = size_t(rows) * size_t(groups) * 2;
-  const size_t p_at = store.reserve(packed_bytes), s_at = store.reserve(scale_bytes), b_at = store.reserve(scale_bytes);
+  const StoreLayout layout(packed_bytes, scale_bytes, scale_bytes);
+  const size_t p_at = layout.at[0], s_at = layout.at[1], b_at = layout.at[2];
+  auto owned = std::make_shared<RepackStore>(layout.total);
+  uint8_t* const bytes = owned->data();
   const uint8_t* src = g.file()->data() + t.byte_offset;
   std::vector<uint8_t> codes(static_cast<size_t>(block.elements));
   std::vector<uint16_t> sc(static_cast<size_t>(groups_per_block)), bs(static_cast<size_t>(groups_per_block));
@@ -186,20 +217,23 @@ void repack_blocks(const GgufFile& g, const GgufTensorInfo& t, const std::string
           throw InvalidInput(where + ": a block's scale or minimum (row " + std::to_string(r) +
                              ") is not a finite float16 in Osprey's affine layout");
       const size_t first = size_t(r) * size_t(cols) + size_t(k) * size_t(block.elements);
-      uint8_t* out = store.bytes.data() + p_at + first * size_t(bits) / 8;
+      uint8_t* out = bytes + p_at + first * size_t(bits) / 8;
       if (bits == 8) {
         std::memcpy(out, codes.data(), codes.size());
       } else {
         for (size_t i = 0; i < codes.size() / 2; ++i) out[i] = uint8_t(codes[2 * i] | (codes[2 * i + 1] << 4));
       }
       const size_t at = (size_t(r) * size_t(groups) + size_t(k) * size_t(groups_per_block)) * 2;
-      std::memcpy(store.bytes.data() + s_at + at, sc.data(), sc.size() * 2);
-      std::memcpy(store.bytes.data() + b_at + at, bs.data(), bs.size() * 2);
+      std::memcpy(bytes + s_at + at, sc.data(), sc.size() * 2);
+      std::memcpy(bytes + b_at + at, bs.data(), bs.size() * 2);
     }
   }
-  add_info(infos, module + ".weight", DType::u32, {rows, cols * bits / 32}, p_at, packed_bytes);
-  add_info(infos, module + ".scales", DType::f16, {rows, groups}, s_at, scale_bytes);
-  add_info(infos, module + ".biases", DType::f16, {rows, groups}, b_at, scale_bytes);
+  const size_t file_index = buffers.size();
+  buffers.push_back(std::make_shared<Buffer>(bytes, layout.total, Device::cpu(),
+                                             [keep = std::move(owned)](void*, size_t, bool) {}));
+  add_info(infos, module + ".weight", DType::u32, {rows, cols * bits / 32}, file_index, p_at, packed_bytes);
+  add_info(infos, module + ".scales", DType::f16, {rows, groups}, file_index, s_at, scale_bytes);
+  add_info(infos, module + ".biases", DType::f16, {rows, groups}, file_index, b_at, scale_bytes);
 }
 
 // Copies an integer key into the config when present.
@@ -232,14 +266,15 @@ GgufCheckpoint read_gguf_checkpoint(const GgufFile& g) {
   // ones repacked or decoded (repacked_bits); rope_freqs becomes rope factors.
   std::vector<TensorInfo> infos;
   std::vector<double> rope_factors;
-  auto store = std::make_shared<RepackStore>();
+  // Buffer 0: the file's mapping (dense tensors are views of it); then one per repacked matrix.
+  std::vector<std::shared_ptr<Buffer>> buffers = {g.buffer()};
   std::map<std::string, std::pair<int, int>> module_quant;  // repacked modules -> bits, group size
   std::map<std::string, int> converted;      // "Q4_K repacked to 4-bit affine" -> tensors
   for (const GgufTensorInfo& t : g.tensors()) {
     const std::string type_name = gguf_type_name(uint32_t(t.type));
     if (repacked_bits(t.type)) {
       const std::string hf = hf_tensor_name(t.name, sandwich);
-      repack_blocks(g, t, hf, *store, infos);
+      repack_blocks(g, t, hf, buffers, infos);
       module_quant[hf.substr(0, hf.size() - std::min<size_t>(hf.size(), 7))] = {repacked_bits(t.type),
                                                                                  repacked_group(t.type)};
       ++converted[type_name + " repacked to " + std::to_string(repacked_bits(t.type)) + "-bit affine (group " +
@@ -397,11 +432,6 @@ GgufCheckpoint read_gguf_checkpoint(const GgufFile& g) {
     log_info(where + ": quantized tensors converted at load (docs/gguf.md): " + what);
   }
 
-  // The repacked bytes, owned by a buffer of their own (file_index 1).
-  auto* data = store->bytes.data();
-  const size_t size = store->bytes.size();
-  std::vector<std::shared_ptr<Buffer>> buffers = {
-      g.buffer(), std::make_shared<Buffer>(data, size, Device::cpu(), [keep = store](void*, size_t, bool) {})};
   return GgufCheckpoint{ConfigReader(std::move(c), where + " (GGUF metadata)"),
                         SafeTensors::adopt(g.path(), std::move(buffers), std::move(infos), arch->layout)};
 }

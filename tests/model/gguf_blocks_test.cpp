@@ -139,6 +139,15 @@ TEST(GgufBlocks, TheLoaderHoldsEachTypeAsDocumented) {
   testing::write_file(dir / "k.gguf", f.b);
   const GgufFile g = GgufFile::open(dir / "k.gguf");
   const GgufCheckpoint ck = read_gguf_checkpoint(g);
+  // Each repacked matrix's three arrays lie in a store of their own, which goes with the last
+  // of them (a CPU weight kept as tiles alone frees its store while the embedding keeps its).
+  for (size_t c = 0; c < cases.size(); ++c) {
+    const Array w = ck.tensors.get(cases[c].module + ".weight");
+    EXPECT_EQ(ck.tensors.get(cases[c].module + ".scales").buffer(), w.buffer()) << cases[c].name;
+    EXPECT_EQ(ck.tensors.get(cases[c].module + ".biases").buffer(), w.buffer()) << cases[c].name;
+    for (size_t d = 0; d < c; ++d)
+      EXPECT_NE(ck.tensors.get(cases[d].module + ".weight").buffer(), w.buffer()) << cases[c].name << ", " << cases[d].name;
+  }
   for (size_t c = 0; c < cases.size(); ++c) {
     const Case& k = cases[c];
     std::vector<float> want(size_t(rows * cols));
