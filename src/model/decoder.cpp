@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "core/log.h"
+#include "core/mapped_file.h"
 #include "model/blocks.h"
 #include "model/layer_types.h"
 #include "model/safetensors.h"
@@ -97,6 +98,11 @@ class Decoder final : public Model {
       lm_head_ = shard.sharded() ? w.linear(P + "embed_tokens", spec.vocab_size, h, dt, rows(vocab)) : embed_;
     else
       lm_head_ = w.linear(spec.lm_head, spec.vocab_size, h, dt, rows(vocab));
+    // An untied dense table is read a few rows a step: where it is a view of the mapped file, the
+    // pages that loading brought in go back (a lookup reads its rows from the file again).
+    if (!(lm_head_.dense.defined() && lm_head_.dense.raw() == embed_.dense.raw()) && embed_.dense.defined() &&
+        embed_.dense.device().is_cpu() && embed_.dense.is_contiguous())
+      release_mapped_pages(embed_.dense.raw(), embed_.dense.nbytes());
     inv_freq_full_ = inv_freq(w, spec.rope);
     inv_freq_sliding_ = spec.has_rope_sliding ? inv_freq(w, spec.rope_sliding) : inv_freq_full_;
     if (spec.require_all_read) w.require_all_read(spec.model_type);

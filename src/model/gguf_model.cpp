@@ -228,6 +228,8 @@ void repack_blocks(const GgufFile& g, const GgufTensorInfo& t, const std::string
       std::memcpy(bytes + b_at + at, bs.data(), bs.size() * 2);
     }
   }
+  // The blocks are read once, here: their pages, which this pass brought in, go back to the file.
+  release_mapped_pages(src, size_t(t.nbytes));
   const size_t file_index = buffers.size();
   buffers.push_back(std::make_shared<Buffer>(bytes, layout.total, Device::cpu(),
                                              [keep = std::move(owned)](void*, size_t, bool) {}));
