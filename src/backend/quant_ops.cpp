@@ -35,6 +35,18 @@ std::string describe(const QuantizedMatrix& w) {
 // Checks the matrix's own consistency and returns its kernel arguments.
 QuantArgs tiles_only_args(const char* op, const QuantizedMatrix& w);
 
+// a.tiles (and tiles_zero) from w's CPU tiles, checked against a's shape, bits and group size.
+void attach_tiles(const char* op, const QuantizedMatrix& w, QuantArgs& a) {
+  a.tiles_zero = w.cpu_tiles_zero;
+  const bool fits = a.bits == 8 ? cpu::int8_tiles8_takes(a) && w.cpu_tiles.nbytes() == size_t(cpu::q8_tiles_bytes(a))
+                                 : cpu::int8_path_takes(a) && w.cpu_tiles.nbytes() == size_t(cpu::q4_tiles_bytes(a));
+  require(w.device().is_cpu() && w.cpu_tiles.device().is_cpu() && w.cpu_tiles.dtype() == DType::u8 &&
+              w.cpu_tiles.is_contiguous() && fits,
+          op, "cpu_tiles (" + osprey::describe(w.cpu_tiles) + ") are not the CPU tiles of " + describe(w) +
+                  " (made by repack_for_cpu)");
+  a.tiles = w.cpu_tiles.raw();
+}
+
 QuantArgs quant_args(const char* op, const QuantizedMatrix& w) {
   if (w.tiles_only()) return tiles_only_args(op, w);
   require(w.packed.defined() && w.scales.defined() && w.biases.defined(), op,
@@ -62,15 +74,7 @@ QuantArgs quant_args(const char* op, const QuantizedMatrix& w) {
   a.group_size = w.group_size;
   a.out = out;
   a.in = in;
-  if (w.cpu_tiles.defined()) {
-    a.tiles_zero = w.cpu_tiles_zero;
-    const bool fits = a.bits == 8 ? cpu::int8_tiles8_takes(a) && w.cpu_tiles.nbytes() == size_t(cpu::q8_tiles_bytes(a))
-                                   : cpu::int8_path_takes(a) && w.cpu_tiles.nbytes() == size_t(cpu::q4_tiles_bytes(a));
-    require(w.packed.device().is_cpu() && w.cpu_tiles.dtype() == DType::u8 && w.cpu_tiles.is_contiguous() && fits,
-            op, "cpu_tiles (" + osprey::describe(w.cpu_tiles) + ") are not the CPU tiles of " + describe(w) +
-                    " (made by repack_for_cpu)");
-    a.tiles = w.cpu_tiles.raw();
-  }
+  if (w.cpu_tiles.defined()) attach_tiles(op, w, a);
   return a;
 }
 
@@ -88,13 +92,7 @@ QuantArgs tiles_only_args(const char* op, const QuantizedMatrix& w) {
   a.group_size = w.group_size;
   a.out = w.tiles_out;
   a.in = w.tiles_in;
-  a.tiles_zero = w.cpu_tiles_zero;
-  const bool fits = a.bits == 8 ? cpu::int8_tiles8_takes(a) && w.cpu_tiles.nbytes() == size_t(cpu::q8_tiles_bytes(a))
-                                 : cpu::int8_path_takes(a) && w.cpu_tiles.nbytes() == size_t(cpu::q4_tiles_bytes(a));
-  require(w.cpu_tiles.device().is_cpu() && w.cpu_tiles.dtype() == DType::u8 && w.cpu_tiles.is_contiguous() && fits,
-          op, "cpu_tiles (" + osprey::describe(w.cpu_tiles) + ") are not the CPU tiles of " + describe(w) +
-                  " (made by repack_for_cpu)");
-  a.tiles = w.cpu_tiles.raw();
+  attach_tiles(op, w, a);
   return a;
 }
 

@@ -467,9 +467,9 @@ void repack_q8_tiles(const QuantArgs& w, void* dst, ThreadPool& pool) {
 }
 
 namespace {
-// x rounded in code order for the tile kernels: n rows into the calling thread's thread_local
-// buffers, on the pool's threads for a prompt's many rows.
-GemmX round_rows_for_tiles(const float* x, int64_t n, const QuantArgs& w, QuantizeRow quantize_row, ThreadPool& pool) {
+// x rounded in code order for the tile kernels and the GEMM: n rows into the calling thread's
+// thread_local buffers, on the pool's threads for a prompt's many rows.
+GemmX round_rows(const float* x, int64_t n, const QuantArgs& w, QuantizeRow quantize_row, ThreadPool& pool) {
   thread_local std::vector<int8_t> q_buf, ql_buf;
   thread_local std::vector<float> d_buf, xsum_buf;
   const int64_t in = w.in, n_groups = w.in / w.group_size, d_stride = in / kXBlock;
@@ -504,9 +504,9 @@ void linear_q8_tiles(const float* x, int64_t n, const QuantArgs& w, const float*
   if (n <= 0 || w.out <= 0) return;
 #if INT8_X86
   if (isa == Int8Isa::avx512_vnni) {
-    int8_avx512_vnni::run_tiles8(w, round_rows_for_tiles(x, n, w, &int8_avx512_vnni::quantize_row, pool), n, bias, y, pool);
+    int8_avx512_vnni::run_tiles8(w, round_rows(x, n, w, &int8_avx512_vnni::quantize_row, pool), n, bias, y, pool);
   } else {
-    int8_avx_vnni::run_tiles8(w, round_rows_for_tiles(x, n, w, &int8_avx_vnni::quantize_row, pool), n, bias, y, pool);
+    int8_avx_vnni::run_tiles8(w, round_rows(x, n, w, &int8_avx_vnni::quantize_row, pool), n, bias, y, pool);
   }
 #endif
 }
@@ -537,7 +537,7 @@ void linear_q4_int8(const float* x, int64_t n, const QuantArgs& w, const float* 
   thread_local std::vector<float> d_buf, dw_buf, xsum_buf;
   if (w.tiles != nullptr) {
     // Rounded in code order (the GEMM's layout).
-    const GemmX gx = round_rows_for_tiles(x, n, w, quantize_row, pool);
+    const GemmX gx = round_rows(x, n, w, quantize_row, pool);
 #if INT8_X86
     switch (isa) {
       case Int8Isa::avx512_vnni: int8_avx512_vnni::run_tiles(w, gx, n, bias, y, pool, lo); return;
@@ -564,22 +564,7 @@ void linear_q4_int8(const float* x, int64_t n, const QuantArgs& w, const float* 
       dw_buf[size_t(word)] = word * 8 < in ? d_buf[size_t(word * 8 / kXBlock)] : 0.0f;
     px.mv = {q_buf.data(), ql_buf.data(), dw_buf.data(), xsum_buf.data()};
   } else {
-    const int64_t d_stride = in / kXBlock;
-    if (int64_t(q_buf.size()) < n * in) q_buf.resize(size_t(n * in));
-    if (int64_t(ql_buf.size()) < n * in) ql_buf.resize(size_t(n * in));
-    if (int64_t(d_buf.size()) < n * d_stride) d_buf.resize(size_t(n * d_stride));
-    if (int64_t(xsum_buf.size()) < n * n_groups) xsum_buf.resize(size_t(n * n_groups));
-    int8_t* q = q_buf.data();
-    int8_t* ql = ql_buf.data();
-    float* d = d_buf.data();
-    float* xsum = xsum_buf.data();
-    const auto prep = [&](int64_t i0, int64_t i1, int) {
-      for (int64_t i = i0; i < i1; ++i)
-        quantize_row(x + i * in, in, w.group_size, q + i * in, ql + i * in, d + i * d_stride, xsum + i * n_groups,
-                     false);
-    };
-    pool.parallel_for(n, 4, std::ref(prep));
-    px.gm = {q, ql, in, d, d_stride, xsum, n_groups};
+    px.gm = round_rows(x, n, w, quantize_row, pool);
   }
 #if INT8_X86
   switch (isa) {
