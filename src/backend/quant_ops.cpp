@@ -103,6 +103,14 @@ void require_packed(const char* op, const QuantizedMatrix& w) {
           "got " + describe(w));
 }
 
+// Whether the CPU level's linear reads w's tiles for every n (cpu/quant_linear.cpp's linear_q):
+// 4 bits on any int8 set of the level's width, 8 bits where it has VNNI.
+bool level_reads_tiles(const QuantizedMatrix& w) {
+  cpu::Int8Isa isa;
+  return w.cpu_tiles.defined() && cpu::int8_isa_best(cpu_level(), &isa) &&
+         (w.bits == 4 || cpu::int8_isa_exact_u8(isa));
+}
+
 }  // namespace
 
 Array linear(const Array& x, const QuantizedMatrix& w, const Array& bias) {
@@ -124,10 +132,11 @@ Array linear(const Array& x, const QuantizedMatrix& w, const Array& bias) {
     cuda_ops::linear_q(x.data<float>(), n, a, b, y.data<float>(), invariant);
     return y;
   }
-  if (invariant) {
-    // Batch-invariant mode: each row through the n == 1 kernels (the int8 matvec for 4 bits,
-    // else the fused f32 matvec), whose arithmetic differs from the many-row kernels'. Costs
-    // one pass over w per row.
+  // Batch-invariant mode: where the level's linear reads w's tiles, every n already gives each
+  // row the same bits (the tile kernel); otherwise each row goes through the n == 1 kernels
+  // (the int8 matvec for 4 bits, else the fused f32 matvec), whose arithmetic differs from the
+  // many-row kernels', at one pass over w per row.
+  if (invariant && !level_reads_tiles(w)) {
     for (int64_t j = 0; j < n; ++j)
       cpu::kernels().linear_q(x.data<float>() + j * a.in, 1, a, b, y.data<float>() + j * a.out, cpu_pool());
     return y;
@@ -245,7 +254,8 @@ void repack_for_cpu(QuantizedMatrix& w) {
   if (a.bits == 8) {
     // 8-bit tiles only where the level's kernels have VNNI to read them.
     if (!cpu::int8_tiles8_takes(a) || !cpu::int8_isa_best(cpu_level(), &isa) || !cpu::int8_isa_exact_u8(isa)) return;
-  } else if (!cpu::int8_path_takes(a) || !cpu::int8_isa_best(&isa)) {
+  } else if (!cpu::int8_path_takes(a) || !cpu::int8_isa_best(cpu_level(), &isa)) {
+    // Only where the level's kernels read them (none at the scalar level).
     return;
   }
   // A symmetric matrix (every bias -z times its scale) keeps its scales alone: fewer bytes
@@ -275,11 +285,7 @@ void release_mapped_source(const QuantizedMatrix& w) {
 
 bool keep_tiles_only(QuantizedMatrix& w) {
   if (w.tiles_only()) return true;
-  if (!w.cpu_tiles.defined()) return false;
-  // The level's linear must take the tiles for every n (cpu/quant_linear.cpp's linear_q): 4 bits
-  // through the int8 kernels of the level's width; 8 bits where they have VNNI.
-  cpu::Int8Isa isa;
-  if (!cpu::int8_isa_best(cpu_level(), &isa) || (w.bits == 8 && !cpu::int8_isa_exact_u8(isa))) return false;
+  if (!level_reads_tiles(w)) return false;
   const QuantArgs a = quant_args("keep_tiles_only", w);
   release_mapped_source(w);
   w.tiles_out = a.out;
