@@ -116,6 +116,20 @@ const currentConversation = async (page) => {
   return (await storedConversations(page)).find((c) => c.id === id);
 };
 
+// The conversation as stored once the page has saved a reply's final state: the page writes
+// localStorage in an effect after it renders, so the DOM can show a finished reply a moment
+// before the store holds it. `final(m)` tells the reply's final state (its stats, or whether it
+// was stopped, are set only then).
+async function storedAfter(page, index, final) {
+  let conv;
+  await until(`the page to store reply ${index}'s final state`, async () => {
+    conv = await currentConversation(page);
+    return conv && conv.messages.length > index && final(conv.messages[index]);
+  }, 10000);
+  return conv;
+}
+const finished = (m) => m.stats != null;
+
 async function openSettings(page) {
   if (!(await page.$('.settings'))) await page.click('button[aria-label="Settings"]');
   await page.waitForSelector('.settings');
@@ -218,7 +232,7 @@ async function main() {
   }, 60000);
   const renders = await page.evaluate(() => window.__replyLengths.size);
   check(renders >= 3, `the reply arrived in ${renders} renders; a streamed reply shows several`);
-  let conv = await currentConversation(page);
+  let conv = await storedAfter(page, 1, finished);
   check(conv.title === prompt, `the conversation is named '${conv.title}'`);
   const reference = JSON.parse((await request(plain.base, '/v1/chat/completions', {
     method: 'POST', body: { messages: [{ role: 'user', content: prompt }], temperature: 0, max_tokens: 60 },
@@ -253,7 +267,7 @@ async function main() {
     return replies.length === 2 && replies[1].querySelector('[data-testid="stopped"]') !== null;
   }));
   check(!(await busy(page)), 'the Stop button is still shown');
-  conv = await currentConversation(page);
+  conv = await storedAfter(page, 3, (m) => 'stopped' in m);
   check(conv.messages.length === 4 && conv.messages[3].stopped, 'the stopped reply is not kept');
   console.log(`stop: slot freed ${freedMs} ms after the click`);
   await shot(page, '04-stopped');
@@ -264,7 +278,7 @@ async function main() {
   await page.click('button[aria-label="Close settings"]');
   await page.click('button[aria-label="Regenerate reply"]');
   await until('the regenerated reply', async () => !(await busy(page)) && (await lastReplyText(page)).length > 0, 60000);
-  conv = await currentConversation(page);
+  conv = await storedAfter(page, 3, finished);
   check(conv.messages.length === 4 && !conv.messages[3].stopped && conv.messages[3].content.length > 0, 'regenerate did not replace the last reply');
 
   step = 'edit and resend';
@@ -273,7 +287,7 @@ async function main() {
   await setField(page, 'textarea[aria-label="Edit message"]', 'Tell me about Emma.');
   await page.keyboard.press('Enter');
   await until('the reply to the edited turn', async () => !(await busy(page)) && (await lastReplyText(page)).length > 0, 60000);
-  conv = await currentConversation(page);
+  conv = await storedAfter(page, 3, finished);
   check(conv.messages.length === 4 && conv.messages[2].content === 'Tell me about Emma.', 'the edited turn was not resent in place');
 
   step = 'reload';
