@@ -185,6 +185,11 @@ void check_matrix(const GgufFile& g, const GgufTensorInfo& t) {
   if (t.shape.n != 2)
     throw InvalidInput(g.path().string() + ": tensor " + t.name + " is a " + gguf_type_name(uint32_t(t.type)) +
                        " tensor of " + std::to_string(t.shape.n) + " dimensions (a matrix is expected)");
+  // An empty matrix holds no bytes, so the file's size bounds nothing of its other dimension
+  // (which sizes the repacked arrays): refused, as no model has one.
+  if (t.shape[0] <= 0 || t.shape[1] <= 0)
+    throw InvalidInput(g.path().string() + ": tensor " + t.name + " is an empty matrix [" +
+                       std::to_string(t.shape[0]) + ", " + std::to_string(t.shape[1]) + "]");
 }
 
 // Appends the matrix's store to `buffers` (its file_index) and its arrays to `infos`.
