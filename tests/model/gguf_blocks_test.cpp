@@ -251,6 +251,30 @@ std::string mixed_model(const std::vector<std::pair<std::string, GgufType>>& mat
 // rounding of the K-quants' scales and the quantized kernels' own
 // arithmetic (a few 1e-3 of the logits' range here; a block read in the wrong order is off by
 // the order of the logits themselves).
+// A quantized matrix with a zero dimension holds no bytes, so nothing bounds its other one: it
+// is refused by name (a file whose other dimension was 2^61 overflowed the repacked shape).
+TEST(GgufBlocks, AnEmptyQuantizedMatrixIsRefusedByName) {
+  for (const std::vector<uint64_t>& dims : {std::vector<uint64_t>{uint64_t(1) << 61, 0}, std::vector<uint64_t>{0, 4}}) {
+    testing::GgufBytes f;
+    f.header(3, 2, 7).kv_str("general.architecture", "llama").kv_u32("llama.embedding_length", 256);
+    f.kv_u32("llama.feed_forward_length", 256).kv_u32("llama.block_count", 1).kv_u32("llama.attention.head_count", 2);
+    f.kv_u32("llama.attention.head_count_kv", 2).kv_u32("llama.context_length", 64);
+    f.tensor("token_embd.weight", {256, 4}, 0, 0);
+    f.tensor("blk.0.attn_q.weight", dims, uint32_t(GgufType::Q4_0), 4 * 256 * 4);
+    f.align(32);
+    f.b += std::string(size_t(4 * 256 * 4), '\0');
+    testing::TempDir dir;
+    testing::write_file(dir / "e.gguf", f.b);
+    try {
+      const GgufFile g = GgufFile::open(dir / "e.gguf");
+      (void)read_gguf_checkpoint(g);
+      ADD_FAILURE() << "an empty matrix loaded";
+    } catch (const InvalidInput& e) {
+      EXPECT_NE(std::string(e.what()).find("blk.0.attn_q.weight"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(GgufBlocks, KQuantMixesLoadAndMatchTheirDequantizedModel) {
   const std::vector<std::pair<std::string, GgufType>> layer = {
       {"blk.0.attn_q.weight", GgufType::Q4_K},  {"blk.0.attn_k.weight", GgufType::Q4_K},
