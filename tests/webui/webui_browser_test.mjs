@@ -230,8 +230,12 @@ async function main() {
     }
     return !(await busy(page)) && text.length > 0;
   }, 60000);
-  const renders = await page.evaluate(() => window.__replyLengths.size);
-  check(renders >= 3, `the reply arrived in ${renders} renders; a streamed reply shows several`);
+  // Streamed: the page showed part of the reply before all of it. (How many partial renders a
+  // loaded machine's browser gets in is its scheduler's business: one is enough to tell.)
+  const lengths = await page.evaluate(() => [...window.__replyLengths]);
+  const finalLength = (await lastReplyText(page)).length;
+  const partial = lengths.filter((n) => n < finalLength).length;
+  check(partial >= 1, `the reply arrived whole (renders of lengths ${JSON.stringify(lengths)}, final ${finalLength}); a streamed reply shows parts first`);
   let conv = await storedAfter(page, 1, finished);
   check(conv.title === prompt, `the conversation is named '${conv.title}'`);
   const reference = JSON.parse((await request(plain.base, '/v1/chat/completions', {
