@@ -3,6 +3,7 @@
 // and the device choice.
 #include <initializer_list>
 #include <string>
+#include <type_traits>
 
 #include "core/array.h"
 #include "core/error.h"
@@ -11,6 +12,12 @@ namespace osprey::ops::detail {
 
 inline void require(bool ok, const char* op, const std::string& what) {
   if (!ok) throw InvalidInput(std::string(op) + ": " + what);
+}
+// The same, with the message made only when the check fails (`what()` returns it): for checks
+// that run on every call of a decode step's op, where building the text would allocate.
+template <class F, class = std::enable_if_t<std::is_invocable_r_v<std::string, F&>>>
+inline void require(bool ok, const char* op, F&& what) {
+  if (!ok) throw InvalidInput(std::string(op) + ": " + what());
 }
 
 // Checks that the defined arrays share one device; true when it is a CUDA device.

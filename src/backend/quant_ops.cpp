@@ -42,29 +42,34 @@ void attach_tiles(const char* op, const QuantizedMatrix& w, QuantArgs& a) {
                                  : cpu::int8_path_takes(a) && w.cpu_tiles.nbytes() == size_t(cpu::q4_tiles_bytes(a));
   require(w.device().is_cpu() && w.cpu_tiles.device().is_cpu() && w.cpu_tiles.dtype() == DType::u8 &&
               w.cpu_tiles.is_contiguous() && fits,
-          op, "cpu_tiles (" + osprey::describe(w.cpu_tiles) + ") are not the CPU tiles of " + describe(w) +
-                  " (made by repack_for_cpu)");
+          op, [&] {
+            return "cpu_tiles (" + osprey::describe(w.cpu_tiles) + ") are not the CPU tiles of " + describe(w) +
+                   " (made by repack_for_cpu)";
+          });
   a.tiles = w.cpu_tiles.raw();
 }
 
 QuantArgs quant_args(const char* op, const QuantizedMatrix& w) {
   if (w.tiles_only()) return tiles_only_args(op, w);
   require(w.packed.defined() && w.scales.defined() && w.biases.defined(), op,
-          "quantized matrix needs packed words, scales and biases, got " + describe(w));
-  require(supported_quant_bits(w.bits), op, "unsupported bits in " + describe(w) + " (supported: 2, 3, 4, 6, 8)");
+          [&] { return "quantized matrix needs packed words, scales and biases, got " + describe(w); });
+  require(supported_quant_bits(w.bits), op,
+          [&] { return "unsupported bits in " + describe(w) + " (supported: 2, 3, 4, 6, 8)"; });
   require(supported_quant_group(w.bits, w.group_size), op,
-          "unsupported group size in " + describe(w) + " (supported: 32, 64, 128; 16 for 8-bit codes)");
+          [&] { return "unsupported group size in " + describe(w) + " (supported: 32, 64, 128; 16 for 8-bit codes)"; });
   require(w.packed.dtype() == DType::u32 && w.packed.ndim() == 2 && w.packed.is_contiguous(), op,
-          "packed words must be a contiguous uint32 matrix, got " + describe(w));
+          [&] { return "packed words must be a contiguous uint32 matrix, got " + describe(w); });
   const int64_t out = w.packed.dim(0), in = w.in_features();
   require((w.packed.dim(1) * 32) % w.bits == 0 && in % w.group_size == 0, op,
-          "group size does not divide the input size in " + describe(w));
+          [&] { return "group size does not divide the input size in " + describe(w); });
   const Shape group_shape{out, in / w.group_size};
   require((w.scales.dtype() == DType::f16 || w.scales.dtype() == DType::bf16) && w.scales.shape() == group_shape &&
               w.scales.is_contiguous(),
-          op, "scales must be contiguous float16 or bfloat16 " + group_shape.str() + ", got " + describe(w));
+          op, [&] {
+            return "scales must be contiguous float16 or bfloat16 " + group_shape.str() + ", got " + describe(w);
+          });
   require(w.biases.dtype() == w.scales.dtype() && w.biases.shape() == group_shape && w.biases.is_contiguous(), op,
-          "biases must match the scales " + group_shape.str() + ", got " + describe(w));
+          [&] { return "biases must match the scales " + group_shape.str() + ", got " + describe(w); });
   QuantArgs a;
   a.packed = w.packed.data<uint32_t>();
   a.scales = w.scales.raw();
@@ -81,11 +86,13 @@ QuantArgs quant_args(const char* op, const QuantizedMatrix& w) {
 // A tiles-only matrix's arguments: the shape and dtype it kept, the tiles, no packed words.
 QuantArgs tiles_only_args(const char* op, const QuantizedMatrix& w) {
   require(!w.scales.defined() && !w.biases.defined(), op,
-          "a tiles-only matrix has no scales or biases of its own, got " + describe(w));
+          [&] { return "a tiles-only matrix has no scales or biases of its own, got " + describe(w); });
   require(supported_quant_bits(w.bits) && supported_quant_group(w.bits, w.group_size) && w.tiles_out > 0 &&
               w.tiles_in > 0 && w.tiles_in % w.group_size == 0 &&
               (w.tiles_scale_dtype == DType::f16 || w.tiles_scale_dtype == DType::bf16),
-          op, "a tiles-only matrix needs a valid shape, bits, group size and scale dtype, got " + describe(w));
+          op, [&] {
+            return "a tiles-only matrix needs a valid shape, bits, group size and scale dtype, got " + describe(w);
+          });
   QuantArgs a;
   a.scale_dtype = w.tiles_scale_dtype;
   a.bits = w.bits;
@@ -98,9 +105,10 @@ QuantArgs tiles_only_args(const char* op, const QuantizedMatrix& w) {
 
 // The ops that read the packed words themselves refuse a tiles-only matrix by name.
 void require_packed(const char* op, const QuantizedMatrix& w) {
-  require(!w.tiles_only(), op,
-          "the matrix is tiles only (its packed words were dropped after the CPU repack: only linear takes it), "
-          "got " + describe(w));
+  require(!w.tiles_only(), op, [&] {
+    return "the matrix is tiles only (its packed words were dropped after the CPU repack: only linear takes it), "
+           "got " + describe(w);
+  });
 }
 
 // Whether the CPU level's linear reads w's tiles for every n (cpu/quant_linear.cpp's linear_q):
@@ -117,13 +125,14 @@ Array linear(const Array& x, const QuantizedMatrix& w, const Array& bias) {
   const bool gpu = on_cuda("linear", {&x, &w.packed, &w.scales, &w.biases, &bias});
   const QuantArgs a = quant_args("linear", w);
   require(x.defined() && x.dtype() == DType::f32 && x.is_contiguous(), "linear",
-          "x must be contiguous float32, got " + osprey::describe(x));
-  require(x.ndim() >= 1 && x.dim(-1) == a.in, "linear",
-          "input " + osprey::describe(x) + " does not match the quantized weight's " + std::to_string(a.in) +
-              " inputs (" + describe(w) + ")");
+          [&] { return "x must be contiguous float32, got " + osprey::describe(x); });
+  require(x.ndim() >= 1 && x.dim(-1) == a.in, "linear", [&] {
+    return "input " + osprey::describe(x) + " does not match the quantized weight's " + std::to_string(a.in) +
+           " inputs (" + describe(w) + ")";
+  });
   if (bias.defined())
     require(bias.dtype() == DType::f32 && bias.numel() == a.out && bias.is_contiguous(), "linear",
-            "bias must be float32 [" + std::to_string(a.out) + "], got " + osprey::describe(bias));
+            [&] { return "bias must be float32 [" + std::to_string(a.out) + "], got " + osprey::describe(bias); });
   const int64_t n = x.numel() / a.in;
   Array y = Array::empty({n, a.out}, DType::f32, x.device());
   const float* b = bias.defined() ? bias.data<float>() : nullptr;
@@ -277,7 +286,7 @@ void release_pages_of(const Array& a) {
 }  // namespace
 
 void release_mapped_source(const QuantizedMatrix& w) {
-  if (!w.cpu_tiles.defined() || w.tiles_only()) return;
+  if (!w.cpu_tiles.defined()) return;  // without tiles, linear reads these pages
   release_pages_of(w.packed);
   release_pages_of(w.scales);
   release_pages_of(w.biases);
