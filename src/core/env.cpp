@@ -78,6 +78,7 @@ EnvOptions read_env() {
       throw InvalidInput("OSPREY_CPU_Q4_ACTIVATIONS=" + a + ": expected int16 (the default) or int8");
     o.cpu_q4_int8_activations = a == "int8";
   }
+  o.cpu_amx = parse_strict_switch("OSPREY_CPU_AMX");
   o.force_sync = parse_switch(std::getenv("OSPREY_FORCE_SYNC"), false);
   o.cuda_graphs = parse_switch(std::getenv("OSPREY_CUDA_GRAPHS"), true);
   o.cuda_pdl = parse_switch(std::getenv("OSPREY_CUDA_PDL"), true);

@@ -261,7 +261,7 @@ void int8_reference(const QMatrix& m, const std::vector<float>& x, int64_t n, st
 std::vector<cpu::Int8Isa> supported_isas() {
   std::vector<cpu::Int8Isa> isas;
   for (cpu::Int8Isa isa : {cpu::Int8Isa::avx2, cpu::Int8Isa::avx_vnni, cpu::Int8Isa::avx512bw,
-                           cpu::Int8Isa::avx512_vnni})
+                           cpu::Int8Isa::avx512_vnni, cpu::Int8Isa::amx})
     if (cpu::int8_isa_supported(isa)) isas.push_back(isa);
   return isas;
 }
@@ -344,15 +344,17 @@ TEST_P(QuantLinear, Int8PathLeavesOtherBitsOnF32Activations) {
 
 TEST_P(QuantLinear, Int8PathFollowsTheLevel) {
   // linear_q on 4-bit weights (n == 1 and n > 16) is, bit for bit, the int8 kernel of the
-  // widest instruction set of the level's vector width that the CPU has (AVX-512 VNNI, else
-  // AVX-512BW at v4 and v4-bf16; AVX-VNNI, else AVX2 at v3), and the f32-activation kernel at
-  // scalar.
+  // widest instruction set of the level's vector width that the CPU has (AMX-INT8, else AVX-512
+  // VNNI, else AVX-512BW at v4 and v4-bf16; AVX-VNNI, else AVX2 at v3), and the f32-activation
+  // kernel at scalar.
   const CpuLevel level = GetParam();
   std::optional<cpu::Int8Isa> want;
   if (level == CpuLevel::v3)
     want = cpu::int8_isa_supported(cpu::Int8Isa::avx_vnni) ? cpu::Int8Isa::avx_vnni : cpu::Int8Isa::avx2;
   else if (level != CpuLevel::scalar)
-    want = cpu::int8_isa_supported(cpu::Int8Isa::avx512_vnni) ? cpu::Int8Isa::avx512_vnni : cpu::Int8Isa::avx512bw;
+    want = cpu::int8_isa_supported(cpu::Int8Isa::amx)           ? cpu::Int8Isa::amx
+           : cpu::int8_isa_supported(cpu::Int8Isa::avx512_vnni) ? cpu::Int8Isa::avx512_vnni
+                                                                : cpu::Int8Isa::avx512bw;
   ThreadPool pool(2);
   std::mt19937 rng(4242);
   const QMatrix m = make_matrix(45, 512, 4, 64, DType::f16, rng);
@@ -376,7 +378,8 @@ TEST(QuantLinearInt8, ChoosesAnInstructionSetTheCpuHas) {
     GTEST_SKIP() << "this CPU has no AVX2";
   }
   EXPECT_TRUE(cpu::int8_isa_supported(best)) << cpu::int8_isa_name(best);
-  // The best one is the last (widest) supported in the order avx2, avx-vnni, avx512bw, avx512-vnni.
+  // The best one is the last (widest) supported in the order avx2, avx-vnni, avx512bw, avx512-vnni,
+  // amx-int8.
   EXPECT_EQ(int(best), int(supported_isas().back())) << cpu::int8_isa_name(best);
   std::cout << "int8 kernels: " << cpu::int8_isa_name(best) << "\n";
   // Per level: none at scalar; at v3 a 256-bit one; at v4 and v4-bf16 the best.
@@ -618,11 +621,13 @@ std::vector<cpu::Int8Isa> vnni_isas() {
 }
 
 TEST(QuantLinearInt8, OnlyVnniSetsTakeFullByteCodes) {
-  // vpmaddubsw's pair sums overflow 16 bits for codes near 255 times 127; vpdpbusd does not.
+  // vpmaddubsw's pair sums overflow 16 bits for codes near 255 times 127; vpdpbusd and
+  // TDPBSUD do not.
   EXPECT_FALSE(cpu::int8_isa_exact_u8(cpu::Int8Isa::avx2));
   EXPECT_FALSE(cpu::int8_isa_exact_u8(cpu::Int8Isa::avx512bw));
   EXPECT_TRUE(cpu::int8_isa_exact_u8(cpu::Int8Isa::avx_vnni));
   EXPECT_TRUE(cpu::int8_isa_exact_u8(cpu::Int8Isa::avx512_vnni));
+  EXPECT_TRUE(cpu::int8_isa_exact_u8(cpu::Int8Isa::amx));
 }
 
 TEST(QuantLinearInt8, Tiles8MatchRoundedActivationReference) {
@@ -799,7 +804,7 @@ TEST(QuantLinearInt8, SymmetricTilesGiveTheSameResultsFromFewerBytes) {
     const int64_t n_tiles = (out + 15) / 16, n_groups = in / c.group, codes = 16 * c.group * c.bits / 8;
     EXPECT_EQ(int64_t(with_biases.size()), n_tiles * n_groups * (64 + codes));
     EXPECT_EQ(int64_t(scales_only.size()), n_tiles * n_groups * (32 + codes));
-    for (int64_t n : {1, 3, 8}) {
+    for (int64_t n : {1, 3, 8, 16, 35}) {  // 16 and 35: AMX's runs of 16 rows (and a remainder)
       const std::vector<float> x = random_vector(size_t(n * in), rng);
       std::vector<double> ref, mag, bound;
       int8_reference(m, x, n, ref, mag, bound);
@@ -823,6 +828,55 @@ TEST(QuantLinearInt8, SymmetricTilesGiveTheSameResultsFromFewerBytes) {
       }
     }
   }
+}
+
+TEST(QuantLinearInt8, AmxRunsGiveTheVnniTileKernelsBits) {
+  // AMX-INT8 takes runs of 16 rows of x through the tile unit (the rest through the VNNI tile
+  // kernel): every row has the bits AVX-512 VNNI gives it, for 4 bits (groups 32-128, tiles with
+  // biases and symmetric ones, x's low part or not) and 8 bits (groups 16-128), any thread
+  // count, and each is within the double reference's bound of the documented rounding.
+  if (!cpu::int8_isa_supported(cpu::Int8Isa::amx)) GTEST_SKIP() << "this CPU (or its OS) has no AMX-INT8";
+  ThreadPool pool1(1), pool3(3);
+  std::mt19937 rng(2024);
+  struct Case { int bits, group, z; DType sd; };
+  for (const Case c : {Case{4, 32, 0, DType::f16}, Case{4, 64, 0, DType::bf16}, Case{4, 128, 0, DType::f16},
+                       Case{4, 32, 8, DType::f16}, Case{4, 64, 8, DType::bf16}, Case{8, 16, 0, DType::f16},
+                       Case{8, 16, 32, DType::bf16}, Case{8, 32, 0, DType::bf16}, Case{8, 64, 128, DType::f16},
+                       Case{8, 128, 0, DType::f16}})
+    for (int64_t out : {37, 160}) {
+      const int64_t in = 3 * std::max(c.group, 32) + (c.group <= 32 ? 2 * 32 : 0);
+      QMatrix m = make_matrix(out, in, c.bits, c.group, c.sd, rng);
+      if (c.z != 0) m = make_symmetric(m, c.z);
+      std::vector<uint8_t> buf;
+      const QuantArgs a = with_tiles_zero(m, c.z, buf, pool3);
+      const std::vector<float> bias = random_vector(size_t(out), rng);
+      for (int64_t n : {16, 31, 48, 70}) {
+        const std::vector<float> x = random_vector(size_t(n * in), rng);
+        for (bool lo : {true, false}) {
+          if (c.bits == 8 && !lo) continue;  // the 8-bit kernels always take x's low part
+          const auto act = lo ? cpu::Int8Activations::split16 : cpu::Int8Activations::int8;
+          std::vector<double> ref, mag, bound;
+          int8_reference(m, x, n, ref, mag, bound, lo);
+          for (ThreadPool* pool : {&pool1, &pool3})
+            for (const float* b : {static_cast<const float*>(nullptr), bias.data()}) {
+              std::vector<float> want(size_t(n * out), std::nanf("")), got(want.size(), std::nanf(""));
+              if (c.bits == 8) {
+                cpu::linear_q8_tiles(x.data(), n, a, b, want.data(), *pool, cpu::Int8Isa::avx512_vnni);
+                cpu::linear_q8_tiles(x.data(), n, a, b, got.data(), *pool, cpu::Int8Isa::amx);
+              } else {
+                cpu::linear_q4_int8(x.data(), n, a, b, want.data(), *pool, cpu::Int8Isa::avx512_vnni, act);
+                cpu::linear_q4_int8(x.data(), n, a, b, got.data(), *pool, cpu::Int8Isa::amx, act);
+              }
+              const std::string what = std::to_string(c.bits) + " bits, group " + std::to_string(c.group) + ", z " +
+                                        std::to_string(c.z) + ", out " + std::to_string(out) + ", n " +
+                                        std::to_string(n) + ", lo " + std::to_string(lo) + ", threads " +
+                                        std::to_string(pool->n_threads());
+              for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], want[i]) << what << " at " << i;
+              EXPECT_LT(worst_error(got, ref, mag, out, b), 2e-6) << what;
+            }
+        }
+      }
+    }
 }
 
 TEST(QuantLinearInt8, SymmetricTilesOfAMatrixThatIsNotAreRefused) {

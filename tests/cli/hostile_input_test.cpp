@@ -11,6 +11,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "backend/cpu/quant_int8.h"
 #include "core/half.h"
 #include "model/safetensors.h"
 #include "support/test_util.h"
@@ -398,6 +399,19 @@ TEST(CliHostile, CpuQ4ActivationsThatAreNoModeAreNamed) {
   write_tiny_llama(d.path(), tiny_llama_config());
   expect_error(run(gen(d.path()), "OSPREY_CPU_Q4_ACTIVATIONS=int4"), {"OSPREY_CPU_Q4_ACTIVATIONS=int4", "int16", "int8"});
   EXPECT_EQ(run(gen(d.path()), "OSPREY_CPU_Q4_ACTIVATIONS=int8").exit_code, 0);
+}
+
+// OSPREY_CPU_AMX: a value that is no switch is named; 1 (require AMX) on a CPU without it stops a
+// quantized model with an error naming the variable, and runs where the CPU has it; 0 runs.
+TEST(CliHostile, CpuAmxSwitchIsReadStrictlyAndARequirementTheCpuCannotMeetIsNamed) {
+  const std::string model = gen(fixture("llama-q4"), "--device cpu");
+  expect_error(run(model, "OSPREY_CPU_AMX=sometimes"), {"OSPREY_CPU_AMX=sometimes", "1/true/on/yes"});
+  EXPECT_EQ(run(model, "OSPREY_CPU_AMX=0").exit_code, 0);
+  const auto required = run(model, "OSPREY_CPU_AMX=1");
+  if (cpu::int8_isa_supported(cpu::Int8Isa::amx))
+    EXPECT_EQ(required.exit_code, 0) << required.err;
+  else
+    expect_error(required, {"OSPREY_CPU_AMX=1", "AMX-INT8"});
 }
 
 }  // namespace osprey

@@ -31,8 +31,14 @@
 #include <vector>
 
 #include "backend/cpu/x86_intrinsics.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "core/half.h"
+
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #if defined(__x86_64__) || defined(__i386__)
 #define INT8_X86 1
@@ -139,6 +145,16 @@ inline IV acc_finish(Acc a) { return a; }
 #include "backend/cpu/quant_int8_kernels.inc"
 #include "backend/cpu/quant_int8_tiles.inc"
 #include "backend/cpu/quant_int8_tiles8.inc"
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,amx-tile,amx-int8")
+#ifdef __clang__
+#pragma clang attribute push(__attribute__((target("amx-tile,amx-int8"))), apply_to = function)
+#endif
+#include "backend/cpu/quant_int8_amx.inc"
+#ifdef __clang__
+#pragma clang attribute pop
+#endif
+#pragma GCC pop_options
 }  // namespace
 }  // namespace int8_avx512_vnni
 #ifdef __clang__
@@ -243,12 +259,52 @@ inline IV acc_finish(Acc a) { return _mm256_madd_epi16(a, _mm256_set1_epi16(1));
 #undef INT8_AVX256_COMMON
 #endif  // INT8_X86
 
+namespace {
+constexpr size_t kInt8Isas = size_t(Int8Isa::amx) + 1;
+// The sets in the order int8_isa_best prefers them.
+constexpr Int8Isa kIsasByPreference[] = {Int8Isa::amx, Int8Isa::avx512_vnni, Int8Isa::avx512bw, Int8Isa::avx_vnni,
+                                         Int8Isa::avx2};
+
+#if INT8_X86
+// Whether the OS saves the AMX tile configuration and data (XCR0 bits 17 and 18).
+bool os_saves_tile_state() {
+  unsigned r[4] = {};
+  if (!__get_cpuid_count(1, 0, &r[0], &r[1], &r[2], &r[3]) || ((r[2] >> 27) & 1u) == 0) return false;  // OSXSAVE
+  uint32_t lo = 0, hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  return (lo & (3u << 17)) == (3u << 17);
+}
+
+// Linux hands the tile data state to a process that asks (arch_prctl ARCH_REQ_XCOMP_PERM for
+// XFEATURE_XTILEDATA); the permission is the whole process's.
+bool request_tile_permission() {
+#if defined(__linux__) && defined(SYS_arch_prctl)
+  constexpr int kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;
+#endif
+}
+#endif
+
+// Supported, and for AMX not turned off by OSPREY_CPU_AMX; asking for AMX where it is not
+// offered is an error.
+bool isa_enabled(Int8Isa isa) {
+  if (isa == Int8Isa::amx && env_options().cpu_amx == true && !int8_isa_supported(isa))
+    throw Unsupported("OSPREY_CPU_AMX=1: this CPU (or its OS) does not offer AMX-INT8 with AVX-512 VNNI; unset it "
+                      "or set 0");
+  if (!int8_isa_supported(isa)) return false;
+  return isa != Int8Isa::amx || env_options().cpu_amx.value_or(true);
+}
+}  // namespace
+
 const char* int8_isa_name(Int8Isa isa) {
   switch (isa) {
     case Int8Isa::avx2: return "avx2";
     case Int8Isa::avx_vnni: return "avx-vnni";
     case Int8Isa::avx512bw: return "avx512bw";
     case Int8Isa::avx512_vnni: return "avx512-vnni";
+    case Int8Isa::amx: return "amx-int8";
   }
   return "?";
 }
@@ -257,7 +313,7 @@ bool int8_isa_supported(Int8Isa isa) {
 #if INT8_X86
   // NOTE: CPUID is read once: the linear ops check the set on every call, and under a
   // hypervisor each CPUID is a trap (3% of a 4-bit decode step on a KVM guest).
-  static const std::array<bool, 4> supported = [] {
+  static const std::array<bool, kInt8Isas> supported = [] {
     __builtin_cpu_init();
     // f16c and avxvnni by CPUID: clang 14's __builtin_cpu_supports does not know them.
     auto cpuid_bit = [](unsigned leaf, unsigned subleaf, int reg, int bit) {
@@ -270,11 +326,15 @@ bool int8_isa_supported(Int8Isa isa) {
     const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
     const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-    std::array<bool, 4> s{};
+    std::array<bool, kInt8Isas> s{};
     s[size_t(Int8Isa::avx2)] = avx2;
     s[size_t(Int8Isa::avx_vnni)] = avx2 && avx_vnni;
     s[size_t(Int8Isa::avx512bw)] = avx512;
     s[size_t(Int8Isa::avx512_vnni)] = avx512 && __builtin_cpu_supports("avx512vnni");
+    // AMX-TILE and AMX-INT8 (CPUID.(EAX=7,ECX=0):EDX bits 24 and 25), the OS saving the tile
+    // state (XCR0 bits 17 and 18), and Linux's permission for this process to use it.
+    s[size_t(Int8Isa::amx)] = s[size_t(Int8Isa::avx512_vnni)] && cpuid_bit(7, 0, 3, 24) && cpuid_bit(7, 0, 3, 25) &&
+                              os_saves_tile_state() && request_tile_permission();
     return s;
   }();
   const size_t i = size_t(isa);
@@ -287,8 +347,8 @@ bool int8_isa_supported(Int8Isa isa) {
 
 bool int8_isa_best(Int8Isa* isa) {
   static const int best = [] {
-    for (Int8Isa i : {Int8Isa::avx512_vnni, Int8Isa::avx512bw, Int8Isa::avx_vnni, Int8Isa::avx2})
-      if (int8_isa_supported(i)) return int(i);
+    for (Int8Isa i : kIsasByPreference)
+      if (isa_enabled(i)) return int(i);
     return -1;
   }();
   if (best < 0) return false;
@@ -303,9 +363,9 @@ bool int8_isa_best(CpuLevel level, Int8Isa* isa) {
     for (CpuLevel l : kAllCpuLevels) {
       b[size_t(l)] = -1;
       if (l == CpuLevel::scalar) continue;
-      for (Int8Isa i : {Int8Isa::avx512_vnni, Int8Isa::avx512bw, Int8Isa::avx_vnni, Int8Isa::avx2}) {
-        const bool wide = i == Int8Isa::avx512_vnni || i == Int8Isa::avx512bw;
-        if ((wide && l == CpuLevel::v3) || !int8_isa_supported(i)) continue;
+      for (Int8Isa i : kIsasByPreference) {
+        const bool wide = i == Int8Isa::amx || i == Int8Isa::avx512_vnni || i == Int8Isa::avx512bw;
+        if ((wide && l == CpuLevel::v3) || !isa_enabled(i)) continue;
         b[size_t(l)] = int(i);
         break;
       }
@@ -419,7 +479,9 @@ void repack_q4_tiles(const QuantArgs& w, void* dst, ThreadPool& pool) {
   pool.parallel_for(n_tiles, kTileMinChunk, std::ref(body));
 }
 
-bool int8_isa_exact_u8(Int8Isa isa) { return isa == Int8Isa::avx512_vnni || isa == Int8Isa::avx_vnni; }
+bool int8_isa_exact_u8(Int8Isa isa) {
+  return isa == Int8Isa::amx || isa == Int8Isa::avx512_vnni || isa == Int8Isa::avx_vnni;
+}
 
 bool int8_tiles8_takes(const QuantArgs& w) {
   return w.bits == 8 && (w.group_size == 16 || w.group_size == 32 || w.group_size == 64 || w.group_size == 128) &&
@@ -503,7 +565,9 @@ void linear_q8_tiles(const float* x, int64_t n, const QuantArgs& w, const float*
                       (int8_isa_exact_u8(isa) ? " is not on this CPU" : " has no exact u8 x s8 dot product (VNNI)"));
   if (n <= 0 || w.out <= 0) return;
 #if INT8_X86
-  if (isa == Int8Isa::avx512_vnni) {
+  if (isa == Int8Isa::amx && n >= int8_avx512_vnni::kAmxRows) {
+    int8_avx512_vnni::run_tiles8_amx(w, round_rows(x, n, w, &int8_avx512_vnni::quantize_row, pool), n, bias, y, pool);
+  } else if (isa == Int8Isa::avx512_vnni || isa == Int8Isa::amx) {
     int8_avx512_vnni::run_tiles8(w, round_rows(x, n, w, &int8_avx512_vnni::quantize_row, pool), n, bias, y, pool);
   } else {
     int8_avx_vnni::run_tiles8(w, round_rows(x, n, w, &int8_avx_vnni::quantize_row, pool), n, bias, y, pool);
@@ -525,6 +589,7 @@ void linear_q4_int8(const float* x, int64_t n, const QuantArgs& w, const float* 
   QuantizeRow quantize_row = nullptr;
 #if INT8_X86
   switch (isa) {
+    case Int8Isa::amx:
     case Int8Isa::avx512_vnni: quantize_row = &int8_avx512_vnni::quantize_row; break;
     case Int8Isa::avx512bw: quantize_row = &int8_avx512bw::quantize_row; break;
     case Int8Isa::avx_vnni: quantize_row = &int8_avx_vnni::quantize_row; break;
@@ -540,6 +605,12 @@ void linear_q4_int8(const float* x, int64_t n, const QuantArgs& w, const float* 
     const GemmX gx = round_rows(x, n, w, quantize_row, pool);
 #if INT8_X86
     switch (isa) {
+      case Int8Isa::amx:
+        if (n >= int8_avx512_vnni::kAmxRows) {
+          int8_avx512_vnni::run_tiles_amx(w, gx, n, bias, y, pool, lo);
+          return;
+        }
+        [[fallthrough]];
       case Int8Isa::avx512_vnni: int8_avx512_vnni::run_tiles(w, gx, n, bias, y, pool, lo); return;
       case Int8Isa::avx512bw: int8_avx512bw::run_tiles(w, gx, n, bias, y, pool, lo); return;
       case Int8Isa::avx_vnni: int8_avx_vnni::run_tiles(w, gx, n, bias, y, pool, lo); return;
@@ -568,6 +639,7 @@ void linear_q4_int8(const float* x, int64_t n, const QuantArgs& w, const float* 
   }
 #if INT8_X86
   switch (isa) {
+    case Int8Isa::amx:  // without tiles, as AVX-512 VNNI
     case Int8Isa::avx512_vnni: int8_avx512_vnni::run(rows, px, n, bias, y, pool, lo); return;
     case Int8Isa::avx512bw: int8_avx512bw::run(rows, px, n, bias, y, pool, lo); return;
     case Int8Isa::avx_vnni: int8_avx_vnni::run(rows, px, n, bias, y, pool, lo); return;

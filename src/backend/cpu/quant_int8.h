@@ -23,6 +23,9 @@ enum class Int8Isa {
   avx_vnni,     // AVX-VNNI vpdpbusd on 256 bits
   avx512bw,     // AVX-512BW vpmaddubsw + vpmaddwd
   avx512_vnni,  // AVX-512 VNNI vpdpbusd
+  // AVX-512 VNNI, with the tile kernels' runs of 16 and more rows of x on AMX-INT8's tile unit
+  // (TDPBSUD; the same bits as avx512_vnni). Where the CPU, the OS and OSPREY_CPU_AMX allow.
+  amx,
 };
 
 const char* int8_isa_name(Int8Isa isa);
