@@ -145,16 +145,23 @@ inline IV acc_finish(Acc a) { return a; }
 #include "backend/cpu/quant_int8_kernels.inc"
 #include "backend/cpu/quant_int8_tiles.inc"
 #include "backend/cpu/quant_int8_tiles8.inc"
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,amx-tile,amx-int8")
-#ifdef __clang__
-#pragma clang attribute push(__attribute__((target("amx-tile,amx-int8"))), apply_to = function)
-#endif
-#include "backend/cpu/quant_int8_amx.inc"
+}  // namespace
+}  // namespace int8_avx512_vnni
 #ifdef __clang__
 #pragma clang attribute pop
 #endif
 #pragma GCC pop_options
+
+// The AMX kernels, in the AVX-512 VNNI set's namespace (they call its tile kernels), under the
+// same target plus AMX-TILE and AMX-INT8.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,amx-tile,amx-int8")
+#ifdef __clang__
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,amx-tile,amx-int8"))), apply_to = function)
+#endif
+namespace int8_avx512_vnni {
+namespace {
+#include "backend/cpu/quant_int8_amx.inc"
 }  // namespace
 }  // namespace int8_avx512_vnni
 #ifdef __clang__
