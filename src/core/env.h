@@ -31,8 +31,8 @@ struct EnvOptions {
   // default: a high and a low int8 part per value) or "int8" (the high part alone, as
   // llama.cpp's Q8 activations: half the integer work; backend/cpu/quant_int8.h).
   bool cpu_q4_int8_activations = false;
-  // OSPREY_CPU_AMX: unset, the CPU's 4- and 8-bit tile kernels run prompts on AMX-INT8 where the
-  // CPU and OS offer it; 0/false/off/no never; 1/true/on/yes requires it (an error without it).
+  // OSPREY_CPU_AMX: 1/true/on/yes runs the CPU's 4- and 8-bit tile kernels' prompts on AMX-INT8
+  // (an error where the CPU or OS does not offer it); unset or 0/false/off/no: never.
   std::optional<bool> cpu_amx;
   // OSPREY_CUDA_FAULT=trap_after_steps:N: the decode step after the Nth of a model on CUDA
   // traps on the device (a drill of a sticky device error); -1 when unset.

@@ -24,7 +24,8 @@ enum class Int8Isa {
   avx512bw,     // AVX-512BW vpmaddubsw + vpmaddwd
   avx512_vnni,  // AVX-512 VNNI vpdpbusd
   // AVX-512 VNNI, with the tile kernels' runs of 16 and more rows of x on AMX-INT8's tile unit
-  // (TDPBSUD; the same bits as avx512_vnni). Where the CPU, the OS and OSPREY_CPU_AMX allow.
+  // (TDPBSUD; the same bits as avx512_vnni). Where the CPU and the OS offer it; chosen by
+  // int8_isa_best only with OSPREY_CPU_AMX=1.
   amx,
 };
 
