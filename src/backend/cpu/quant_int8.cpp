@@ -297,11 +297,12 @@ bool request_tile_permission() {
 // Supported, and for AMX asked for by OSPREY_CPU_AMX=1 (off by default: the AMX kernels' tests
 // have not run on a CPU that has it); asking for AMX where it is not offered is an error.
 bool isa_enabled(Int8Isa isa) {
-  if (isa == Int8Isa::amx && env_options().cpu_amx == true && !int8_isa_supported(isa))
+  if (isa != Int8Isa::amx) return int8_isa_supported(isa);
+  if (env_options().cpu_amx != true) return false;
+  if (!int8_isa_supported(isa))
     throw Unsupported("OSPREY_CPU_AMX=1: this CPU (or its OS) does not offer AMX-INT8 with AVX-512 VNNI; unset it "
                       "or set 0");
-  if (!int8_isa_supported(isa)) return false;
-  return isa != Int8Isa::amx || env_options().cpu_amx.value_or(false);
+  return true;
 }
 }  // namespace
 
@@ -338,14 +339,19 @@ bool int8_isa_supported(Int8Isa isa) {
     s[size_t(Int8Isa::avx_vnni)] = avx2 && avx_vnni;
     s[size_t(Int8Isa::avx512bw)] = avx512;
     s[size_t(Int8Isa::avx512_vnni)] = avx512 && __builtin_cpu_supports("avx512vnni");
-    // AMX-TILE and AMX-INT8 (CPUID.(EAX=7,ECX=0):EDX bits 24 and 25), the OS saving the tile
-    // state (XCR0 bits 17 and 18), and Linux's permission for this process to use it.
-    s[size_t(Int8Isa::amx)] = s[size_t(Int8Isa::avx512_vnni)] && cpuid_bit(7, 0, 3, 24) && cpuid_bit(7, 0, 3, 25) &&
-                              os_saves_tile_state() && request_tile_permission();
+    // AMX-TILE and AMX-INT8 (CPUID.(EAX=7,ECX=0):EDX bits 24 and 25) and the OS saving the tile
+    // state (XCR0 bits 17 and 18); Linux's permission is asked below, when AMX is asked about.
+    s[size_t(Int8Isa::amx)] =
+        s[size_t(Int8Isa::avx512_vnni)] && cpuid_bit(7, 0, 3, 24) && cpuid_bit(7, 0, 3, 25) && os_saves_tile_state();
     return s;
   }();
   const size_t i = size_t(isa);
-  return i < supported.size() && supported[i];
+  if (i >= supported.size() || !supported[i]) return false;
+  if (isa != Int8Isa::amx) return true;
+  // NOTE: asked once, and only by a process that asks about AMX (OSPREY_CPU_AMX=1, or a test):
+  // the permission makes the kernel size signal frames for the tile state.
+  static const bool permitted = request_tile_permission();
+  return permitted;
 #else
   (void)isa;
   return false;
