@@ -28,6 +28,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "backend/cpu/x86_intrinsics.h"
@@ -578,13 +579,15 @@ void linear_q8_tiles(const float* x, int64_t n, const QuantArgs& w, const float*
                       (int8_isa_exact_u8(isa) ? " is not on this CPU" : " has no exact u8 x s8 dot product (VNNI)"));
   if (n <= 0 || w.out <= 0) return;
 #if INT8_X86
-  if (isa == Int8Isa::amx && n >= int8_avx512_vnni::kAmxRows) {
-    int8_avx512_vnni::run_tiles8_amx(w, round_rows(x, n, w, &int8_avx512_vnni::quantize_row, pool), n, bias, y, pool);
-  } else if (isa == Int8Isa::avx512_vnni || isa == Int8Isa::amx) {
-    int8_avx512_vnni::run_tiles8(w, round_rows(x, n, w, &int8_avx512_vnni::quantize_row, pool), n, bias, y, pool);
-  } else {
-    int8_avx_vnni::run_tiles8(w, round_rows(x, n, w, &int8_avx_vnni::quantize_row, pool), n, bias, y, pool);
-  }
+  const bool wide = isa != Int8Isa::avx_vnni;  // AVX-512 VNNI, or AMX with it
+  const GemmX gx =
+      round_rows(x, n, w, wide ? &int8_avx512_vnni::quantize_row : &int8_avx_vnni::quantize_row, pool);
+  if (isa == Int8Isa::amx && n >= int8_avx512_vnni::kAmxRows)
+    int8_avx512_vnni::run_tiles8_amx(w, gx, n, bias, y, pool);
+  else if (wide)
+    int8_avx512_vnni::run_tiles8(w, gx, n, bias, y, pool);
+  else
+    int8_avx_vnni::run_tiles8(w, gx, n, bias, y, pool);
 #endif
 }
 
