@@ -32,7 +32,6 @@ std::string describe(const QuantizedMatrix& w) {
          std::to_string(w.group_size);
 }
 
-// Checks the matrix's own consistency and returns its kernel arguments.
 QuantArgs tiles_only_args(const char* op, const QuantizedMatrix& w);
 
 // a.tiles (and tiles_zero) from w's CPU tiles, checked against a's shape, bits and group size.
@@ -49,6 +48,7 @@ void attach_tiles(const char* op, const QuantizedMatrix& w, QuantArgs& a) {
   a.tiles = w.cpu_tiles.raw();
 }
 
+// Checks the matrix's own consistency and returns its kernel arguments.
 QuantArgs quant_args(const char* op, const QuantizedMatrix& w) {
   if (w.tiles_only()) return tiles_only_args(op, w);
   require(w.packed.defined() && w.scales.defined() && w.biases.defined(), op,
