@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/sampler.h"
+#include "sample/sampler.h"
 #include "grammar/grammar.h"
 
 namespace osprey::cli {

@@ -4,7 +4,7 @@
 #include <filesystem>
 #include <string>
 
-#include "engine/sampler.h"
+#include "sample/sampler.h"
 
 namespace osprey {
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/sampler.h"
+#include "sample/sampler.h"
 #include "kv/kv_cache.h"
 
 namespace osprey {

@@ -7,7 +7,7 @@
 #include "backend/ops.h"
 #include "core/buffer.h"
 #include "core/error.h"
-#include "engine/sampler.h"
+#include "sample/sampler.h"
 #include "grammar/matcher.h"
 #include "serve/mask_worker.h"
 #include "serve/paged_backend.h"

@@ -8,7 +8,7 @@
 #include "backend/ops.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "engine/sampler.h"
+#include "sample/sampler.h"
 
 namespace osprey {
 namespace {

@@ -28,7 +28,7 @@
 #include <thread>
 #include <vector>
 
-#include "engine/sampler.h"
+#include "sample/sampler.h"
 #include "kv/kv_cache.h"
 #include "serve/mask_worker.h"
 

@@ -13,7 +13,7 @@
 #include "backend/ops.h"
 #include "core/error.h"
 #include "serve/paged_backend.h"
-#include "engine/sampler.h"
+#include "sample/sampler.h"
 #include "serve/scheduler.h"
 #include "model/model.h"
 #include "support/device_test.h"

@@ -7,7 +7,7 @@
 #include <numeric>
 
 #include "core/error.h"
-#include "engine/sampler.h"
+#include "sample/sampler.h"
 
 namespace osprey {
 namespace {

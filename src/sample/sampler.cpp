@@ -1,4 +1,4 @@
-#include "engine/sampler.h"
+#include "sample/sampler.h"
 
 #include <algorithm>
 #include <cmath>
