@@ -220,17 +220,24 @@ class PromptMaker:
         return tokens if self.fmt == "ids" else " ".join(tokens)
 
 
+def sampling_fields(args, mode: str) -> dict:
+    """The request's sampling fields for a mode: greedy (temperature 0) or sampled."""
+    if mode == "greedy":
+        return {"temperature": 0.0}
+    return {"temperature": args.temperature, "top_p": args.top_p}
+
+
 def run_level(target: Target, args, model: str, prompts: PromptMaker, concurrency: int, n_requests: int,
-              stop: threading.Event) -> dict:
+              stop: threading.Event, mode: str = "sampled") -> dict:
     bodies = []
     for _ in range(n_requests):
         body = {
             "prompt": prompts.make(),
             "max_tokens": args.max_tokens,
-            "temperature": args.temperature,
             "stream": True,
             "stream_options": {"include_usage": True},
         }
+        body.update(sampling_fields(args, mode))
         if model:
             body["model"] = model
         if args.ignore_eos:
@@ -289,6 +296,7 @@ def summarize(args, concurrency: int, results: list, n_requests: int, duration: 
                 "p95": percentile(xs, 95), "p99": percentile(xs, 99), "max": max(xs) if xs else math.nan}
 
     return {
+        "mode": mode,
         "concurrency": concurrency,
         "requests": n_requests,
         "completed": len(ok),
@@ -321,13 +329,13 @@ def ms(x: float) -> str:
 
 
 def markdown(levels: list) -> str:
-    head = ("| conc | reqs | ok | err | req/s | out tok/s | total tok/s | TTFT p50 / p95 / p99 ms "
+    head = ("| mode | conc | reqs | ok | err | req/s | out tok/s | total tok/s | TTFT p50 / p95 / p99 ms "
             "| ITL p50 / p95 / p99 ms | TPOT p50 ms | E2E p50 ms |")
-    rows = [head, "|" + " --- |" * 11]
+    rows = [head, "|" + " --- |" * 12]
     for lv in levels:
         t, i = lv["ttft_s"], lv["itl_s"]
         rows.append(
-            f"| {lv['concurrency']} | {lv['requests']} | {lv['completed']} | {lv['errors']} "
+            f"| {lv.get('mode', '-')} | {lv['concurrency']} | {lv['requests']} | {lv['completed']} | {lv['errors']} "
             f"| {lv['request_throughput']:.2f} | {lv['output_token_throughput']:.1f} "
             f"| {lv['total_token_throughput']:.1f} "
             f"| {ms(t['p50'])} / {ms(t['p95'])} / {ms(t['p99'])} "
@@ -441,7 +449,12 @@ def main() -> int:
                     help="token-id prompts (exact lengths; the default) or text prompts (about one token a word)")
     ap.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
                     help="let replies end at an end-of-sequence token (default: run to --max-tokens)")
-    ap.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default: %(default)s)")
+    ap.add_argument("--modes", default="sampled,greedy",
+                    help="comma-separated request kinds, each level run once per kind: sampled "
+                         "(--temperature, --top-p) and greedy (temperature 0) (default: %(default)s)")
+    ap.add_argument("--temperature", type=float, default=0.8,
+                    help="temperature of the sampled requests (default: %(default)s)")
+    ap.add_argument("--top-p", type=float, default=0.95, help="top_p of the sampled requests (default: %(default)s)")
     ap.add_argument("--warmup", type=int, default=1, help="requests sent (and not measured) before the first level (default: %(default)s)")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds one request may take, end to end (default: %(default)s)")
     ap.add_argument("--wait-ready", type=float, default=60.0, help="seconds to wait for GET /health to answer 200 (default: %(default)s)")
@@ -457,6 +470,11 @@ def main() -> int:
         ap.error("--shared-prefix-tokens, --requests and --warmup must be >= 0")
     if args.timeout <= 0:
         ap.error("--timeout must be > 0")
+    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not args.modes or any(m not in ("sampled", "greedy") for m in args.modes):
+        ap.error("--modes: a comma-separated list of sampled and greedy")
+    if not (0 < args.top_p <= 1) or args.temperature < 0:
+        ap.error("--top-p must be in (0, 1] and --temperature >= 0")
 
     target = Target(args.url, args.api_key)
     wait_ready(target, args.wait_ready)
@@ -484,11 +502,11 @@ def main() -> int:
             if warm["errors"]:
                 print(f"warning: warm-up: {warm['errors']} of {args.warmup} failed: {warm['error_examples']}",
                       file=sys.stderr)
-        for c in args.concurrency:
+        for c, mode in [(c, m) for c in args.concurrency for m in args.modes]:
             n = args.requests or max(4 * c, 16)
-            print(f"level: {c} clients, {n} requests ...", file=sys.stderr, flush=True)
+            print(f"level: {c} clients, {n} {mode} requests ...", file=sys.stderr, flush=True)
             metrics_before = target.get_text("/metrics")
-            level = run_level(target, args, model, prompts, c, n, stop)
+            level = run_level(target, args, model, prompts, c, n, stop, mode)
             metrics_after = target.get_text("/metrics")
             hits = (server_metric(metrics_after, "osprey:prompt_cache_hits_total")
                     - server_metric(metrics_before, "osprey:prompt_cache_hits_total"))

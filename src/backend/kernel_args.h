@@ -136,4 +136,31 @@ struct SampleArgs {
   const uint64_t* counter_dev = nullptr;
 };
 
+// One row of a batched token choice (the CUDA sampler's sample_rows, backend/cuda/sample.h):
+// the chain of sample/sampler.h with this row's parameters.
+struct SampleRowArgs {
+  float temperature = 0.0f;  // <= 0: greedy (argmax, the lowest id on ties)
+  int32_t top_k = 0;         // 0: off
+  float top_p = 1.0f;        // (0, 1]; 1: off
+  float min_p = 0.0f;        // [0, 1); 0: off
+  float typical_p = 1.0f;    // (0, 1]; 1: off
+  float repetition_penalty = 1.0f;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  uint64_t seed = 0;
+  uint64_t counter = 0;      // the draw's index in its sequence (sample_noise.h's counter)
+  int32_t adjust_begin = 0;  // the row's entries of the LogitAdjust list: [begin, end)
+  int32_t adjust_end = 0;
+};
+
+// A change to one logit of a row before the cuts: the logit bias added (or the token banned:
+// -inf), then the penalties of a token seen `count` times in the penalty window. The ids of
+// one row are distinct.
+struct LogitAdjust {
+  int32_t id = 0;
+  int32_t count = 0;  // 0: no penalty
+  float bias = 0.0f;
+  int32_t banned = 0;
+};
+
 }  // namespace osprey

@@ -699,6 +699,49 @@ void sample_into(const Array& logits, const DeviceSampling& p, uint64_t counter,
   }
 }
 
+void sample_rows(Array& logits, std::span<const SampleRowArgs> rows, std::span<const LogitAdjust> adjust, Array& out,
+                 Array& nonfinite, const Array& allowed) {
+  const bool gpu = allowed.defined() ? on_cuda("sample_rows", {&logits, &out, &nonfinite, &allowed})
+                                     : on_cuda("sample_rows", {&logits, &out, &nonfinite});
+  require(gpu, "sample_rows", "needs arrays on a CUDA device (the CPU samples on the host)");
+  require(logits.defined() && logits.dtype() == DType::f32 && logits.is_contiguous() && logits.ndim() == 2 &&
+              logits.dim(1) >= 1,
+          "sample_rows", "logits must be contiguous float32 [n, vocab] with vocab >= 1, got " + describe(logits));
+  const int64_t n = logits.dim(0), vocab = logits.dim(1);
+  require(int64_t(rows.size()) == n, "sample_rows",
+          "needs one parameter set per row: " + std::to_string(rows.size()) + " for " + std::to_string(n) + " rows");
+  require(vocab <= INT32_MAX, "sample_rows", "logits has " + std::to_string(vocab) + " columns, more than int32 ids reach");
+  for (const Array* a : {&out, &nonfinite})
+    require(a->defined() && a->dtype() == DType::i32 && a->is_contiguous() && a->ndim() == 1 && a->dim(0) == n,
+            "sample_rows", "out and nonfinite must be contiguous int32 [" + std::to_string(n) + "], got " + describe(*a));
+  if (allowed.defined())
+    require(allowed.dtype() == DType::u32 && allowed.is_contiguous() && allowed.ndim() == 2 && allowed.dim(0) == n &&
+                allowed.dim(1) >= 1,
+            "sample_rows", "allowed must be contiguous uint32 [" + std::to_string(n) + ", words >= 1], got " +
+                               describe(allowed));
+  for (const SampleRowArgs& r : rows)
+    require(r.adjust_begin >= 0 && r.adjust_begin <= r.adjust_end && size_t(r.adjust_end) <= adjust.size(),
+            "sample_rows", "a row's adjustments [" + std::to_string(r.adjust_begin) + ", " +
+                               std::to_string(r.adjust_end) + ") lie outside the " + std::to_string(adjust.size()) +
+                               " given");
+  for (const LogitAdjust& e : adjust)
+    require(e.id >= 0 && e.id < vocab, "sample_rows",
+            "an adjustment names token " + std::to_string(e.id) + ", outside [0, " + std::to_string(vocab) + ")");
+  if (n == 0) return;
+  // The parameters travel as one upload: rows, then the adjustments.
+  static_assert(sizeof(SampleRowArgs) % 8 == 0 && sizeof(LogitAdjust) % 4 == 0, "packed as words");
+  const size_t row_bytes = rows.size_bytes(), bytes = row_bytes + adjust.size_bytes();
+  Array host = Array::empty({int64_t(bytes / 4)}, DType::i32);
+  std::memcpy(host.raw(), rows.data(), row_bytes);
+  if (!adjust.empty()) std::memcpy(static_cast<char*>(host.raw()) + row_bytes, adjust.data(), adjust.size_bytes());
+  const Array dev = to_device(host, logits.device());
+  const auto* args = static_cast<const SampleRowArgs*>(dev.raw());
+  const auto* adj = adjust.empty() ? nullptr
+                                   : reinterpret_cast<const LogitAdjust*>(static_cast<const char*>(dev.raw()) + row_bytes);
+  cuda_ops::sample_rows(logits.data<float>(), n, vocab, args, adj, allowed.defined() ? allowed.data<uint32_t>() : nullptr,
+                        allowed.defined() ? allowed.dim(1) : 0, out.data<int32_t>(), nonfinite.data<int32_t>());
+}
+
 void argmax_rows(const Array& logits, Array& out, Array& nonfinite, const Array& allowed) {
   const bool gpu = allowed.defined() ? on_cuda("argmax_rows", {&logits, &out, &nonfinite, &allowed})
                                      : on_cuda("argmax_rows", {&logits, &out, &nonfinite});

@@ -7,6 +7,7 @@
 #include <span>
 #include <variant>
 
+#include "backend/kernel_args.h"
 #include "core/array.h"
 
 namespace osprey::ops {
@@ -182,6 +183,15 @@ struct DeviceSampling {
   uint64_t seed = 0;
 };
 void sample_into(const Array& logits, const DeviceSampling& p, uint64_t counter, Array& out);
+
+// Token choice for every row of logits [n, vocab] f32 on a CUDA device, each row with its
+// own parameters (sample/sampler.h's chain; `rows` [n], `adjust` the rows' logit changes, each
+// row's [adjust_begin, adjust_end) of it): out i32 [n] gets the tokens (-1: nothing left to
+// choose), nonfinite i32 [n] 1 where a row held a NaN or an Inf; both on the logits' device.
+// `allowed`: as argmax_rows'. The adjusted rows of `logits` are changed in place. The
+// parameters are copied to the device (the spans may be reused at once).
+void sample_rows(Array& logits, std::span<const SampleRowArgs> rows, std::span<const LogitAdjust> adjust, Array& out,
+                 Array& nonfinite, const Array& allowed = {});
 
 // Element-wise cast-copy between arrays of equal shape (any strides, f32/f16/bf16/i32).
 void copy_into(const Array& dst, const Array& src);

@@ -163,9 +163,27 @@ std::vector<std::pair<int32_t, float>> Sampler::distribution(std::span<const flo
   return cand;
 }
 
+std::vector<std::pair<int32_t, int32_t>> recent_counts(std::span<const int32_t> history, int repeat_last_n) {
+  const size_t n = std::min(history.size(), size_t(std::max(repeat_last_n, 0)));
+  std::vector<int32_t> seen(history.end() - long(n), history.end());
+  std::sort(seen.begin(), seen.end());
+  std::vector<std::pair<int32_t, int32_t>> out;
+  for (size_t i = 0; i < seen.size();) {
+    size_t j = i;
+    while (j < seen.size() && seen[j] == seen[i]) ++j;
+    out.emplace_back(seen[i], int32_t(j - i));
+    i = j;
+  }
+  return out;
+}
+
 int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history,
                         std::span<const uint64_t> allowed) {
-  const uint64_t step = step_++;
+  return sample_at(logits, history, allowed, step_++);
+}
+
+int32_t Sampler::sample_at(std::span<const float> logits, std::span<const int32_t> history,
+                           std::span<const uint64_t> allowed, uint64_t step) {
   auto cand = filtered(logits, history, allowed);
   if (cand.size() == 1) return cand[0].first;
   // Gumbel-max with the device sampler's noise (backend/sample_noise.h): the same seed and

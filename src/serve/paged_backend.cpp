@@ -266,33 +266,100 @@ void PagedBackend::decode(std::span<const DecodeInput> inputs, std::vector<Decod
   publish_stats();
   if (size > b) logits = logits.slice_rows(0, b);
 
+  // Inputs whose token the device chooses: only tokens cross to the host for them, not rows
+  // of logits.
+  auto chooses = [](const DecodeInput& in) { return in.greedy || in.sampling; };
   const bool all_greedy = std::all_of(inputs.begin(), inputs.end(), [](const DecodeInput& in) { return in.greedy; });
-  if (all_greedy && !dev.is_cpu()) {
-    // Only the tokens cross to the host, not b rows of logits.
+  if (!dev.is_cpu() && std::any_of(inputs.begin(), inputs.end(), chooses)) {
     // Tokens and non-finite flags side by side in one array: one readback.
     Array both = Array::empty({2 * b}, DType::i32, dev);
     Array chosen = both.slice_rows(0, b), nonfinite = both.slice_rows(b, 2 * b);
     // Constrained inputs: their masks are computed while the step runs, and cross to the
     // device (4 bytes per 32 tokens a row) instead of the logits to the host.
     const Array allowed = device_masks(inputs, logits.dim(1), masks);
-    ops::argmax_rows(logits, chosen, nonfinite, allowed);
+    if (all_greedy) {
+      ops::argmax_rows(logits, chosen, nonfinite, allowed);
+    } else {
+      // NOTE: sample_rows changes the rows it adjusts (bias, penalties) in place: only rows of
+      // sampled inputs, whose logits never reach the host.
+      build_row_args(inputs);
+      ops::sample_rows(logits, row_args_, row_adjust_, chosen, nonfinite, allowed);
+    }
     const Array host = ops::to_device(both, Device::cpu());
     const int32_t* h_tok = host.data<int32_t>();
     for (int64_t i = 0; i < b; ++i) {
+      if (!chooses(inputs[size_t(i)])) continue;
       if (h_tok[b + i])
         outputs[size_t(i)].error = non_finite_logits_message("NaN or Inf");
       else if (h_tok[i] < 0)
-        outputs[size_t(i)].error = "the token mask allows no token of the vocabulary";
+        outputs[size_t(i)].error = inputs[size_t(i)].masked ? "the token mask allows no token of the vocabulary"
+                                                             : "the logit bias bans every token";
       else
         outputs[size_t(i)].token = h_tok[i];
     }
-    return;
+    if (std::all_of(inputs.begin(), inputs.end(), chooses)) return;
   }
   Array hl = ops::to_device(logits, Device::cpu());
   const int64_t vocab = hl.dim(-1);
   for (int64_t i = 0; i < b; ++i) {
+    if (!dev.is_cpu() && chooses(inputs[size_t(i)])) continue;
     const float* row = hl.data<float>() + i * vocab;
     outputs[size_t(i)].logits.assign(row, row + vocab);
+  }
+}
+
+void PagedBackend::build_row_args(std::span<const DecodeInput> inputs) {
+  row_args_.assign(inputs.size(), {});
+  row_adjust_.clear();
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const DecodeInput& in = inputs[i];
+    SampleRowArgs& a = row_args_[i];
+    a.adjust_begin = a.adjust_end = int32_t(row_adjust_.size());
+    if (!in.sampling) continue;  // greedy: temperature 0; or not chosen here (its token is ignored)
+    const SamplerParams& p = *in.sampling;
+    a.temperature = p.temperature;
+    a.top_k = p.top_k;
+    a.top_p = p.top_p;
+    a.min_p = p.min_p;
+    a.typical_p = p.typical_p;
+    a.repetition_penalty = p.repetition_penalty;
+    a.presence_penalty = p.presence_penalty;
+    a.frequency_penalty = p.frequency_penalty;
+    a.seed = p.seed;
+    a.counter = in.counter;
+    // One entry per distinct id: the logit bias (a ban of a repeated id bans it, its biases add
+    // up, as the host sampler applies them one after another), then the penalty's count.
+    const size_t first = row_adjust_.size();
+    for (const auto& [id, bias] : p.logit_bias) {
+      LogitAdjust e;
+      e.id = id;
+      e.banned = bias <= -100.0f;
+      e.bias = e.banned ? 0.0f : bias;
+      row_adjust_.push_back(e);
+    }
+    if (uses_history(p) && p.repeat_last_n > 0)
+      for (const auto& [id, count] : recent_counts(in.history, p.repeat_last_n)) {
+        LogitAdjust e;
+        e.id = id;
+        e.count = count;
+        row_adjust_.push_back(e);
+      }
+    auto begin = row_adjust_.begin() + long(first);
+    std::stable_sort(begin, row_adjust_.end(), [](const LogitAdjust& x, const LogitAdjust& y) { return x.id < y.id; });
+    size_t out = first;
+    for (size_t k = first; k < row_adjust_.size(); ++k) {
+      const LogitAdjust& e = row_adjust_[k];
+      if (out > first && row_adjust_[out - 1].id == e.id) {
+        LogitAdjust& m = row_adjust_[out - 1];
+        m.banned |= e.banned;
+        m.bias += e.bias;
+        m.count += e.count;
+      } else {
+        row_adjust_[out++] = e;
+      }
+    }
+    row_adjust_.resize(out);
+    a.adjust_end = int32_t(row_adjust_.size());
   }
 }
 

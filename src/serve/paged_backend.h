@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backend/graph.h"
+#include "backend/kernel_args.h"
 #include "serve/scheduler.h"
 #include "serve/serve_stats.h"
 #include "kv/paged_cache.h"
@@ -94,6 +95,8 @@ class PagedBackend final : public SequenceBackend {
   // The masked inputs' token masks (asked of `masks`) as u32 [inputs, ceil(vocab / 32)] on the
   // device, every id allowed in an unmasked row; undefined when no input is masked.
   Array device_masks(std::span<const DecodeInput> inputs, int64_t vocab, const MaskFn& masks);
+  // The device sampler's parameters of the step's inputs into row_args_ and row_adjust_.
+  void build_row_args(std::span<const DecodeInput> inputs);
 
   Model& model_;
   PagedBackendOptions options_;
@@ -107,6 +110,8 @@ class PagedBackend final : public SequenceBackend {
   int64_t table_width_ = 0;  // blocks of one full context: every bucket's table row
   uint64_t n_graph_replays_ = 0, n_graph_captures_ = 0;
   Array mask_host_;  // device_masks()'s staging rows, kept between steps
+  std::vector<SampleRowArgs> row_args_;  // build_row_args()'s, kept between steps
+  std::vector<LogitAdjust> row_adjust_;
   mutable std::mutex stats_mu_;
   PromptCacheStats prefix_;      // guarded by stats_mu_; the pool's counts are filled in on reading
   PagedPoolStats pool_stats_;    // guarded by stats_mu_

@@ -97,13 +97,18 @@ struct Scheduler::Sequence {
   bool resumed = false;         // preempted once: tokens holds prompt and output so far
   bool preempted = false;       // this step: goes back to the queue
   bool greedy = false;          // the backend may choose the token (DecodeInput::greedy) ...
+  bool sampled = false;         // ... or draw it (DecodeInput::sampling) ...
   bool masked = false;          // ... from the matcher's mask (DecodeInput::masked)
   Clock::time_point admitted{};  // first begun: the end of its queue wait
 
   Sequence(SequenceRequest r) : request(std::move(r)), sampler(request.params.sampler), tokens(request.prompt) {
     const SamplerParams& sp = request.params.sampler;
-    greedy = sp.temperature <= 0 && !uses_history(sp) && request.params.n_top_logprobs < 0;
-    masked = greedy && request.params.grammar;
+    // Logprobs need the logits on the host; every other sequence leaves its token to the
+    // backend, which chooses it on the device where it can.
+    const bool logprobs = request.params.n_top_logprobs >= 0;
+    greedy = sp.temperature <= 0 && !uses_history(sp) && !logprobs;
+    sampled = !greedy && !logprobs;
+    masked = (greedy || sampled) && request.params.grammar;
     if (request.params.grammar) matcher.emplace(request.params.grammar);
   }
   int64_t n_prompt() const { return int64_t(request.prompt.size()); }
@@ -366,7 +371,9 @@ bool Scheduler::emit(Sequence& s, std::span<const float> logits, int32_t chosen)
   e.admitted = s.admitted;
   std::span<const uint64_t> allowed;
   if (s.matcher) allowed = s.matcher->mask();
-  e.token = chosen >= 0 ? chosen : s.sampler.sample(logits, s.tokens, allowed);
+  // The draw's counter is the token's index in the reply, wherever it is drawn (here or on
+  // the device), so a seed repeats the reply on any backend.
+  e.token = chosen >= 0 ? chosen : s.sampler.sample_at(logits, s.tokens, allowed, uint64_t(s.n_generated));
   const SequenceParams& p = s.request.params;
   if (p.n_top_logprobs >= 0) {
     // log-softmax of the raw logits, in double
@@ -478,7 +485,13 @@ void Scheduler::step() {
   std::vector<Sequence*> decoding;
   for (auto& s : running_)
     if (!s->ended && !s->preempted && s->decoding) {
-      inputs.push_back({s->handle, s->tokens.back(), s->greedy, s->masked});
+      SequenceBackend::DecodeInput in{s->handle, s->tokens.back(), s->greedy, s->masked};
+      if (s->sampled) {
+        in.sampling = &s->request.params.sampler;
+        in.counter = uint64_t(s->n_generated);
+        in.history = s->tokens;
+      }
+      inputs.push_back(in);
       decoding.push_back(s.get());
     }
   if (!inputs.empty()) {

@@ -149,11 +149,19 @@ class SequenceBackend {
     // The sequence samples greedily with nothing else to compute from the logits: the backend
     // may choose the token itself (argmax, the lowest id on ties) and return no logits.
     bool greedy = false;
-    // A greedy input drawn from a token mask (constrained decoding) that `masks` gives.
+    // A greedy or sampled input drawn from a token mask (constrained decoding) that `masks`
+    // gives.
     bool masked = false;
+    // A sampled input with nothing else to compute from the logits: the backend may draw the
+    // token itself with these parameters (sample/sampler.h's chain; valid until decode
+    // returns), at draw `counter` of the sequence, the penalties looking at `history` (the
+    // sequence's tokens so far), and return no logits. nullptr: not a sampled input.
+    const SamplerParams* sampling = nullptr;
+    uint64_t counter = 0;
+    std::span<const int32_t> history;
   };
   struct DecodeOutput {
-    int32_t token = -1;         // >= 0: the token the backend chose (greedy inputs only)
+    int32_t token = -1;         // >= 0: the token the backend chose (greedy and sampled inputs)
     std::vector<float> logits;  // otherwise the next-token logits, [vocab] on the host
     std::string error;          // non-empty: this sequence failed (e.g. non-finite logits)
   };
@@ -162,9 +170,10 @@ class SequenceBackend {
   // a bitmask over the vocabulary (bit id % 64 of word id / 64, grammar::Matcher::mask()'s
   // layout), valid until decode returns; an empty span leaves input i unmasked.
   using MaskFn = std::function<void(std::vector<std::span<const uint64_t>>& masks)>;
-  // A backend that chooses the tokens of greedy inputs calls `masks` (when there are masked
-  // inputs) and takes each masked input's allowed token of highest logit: the lowest id on
-  // ties, an error when its mask allows none. One that returns logits need not call it.
+  // A backend that chooses the tokens of greedy or sampled inputs calls `masks` (when there are
+  // masked inputs) and takes each masked greedy input's allowed token of highest logit (the
+  // lowest id on ties), or draws a masked sampled input's token from its allowed ones; an error
+  // when its mask allows none. One that returns logits need not call it.
   virtual void decode(std::span<const DecodeInput> inputs, std::vector<DecodeOutput>& outputs,
                       const MaskFn& masks) = 0;
   // A new sequence holding what `handle`'s cache holds, sharing it where the backend can (the

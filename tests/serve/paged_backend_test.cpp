@@ -288,6 +288,71 @@ TEST_P(PagedBackendTest, MaskedGreedyInputsTakeTheAllowedMaximum) {
   }
 }
 
+// Sampled inputs (DecodeInput::sampling): a backend that draws on the device (CUDA) returns,
+// for each row, the token the host sampler draws from the same logits at the same counter
+// (one chain definition, one noise), penalties over the row's history and a logit bias
+// included; the CPU backend returns the logits. Two pools, batch invariance on: one draws, the
+// other returns the logits of the same steps (both fed the drawn tokens).
+TEST_P(PagedBackendTest, SampledInputsDrawWhatTheHostSamplerDraws) {
+  InvariantScope invariant(true);
+  std::mt19937 rng(17);
+  std::vector<SamplerParams> params(6);
+  params[0].temperature = 1.0f;
+  params[1].temperature = 0.8f, params[1].top_k = 20;
+  params[2].temperature = 0.7f, params[2].repetition_penalty = 1.3f, params[2].presence_penalty = 0.4f,
+  params[2].frequency_penalty = 0.2f;
+  params[3].temperature = 1.2f, params[3].logit_bias = {{1, 4.0f}, {2, -100.0f}, {5, -2.5f}};
+  params[4].temperature = 0.0f, params[4].repetition_penalty = 1.5f;  // greedy with a penalty
+  params[5].temperature = 0.9f, params[5].top_k = 50, params[5].min_p = 0.02f;
+  for (size_t i = 0; i < params.size(); ++i) params[i].seed = 1000 + i;
+
+  PagedBackend drawing(*model_, options(8)), plain(*model_, options(8));
+  std::vector<std::vector<int32_t>> history;
+  std::vector<SequenceBackend::DecodeInput> in_draw, in_plain;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const std::vector<int32_t> prompt = random_prompt(rng, 5 + int64_t(i) * 3, vocab_);
+    std::vector<float> logits;
+    for (PagedBackend* b : {&drawing, &plain}) {
+      auto begun = b->begin(prompt, "");
+      ASSERT_TRUE(begun.has_value());
+      ASSERT_TRUE(b->reserve(begun->handle, int64_t(prompt.size())));
+      b->prefill(begun->handle, prompt, true, logits);
+      (b == &drawing ? in_draw : in_plain).push_back({begun->handle, 0});
+    }
+    history.push_back(prompt);
+    const int32_t first = Sampler(params[i]).sample_at(logits, prompt, {}, 0);
+    history.back().push_back(first);
+    in_draw.back().token = in_plain.back().token = first;
+  }
+  std::vector<SequenceBackend::DecodeOutput> out_draw, out_plain;
+  for (uint64_t step = 1; step <= 12; ++step) {
+    for (size_t i = 0; i < params.size(); ++i) {
+      in_draw[i].sampling = &params[i];
+      in_draw[i].counter = step;
+      in_draw[i].history = history[i];
+      ASSERT_TRUE(drawing.reserve(in_draw[i].handle, 1));
+      ASSERT_TRUE(plain.reserve(in_plain[i].handle, 1));
+    }
+    drawing.decode(in_draw, out_draw, {});
+    plain.decode(in_plain, out_plain, {});
+    for (size_t i = 0; i < params.size(); ++i) {
+      ASSERT_TRUE(out_draw[i].error.empty()) << out_draw[i].error;
+      ASSERT_EQ(out_plain[i].logits.size(), size_t(vocab_));
+      const int32_t want = Sampler(params[i]).sample_at(out_plain[i].logits, history[i], {}, step);
+      int32_t got = out_draw[i].token;
+      if (on_cuda()) {
+        EXPECT_TRUE(out_draw[i].logits.empty()) << "row " << i << ": the device drew it, no logits cross";
+        EXPECT_EQ(got, want) << "row " << i << ", step " << step;
+      } else {
+        EXPECT_EQ(got, -1) << "the CPU backend returns logits";
+        ASSERT_EQ(std::memcmp(out_draw[i].logits.data(), out_plain[i].logits.data(), size_t(vocab_) * 4), 0);
+      }
+      history[i].push_back(want);
+      in_draw[i].token = in_plain[i].token = want;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, PagedBackendTest, OSPREY_MODELS_ON_DEVICES(testing::kFamilies));
 
 // ---- The scheduler over the paged backend ----
