@@ -267,7 +267,7 @@ def run_level(target: Target, args, model: str, prompts: PromptMaker, concurrenc
         while t.is_alive() and time.monotonic() < bound:
             t.join(0.5)
     duration = time.perf_counter() - t0
-    return summarize(args, concurrency, [r for r in results if r is not None], n_requests, duration)
+    return {"mode": mode, **summarize(args, concurrency, [r for r in results if r is not None], n_requests, duration)}
 
 
 def summarize(args, concurrency: int, results: list, n_requests: int, duration: float) -> dict:
@@ -296,7 +296,6 @@ def summarize(args, concurrency: int, results: list, n_requests: int, duration: 
                 "p95": percentile(xs, 95), "p99": percentile(xs, 99), "max": max(xs) if xs else math.nan}
 
     return {
-        "mode": mode,
         "concurrency": concurrency,
         "requests": n_requests,
         "completed": len(ok),

@@ -153,9 +153,14 @@ struct SampleRowArgs {
   int32_t adjust_end = 0;
 };
 
+// The cuts sample_rows runs passes for (a bitmask): a row's cut runs only when its bit is set.
+constexpr int kSampleCutTopK = 1;
+constexpr int kSampleCutTopP = 2;
+constexpr int kSampleCutTypical = 4;
+
 // A change to one logit of a row before the cuts: the logit bias added (or the token banned:
-// -inf), then the penalties of a token seen `count` times in the penalty window. The ids of
-// one row are distinct.
+// -inf), then the penalties of a token seen `count` times in the penalty window. A row's
+// entries have distinct ids, in ascending order.
 struct LogitAdjust {
   int32_t id = 0;
   int32_t count = 0;  // 0: no penalty

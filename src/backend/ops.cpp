@@ -724,9 +724,21 @@ void sample_rows(Array& logits, std::span<const SampleRowArgs> rows, std::span<c
             "sample_rows", "a row's adjustments [" + std::to_string(r.adjust_begin) + ", " +
                                std::to_string(r.adjust_end) + ") lie outside the " + std::to_string(adjust.size()) +
                                " given");
-  for (const LogitAdjust& e : adjust)
-    require(e.id >= 0 && e.id < vocab, "sample_rows",
-            "an adjustment names token " + std::to_string(e.id) + ", outside [0, " + std::to_string(vocab) + ")");
+  int cuts = 0;
+  for (const SampleRowArgs& r : rows) {
+    for (int32_t k = r.adjust_begin; k < r.adjust_end; ++k) {
+      const int32_t id = adjust[size_t(k)].id;
+      require(id >= 0 && id < vocab, "sample_rows",
+              "an adjustment names token " + std::to_string(id) + ", outside [0, " + std::to_string(vocab) + ")");
+      require(k == r.adjust_begin || adjust[size_t(k) - 1].id < id, "sample_rows",
+              "a row's adjustments must name distinct ids in ascending order (token " + std::to_string(id) + ")");
+    }
+    if (r.temperature > 0.0f) {
+      if (r.top_k > 0) cuts |= kSampleCutTopK;
+      if (r.top_p < 1.0f) cuts |= kSampleCutTopP;
+      if (r.typical_p < 1.0f) cuts |= kSampleCutTypical;
+    }
+  }
   if (n == 0) return;
   // The parameters travel as one upload: rows, then the adjustments.
   static_assert(sizeof(SampleRowArgs) % 8 == 0 && sizeof(LogitAdjust) % 4 == 0, "packed as words");
@@ -739,7 +751,7 @@ void sample_rows(Array& logits, std::span<const SampleRowArgs> rows, std::span<c
   const auto* adj = adjust.empty() ? nullptr
                                    : reinterpret_cast<const LogitAdjust*>(static_cast<const char*>(dev.raw()) + row_bytes);
   cuda_ops::sample_rows(logits.data<float>(), n, vocab, args, adj, allowed.defined() ? allowed.data<uint32_t>() : nullptr,
-                        allowed.defined() ? allowed.dim(1) : 0, out.data<int32_t>(), nonfinite.data<int32_t>());
+                        allowed.defined() ? allowed.dim(1) : 0, cuts, out.data<int32_t>(), nonfinite.data<int32_t>());
 }
 
 void argmax_rows(const Array& logits, Array& out, Array& nonfinite, const Array& allowed) {

@@ -211,8 +211,10 @@ Result run_rows(const std::vector<float>& logits, int64_t vocab, const std::vect
   DeviceVec<LogitAdjust> d_adjust(adjust);
   DeviceVec<uint32_t> d_mask(mask);
   DeviceVec<int32_t> out(std::vector<int32_t>(size_t(n), -7)), bad(std::vector<int32_t>(size_t(n), -7));
+  // Every cut's passes, whether a row uses them or not (rows without a cut skip them).
+  const int cuts = kSampleCutTopK | kSampleCutTopP | kSampleCutTypical;
   cuda::sample_rows(d_logits.get(), n, vocab, d_args.get(), d_adjust.get(), words > 0 ? d_mask.get() : nullptr, words,
-                    out.get(), bad.get(), st());
+                    cuts, out.get(), bad.get(), st());
   return {out.download(), bad.download()};
 }
 
@@ -281,11 +283,12 @@ TEST(CudaSampleRows, EachRowMatchesTheSortedReference) {
           b.bias += 3.5f;
           for (auto& [i2, e] : m) e.id = i2, r.adjust.push_back(e);
         }
-        if (i % 5 == 2) {  // ban the row's best token
-          LogitAdjust e;
-          e.id = int32_t(std::max_element(raw.back().begin(), raw.back().end()) - raw.back().begin());
-          e.banned = 1;
-          r.adjust.push_back(e);
+        if (i % 5 == 2) {  // ban the row's best token (ids stay ascending and distinct)
+          const int32_t best = int32_t(std::max_element(raw.back().begin(), raw.back().end()) - raw.back().begin());
+          auto at = std::lower_bound(r.adjust.begin(), r.adjust.end(), best,
+                                     [](const LogitAdjust& e, int32_t id) { return e.id < id; });
+          if (at == r.adjust.end() || at->id != best) at = r.adjust.insert(at, LogitAdjust{best, 0, 0.0f, 0});
+          at->banned = 1;
         }
         rows.push_back(r);
       }
@@ -489,15 +492,17 @@ TEST(CudaSampleRows, DISABLED_Speed) {
       }
       DeviceVec<float> d(logits);
       DeviceVec<SampleRowArgs> da(args);
+      const int cuts = (c.top_k > 0 ? kSampleCutTopK : 0) | (c.top_p < 1.0f ? kSampleCutTopP : 0) |
+                       (c.typical_p < 1.0f ? kSampleCutTypical : 0);
       DeviceVec<int32_t> out{std::vector<int32_t>(static_cast<size_t>(n))}, bad{std::vector<int32_t>(static_cast<size_t>(n))};
       cudaEvent_t e0, e1;
       OSPREY_CUDA_CHECK(cudaEventCreate(&e0));
       OSPREY_CUDA_CHECK(cudaEventCreate(&e1));
       for (int k = 0; k < 5; ++k)
-        cuda::sample_rows(d.get(), n, vocab, da.get(), nullptr, nullptr, 0, out.get(), bad.get(), st());
+        cuda::sample_rows(d.get(), n, vocab, da.get(), nullptr, nullptr, 0, cuts, out.get(), bad.get(), st());
       OSPREY_CUDA_CHECK(cudaEventRecord(e0, st()));
       for (int k = 0; k < 50; ++k)
-        cuda::sample_rows(d.get(), n, vocab, da.get(), nullptr, nullptr, 0, out.get(), bad.get(), st());
+        cuda::sample_rows(d.get(), n, vocab, da.get(), nullptr, nullptr, 0, cuts, out.get(), bad.get(), st());
       OSPREY_CUDA_CHECK(cudaEventRecord(e1, st()));
       OSPREY_CUDA_CHECK(cudaEventSynchronize(e1));
       float ms = 0;

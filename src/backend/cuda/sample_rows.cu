@@ -1,13 +1,20 @@
-// Token choice for a batch of rows at once (op_list.inc's sample_rows): one block per row runs
-// sample/sampler.h's whole chain on its row, so that a batch of sampled sequences costs one
-// launch and only token ids cross to the host.
+// Token choice for a batch of rows at once (op_list.inc's sample_rows): sample/sampler.h's
+// whole chain for every row, each with its own parameters, so that a batch of sampled
+// sequences costs a few launches and only token ids cross to the host.
 //
-// Each cut is a radix select over an order-preserving 32-bit key, done inside the block: three
-// passes (digits of 11, 11 and 10 bits) over the row, each building a histogram of the digit
-// in shared memory (counts for top-k, 2^-40 fixed-point masses for top-p and typical-p), then
-// a scan from the top digit down finds the digit where the running count or mass reaches the
-// target. A pass stops the select early when its digit settles the cut. The row stays in L2
-// between passes (a 128k-token row is 512 KiB).
+// Every pass is one launch over a grid of (chunks of a row, rows): each block takes kChunk
+// logits of one row. Passes that need a row-wide result use the last-block pattern per row:
+// each block publishes its part, fences, and takes a ticket of its row; the block that takes
+// the row's last ticket combines the parts and writes the outcome to the row's RowState for
+// the next launch. The passes, in order (a cut's passes run only when some row uses the cut,
+// and return at once for the rows that do not or whose cut is settled):
+//   prep     the row's non-finite check, its adjustments (bias, penalties: each block those
+//            of its own chunk, in place), the maximum of each chunk's candidates;
+//   top-k    three radix passes (11, 11 and 10 bits of the order-preserving key) counting;
+//   top-p    three radix passes over 2^-40 fixed-point masses, over the top-k survivors;
+//   typical  the kept set's sums (its mean of x = (l - max) / T under q), then three radix
+//            passes over the key of |x - mean|, nearest first, by mass;
+//   draw     Gumbel-max over the kept set (greedy rows: the argmax).
 #include <climits>
 #include <cmath>
 #include <string>
@@ -21,212 +28,254 @@ namespace osprey::cuda {
 
 namespace {
 
-constexpr int kRowThreads = 1024;
-constexpr int kRowWarps = kRowThreads / 32;
-constexpr int kRowBins = 2048;  // the widest digit: 11 bits
-constexpr float kRowMassOne = 1099511627776.0f;  // 2^40: the fixed-point weight of the maximum
-// A logit whose (best - logit) / T exceeds this cannot win the draw against the best kept
-// logit: the Gumbel noise spans less than kNoiseGumbelMax - kNoiseGumbelMin < 40.35.
-constexpr float kRowPruneSpan = 42.0f;
-static_assert(kNoiseGumbelMax - kNoiseGumbelMin < kRowPruneSpan - 1.0, "pruning margin");
-static_assert(kRowBins % kRowThreads == 0, "bins split evenly over threads");
+constexpr int kRowsThreads = 512;
+constexpr int kRowsPer = 2;
+constexpr int kRowsChunk = kRowsThreads * kRowsPer;
+constexpr int kRowsWarps = kRowsThreads / 32;
+constexpr int kRowsBins = 2048;
+constexpr float kRowsMassOne = 1099511627776.0f;  // 2^40: the fixed-point weight of the maximum
+// A logit whose (best - logit) / T exceeds this cannot win a block's draw against its best
+// kept logit: the Gumbel noise spans less than kNoiseGumbelMax - kNoiseGumbelMin < 40.35.
+constexpr float kRowsPruneSpan = 42.0f;
+static_assert(kNoiseGumbelMax - kNoiseGumbelMin < kRowsPruneSpan - 1.0, "pruning margin");
+static_assert(kRowsBins % kRowsThreads == 0, "bins split evenly over threads");
 
-struct RowShared {
-  unsigned int count[kRowBins];
-  unsigned long long mass[kRowBins];
-  unsigned long long red[kRowWarps];
-  double dred[kRowWarps];
-  float fred[kRowWarps];
-  int ired[kRowWarps];
-  unsigned long long above;
-  int digit;
+enum Cut : int { kTopK = 0, kTopP = 1, kTypical = 2 };
+
+// One row's state between launches, in scratch(); zeroed by the row's first block of prep.
+struct RowState {
+  unsigned int ticket;  // blocks of the running pass that are done; the last one resets it
+  unsigned int done[3];    // per cut: its threshold is settled
+  unsigned int prefix[3];  // per cut: the digits found so far
+  unsigned int t[3];       // per cut: the kept keys are >= t (0 keeps all)
+  unsigned int k_rem;      // top-k: the rank of the k-th largest under the prefix
+  unsigned int pad;
+  unsigned long long target[3];  // top-p, typical: the fixed-point mass to reach
+  unsigned long long above[3];   // and the mass above the digits under the prefix
+  double center;                 // typical: the mean of x under q
+  unsigned int count[kRowsBins];
+  unsigned long long mass[kRowsBins];
+};
+static_assert(sizeof(RowState) % 8 == 0, "RowState is zeroed by words");
+
+struct RowBest {
+  double score;
+  int index;
+  int pad;
 };
 
+struct RowSums {
+  double w, wx;
+};
+
+struct RowsScratch {
+  RowState* state;          // [rows]
+  unsigned int* part_key;   // [rows, nb]: the largest candidate key of each chunk (0: none)
+  int* part_bad;            // [rows, nb]: the chunk held a NaN or an Inf before the adjustments
+  RowBest* part_best;       // [rows, nb]
+  RowSums* part_sums;       // [rows, nb]
+  int nb;
+};
+
+constexpr size_t rows_align(size_t n) { return (n + 255) / 256 * 256; }
+int rows_chunks(int64_t n) { return int((n + kRowsChunk - 1) / kRowsChunk); }
+
+size_t rows_scratch_bytes(int64_t rows, int64_t vocab) {
+  const size_t per = size_t(rows) * size_t(rows_chunks(vocab));
+  return rows_align(size_t(rows) * sizeof(RowState)) + rows_align(per * 4) + rows_align(per * 4) +
+         rows_align(per * sizeof(RowBest)) + rows_align(per * sizeof(RowSums));
+}
+
+RowsScratch rows_scratch(int64_t rows, int64_t vocab) {
+  char* p = static_cast<char*>(scratch(rows_scratch_bytes(rows, vocab)));
+  RowsScratch s;
+  s.nb = rows_chunks(vocab);
+  const size_t per = size_t(rows) * size_t(s.nb);
+  s.state = reinterpret_cast<RowState*>(p);
+  p += rows_align(size_t(rows) * sizeof(RowState));
+  s.part_key = reinterpret_cast<unsigned int*>(p);
+  p += rows_align(per * 4);
+  s.part_bad = reinterpret_cast<int*>(p);
+  p += rows_align(per * 4);
+  s.part_best = reinterpret_cast<RowBest*>(p);
+  p += rows_align(per * sizeof(RowBest));
+  s.part_sums = reinterpret_cast<RowSums*>(p);
+  return s;
+}
+
 // Float -> unsigned key with the same order (-0 ranked with +0); callers skip NaN.
-__device__ __forceinline__ unsigned int row_key(float f) {
+__device__ __forceinline__ unsigned int rows_key(float f) {
   unsigned int b = __float_as_uint(f);
   if (b == 0x80000000u) b = 0;
   return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
-
-// exp(x) in 2^-40 fixed point, x <= 0 (x == 0, the maximum, weighs exactly 1).
-__device__ __forceinline__ unsigned long long row_mass(float x) {
-  return x == 0.0f ? (1ull << 40) : __float2ull_rn(expf(x) * kRowMassOne);
+// The inverse of rows_key (key 0, never a non-NaN logit's key, maps to NaN).
+__device__ __forceinline__ float rows_value(unsigned int k) {
+  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
 }
 
-// Running sums over the digits of one pass from the highest down. Thread t owns digits
-// bins-1 - (t*per + j), j < per (per = bins / kRowThreads); `own` is their sum, `excl` the sum
-// of all higher digits, `total` the sum of all. Barriers inside: call from every thread.
-struct RowScan {
+// w = exp((v - m) / T) in 2^-40 fixed point, v <= m (v == m weighs exactly 1).
+__device__ __forceinline__ unsigned long long rows_mass(float v, float m, float t) {
+  if (v == m) return 1ull << 40;
+  return __float2ull_rn(expf((v - m) / t) * kRowsMassOne);
+}
+
+__device__ __forceinline__ unsigned int rows_warp_max(unsigned int k) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) k = max(k, __shfl_xor_sync(0xffffffffu, k, o));
+  return k;
+}
+
+// The row's largest candidate logit, from prep's per-chunk keys (every lane of the calling
+// warp gets it; -inf when the row has no candidate).
+__device__ __forceinline__ float rows_max(const unsigned int* __restrict__ part_key, int nb) {
+  unsigned int k = 0;
+  for (int b = threadIdx.x & 31; b < nb; b += 32) k = max(k, part_key[b]);
+  k = rows_warp_max(k);
+  return k == 0 ? kNegInf : rows_value(k);
+}
+
+// The chunk's logits of this block's row, NaN for an id that is not a candidate (outside the
+// row, masked out, or -inf). `fresh`: the row was written in this launch (no read-only path).
+__device__ __forceinline__ void rows_load(const float* __restrict__ x, int n, const uint32_t* __restrict__ mask,
+                                          int64_t mask_ids, float (&v)[kRowsPer], bool fresh = false) {
+  const int base = blockIdx.x * kRowsChunk + threadIdx.x;
+#pragma unroll
+  for (int j = 0; j < kRowsPer; ++j) {
+    const int i = base + j * kRowsThreads;
+    float f = __int_as_float(0x7fffffff);
+    if (i < n) {
+      const float raw = fresh ? __ldcg(x + i) : __ldg(x + i);
+      const bool allowed = !mask || (int64_t(i) < mask_ids && ((__ldg(mask + (i >> 5)) >> (i & 31)) & 1u));
+      if (allowed && raw > kNegInf) f = raw;
+    }
+    v[j] = f;
+  }
+}
+
+// The last-block handshake of this block's row. Call from all threads after this block's
+// global updates; true in every thread of the row's last block, which then sees the others'.
+__device__ __forceinline__ bool rows_last_block(unsigned int* ticket, int* s_flag) {
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const bool last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+    if (last) *ticket = 0;
+    *s_flag = last;
+  }
+  __syncthreads();
+  if (!*s_flag) return false;
+  __threadfence();
+  return true;
+}
+
+struct RowsScan {
   unsigned long long excl, own, total;
 };
 
+// Running sums over bins from the highest digit down: thread t owns digits
+// bins-1 - (t*per + j), j < per; `own` is their sum, `excl` the sum of all higher digits.
 template <class V>
-__device__ RowScan row_scan(const V* values, int bins, RowShared& sh) {
-  const int per = bins / kRowThreads;
+__device__ RowsScan rows_scan(const V* values, int bins, unsigned long long* red) {
+  const int per = bins / kRowsThreads;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   unsigned long long own = 0;
-  for (int j = 0; j < per; ++j) own += values[bins - 1 - (threadIdx.x * per + j)];
+  for (int j = 0; j < per; ++j) own += values[bins - 1 - (int(threadIdx.x) * per + j)];
   unsigned long long inc = own;
 #pragma unroll
   for (int o = 1; o < 32; o <<= 1) {
     const unsigned long long y = __shfl_up_sync(0xffffffffu, inc, o);
     if (lane >= o) inc += y;
   }
-  if (lane == 31) sh.red[warp] = inc;
+  if (lane == 31) red[warp] = inc;
   __syncthreads();
   if (warp == 0) {
-    unsigned long long w = sh.red[lane];
+    unsigned long long w = lane < kRowsWarps ? red[lane] : 0;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
       const unsigned long long y = __shfl_up_sync(0xffffffffu, w, o);
       if (lane >= o) w += y;
     }
     __syncwarp();
-    sh.red[lane] = w;
+    if (lane < kRowsWarps) red[lane] = w;
   }
   __syncthreads();
-  RowScan s;
+  RowsScan s;
   s.own = own;
-  s.excl = (warp > 0 ? sh.red[warp - 1] : 0) + inc - own;
-  s.total = sh.red[kRowWarps - 1];
-  __syncthreads();  // sh.red is reused by the next scan
+  s.excl = (warp > 0 ? red[warp - 1] : 0) + inc - own;
+  s.total = red[kRowsWarps - 1];
   return s;
 }
 
-// The cut of one select: the largest key threshold t such that the candidates with key >= t
-// weigh at least the target, the target being target_of(total weight) (0: no cut, which the
-// select returns as threshold 0). `cand(i, key, mass)` says whether element i is a candidate
-// and gives its key and (kMass) its fixed-point mass; with kMass the weight is the mass, else
-// one per candidate. Barriers inside: call from every thread of the block.
-template <bool kMass, class Cand, class TargetOf>
-__device__ unsigned int row_select(int n, Cand cand, TargetOf target_of, RowShared& sh) {
-  unsigned int prefix = 0;  // the digits settled so far
-  unsigned long long target = 0, above = 0;
-  for (int pass = 0; pass < 3; ++pass) {
-    const int shift = pass == 0 ? 21 : pass == 1 ? 10 : 0;
-    const int bits = pass == 2 ? 10 : 11;
-    const int bins = 1 << bits;
-    for (int d = threadIdx.x; d < kRowBins; d += kRowThreads) {
-      sh.count[d] = 0;
-      if (kMass) sh.mass[d] = 0;
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < n; i += kRowThreads) {
-      unsigned int key;
-      unsigned long long mass = 0;
-      if (!cand(i, key, mass)) continue;
-      if (pass > 0 && (key >> (shift + bits)) != prefix) continue;
-      const unsigned int d = (key >> shift) & unsigned(bins - 1);
-      atomicAdd(&sh.count[d], 1u);
-      if (kMass) atomicAdd(&sh.mass[d], mass);
-    }
-    __syncthreads();
-    const RowScan sc = kMass ? row_scan(sh.mass, bins, sh) : row_scan(sh.count, bins, sh);
-    if (pass == 0) {
-      target = target_of(sc.total);
-      if (target == 0) return 0;
-    }
-    // The digit at which the running sum from the top reaches target - above.
-    const unsigned long long want = target - above;
-    if (sc.excl < want && want <= sc.excl + sc.own) {
-      const int per = bins / kRowThreads;
-      unsigned long long acc = sc.excl;
-      for (int j = 0; j < per; ++j) {
-        const int d = bins - 1 - (int(threadIdx.x) * per + j);
-        const unsigned long long v = kMass ? sh.mass[d] : sh.count[d];
-        if (acc + v >= want) {
-          sh.digit = d;
-          sh.above = acc;
-          break;
-        }
-        acc += v;
-      }
-    }
-    __syncthreads();
-    const int d = sh.digit;
-    const unsigned long long in_bin_above = sh.above;
-    const unsigned int cnt = sh.count[d];
-    const unsigned int digits = (pass == 0 ? 0u : prefix << bits) | unsigned(d);
-    // Mass: settled when the digit holds one candidate (it is the crossing one). Count: when
-    // every candidate of the digit is kept (the k-th largest is the digit's last).
-    const bool done = pass == 2 || (kMass ? cnt == 1 : want - in_bin_above == cnt);
-    __syncthreads();  // everyone has read sh before the next pass clears it
-    if (done) return digits << shift;
-    above += in_bin_above;
-    prefix = digits;
-  }
-  return 0;  // not reached
+// Whether a cut runs for the row at all (a sampled row whose parameter cuts).
+__device__ __forceinline__ bool rows_cut_on(const SampleRowArgs& a, int cut) {
+  if (!(a.temperature > 0.0f)) return false;
+  return cut == kTopK ? a.top_k > 0 : cut == kTopP ? a.top_p < 1.0f : a.typical_p < 1.0f;
 }
 
-// Block-wide reductions (every thread gets the result); barriers inside.
-__device__ __forceinline__ float row_block_max(float v, RowShared& sh) {
-  v = warp_max(v);
-  if ((threadIdx.x & 31) == 0) sh.fred[threadIdx.x >> 5] = v;
-  __syncthreads();
-  float m = sh.fred[0];
-  for (int w = 1; w < kRowWarps; ++w) m = fmaxf(m, sh.fred[w]);
-  __syncthreads();
-  return m;
+// The row's kept-set tests, given what the earlier launches settled.
+struct RowView {
+  float m;          // the row's largest candidate
+  float t;          // temperature
+  unsigned int t_kp;  // max(top-k, top-p thresholds)
+  bool min_p_on;
+  double min_log;
+  bool typical_on;
+  float center;
+  unsigned int t_y;
+};
+
+__device__ __forceinline__ RowView rows_view(const SampleRowArgs& a, const RowState* st, const unsigned int* part_key,
+                                             int nb) {
+  RowView r;
+  r.m = rows_max(part_key, nb);
+  r.t = a.temperature;
+  r.t_kp = max(st->t[kTopK], st->t[kTopP]);
+  r.min_p_on = a.min_p > 0.0f;
+  r.min_log = r.min_p_on ? double(a.temperature) * log(double(a.min_p)) : 0.0;
+  r.typical_on = rows_cut_on(a, kTypical);
+  r.center = float(st->center);
+  r.t_y = st->t[kTypical];
+  return r;
 }
 
-// The sum in a fixed order (each thread's part in element order, then a fixed tree), so that
-// the same row always gives the same bits.
-__device__ __forceinline__ double row_block_sum(double v, RowShared& sh) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  if ((threadIdx.x & 31) == 0) sh.dred[threadIdx.x >> 5] = v;
-  __syncthreads();
-  double s = 0;
-  for (int w = 0; w < kRowWarps; ++w) s += sh.dred[w];
-  __syncthreads();
-  return s;
+// Kept by top-k, top-p and min-p (v a candidate).
+__device__ __forceinline__ bool rows_kept_kpm(const RowView& r, float v) {
+  if (rows_key(v) < r.t_kp) return false;
+  return !r.min_p_on || v == r.m || double(v) - double(r.m) >= r.min_log;
 }
 
-__device__ __forceinline__ bool row_better(double s, int i, double bs, int bi) {
-  return s > bs || (s == bs && i < bi);
+__device__ __forceinline__ unsigned int rows_typical_key(const RowView& r, float v) {
+  return ~rows_key(fabsf((v - r.m) / r.t - r.center));  // the nearest to the center ranks highest
 }
 
-// The best (score, index) over the block, the lowest index on ties; every thread gets it.
-__device__ __forceinline__ int row_block_best(double bs, int bi, RowShared& sh) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const double os = __shfl_xor_sync(0xffffffffu, bs, o);
-    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-    if (row_better(os, oi, bs, bi)) bs = os, bi = oi;
-  }
-  if ((threadIdx.x & 31) == 0) sh.dred[threadIdx.x >> 5] = bs, sh.ired[threadIdx.x >> 5] = bi;
-  __syncthreads();
-  bs = sh.dred[0];
-  bi = sh.ired[0];
-  for (int w = 1; w < kRowWarps; ++w)
-    if (row_better(sh.dred[w], sh.ired[w], bs, bi)) bs = sh.dred[w], bi = sh.ired[w];
-  __syncthreads();
-  return bi;
-}
-
-__global__ void __launch_bounds__(kRowThreads)
-    sample_rows_kernel(float* __restrict__ logits, int n, const SampleRowArgs* __restrict__ args,
-                       const LogitAdjust* __restrict__ adjust, const uint32_t* __restrict__ allowed,
-                       int64_t mask_words, int32_t* __restrict__ out, int32_t* __restrict__ nonfinite) {
+__global__ void __launch_bounds__(kRowsThreads)
+    rows_prep_kernel(float* __restrict__ logits, int n, const SampleRowArgs* __restrict__ args,
+                     const LogitAdjust* __restrict__ adjust, const uint32_t* __restrict__ allowed, int64_t mask_words,
+                     RowsScratch sc) {
   pdl_wait();
-  __shared__ RowShared sh;
-  const int64_t row = blockIdx.x;
-  float* x = logits + row * int64_t(n);
-  const SampleRowArgs a = args[row];
-  const uint32_t* mask = allowed ? allowed + row * mask_words : nullptr;
-  const int64_t mask_ids = mask_words * 32;
-  auto is_allowed = [&](int i) {
-    return !mask || (int64_t(i) < mask_ids && ((__ldg(mask + (i >> 5)) >> (i & 31)) & 1u));
-  };
-
+  __shared__ unsigned int s_red[kRowsWarps];
+  const int row = blockIdx.y;
+  float* x = logits + int64_t(row) * n;
+  if (blockIdx.x == 0) {
+    unsigned int* w = reinterpret_cast<unsigned int*>(sc.state + row);
+    for (int i = threadIdx.x; i < int(sizeof(RowState) / 4); i += kRowsThreads) w[i] = 0;
+  }
+  const int lo = blockIdx.x * kRowsChunk, hi = min(n, lo + kRowsChunk);
   // The model's logits are checked before the adjustments (a ban writes -inf).
   int bad = 0;
-  for (int i = threadIdx.x; i < n; i += kRowThreads) bad |= !isfinite(x[i]);
+#pragma unroll
+  for (int j = 0; j < kRowsPer; ++j) {
+    const int i = lo + threadIdx.x + j * kRowsThreads;
+    if (i < n) bad |= !isfinite(x[i]);
+  }
   bad = __syncthreads_or(bad);
-  for (int j = a.adjust_begin + int(threadIdx.x); j < a.adjust_end; j += kRowThreads) {
-    const LogitAdjust e = adjust[j];
-    if (e.id < 0 || e.id >= n) continue;  // the host checks ids; never write out of the row
+  if (threadIdx.x == 0) sc.part_bad[int64_t(row) * sc.nb + blockIdx.x] = bad;
+  // This chunk's adjustments (ids distinct): no other block writes them.
+  const SampleRowArgs& a = args[row];
+  for (int k = a.adjust_begin + int(threadIdx.x); k < a.adjust_end; k += kRowsThreads) {
+    const LogitAdjust e = adjust[k];
+    if (e.id < lo || e.id >= hi) continue;
     float l = x[e.id];
     l = e.banned ? kNegInf : l + e.bias;
     if (e.count > 0) {
@@ -236,134 +285,293 @@ __global__ void __launch_bounds__(kRowThreads)
     x[e.id] = l;
   }
   __syncthreads();
-
-  // A candidate: allowed, and above -inf (NaN is never one).
-  float m = kNegInf;
-  int first = INT_MAX;
-  for (int i = threadIdx.x; i < n; i += kRowThreads) {
-    const float v = x[i];
-    if (!(v > kNegInf) || !is_allowed(i)) continue;
-    if (v > m || (v == m && i < first)) m = v, first = i;
+  float v[kRowsPer];
+  rows_load(x, n, allowed ? allowed + int64_t(row) * mask_words : nullptr, mask_words * 32, v, true);
+  unsigned int k = 0;
+#pragma unroll
+  for (int j = 0; j < kRowsPer; ++j)
+    if (v[j] == v[j]) k = max(k, rows_key(v[j]));
+  k = rows_warp_max(k);
+  if ((threadIdx.x & 31) == 0) s_red[threadIdx.x >> 5] = k;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    k = rows_warp_max(threadIdx.x < kRowsWarps ? s_red[threadIdx.x] : 0u);
+    if (threadIdx.x == 0) sc.part_key[int64_t(row) * sc.nb + blockIdx.x] = k;
   }
-  if (a.temperature <= 0.0f) {
-    const int best = row_block_best(double(m), first, sh);
-    if (threadIdx.x == 0) {
-      out[row] = best == INT_MAX ? -1 : best;
-      nonfinite[row] = bad;
+}
+
+// One radix pass of a cut: pass 0 takes key bits [31, 21), pass 1 [21, 10), pass 2 [10, 0),
+// counting only the candidates whose higher digits equal the prefix settled so far.
+template <int kCut, int kPass>
+__global__ void __launch_bounds__(kRowsThreads)
+    rows_select_kernel(const float* __restrict__ logits, int n, const SampleRowArgs* __restrict__ args,
+                       const uint32_t* __restrict__ allowed, int64_t mask_words, RowsScratch sc) {
+  pdl_wait();
+  constexpr bool kMass = kCut != kTopK;
+  constexpr int kShift = kPass == 0 ? 21 : kPass == 1 ? 10 : 0;
+  constexpr int kBits = kPass == 2 ? 10 : 11;
+  constexpr int kBins = 1 << kBits;
+  __shared__ unsigned int s_count[kBins];
+  __shared__ unsigned long long s_mass[kMass ? kBins : 1];
+  __shared__ unsigned long long s_red[32];
+  __shared__ unsigned long long s_above;
+  __shared__ int s_digit, s_flag;
+
+  const int row = blockIdx.y;
+  const SampleRowArgs a = args[row];
+  RowState* st = sc.state + row;
+  if (!rows_cut_on(a, kCut) || st->done[kCut]) return;
+  float v[kRowsPer];
+  rows_load(logits + int64_t(row) * n, n, allowed ? allowed + int64_t(row) * mask_words : nullptr, mask_words * 32, v);
+  const unsigned int* part_key = sc.part_key + int64_t(row) * sc.nb;
+  const RowView r = rows_view(a, st, part_key, sc.nb);
+  const unsigned int prefix = st->prefix[kCut];
+  for (int d = threadIdx.x; d < kBins; d += kRowsThreads) {
+    s_count[d] = 0;
+    if constexpr (kMass) s_mass[d] = 0;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int j = 0; j < kRowsPer; ++j) {
+    if (v[j] != v[j]) continue;
+    unsigned int key;
+    if constexpr (kCut == kTopK) {
+      key = rows_key(v[j]);
+    } else if constexpr (kCut == kTopP) {
+      key = rows_key(v[j]);
+      if (key < st->t[kTopK]) continue;
+    } else {
+      if (!rows_kept_kpm(r, v[j])) continue;
+      key = rows_typical_key(r, v[j]);
     }
-    return;
-  }
-  m = row_block_max(m, sh);
-  if (!(m > kNegInf)) {
-    if (threadIdx.x == 0) out[row] = -1, nonfinite[row] = bad;
-    return;
-  }
-  const float t = a.temperature;
-  auto base = [&](int i, float& v) {
-    v = x[i];
-    return v > kNegInf && is_allowed(i);
-  };
-
-  // top-k: the k-th largest candidate's key.
-  unsigned int t_k = 0;
-  if (a.top_k > 0) {
-    t_k = row_select<false>(
-        n,
-        [&](int i, unsigned int& key, unsigned long long&) {
-          float v;
-          if (!base(i, v)) return false;
-          key = row_key(v);
-          return true;
-        },
-        [&](unsigned long long total) { return (unsigned long long)a.top_k >= total ? 0ull : (unsigned long long)a.top_k; },
-        sh);
-  }
-  // top-p over the top-k set.
-  unsigned int t_p = 0;
-  if (a.top_p < 1.0f) {
-    t_p = row_select<true>(
-        n,
-        [&](int i, unsigned int& key, unsigned long long& mass) {
-          float v;
-          if (!base(i, v)) return false;
-          key = row_key(v);
-          if (key < t_k) return false;
-          mass = row_mass((v - m) / t);
-          return true;
-        },
-        [&](unsigned long long total) {
-          const double want = ceil(double(a.top_p) * double(total));
-          return want < 1.0 ? 1ull : want >= double(total) ? total : (unsigned long long)want;
-        },
-        sh);
-  }
-  const unsigned int t_kp = max(t_k, t_p);
-  const bool min_p_on = a.min_p > 0.0f;
-  const double min_log = min_p_on ? double(t) * log(double(a.min_p)) : 0.0;
-  auto kept_kpm = [&](int i, float& v) {
-    if (!base(i, v) || row_key(v) < t_kp) return false;
-    return !min_p_on || v == m || double(v) - double(m) >= min_log;
-  };
-  // typical-p over the set kept so far: keep |x_i - c| <= d*, c = sum(w x) / sum(w) (the
-  // entropy's shift: -log q_i - H = c - x_i), x_i = (l_i - max) / T.
-  bool typical_on = a.typical_p < 1.0f;
-  float c = 0.0f;
-  unsigned int t_typ = 0;
-  if (typical_on) {
-    double sw = 0, swx = 0;
-    for (int i = threadIdx.x; i < n; i += kRowThreads) {
-      float v;
-      if (!kept_kpm(i, v)) continue;
-      const float xi = (v - m) / t;
-      const double w = double(expf(xi));
-      sw += w;
-      swx += w * double(xi);
+    if constexpr (kPass > 0) {
+      if ((key >> (kShift + kBits)) != prefix) continue;
     }
-    sw = row_block_sum(sw, sh);
-    swx = row_block_sum(swx, sh);
-    c = sw > 0 ? float(swx / sw) : 0.0f;
-    t_typ = row_select<true>(
-        n,
-        [&](int i, unsigned int& key, unsigned long long& mass) {
-          float v;
-          if (!kept_kpm(i, v)) return false;
-          const float xi = (v - m) / t;
-          key = ~row_key(fabsf(xi - c));  // the nearest to c ranks highest
-          mass = row_mass(xi);
-          return true;
-        },
-        [&](unsigned long long total) {
-          const double want = ceil(double(a.typical_p) * double(total));
-          return want < 1.0 ? 1ull : want >= double(total) ? total : (unsigned long long)want;
-        },
-        sh);
-    typical_on = t_typ != 0;
+    const unsigned int d = (key >> kShift) & (kBins - 1);
+    atomicAdd(&s_count[d], 1u);
+    if constexpr (kMass) atomicAdd(&s_mass[d], rows_mass(v[j], r.m, r.t));
   }
-  auto kept = [&](int i, float& v) {
-    if (!kept_kpm(i, v)) return false;
-    return !typical_on || ~row_key(fabsf((v - m) / t - c)) >= t_typ;
-  };
+  __syncthreads();
+  for (int d = threadIdx.x; d < kBins; d += kRowsThreads) {
+    if (s_count[d] == 0) continue;
+    atomicAdd(&st->count[d], s_count[d]);
+    if constexpr (kMass) atomicAdd(&st->mass[d], s_mass[d]);
+  }
+  if (!rows_last_block(&st->ticket, &s_flag)) return;
 
-  // The draw: Gumbel-max over the kept set.
+  // The row's last block: take the row's histogram and clear it for the next pass.
+  for (int d = threadIdx.x; d < kBins; d += kRowsThreads) {
+    s_count[d] = __ldcg(&st->count[d]);
+    st->count[d] = 0;
+    if constexpr (kMass) {
+      s_mass[d] = __ldcg(&st->mass[d]);
+      st->mass[d] = 0;
+    }
+  }
+  __syncthreads();
+  unsigned long long target, above = 0;
+  const RowsScan scn = kMass ? rows_scan(s_mass, kBins, s_red) : rows_scan(s_count, kBins, s_red);
+  if (kPass == 0) {
+    if constexpr (kMass) {
+      const float p = kCut == kTopP ? a.top_p : a.typical_p;
+      if (scn.total == 0) {
+        if (threadIdx.x == 0) st->done[kCut] = 1;
+        return;
+      }
+      const double want = ceil(double(p) * double(scn.total));
+      target = want < 1.0 ? 1ull : want >= double(scn.total) ? scn.total : (unsigned long long)want;
+    } else {
+      if ((unsigned long long)a.top_k >= scn.total) {  // fewer candidates than k: top-k is off
+        if (threadIdx.x == 0) st->done[kCut] = 1;
+        return;
+      }
+      target = (unsigned long long)a.top_k;
+    }
+  } else {
+    target = kMass ? st->target[kCut] : st->k_rem;
+    above = kMass ? st->above[kCut] : 0;
+  }
+  // The digit at which the running sum from the top first reaches target - above.
+  const unsigned long long want = target - above;
+  if (scn.excl < want && want <= scn.excl + scn.own) {
+    constexpr int kPer = kBins / kRowsThreads;
+    unsigned long long acc = scn.excl;
+    for (int j = 0; j < kPer; ++j) {
+      const int d = kBins - 1 - (int(threadIdx.x) * kPer + j);
+      const unsigned long long w = kMass ? s_mass[d] : s_count[d];
+      if (acc + w >= want) {
+        s_digit = d;
+        s_above = acc;
+        break;
+      }
+      acc += w;
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  const int d = s_digit;
+  const unsigned int digits = (kPass == 0 ? 0u : prefix << kBits) | unsigned(d);
+  if constexpr (kMass) {
+    // Settled when the digit holds one candidate (it is the crossing one).
+    if (kPass == 2 || s_count[d] == 1) {
+      st->done[kCut] = 1;
+      st->t[kCut] = digits << kShift;
+    } else {
+      st->prefix[kCut] = digits;
+      st->target[kCut] = target;
+      st->above[kCut] = above + s_above;
+    }
+  } else {
+    // Settled when every candidate of the digit is kept (the k-th largest is its last).
+    const unsigned long long rem = want - s_above;
+    if (kPass == 2 || s_count[d] == rem) {
+      st->done[kCut] = 1;
+      st->t[kCut] = digits << kShift;
+    } else {
+      st->prefix[kCut] = digits;
+      st->k_rem = unsigned(rem);
+    }
+  }
+}
+
+// typical-p: the kept set's sums of w and w x (x = (l - max) / T) per chunk, then the row's
+// last block adds them in chunk order (the same bits every time) into the center.
+__global__ void __launch_bounds__(kRowsThreads)
+    rows_typical_sums_kernel(const float* __restrict__ logits, int n, const SampleRowArgs* __restrict__ args,
+                             const uint32_t* __restrict__ allowed, int64_t mask_words, RowsScratch sc) {
+  pdl_wait();
+  __shared__ double s_w[kRowsWarps], s_wx[kRowsWarps];
+  __shared__ int s_flag;
+  const int row = blockIdx.y;
+  const SampleRowArgs a = args[row];
+  RowState* st = sc.state + row;
+  if (!rows_cut_on(a, kTypical)) return;
+  float v[kRowsPer];
+  rows_load(logits + int64_t(row) * n, n, allowed ? allowed + int64_t(row) * mask_words : nullptr, mask_words * 32, v);
+  const RowView r = rows_view(a, st, sc.part_key + int64_t(row) * sc.nb, sc.nb);
+  double w = 0, wx = 0;
+#pragma unroll
+  for (int j = 0; j < kRowsPer; ++j) {
+    if (v[j] != v[j] || !rows_kept_kpm(r, v[j])) continue;
+    const float xi = (v[j] - r.m) / r.t;
+    const double wi = double(expf(xi));
+    w += wi;
+    wx += wi * double(xi);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    w += __shfl_xor_sync(0xffffffffu, w, o);
+    wx += __shfl_xor_sync(0xffffffffu, wx, o);
+  }
+  if ((threadIdx.x & 31) == 0) s_w[threadIdx.x >> 5] = w, s_wx[threadIdx.x >> 5] = wx;
+  __syncthreads();
+  RowSums* parts = sc.part_sums + int64_t(row) * sc.nb;
+  if (threadIdx.x == 0) {
+    RowSums p{0, 0};
+    for (int k = 0; k < kRowsWarps; ++k) p.w += s_w[k], p.wx += s_wx[k];
+    parts[blockIdx.x] = p;
+  }
+  if (!rows_last_block(&st->ticket, &s_flag)) return;
+  if (threadIdx.x == 0) {
+    double tw = 0, twx = 0;
+    for (int b = 0; b < sc.nb; ++b) tw += __ldcg(&parts[b].w), twx += __ldcg(&parts[b].wx);
+    st->center = tw > 0 ? twx / tw : 0.0;
+  }
+}
+
+__device__ __forceinline__ bool rows_better(double s, int i, double bs, int bi) {
+  return s > bs || (s == bs && i < bi);
+}
+
+// The block's best (score, index) into thread 0's bs, bi; every thread calls it.
+__device__ __forceinline__ void rows_block_best(double& bs, int& bi, double* s_score, int* s_index) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const double os = __shfl_xor_sync(0xffffffffu, bs, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (rows_better(os, oi, bs, bi)) bs = os, bi = oi;
+  }
+  if (lane == 0) s_score[warp] = bs, s_index[warp] = bi;
+  __syncthreads();
+  if (threadIdx.x == 0)
+    for (int w = 1; w < kRowsWarps; ++w)
+      if (rows_better(s_score[w], s_index[w], bs, bi)) bs = s_score[w], bi = s_index[w];
+}
+
+// Gumbel-max over the kept set (greedy rows: the largest candidate), each block's best into
+// its part; the row's last block picks the row's best and writes the token and the flag.
+__global__ void __launch_bounds__(kRowsThreads)
+    rows_draw_kernel(const float* __restrict__ logits, int n, const SampleRowArgs* __restrict__ args,
+                     const uint32_t* __restrict__ allowed, int64_t mask_words, RowsScratch sc,
+                     int32_t* __restrict__ out, int32_t* __restrict__ nonfinite) {
+  pdl_wait();
+  __shared__ float s_max[kRowsWarps];
+  __shared__ double s_score[kRowsWarps];
+  __shared__ int s_index[kRowsWarps];
+  __shared__ int s_flag;
+  const int row = blockIdx.y;
+  const SampleRowArgs a = args[row];
+  RowState* st = sc.state + row;
+  float v[kRowsPer];
+  rows_load(logits + int64_t(row) * n, n, allowed ? allowed + int64_t(row) * mask_words : nullptr, mask_words * 32, v);
+  const bool greedy = !(a.temperature > 0.0f);
+  const RowView r = rows_view(a, st, sc.part_key + int64_t(row) * sc.nb, sc.nb);
+  bool kept[kRowsPer];
   float best = kNegInf;
-  for (int i = threadIdx.x; i < n; i += kRowThreads) {
-    float v;
-    if (kept(i, v)) best = fmaxf(best, v);
+#pragma unroll
+  for (int j = 0; j < kRowsPer; ++j) {
+    kept[j] = v[j] == v[j];
+    if (kept[j] && !greedy) {
+      kept[j] = rows_kept_kpm(r, v[j]) && (!r.typical_on || rows_typical_key(r, v[j]) >= r.t_y);
+    }
+    if (kept[j]) best = fmaxf(best, v[j]);
   }
-  best = row_block_max(best, sh);
-  const float prune = kRowPruneSpan * t;
+  best = warp_max(best);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) s_max[warp] = best;
+  __syncthreads();
+  best = kNegInf;
+#pragma unroll
+  for (int w = 0; w < kRowsWarps; ++w) best = fmaxf(best, s_max[w]);
+
   double bs = -__builtin_huge_val();
   int bi = INT_MAX;
-  for (int i = threadIdx.x; i < n; i += kRowThreads) {
-    float v;
-    // NOTE: the pruned logits skip the two double logarithms, the bulk of the draw's work.
-    if (!kept(i, v) || best - v > prune) continue;
-    const double s = double(v) / double(t) + noise_gumbel(a.seed, a.counter, uint64_t(i));
-    if (row_better(s, i, bs, bi)) bs = s, bi = i;
+  const int base = blockIdx.x * kRowsChunk + threadIdx.x;
+  const float prune = kRowsPruneSpan * a.temperature;
+#pragma unroll
+  for (int j = 0; j < kRowsPer; ++j) {
+    if (!kept[j]) continue;
+    const int i = base + j * kRowsThreads;
+    double s;
+    if (greedy) {
+      s = double(v[j]);
+    } else {
+      // NOTE: the pruned logits skip the two double logarithms, the bulk of the draw's work.
+      if (best - v[j] > prune) continue;
+      s = double(v[j]) / double(a.temperature) + noise_gumbel(a.seed, a.counter, uint64_t(i));
+    }
+    if (rows_better(s, i, bs, bi)) bs = s, bi = i;
   }
-  bi = row_block_best(bs, bi, sh);
+  rows_block_best(bs, bi, s_score, s_index);
+  RowBest* parts = sc.part_best + int64_t(row) * sc.nb;
+  if (threadIdx.x == 0) parts[blockIdx.x] = RowBest{bs, bi, 0};
+  if (!rows_last_block(&st->ticket, &s_flag)) return;
+
+  bs = -__builtin_huge_val();
+  bi = INT_MAX;
+  int bad = 0;
+  const int* part_bad = sc.part_bad + int64_t(row) * sc.nb;
+  for (int b = threadIdx.x; b < sc.nb; b += kRowsThreads) {
+    const double s = __ldcg(&parts[b].score);
+    const int i = __ldcg(&parts[b].index);
+    bad |= __ldcg(part_bad + b);
+    if (rows_better(s, i, bs, bi)) bs = s, bi = i;
+  }
+  bad = __syncthreads_or(bad);
+  rows_block_best(bs, bi, s_score, s_index);
   if (threadIdx.x == 0) {
-    out[row] = bi == INT_MAX ? -1 : bi;
+    out[row] = bi == INT_MAX ? -1 : int32_t(bi);
     nonfinite[row] = bad;
   }
 }
@@ -371,16 +579,37 @@ __global__ void __launch_bounds__(kRowThreads)
 }  // namespace
 
 void sample_rows(float* logits, int64_t rows, int64_t vocab, const SampleRowArgs* args, const LogitAdjust* adjust,
-                 const uint32_t* allowed, int64_t mask_words, int32_t* out, int32_t* nonfinite, cudaStream_t s) {
+                 const uint32_t* allowed, int64_t mask_words, int cuts, int32_t* out, int32_t* nonfinite,
+                 cudaStream_t s) {
   if (rows <= 0) return;
   if (vocab < 1) throw InvalidInput("sample_rows: vocab must be >= 1, got " + std::to_string(vocab));
   if (vocab > kSampleMaxVocab)
     throw Unsupported("sample_rows: vocab " + std::to_string(vocab) + " exceeds the largest supported, " +
                       std::to_string(kSampleMaxVocab));
-  if (rows > 0x7fffffffLL) throw Unsupported("sample_rows: more than 2^31 - 1 rows");
+  if (rows > 65535) throw Unsupported("sample_rows: more than 65535 rows");
   if (allowed && mask_words <= 0) throw InvalidInput("sample_rows: a token mask of no words");
-  launch_kernel(sample_rows_kernel, unsigned(rows), kRowThreads, 0, s, logits, int(vocab), args, adjust, allowed,
-                mask_words, out, nonfinite);
+  const int n = int(vocab);
+  const RowsScratch sc = rows_scratch(rows, vocab);
+  const dim3 grid(unsigned(sc.nb), unsigned(rows));
+  launch_kernel(rows_prep_kernel, grid, kRowsThreads, 0, s, logits, n, args, adjust, allowed, mask_words, sc);
+  const float* l = logits;
+  if (cuts & kSampleCutTopK) {
+    launch_kernel(rows_select_kernel<kTopK, 0>, grid, kRowsThreads, 0, s, l, n, args, allowed, mask_words, sc);
+    launch_kernel(rows_select_kernel<kTopK, 1>, grid, kRowsThreads, 0, s, l, n, args, allowed, mask_words, sc);
+    launch_kernel(rows_select_kernel<kTopK, 2>, grid, kRowsThreads, 0, s, l, n, args, allowed, mask_words, sc);
+  }
+  if (cuts & kSampleCutTopP) {
+    launch_kernel(rows_select_kernel<kTopP, 0>, grid, kRowsThreads, 0, s, l, n, args, allowed, mask_words, sc);
+    launch_kernel(rows_select_kernel<kTopP, 1>, grid, kRowsThreads, 0, s, l, n, args, allowed, mask_words, sc);
+    launch_kernel(rows_select_kernel<kTopP, 2>, grid, kRowsThreads, 0, s, l, n, args, allowed, mask_words, sc);
+  }
+  if (cuts & kSampleCutTypical) {
+    launch_kernel(rows_typical_sums_kernel, grid, kRowsThreads, 0, s, l, n, args, allowed, mask_words, sc);
+    launch_kernel(rows_select_kernel<kTypical, 0>, grid, kRowsThreads, 0, s, l, n, args, allowed, mask_words, sc);
+    launch_kernel(rows_select_kernel<kTypical, 1>, grid, kRowsThreads, 0, s, l, n, args, allowed, mask_words, sc);
+    launch_kernel(rows_select_kernel<kTypical, 2>, grid, kRowsThreads, 0, s, l, n, args, allowed, mask_words, sc);
+  }
+  launch_kernel(rows_draw_kernel, grid, kRowsThreads, 0, s, l, n, args, allowed, mask_words, sc, out, nonfinite);
 }
 
 }  // namespace osprey::cuda
