@@ -23,6 +23,7 @@
 //      batch, and the CPU and the device draw the same token wherever their kept sets agree.
 // Masses may ignore weights below 2^-40 (the device sums them in 2^-40 fixed point): a token
 // that light is never the one a top-p or typical-p cut turns on.
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -92,11 +93,12 @@ class Sampler {
 
  private:
   const float* adjust(std::span<const float> logits, std::span<const int32_t> history,
-                      std::span<const uint64_t> allowed) const;
-  float scan_max(const float* l, size_t n) const;
+                      std::span<const uint64_t> allowed, float& max) const;
+  float scan_max(const float* l, size_t n, bool& finite) const;
   int32_t first_max(const float* l, size_t n, float max) const;
   bool kth_largest(const float* l, size_t n, float& out) const;
   double heavy_mass(const float* l, size_t n, float max, float inv_t) const;
+  void tail_mass_bounds(const float* l, size_t n, float max, float inv_t, float lo, double& low, double& high) const;
   void gather(const float* l, size_t n, float lo) const;
   void weigh(float max, float inv_t) const;
   void keep_key_at_least(float v) const;
@@ -111,6 +113,7 @@ class Sampler {
   mutable std::vector<float> work_;       // [vocab] the adjusted logits, when a step changes any
   mutable std::vector<float> block_max_;  // [vocab / 64 rounded up] the max of each block of 64
   mutable std::vector<float> heap_;       // [top_k] top-k's min-heap
+  mutable size_t n_cand_ = 0;             // candidates (the vectors below may be longer)
   mutable std::vector<int32_t> cand_id_;  // [n_cand] the candidates, ascending ids
   mutable std::vector<float> cand_l_;     // [n_cand] their adjusted logits
   mutable std::vector<float> cand_w_;     // [n_cand] their weights exp((l - max) / T)
