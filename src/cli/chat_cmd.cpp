@@ -72,6 +72,7 @@ ChatSampling chat_sampling(const ChatOptions& o, const std::string& dir, const C
   if (!given("--top-k")) p.top_k = d.params.top_k;
   if (!given("--top-p")) p.top_p = d.params.top_p;
   if (!given("--min-p")) p.min_p = d.params.min_p;
+  if (!given("--typical-p")) p.typical_p = d.params.typical_p;
   if (!given("--repeat-penalty")) p.repetition_penalty = d.params.repetition_penalty;
   return s;
 }
@@ -81,10 +82,13 @@ double printable(float v) { return std::round(double(v) * 1e6) / 1e6; }
 
 ordered_json sampler_json(const ChatSampling& s) {
   const SamplerParams& p = s.params;
-  return {{"temperature", printable(p.temperature)}, {"top_k", p.top_k},
-          {"top_p", printable(p.top_p)},             {"min_p", printable(p.min_p)},
-          {"repeat_penalty", printable(p.repetition_penalty)}, {"repeat_last_n", p.repeat_last_n},
-          {"defaults", s.defaults}};
+  ordered_json j = {{"temperature", printable(p.temperature)}, {"top_k", p.top_k},
+                    {"top_p", printable(p.top_p)}, {"min_p", printable(p.min_p)}};
+  if (p.typical_p < 1.0f) j["typical_p"] = printable(p.typical_p);  // named only when on
+  j["repeat_penalty"] = printable(p.repetition_penalty);
+  j["repeat_last_n"] = p.repeat_last_n;
+  j["defaults"] = s.defaults;
+  return j;
 }
 
 std::atomic<bool> g_interrupted{false};
@@ -539,10 +543,10 @@ int run_chat(const ChatOptions& o, const CLI::App& app) {
   if (o.verbose) {
     const SamplerParams& p = sampling.params;
     std::fprintf(stderr,
-                 "seed: %llu\nsampler: temperature %g, top-k %d, top-p %g, min-p %g, repeat-penalty %g (unset flags "
-                 "from %s)\ncontext: %lld tokens\n",
+                 "seed: %llu\nsampler: temperature %g, top-k %d, top-p %g, min-p %g, typical-p %g, repeat-penalty %g "
+                 "(unset flags from %s)\ncontext: %lld tokens\n",
                  (unsigned long long)p.seed, printable(p.temperature), p.top_k, printable(p.top_p), printable(p.min_p),
-                 printable(p.repetition_penalty), sampling.defaults.c_str(), (long long)chat.context());
+                 printable(p.typical_p), printable(p.repetition_penalty), sampling.defaults.c_str(), (long long)chat.context());
   }
   return isatty(STDIN_FILENO) ? run_interactive(chat) : run_script(chat);
 }

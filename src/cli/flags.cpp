@@ -98,6 +98,7 @@ void add_sampler_options(CLI::App& app, SamplerParams& p, bool checkpoint_defaul
   add("--top-k", p.top_k, "Top-k (0: off)", int_range(0, INT32_MAX));
   add("--top-p", p.top_p, "Top-p (1: off)", real_range(0, 1, true, false));
   add("--min-p", p.min_p, "Min-p (0: off)", real_range(0, 1, false, true));
+  add("--typical-p", p.typical_p, "Locally typical sampling's mass (1: off)", real_range(0, 1, true, false));
   add("--repeat-penalty", p.repetition_penalty, "Repetition penalty (1: off)", real_range(0, 1e9, true, false));
   app.add_option("--repeat-last-n", p.repeat_last_n, "Tokens the repetition penalty looks back over")
       ->check(int_range(0, INT32_MAX))

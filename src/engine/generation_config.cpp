@@ -9,7 +9,7 @@
 namespace osprey {
 namespace {
 
-constexpr const char* kSamplingFields[] = {"temperature", "top_k", "top_p", "min_p", "repetition_penalty"};
+constexpr const char* kSamplingFields[] = {"temperature", "top_k", "top_p", "min_p", "typical_p", "repetition_penalty"};
 
 // Sampler settings with these filters and no repetition penalty.
 SamplerParams sampling_preset(float temperature, int top_k, float top_p, float min_p) {
@@ -43,6 +43,8 @@ void apply(const ConfigReader& c, SamplerParams& p) {
   }
   if (c.has("top_p")) p.top_p = real_field(c, "top_p", [](double v) { return v > 0 && v <= 1; }, "(0, 1]");
   if (c.has("min_p")) p.min_p = real_field(c, "min_p", [](double v) { return v >= 0 && v < 1; }, "[0, 1)");
+  if (c.has("typical_p"))
+    p.typical_p = real_field(c, "typical_p", [](double v) { return v > 0 && v <= 1; }, "(0, 1]");
   if (c.has("repetition_penalty"))
     p.repetition_penalty = real_field(c, "repetition_penalty", [](double v) { return v > 0; }, "(0, inf)");
 }

@@ -83,8 +83,9 @@ GenerateResult generate(Model& model, SequenceCache& cache, std::span<const int3
     return result;
   }
   const Device dev = model.info().device;
-  // NOTE: the penalties need the history on the host, so they sample there.
-  st.device_sampling = !dev.is_cpu() && !uses_history(params.sampler) && !params.grammar;
+  // NOTE: the penalties need the history on the host, so they sample there; so do the logit
+  // bias and typical-p, which the device sampler does not apply (needs_host_sampler).
+  st.device_sampling = !dev.is_cpu() && !needs_host_sampler(params.sampler) && !params.grammar;
   st.pipelined = st.device_sampling && params.pipelined;
   Sampler sampler(params.sampler);
   std::optional<grammar::Matcher> matcher;

@@ -202,6 +202,8 @@ CompletionRequest read_completion_fields(const json& body, bool chat) {
   s.top_k = int(int_field(body, "top_k", 0, 1 << 30).value_or(0));
   s.min_p = float(number_field(body, "min_p", 0, 1).value_or(0.0));
   if (s.min_p >= 1) throw bad_request("'min_p' must be in [0, 1)", "min_p");
+  s.typical_p = float(number_field(body, "typical_p", 0, 1).value_or(1.0));
+  if (s.typical_p <= 0) throw bad_request("'typical_p' must be in (0, 1]", "typical_p");
   s.repetition_penalty = float(number_field(body, "repeat_penalty", 0, 1e6).value_or(1.0));
   if (s.repetition_penalty <= 0) throw bad_request("'repeat_penalty' must be > 0", "repeat_penalty");
   s.repeat_last_n = int(int_field(body, "repeat_last_n", 0, 1 << 30).value_or(64));
