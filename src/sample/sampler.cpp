@@ -373,11 +373,14 @@ void Sampler::tail_mass_bounds(const float* l, size_t n, float max, float inv_t,
 
 // The candidates: every i with l[i] >= lo (lo >= -FLT_MAX, so no banned token), ascending.
 void Sampler::gather(const float* l, size_t n, float lo) const {
-  if (cand_id_.size() < n) {
+  if (cand_id_.size() < n) {  // once per vocabulary size: every scratch of the cuts at its largest
     cand_id_.resize(n);
     cand_l_.resize(n);
     cand_w_.resize(n);
     cand_key_.resize(n);
+    for (int i = 0; i < 2; ++i) level_key_[i].resize(n), level_mass_[i].resize(n);
+    sorted_.reserve(kSortedCut);
+    hist_.reserve(kBuckets);
   }
   size_t m = 0;
   for (size_t b = 0; b < block_max_.size(); ++b) {
@@ -446,9 +449,8 @@ float Sampler::cut_by_mass(std::span<const float> key, std::span<const float> ma
     size_t cut = 0;
     double above = 0;
     for (; cut + 1 < kBuckets && above + hist_[cut] < target; ++cut) above += hist_[cut];
-    std::vector<float>& next_k = level_key_[level & 1];
+    std::vector<float>& next_k = level_key_[level & 1];  // as long as the candidates (gather)
     std::vector<float>& next_m = level_mass_[level & 1];
-    if (next_k.size() < n) next_k.resize(n), next_m.resize(n);
     size_t c = 0;
     for (i = 0; i < n; ++i) {
       if (bucket(k[i]) != cut) continue;
