@@ -51,7 +51,8 @@ i32x4 non_finite4(f32x4 v) { return ((i32x4)v & 0x7f800000) == 0x7f800000; }
 
 // exp(x) for x <= 0 (0 below -87, where expf leaves the normal range), within 1e-7 relative:
 // Cody-Waite reduction by ln 2 and Cephes' degree-5 polynomial. Every weight of the sampler
-// comes from here, so that equal logits always weigh the same.
+// comes from here, so that equal logits always weigh the same. NOTE: the baseline x86-64 build
+// has no FMA to contract its products into, so every inlined copy rounds alike.
 f32x4 exp4(f32x4 x) {
   const i32x4 under = x < -87.0f;
   x = select4(under, splat(-87.0f), x);
