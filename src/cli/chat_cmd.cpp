@@ -65,15 +65,8 @@ struct ChatSampling {
 // the command line over them; the seed and --repeat-last-n are the flags' own.
 ChatSampling chat_sampling(const ChatOptions& o, const std::string& dir, const CLI::App& app) {
   const SamplingDefaults d = read_sampling_defaults(dir);
-  auto given = [&](const char* flag) { return app.count(flag) > 0; };
   ChatSampling s{o.sampler, d.source};
-  SamplerParams& p = s.params;
-  if (!given("--temp")) p.temperature = d.params.temperature;
-  if (!given("--top-k")) p.top_k = d.params.top_k;
-  if (!given("--top-p")) p.top_p = d.params.top_p;
-  if (!given("--min-p")) p.min_p = d.params.min_p;
-  if (!given("--typical-p")) p.typical_p = d.params.typical_p;
-  if (!given("--repeat-penalty")) p.repetition_penalty = d.params.repetition_penalty;
+  fill_unset_sampler_fields(s.params, d.params, given_sampler_flags(app));
   return s;
 }
 

@@ -1,5 +1,6 @@
 #include "cli/flags.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -84,6 +85,27 @@ std::vector<int64_t> parse_int_list(const std::string& flag, const std::string& 
     if (comma == std::string::npos) return out;
     pos = comma + 1;
   }
+}
+
+namespace {
+const char* const kSamplerFlags[] = {"--temp", "--top-k", "--top-p", "--min-p", "--typical-p", "--repeat-penalty"};
+}  // namespace
+
+std::vector<std::string> given_sampler_flags(const CLI::App& app) {
+  std::vector<std::string> given;
+  for (const char* f : kSamplerFlags)
+    if (app.count(f) > 0) given.push_back(f);
+  return given;
+}
+
+void fill_unset_sampler_fields(SamplerParams& p, const SamplerParams& d, const std::vector<std::string>& given) {
+  auto unset = [&](const char* flag) { return std::find(given.begin(), given.end(), flag) == given.end(); };
+  if (unset("--temp")) p.temperature = d.temperature;
+  if (unset("--top-k")) p.top_k = d.top_k;
+  if (unset("--top-p")) p.top_p = d.top_p;
+  if (unset("--min-p")) p.min_p = d.min_p;
+  if (unset("--typical-p")) p.typical_p = d.typical_p;
+  if (unset("--repeat-penalty")) p.repetition_penalty = d.repetition_penalty;
 }
 
 void add_sampler_options(CLI::App& app, SamplerParams& p, bool checkpoint_defaults) {

@@ -33,6 +33,11 @@ std::vector<int64_t> parse_int_list(const std::string& flag, const std::string& 
 // Sets p.seed to random_seed() at once: a parse without --seed (or with --seed -1) samples
 // with a fresh seed; --seed N stores N.
 void add_sampler_options(CLI::App& app, SamplerParams& p, bool checkpoint_defaults = false);
+// The sampler flags (add_sampler_options') that the command line gave.
+std::vector<std::string> given_sampler_flags(const CLI::App& app);
+// Each field of `p` whose flag is not in `given` taken from `defaults`: temperature, top-k,
+// top-p, min-p, typical-p and the repetition penalty (the seed and --repeat-last-n stay p's).
+void fill_unset_sampler_fields(SamplerParams& p, const SamplerParams& defaults, const std::vector<std::string>& given);
 
 // -m/--model (a folder holding `folder_holds`, or a Hub id; empty: the embedded default model)
 // and --download (fetch a Hub model missing from the cache), in that order.

@@ -21,6 +21,7 @@
 #include "core/env.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "engine/generation_config.h"
 #include "engine/generator.h"
 #include "engine/sharded_model.h"
 #include "grammar/json_schema.h"
@@ -90,6 +91,7 @@ struct GenerateOptions {
   int n_predict = 128;
   int64_t ctx_size = 0;  // 0: the model's max_position_embeddings
   SamplerParams sampler;
+  std::vector<std::string> sampler_flags;  // the sampler flags given (the others: the model's defaults)
   bool json = false;
   bool verbose = false;
   bool ignore_eos = false;
@@ -217,7 +219,11 @@ int run_generate(const GenerateOptions& o) {
   gp.max_tokens = o.n_predict;
   // Prompt and reply together fit in -c (the engine itself stops at the model's context).
   if (o.ctx_size > 0) gp.max_tokens = int(std::min<int64_t>(o.n_predict, ctx - int64_t(prompt.size())));
+  // A sampler flag left out takes generation_config.json's value, else the flag's default.
+  const SamplingDefaults sd = file_sampling_defaults(dir, o.sampler, "the flags' defaults");
   gp.sampler = o.sampler;
+  fill_unset_sampler_fields(gp.sampler, sd.params, o.sampler_flags);
+  if (!o.quiet && sd.source != "the flags' defaults") std::fprintf(stderr, "sampling defaults: %s\n", sd.source.c_str());
   if (!o.ignore_eos) {
     gp.stop_ids = model->info().eos_ids;
     if (tokenizer)
@@ -320,8 +326,9 @@ Command add_generate(CLI::App& app) {
   chat->excludes(t);
   auto* system = app.add_option("--system", o->system, "With --chat: a system message before the user's");
   app.add_flag("-q,--quiet", o->quiet, "No banner and no timing line on stderr");
-  return [o, p, f, t, chat, system] {
+  return [o, p, f, t, chat, system, &app] {
     if (!*p && !*f && !*t) throw UsageError("generate: give a prompt with -p TEXT, -f FILE or --token-ids 1,2,3");
+    o->sampler_flags = given_sampler_flags(app);
     if (*system && !*chat) throw UsageError("generate --system: needs --chat (the system message goes through the chat template)");
     return run_generate(*o);
   };

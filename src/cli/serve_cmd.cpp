@@ -47,7 +47,14 @@ struct ServeOptions {
   int shutdown_timeout_s = 5;
   std::string api_key_file;
   std::string reasoning_format = "auto";
+  int parallel = 0;  // -np; 0: kAutoParallel* by device and layout
 };
+
+// Sequences running at once when -np is not given: a few on the CPU (its batches share the
+// weight reads), a full batch on a GPU; one for the dense layout, whose slots each hold a
+// whole context.
+constexpr int kAutoParallelCpu = 4;
+constexpr int kAutoParallelGpu = 64;
 
 // The keys of an --api-key-file: one a line, blank lines and '#' comments skipped.
 std::vector<std::string> read_api_keys(const std::string& path) {
@@ -126,6 +133,10 @@ int run_serve(ServeOptions& o) {
   if (so.alias.empty() && !o.model.empty() && !fs::exists(o.model)) so.alias = o.model;  // a Hub id names itself
   if (!fs::exists(so.model_dir)) throw IoError("model folder " + so.model_dir.string() + " does not exist");
   so.device = select_device(o.device.empty() ? env_options().device : o.device);
+  so.n_slots = o.parallel > 0                     ? o.parallel
+               : so.kv_layout == KVLayout::dense ? 1
+               : so.device.is_cpu()              ? kAutoParallelCpu
+                                                 : kAutoParallelGpu;
   const EnvOptions& env = env_options();
   so.cache.step = env.kv_step;
   so.cache.inplace = env.kv_inplace_write;
@@ -212,7 +223,10 @@ Command add_serve(CLI::App& app) {
   add_int_option(app, "--port", s.port, "Port to listen on (0: any free port)", 0, 65535);
   add_int_option(app, "-c,--ctx-size", s.ctx_size, "Context per sequence (0: the model's max_position_embeddings)", 0,
                  kMaxContext);
-  add_int_option(app, "--parallel", s.n_slots, "Sequences running at once (also -np)", 1, kMaxSlots);
+  add_int_option(app, "--parallel", o->parallel,
+                 "Sequences running at once (also -np; 0: " + std::to_string(kAutoParallelCpu) + " on the CPU, " +
+                     std::to_string(kAutoParallelGpu) + " on a GPU, 1 with --kv-layout dense)",
+                 0, kMaxSlots);
   app.add_option("--kv-layout", s.kv_layout,
                  "How the attention cache is kept. paged: one shared pool, and every running request is decoded "
                  "in one batch (the fast choice). dense: one cache per --parallel slot, the requests decoded one "

@@ -81,6 +81,7 @@ EnvOptions read_env() {
   o.cpu_amx = parse_strict_switch("OSPREY_CPU_AMX");
   o.force_sync = parse_switch(std::getenv("OSPREY_FORCE_SYNC"), false);
   o.cuda_graphs = parse_switch(std::getenv("OSPREY_CUDA_GRAPHS"), true);
+  o.cuda_sample_rows = parse_switch(std::getenv("OSPREY_CUDA_SAMPLE_ROWS"), true);
   o.cuda_pdl = parse_switch(std::getenv("OSPREY_CUDA_PDL"), true);
   o.cuda_quant_mma = parse_switch(std::getenv("OSPREY_CUDA_QUANT_MMA"), true);
   o.cuda_fp8_weights = parse_strict_switch("OSPREY_CUDA_FP8_WEIGHTS");

@@ -19,6 +19,7 @@ struct EnvOptions {
   std::string device;              // OSPREY_DEVICE: cpu, cuda or cuda:N (empty: choose)
   bool force_sync = false;         // OSPREY_FORCE_SYNC: 1 turns pipelined decode off (CUDA)
   bool cuda_graphs = true;         // OSPREY_CUDA_GRAPHS: 0 turns decode-step graph replay off
+  bool cuda_sample_rows = true;    // OSPREY_CUDA_SAMPLE_ROWS: 0 samples batched sequences on the host
   int paged_split_keys = 0;        // OSPREY_PAGED_SPLIT_KEYS: keys per split of paged attention (0: chosen)
   bool cuda_pdl = true;            // OSPREY_CUDA_PDL: 0 turns programmatic dependent launch off
   bool cuda_quant_mma = true;      // OSPREY_CUDA_QUANT_MMA: 4-bit layers of 4-16 rows on the tensor-core kernel

@@ -53,6 +53,26 @@ void apply(const ConfigReader& c, SamplerParams& p) {
 
 SamplerParams llama_cpp_sampling() { return sampling_preset(0.8f, 40, 0.95f, 0.05f); }
 
+SamplerParams openai_sampling() { return sampling_preset(1.0f, 0, 1.0f, 0.0f); }
+
+SamplingDefaults file_sampling_defaults(const std::filesystem::path& dir, const SamplerParams& fallback,
+                                        const std::string& fallback_name) {
+  const std::filesystem::path path = dir / "generation_config.json";
+  SamplingDefaults d{fallback, fallback_name};
+  if (!regular_file_exists(path)) return d;
+  const ConfigReader c = ConfigReader::load(path);
+  apply(c, d.params);  // only the fields the file gives; checks each
+  std::string taken;
+  for (const char* f : kSamplingFields)
+    if (c.has(f)) taken += std::string(taken.empty() ? "" : ", ") + f;
+  if (c.has("do_sample") && !c.get_bool("do_sample", true)) {
+    d.params.temperature = 0.0f;
+    taken += std::string(taken.empty() ? "" : ", ") + "do_sample";
+  }
+  if (!taken.empty()) d.source = "generation_config.json (" + taken + ")";
+  return d;
+}
+
 SamplingDefaults read_sampling_defaults(const std::filesystem::path& dir) {
   const std::filesystem::path path = dir / "generation_config.json";
   SamplingDefaults d{llama_cpp_sampling(), "llama.cpp defaults"};

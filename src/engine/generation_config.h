@@ -1,6 +1,7 @@
 #pragma once
-// The sampling settings a checkpoint asks for in its generation_config.json, for front ends
-// that sample by default (osprey chat). generate and the server do not read them.
+// The sampling settings a checkpoint asks for in its generation_config.json: osprey chat's
+// defaults (read_sampling_defaults), and the values generate and the server give the sampling
+// fields a command or request leaves out (file_sampling_defaults).
 #include <filesystem>
 #include <string>
 
@@ -29,5 +30,17 @@ struct SamplingDefaults {
 // Never greedy unless the file says so. A field of the wrong type or out of the sampler's
 // range is InvalidInput naming the file and the field; a malformed file likewise.
 SamplingDefaults read_sampling_defaults(const std::filesystem::path& dir);
+
+// OpenAI's sampling defaults: temperature 1, top_p 1, no other cut, no penalty.
+SamplerParams openai_sampling();
+
+// What a request or command that omits a sampling field gets (vLLM's rule for the model's
+// generation_config.json): each of `temperature`, `top_k`, `top_p`, `min_p`, `typical_p` and
+// `repetition_penalty` the file gives replaces the fallback's value, and "do_sample": false
+// makes it greedy (temperature 0); every other value is the fallback's. source:
+// "generation_config.json (<the fields taken>)", or `fallback_name` when the file (or its
+// absence) gives none. Errors as read_sampling_defaults'.
+SamplingDefaults file_sampling_defaults(const std::filesystem::path& dir, const SamplerParams& fallback,
+                                        const std::string& fallback_name);
 
 }  // namespace osprey

@@ -268,7 +268,8 @@ void PagedBackend::decode(std::span<const DecodeInput> inputs, std::vector<Decod
 
   // Inputs whose token the device chooses: only tokens cross to the host for them, not rows
   // of logits.
-  auto chooses = [](const DecodeInput& in) { return in.greedy || in.sampling; };
+  const bool draws = options_.device_sampling;
+  auto chooses = [draws](const DecodeInput& in) { return in.greedy || (draws && in.sampling); };
   const bool all_greedy = std::all_of(inputs.begin(), inputs.end(), [](const DecodeInput& in) { return in.greedy; });
   if (!dev.is_cpu() && std::any_of(inputs.begin(), inputs.end(), chooses)) {
     // Tokens and non-finite flags side by side in one array: one readback.

@@ -33,6 +33,9 @@ struct PagedBackendOptions {
   // max_sequences, by table width 8, 16, 32, ... blocks up to one context) and replayed with the
   // step's inputs uploaded into the bucket's arrays.
   bool graphs = true;
+  // CUDA: sampled inputs are drawn on the device (ops::sample_rows), only their tokens read
+  // back; off, their logits go to the host, whose sampler draws them (OSPREY_CUDA_SAMPLE_ROWS).
+  bool device_sampling = true;
   // Keys per split of the paged attention (a multiple of 64). 0: 128 with batch invariance on,
   // else by bucket (64 for buckets of 1 and 2, 128 up to 8, 1024 beyond; measured on the H200).
   int64_t split_keys = 0;

@@ -485,7 +485,11 @@ void Scheduler::step() {
   std::vector<Sequence*> decoding;
   for (auto& s : running_)
     if (!s->ended && !s->preempted && s->decoding) {
-      SequenceBackend::DecodeInput in{s->handle, s->tokens.back(), s->greedy, s->masked};
+      SequenceBackend::DecodeInput in;
+      in.handle = s->handle;
+      in.token = s->tokens.back();
+      in.greedy = s->greedy;
+      in.masked = s->masked;
       if (s->sampled) {
         in.sampling = &s->request.params.sampler;
         in.counter = uint64_t(s->n_generated);

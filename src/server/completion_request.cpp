@@ -85,6 +85,27 @@ void refuse_unsupported(const json& body, bool chat) {
   if (!chat)
     for (const char* name : {"tools", "tool_choice", "parallel_tool_calls"})
       if (set(name)) refuse(name, "tools are a chat completions field");
+  // Other servers' sampling fields: accepted at the value that changes nothing, refused by name
+  // otherwise (the chain is sample/sampler.h's).
+  auto off_unless = [&](const char* name, double off, const char* why) {
+    const json* v = field(body, name);
+    if (v && !(v->is_number() && v->get<double>() == off)) refuse(name, why);
+  };
+  off_unless("mirostat", 0, "Mirostat sampling is not implemented (0 is accepted)");
+  off_unless("tfs_z", 1, "tail-free sampling is not implemented (1 is accepted)");
+  off_unless("dynatemp_range", 0, "dynamic temperature is not implemented (0 is accepted)");
+  off_unless("xtc_probability", 0, "XTC sampling is not implemented (0 is accepted)");
+  off_unless("dry_multiplier", 0, "DRY sampling is not implemented (0 is accepted)");
+  off_unless("top_n_sigma", -1, "top-n-sigma sampling is not implemented (-1 is accepted)");
+  off_unless("min_tokens", 0, "no minimum reply length (0 is accepted)");
+  off_unless("length_penalty", 1, "no beam search (1 is accepted)");
+  if (auto b = field(body, "use_beam_search"); b && !(b->is_boolean() && !b->get<bool>()))
+    refuse("use_beam_search", "no beam search");
+  if (set("samplers") || set("sampler_seq"))
+    refuse(set("samplers") ? "samplers" : "sampler_seq",
+           "the sampler order is fixed: penalties, temperature, top-k, top-p, min-p, typical-p (docs/server.md)");
+  for (const char* name : {"bad_words", "stop_token_ids"})
+    if (auto v = field(body, name); v && !(v->is_array() && v->empty())) refuse(name, "not implemented (use 'stop' or 'logit_bias')");
 }
 
 // tools, tool_choice, parallel_tool_calls.
@@ -178,7 +199,7 @@ std::optional<std::string> string_field(const json& body, const char* name) {
   return v->get<std::string>();
 }
 
-CompletionRequest read_completion_fields(const json& body, bool chat) {
+CompletionRequest read_completion_fields(const json& body, bool chat, const SamplerParams& defaults) {
   if (!body.is_object()) throw bad_request("the request body must be a JSON object, not " + type_name(body));
   refuse_unsupported(body, chat);
   CompletionRequest r;
@@ -196,16 +217,24 @@ CompletionRequest read_completion_fields(const json& body, bool chat) {
   if (auto echo = bool_field(body, "echo"); echo && *echo) throw bad_request("'echo' is not supported", "echo");
 
   SamplerParams& s = r.params.sampler;
-  s.temperature = float(number_field(body, "temperature", 0, 2).value_or(1.0));
-  s.top_p = float(number_field(body, "top_p", 0, 1).value_or(1.0));
+  // A field left out takes the model's default (its generation_config.json's, else OpenAI's).
+  s.temperature = float(number_field(body, "temperature", 0, 2).value_or(defaults.temperature));
+  s.top_p = float(number_field(body, "top_p", 0, 1).value_or(defaults.top_p));
   if (s.top_p <= 0) throw bad_request("'top_p' must be in (0, 1]", "top_p");
-  s.top_k = int(int_field(body, "top_k", 0, 1 << 30).value_or(0));
-  s.min_p = float(number_field(body, "min_p", 0, 1).value_or(0.0));
+  s.top_k = int(int_field(body, "top_k", 0, 1 << 30).value_or(defaults.top_k));
+  s.min_p = float(number_field(body, "min_p", 0, 1).value_or(defaults.min_p));
   if (s.min_p >= 1) throw bad_request("'min_p' must be in [0, 1)", "min_p");
-  s.typical_p = float(number_field(body, "typical_p", 0, 1).value_or(1.0));
+  s.typical_p = float(number_field(body, "typical_p", 0, 1).value_or(defaults.typical_p));
   if (s.typical_p <= 0) throw bad_request("'typical_p' must be in (0, 1]", "typical_p");
-  s.repetition_penalty = float(number_field(body, "repeat_penalty", 0, 1e6).value_or(1.0));
-  if (s.repetition_penalty <= 0) throw bad_request("'repeat_penalty' must be > 0", "repeat_penalty");
+  // llama.cpp's repeat_penalty, or vLLM's repetition_penalty (the same setting).
+  const std::optional<double> rp = number_field(body, "repeat_penalty", 0, 1e6);
+  const std::optional<double> rp2 = number_field(body, "repetition_penalty", 0, 1e6);
+  if (rp && rp2 && *rp != *rp2)
+    throw bad_request("'repeat_penalty' and 'repetition_penalty' name the same setting: give one", "repetition_penalty");
+  s.repetition_penalty = float(rp ? *rp : rp2 ? *rp2 : defaults.repetition_penalty);
+  if (s.repetition_penalty <= 0)
+    throw bad_request(std::string("'") + (rp2 && !rp ? "repetition_penalty" : "repeat_penalty") + "' must be > 0",
+                      rp2 && !rp ? "repetition_penalty" : "repeat_penalty");
   s.repeat_last_n = int(int_field(body, "repeat_last_n", 0, 1 << 30).value_or(64));
   s.presence_penalty = float(number_field(body, "presence_penalty", -2, 2).value_or(0.0));
   s.frequency_penalty = float(number_field(body, "frequency_penalty", -2, 2).value_or(0.0));

@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/generation_config.h"
 #include "serve/scheduler.h"
 #include "server/structured_output.h"
 
@@ -38,8 +39,10 @@ struct CompletionRequest {
 };
 
 // Reads the sampling, stop, stream and logprobs fields common to both routes (not the
-// prompt or messages). Defaults follow OpenAI: temperature 1, top_p 1.
-CompletionRequest read_completion_fields(const nlohmann::json& body, bool chat);
+// prompt or messages). A sampling field left out takes its value in `defaults` (the server's:
+// the model's generation_config.json over OpenAI's temperature 1, top_p 1).
+CompletionRequest read_completion_fields(const nlohmann::json& body, bool chat,
+                                         const SamplerParams& defaults = openai_sampling());
 
 // logit_bias: {"token id": bias in [-100, 100]} into the sampler parameters; ids must lie in
 // [0, vocab_size).

@@ -1,6 +1,7 @@
 #include "server/server.h"
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -12,6 +13,7 @@
 #include <random>
 #include <thread>
 
+#include "engine/generation_config.h"
 #include "chat/chat_template.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -260,6 +262,8 @@ struct Server::Impl {
   ToolCallFormat tool_format = ToolCallFormat::none;  // how the template's model writes calls
   std::vector<int32_t> tool_marker_ids;               // its markers that are special tokens
   bool think_model = false;                           // the template writes <think> blocks
+  // What a request's omitted sampling fields take: generation_config.json's over OpenAI's.
+  SamplingDefaults sampling{openai_sampling(), "OpenAI's defaults"};
 
   explicit Impl(ServerOptions o) : opt(std::move(o)) {
     created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -299,13 +303,23 @@ struct Server::Impl {
 
   bool authorized(const HttpRequest& req) const { return opt.api_keys.empty() || key_index(req) >= 0; }
 
+  // The values a request's omitted sampling fields take, and where they come from.
+  json sampling_json() const {
+    auto r6 = [](float v) { return std::round(double(v) * 1e6) / 1e6; };
+    const SamplerParams& p = sampling.params;
+    return {{"temperature", r6(p.temperature)}, {"top_p", r6(p.top_p)},           {"top_k", p.top_k},
+            {"min_p", r6(p.min_p)},             {"typical_p", r6(p.typical_p)},   {"repeat_penalty", r6(p.repetition_penalty)},
+            {"source", sampling.source}};
+  }
+
   json model_json() const {
     json m = {{"id", model_id}, {"object", "model"}, {"created", created}, {"owned_by", "osprey"}};
     if (ready)
       m["meta"] = {{"n_vocab", model->info().vocab_size},
                    {"n_ctx", backend->context_size()},
                    {"n_ctx_train", model->info().max_position_embeddings},
-                   {"n_params", model->info().n_params}};
+                   {"n_params", model->info().n_params},
+                   {"sampling_defaults", sampling_json()}};
     return m;
   }
 
@@ -705,7 +719,7 @@ struct Server::Impl {
     require_ready();
     json body = parse_body(req.body);
     auto st = std::make_shared<CompletionState>();
-    st->request = read_completion_fields(body, chat);
+    st->request = read_completion_fields(body, chat, sampling.params);
     CompletionRequest& r = st->request;
     check_model(r.model);
     st->model = model_id;
@@ -957,6 +971,7 @@ void Server::load() {
   m.token_trie = grammar::TokenTrie::from_tokenizer(*m.tokenizer);
   for (int32_t id : m.tokenizer->eos_ids())
     if (std::find(m.eos_ids.begin(), m.eos_ids.end(), id) == m.eos_ids.end()) m.eos_ids.push_back(id);
+  m.sampling = file_sampling_defaults(m.opt.model_dir, openai_sampling(), "OpenAI's defaults");
   try {
     m.chat_template = load_model_chat_template(m.opt.model_dir);
     m.tool_format = tool_call_format(m.chat_template->source());
@@ -981,6 +996,7 @@ void Server::load() {
     po.kv_cache_bytes = m.opt.kv_cache_mib << 20;
     po.prefix_cache = m.opt.prompt_cache_mib > 0;
     po.graphs = m.opt.graphs;
+    po.device_sampling = env_options().cuda_sample_rows;
     po.split_keys = env_options().paged_split_keys;
     po.inplace = m.opt.cache.inplace;
     auto b = std::make_unique<PagedBackend>(*m.model, po);
@@ -1009,7 +1025,7 @@ void Server::load() {
   m.ready = true;
   log_info("serving " + m.model_id + " on http://" + m.opt.host + ":" + std::to_string(m.opt.port) + " (" +
            std::to_string(m.opt.n_slots) + (m.paged ? " sequences batched" : " slots") + ", context " +
-           std::to_string(m.backend->context_size()) + ")");
+           std::to_string(m.backend->context_size()) + "; sampling defaults: " + m.sampling.source + ")");
 }
 
 void Server::drain(int timeout_ms) {

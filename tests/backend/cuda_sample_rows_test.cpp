@@ -90,9 +90,12 @@ struct Scale {
 };
 
 // The kept ids (ascending) for the cuts, with top_p, min_p and typical_p scaled (to probe how
-// stable the answer is); `fragile` is set when two typical-p distances at the cut are within
-// 1e-5 of each other (f32 and double may order them differently).
-std::vector<int> kept_set(const std::vector<float>& l, const SampleRowArgs& a, Scale s, bool* fragile) {
+// stable the answer is). When the typical-p distances of the last kept id and the first cut one
+// are within 1e-5 of each other (f32 and double may order them differently), *swap gets the
+// two ids (else -1, -1).
+std::vector<int> kept_set(const std::vector<float>& l, const SampleRowArgs& a, Scale s,
+                          std::pair<int, int>* swap) {
+  if (swap) *swap = {-1, -1};
   std::vector<int> order;
   for (size_t i = 0; i < l.size(); ++i)
     if (l[i] > -kInf) order.push_back(int(i));
@@ -141,7 +144,8 @@ std::vector<int> kept_set(const std::vector<float>& l, const SampleRowArgs& a, S
       while (j < dist.size() && dist[j].first == d) acc += weight(dist[j++].second);
       if (acc >= target) break;
     }
-    if (fragile && j < dist.size() && j > 0 && dist[j].first - dist[j - 1].first < 1e-5) *fragile = true;
+    if (swap && j < dist.size() && j > 0 && dist[j].first - dist[j - 1].first < 1e-5)
+      *swap = {order[dist[j - 1].second], order[dist[j].second]};
     ids.clear();
     for (size_t q = 0; q < j; ++q) ids.push_back(order[dist[q].second]);
   }
@@ -149,25 +153,9 @@ std::vector<int> kept_set(const std::vector<float>& l, const SampleRowArgs& a, S
   return ids;
 }
 
-// The reference token; -2 when the answer is fragile (it changes when a cut's parameter moves
-// by 1e-5, or the best two scores are within 1e-9); -1 when nothing is left.
-int reference_token(const std::vector<float>& raw, const Row& r) {
-  const std::vector<float> l = adjusted(raw, r);
-  const SampleRowArgs& a = r.a;
-  if (a.temperature <= 0.0f) {
-    int best = -1;
-    for (size_t i = 0; i < l.size(); ++i)
-      if (l[i] > -kInf && (best < 0 || l[i] > l[size_t(best)])) best = int(i);
-    return best;
-  }
-  bool fragile = false;
-  const std::vector<int> kept = kept_set(l, a, {}, &fragile);
-  if (kept.empty()) return -1;
-  const double e = 1e-5;
-  for (Scale s : {Scale{1 - e, 1, 1}, Scale{1 + e, 1, 1}, Scale{1, 1 - e, 1}, Scale{1, 1 + e, 1}, Scale{1, 1, 1 - e},
-                  Scale{1, 1, 1 + e}})
-    if (kept_set(l, a, s, nullptr) != kept) fragile = true;
-  if (fragile) return -2;
+// Gumbel-max over `kept` (ids ascending: the lowest id wins a tie); the gap between the best
+// two scores into *gap.
+int draw_of(const std::vector<float>& l, const std::vector<int>& kept, const SampleRowArgs& a, double* gap) {
   double best = -INFINITY, second = -INFINITY;
   int token = -1;
   for (int i : kept) {
@@ -178,7 +166,40 @@ int reference_token(const std::vector<float>& raw, const Row& r) {
       second = sc;
     }
   }
-  if (best - second < 1e-9) return -2;
+  if (gap) *gap = best - second;
+  return token;
+}
+
+// The reference token; -2 when the answer is fragile (the token changes when a cut's parameter
+// moves by 1e-5, two typical-p distances at the cut are within 1e-5, or the best two scores
+// are within 1e-9: f32 weights or logarithms one ulp apart may then legitimately pick
+// another); -1 when nothing is left.
+int reference_token(const std::vector<float>& raw, const Row& r) {
+  const std::vector<float> l = adjusted(raw, r);
+  const SampleRowArgs& a = r.a;
+  if (a.temperature <= 0.0f) {
+    int best = -1;
+    for (size_t i = 0; i < l.size(); ++i)
+      if (l[i] > -kInf && (best < 0 || l[i] > l[size_t(best)])) best = int(i);
+    return best;
+  }
+  std::pair<int, int> swap;
+  const std::vector<int> kept = kept_set(l, a, {}, &swap);
+  if (kept.empty()) return -1;
+  double gap = 0;
+  const int token = draw_of(l, kept, a, &gap);
+  bool fragile = false;
+  if (swap.first >= 0) {  // the boundary pair ordered the other way
+    std::vector<int> other = kept;
+    std::erase(other, swap.first);
+    other.insert(std::lower_bound(other.begin(), other.end(), swap.second), swap.second);
+    fragile = draw_of(l, other, a, nullptr) != token;
+  }
+  const double e = 1e-5;
+  for (Scale s : {Scale{1 - e, 1, 1}, Scale{1 + e, 1, 1}, Scale{1, 1 - e, 1}, Scale{1, 1 + e, 1}, Scale{1, 1, 1 - e},
+                  Scale{1, 1, 1 + e}})
+    if (draw_of(l, kept_set(l, a, s, nullptr), a, nullptr) != token) fragile = true;
+  if (fragile || gap < 1e-9) return -2;
   return token;
 }
 

@@ -98,3 +98,51 @@ TEST(GenerationConfig, BadFieldsAreErrorsNamingTheFileAndTheField) {
 }
 
 }  // namespace osprey
+
+namespace osprey {
+
+// generate's and the server's defaults: only the fields the file gives replace the fallback
+// (vLLM's rule), do_sample false makes it greedy; the source names the fields taken.
+TEST(GenerationConfig, FileDefaultsTakeOnlyTheFieldsTheFileGives) {
+  SamplerParams fallback = openai_sampling();
+  fallback.top_k = 7;
+  {
+    testing::TempDir d;
+    const SamplingDefaults got = file_sampling_defaults(d.path(), fallback, "fallback");
+    EXPECT_EQ(got.source, "fallback");
+    EXPECT_FLOAT_EQ(got.params.temperature, 1.0f);
+    EXPECT_EQ(got.params.top_k, 7);
+  }
+  {
+    testing::TempDir d;
+    testing::write_file(d / "generation_config.json", R"({"bos_token_id": 1, "eos_token_id": 2})");
+    EXPECT_EQ(file_sampling_defaults(d.path(), fallback, "fallback").source, "fallback");
+  }
+  {
+    testing::TempDir d;
+    testing::write_file(d / "generation_config.json",
+                        R"({"do_sample": true, "temperature": 0.6, "top_p": 0.9, "typical_p": 0.8})");
+    const SamplingDefaults got = file_sampling_defaults(d.path(), fallback, "fallback");
+    EXPECT_EQ(got.source, "generation_config.json (temperature, top_p, typical_p)");
+    EXPECT_FLOAT_EQ(got.params.temperature, 0.6f);
+    EXPECT_FLOAT_EQ(got.params.top_p, 0.9f);
+    EXPECT_FLOAT_EQ(got.params.typical_p, 0.8f);
+    EXPECT_EQ(got.params.top_k, 7) << "no top_k in the file: the fallback's, not transformers' 50";
+    EXPECT_FLOAT_EQ(got.params.min_p, 0.0f);
+  }
+  {
+    testing::TempDir d;
+    testing::write_file(d / "generation_config.json", R"({"do_sample": false, "repetition_penalty": 1.1})");
+    const SamplingDefaults got = file_sampling_defaults(d.path(), fallback, "fallback");
+    EXPECT_EQ(got.source, "generation_config.json (repetition_penalty, do_sample)");
+    EXPECT_FLOAT_EQ(got.params.temperature, 0.0f);
+    EXPECT_FLOAT_EQ(got.params.repetition_penalty, 1.1f);
+  }
+  {
+    testing::TempDir d;
+    testing::write_file(d / "generation_config.json", R"({"top_p": 1.5})");
+    EXPECT_THROW(file_sampling_defaults(d.path(), fallback, "fallback"), InvalidInput);
+  }
+}
+
+}  // namespace osprey

@@ -285,6 +285,94 @@ TEST(Server, RequestsWithoutASeedSampleWithAFreshOne) {
   expect_error(st, r, 400, "seed");
 }
 
+// A sampling field a request leaves out takes the model's generation_config.json value (vLLM's
+// rule), else OpenAI's default; /v1/models says which. A copy of the demo model whose file says
+// "do_sample": false answers an unseeded request without a temperature with the greedy reply
+// every time (OpenAI's temperature 1 would sample a fresh reply each time); a request that names
+// its temperature samples.
+TEST(Server, OmittedSamplingFieldsTakeTheModelsGenerationConfig) {
+  {
+    TestServer plain;
+    auto [st, m] = plain.get("/v1/models");
+    ASSERT_EQ(st, 200);
+    const json d = json::parse(m)["data"][0]["meta"]["sampling_defaults"];
+    EXPECT_EQ(d["source"], "OpenAI's defaults") << d.dump();
+    EXPECT_EQ(d["temperature"], 1.0);
+    EXPECT_EQ(d["top_p"], 1.0);
+  }
+  testing::TempDir dir;
+  const std::filesystem::path demo = testing::source_dir() / "models" / "demo";
+  for (const char* f : {"model.safetensors", "tokenizer.json", "tokenizer_config.json", "config.json"})
+    std::filesystem::copy_file(demo / f, dir / f);
+  testing::write_file(dir / "generation_config.json", R"({"do_sample": false, "top_p": 0.5})");
+  ServerOptions o = testing::demo_server_options();
+  o.model_dir = dir.path();
+  TestServer s(o);
+  auto [st, m] = s.get("/v1/models");
+  ASSERT_EQ(st, 200);
+  const json d = json::parse(m)["data"][0]["meta"]["sampling_defaults"];
+  EXPECT_EQ(d["source"], "generation_config.json (top_p, do_sample)") << d.dump();
+  EXPECT_EQ(d["temperature"], 0.0);
+  EXPECT_EQ(d["top_p"], 0.5);
+
+  const json body = {{"prompt", "Emma"}, {"max_tokens", 20}, {"ignore_eos", true}};
+  auto text = [&](const json& b) {
+    auto [code, r] = s.post_json("/v1/completions", b);
+    EXPECT_EQ(code, 200) << r.dump();
+    return r["choices"][0]["text"].get<std::string>();
+  };
+  const std::string want = text(greedy(body));
+  EXPECT_EQ(text(body), want);
+  EXPECT_EQ(text(body), want);
+  json sampled = body;
+  sampled["temperature"] = 1.0;
+  sampled["top_p"] = 1.0;
+  EXPECT_NE(text(sampled), text(sampled)) << "a named temperature samples (a fresh seed each time)";
+}
+
+// Other servers' sampling fields this server does not implement are refused by name unless
+// they ask for nothing (the value that turns them off); vLLM's repetition_penalty is
+// llama.cpp's repeat_penalty.
+TEST(Server, UnimplementedSamplingFieldsAreRefusedByName) {
+  TestServer s;
+  const json base = {{"prompt", "Emma"}, {"max_tokens", 4}, {"temperature", 0.8}, {"seed", 3}};
+  const std::pair<const char*, json> refused[] = {
+      {"mirostat", 2},          {"tfs_z", 0.9},          {"dynatemp_range", 0.5},
+      {"xtc_probability", 0.5}, {"dry_multiplier", 0.8}, {"top_n_sigma", 1.0},
+      {"min_tokens", 3},        {"use_beam_search", true}, {"samplers", json::array({"top_k"})},
+      {"bad_words", json::array({"the"})}, {"stop_token_ids", json::array({5})}, {"length_penalty", 0.5},
+  };
+  for (const auto& [name, value] : refused) {
+    json b = base;
+    b[name] = value;
+    auto [st, r] = s.post_json("/v1/completions", b);
+    expect_error(st, r, 400, name);
+  }
+  json off = base;
+  for (const auto& [name, value] : std::initializer_list<std::pair<const char*, json>>{
+           {"mirostat", 0}, {"tfs_z", 1}, {"dynatemp_range", 0}, {"xtc_probability", 0}, {"dry_multiplier", 0},
+           {"top_n_sigma", -1}, {"min_tokens", 0}, {"use_beam_search", false}, {"bad_words", json::array()}})
+    off[name] = value;
+  auto [st_off, r_off] = s.post_json("/v1/completions", off);
+  EXPECT_EQ(st_off, 200) << r_off.dump();
+  auto [st_base, r_base] = s.post_json("/v1/completions", base);
+  ASSERT_EQ(st_base, 200);
+  EXPECT_EQ(r_off["choices"][0]["text"], r_base["choices"][0]["text"]);
+
+  json a = base, b = base;
+  a["repeat_penalty"] = 1.3;
+  b["repetition_penalty"] = 1.3;
+  auto [sa, ra] = s.post_json("/v1/completions", a);
+  auto [sb, rb] = s.post_json("/v1/completions", b);
+  ASSERT_EQ(sa, 200);
+  ASSERT_EQ(sb, 200);
+  EXPECT_EQ(ra["choices"][0]["text"], rb["choices"][0]["text"]);
+  json both = a;
+  both["repetition_penalty"] = 1.2;
+  auto [sc, rc] = s.post_json("/v1/completions", both);
+  expect_error(sc, rc, 400, "repetition_penalty");
+}
+
 TEST(Server, LogprobsAreTheLogSoftmaxOfTheLogits) {
   TestServer s;
   auto [st, r] = s.post_json("/v1/completions", greedy({{"prompt", "Emma"}, {"max_tokens", 6}, {"logprobs", 3}}));
