@@ -405,10 +405,10 @@ struct Server::Impl {
     }
     --n_admitted;
     ++n_refused_busy;
-    HttpResponse r = error_response(req, api_error(429, "rate_limit_error",
-                                              "the server is busy: " + std::to_string(opt.max_queue) +
-                                                  " requests are already waiting",
-                                              "queue_full"));
+    HttpResponse r = error_response(
+        req, api_error(429, "rate_limit_error",
+                       "the server is busy: " + std::to_string(opt.max_queue) + " requests are already waiting",
+                       "queue_full"));
     t_log = {};
     t_log.start = Clock::now();
     t_log.id = next_id++;
@@ -530,8 +530,8 @@ struct Server::Impl {
   HttpHandler webui_ = wrap(
       [this](HttpRequest& req) {
         if (!is_webui_target(req.target, opt.webui) && !authorized(req))
-          throw api_error(401, "authentication_error", "invalid or missing API key (Authorization: Bearer KEY)",
-                          "invalid_api_key");
+          throw api_error(401, "authentication_error",
+                          "invalid or missing API key (Authorization: Bearer KEY, or x-api-key: KEY)", "invalid_api_key");
         WebUiResponse page =
             serve_webui({req.method, req.target, req.header("If-None-Match"), req.header("Accept-Encoding")}, opt.webui);
         HttpResponse r;
