@@ -69,7 +69,8 @@ TEST(AnthropicRequest, EveryRefusedFieldIsNamed) {
       {{{"thinking", {{"type", "between_tools"}}}}, "thinking.type"},
       {{{"thinking", {{"type", "enabled"}, {"budget_tokens", 512}}}}, "thinking.budget_tokens"},
       {{{"thinking", {{"type", "enabled"}, {"budget_tokens", 2048}}}, {"max_tokens", 2048}}, "thinking.budget_tokens"},
-      {{{"thinking", {{"type", "enabled"}, {"budget_tokens", 1024}, {"display", "omitted"}}}}, "thinking.display"},
+      {{{"thinking", {{"type", "enabled"}, {"budget_tokens", 1024}, {"display", "omitted"}}}, {"max_tokens", 2048}},
+       "thinking.display"},
       {{{"output_config", {{"effort", "low"}}}}, "output_config.effort"},
       {{{"output_config", {{"format", {{"type", "xml"}}}}}}, "output_config.format.type"},
       {{{"tools", {{{"type", "web_search_20250305"}, {"name", "web_search"}}}}}, "tools[0].type"},
@@ -234,9 +235,8 @@ TEST(AnthropicErrors, TheTypeFollowsTheStatus) {
       {413, "request_too_large"},     {429, "rate_limit_error"},     {500, "api_error"},
       {503, "overloaded_error"},      {405, "invalid_request_error"}};
   for (const auto& [status, type] : cases) {
-    ApiError e;
+    ApiError e = bad_request("m");
     e.status = status;
-    e.message = "m";
     const ordered_json b = anthropic_error_body(e);
     EXPECT_EQ(b, ordered_json({{"type", "error"}, {"error", {{"type", type}, {"message", "m"}}}})) << status;
   }
