@@ -118,6 +118,16 @@ bodies = [
     {"prompt": [[1, 2, 3], "text", [4095]], "n": 1, "presence_penalty": 0.5, "frequency_penalty": -0.5},
     {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 8, "logprobs": True,
      "top_logprobs": 2, "stop": "x", "top_k": 5, "min_p": 0.1, "repeat_penalty": 1.1},
+    # an Anthropic Messages request
+    {"model": "demo", "max_tokens": 2048, "system": [{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
+     "messages": [{"role": "user", "content": "Weather?"},
+                  {"role": "assistant", "content": [{"type": "thinking", "thinking": "t", "signature": "s"},
+                                                    {"type": "tool_use", "id": "toolu_1", "name": "w", "input": {"c": "P"}}]},
+                  {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "21", "is_error": False},
+                                               {"type": "text", "text": "thanks"}]}],
+     "tools": [{"name": "w", "description": "weather", "input_schema": {"type": "object"}}],
+     "tool_choice": {"type": "any", "disable_parallel_tool_use": True}, "thinking": {"type": "enabled", "budget_tokens": 1024},
+     "stop_sequences": ["\n\n"], "temperature": 0.5, "top_k": 3, "stream": True, "metadata": {"user_id": "u"}},
 ]
 for i, b in enumerate(bodies):
     put("completion_request_fuzz", "body%d" % i, json.dumps(b))

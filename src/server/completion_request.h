@@ -36,6 +36,7 @@ struct CompletionRequest {
   bool parse_tool_calls = false;
   bool parallel_tool_calls = true;
   ToolChoice tool_choice;  // with every offered function's parameters (structured_output.h)
+  std::string tool_call_id_prefix = "call_";  // the API's: OpenAI's "call_", Anthropic's "toolu_"
 };
 
 // Reads the sampling, stop, stream and logprobs fields common to both routes (not the

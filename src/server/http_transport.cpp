@@ -288,7 +288,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     keep_alive_ = false;
     linger_ = true;
     if (head_.request_id.empty()) head_.request_id = new_request_id();
-    HttpResponse r = t_.opt.error(status, message, code);
+    HttpResponse r = t_.opt.error(head_, status, message, code);
     if (t_.opt.on_transport_response) t_.opt.on_transport_response(head_, status);
     write_whole(std::move(r), false);
   }
@@ -320,12 +320,12 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     HttpRoute route = t_.opt.route(head_);
     if (!route.handler) {
       if (!route.allowed.empty()) {
-        HttpResponse r = t_.opt.error(405, "method " + head_.method + " is not allowed on " + head_.path, "");
+        HttpResponse r = t_.opt.error(head_, 405, "method " + head_.method + " is not allowed on " + head_.path, "");
         r.headers.emplace_back("Allow", route.allowed);
         if (t_.opt.on_transport_response) t_.opt.on_transport_response(head_, 405);
         return write_whole(std::move(r), keep_alive_);
       }
-      HttpResponse r = t_.opt.error(404, "no route " + head_.method + " " + head_.path, "not_found");
+      HttpResponse r = t_.opt.error(head_, 404, "no route " + head_.method + " " + head_.path, "not_found");
       if (t_.opt.on_transport_response) t_.opt.on_transport_response(head_, 404);
       return write_whole(std::move(r), keep_alive_);
     }

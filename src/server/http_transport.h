@@ -60,8 +60,10 @@ struct HttpTransportOptions {
   std::string cors_origin;  // "": no CORS
   // The route of a request (called on an IO thread, once its head is read).
   std::function<HttpRoute(const HttpRequest&)> route;
-  // The error body of a response the transport makes itself (400, 404, 405, 413, 414, 431).
-  std::function<HttpResponse(int status, const std::string& message, const std::string& code)> error;
+  // The error body of a response the transport makes itself (400, 404, 405, 413, 414, 431);
+  // `req` holds what was read of the request (its path, once the request line is in).
+  std::function<HttpResponse(const HttpRequest& req, int status, const std::string& message, const std::string& code)>
+      error;
   // Called for each response the transport makes itself, after it is sent (or failed).
   std::function<void(const HttpRequest&, int status)> on_transport_response;
 };

@@ -19,6 +19,7 @@
 #include "core/log.h"
 #include "grammar/matcher.h"
 #include "serve/scheduler.h"
+#include "server/anthropic_api.h"
 #include "server/api_error.h"
 #include "server/chat_reply.h"
 #include "server/completion_request.h"
@@ -81,9 +82,11 @@ ApiError api_error(int status, const std::string& type, const std::string& messa
   return e;
 }
 
-json parse_body(const std::string& body) {
+// J: json, or nlohmann::ordered_json to keep the client's key order.
+template <class J = json>
+J parse_body(const std::string& body) {
   try {
-    return json::parse(body, [](int depth, json::parse_event_t, json&) {
+    return J::parse(body, [](int depth, typename J::parse_event_t, J&) {
       if (depth > kMaxJsonDepth) throw bad_request("the request body nests deeper than " + std::to_string(kMaxJsonDepth));
       return true;
     });
@@ -95,8 +98,8 @@ json parse_body(const std::string& body) {
 // The routes counted by name in /metrics; anything else is "other".
 std::string route_label(const std::string& path) {
   static const char* known[] = {"/health", "/v1/models", "/models", "/v1/completions", "/completions",
-                                "/v1/chat/completions", "/chat/completions", "/tokenize", "/detokenize",
-                                "/apply-template", "/metrics"};
+                                "/v1/chat/completions", "/chat/completions", "/v1/messages",
+                                "/v1/messages/count_tokens", "/tokenize", "/detokenize", "/apply-template", "/metrics"};
   for (const char* k : known)
     if (path == k) return k;
   if (path.rfind("/v1/models/", 0) == 0 || path.rfind("/models/", 0) == 0) return "/v1/models/{id}";
@@ -107,6 +110,20 @@ bool equal_constant_time(const std::string& a, const std::string& b) {
   unsigned char diff = a.size() == b.size() ? 0 : 1;
   for (size_t i = 0; i < a.size(); ++i) diff |= (unsigned char)(a[i] ^ b[i % (b.empty() ? 1 : b.size())]);
   return diff == 0 && !b.empty();
+}
+
+// The routes of Anthropic's Messages API (server/anthropic_api.h): their errors take its shape.
+bool anthropic_route(const std::string& path) { return path == "/v1/messages" || path == "/v1/messages/count_tokens"; }
+
+// An error in the shape of the API the request's route belongs to: Anthropic's on its routes,
+// OpenAI's elsewhere. A 429 says when to try again.
+HttpResponse error_response(const HttpRequest& req, const ApiError& e) {
+  if (!anthropic_route(req.path)) return error_response(e);
+  HttpResponse r;
+  r.status = e.status;
+  r.body = anthropic_error_body(e).dump(-1, ' ', false, json::error_handler_t::replace);
+  if (e.status == 429) r.headers.emplace_back("Retry-After", "1");
+  return r;
 }
 
 // One sequence of a request, as its client reads it: token events become text (whole UTF-8
@@ -140,6 +157,13 @@ struct Delta {
   std::vector<ToolCall> calls;
   std::vector<TokenInfo> tokens;  // with logprobs only
   bool empty() const { return text.empty() && reasoning.empty() && calls.empty() && tokens.empty(); }
+};
+
+// A choice's reply, whole.
+struct WholeReply {
+  std::string text, reasoning;
+  std::vector<ToolCall> calls;
+  std::vector<TokenInfo> tokens;  // with logprobs only
 };
 
 // Adds generated text to the delta, through the choice's reply parser when it has one.
@@ -291,10 +315,14 @@ struct Server::Impl {
                       "model_not_found");
   }
 
-  // The index of the request's API key in opt.api_keys; -1 when it has none of them.
+  // The index of the request's API key in opt.api_keys; -1 when it has none of them. The key
+  // is Authorization's bearer token, else x-api-key's value (as Anthropic's clients send it).
   int key_index(const HttpRequest& req) const {
     std::string key = req.header("Authorization");
-    if (key.rfind("Bearer ", 0) == 0) key = key.substr(7);
+    if (key.rfind("Bearer ", 0) == 0)
+      key = key.substr(7);
+    else if (key.empty())
+      key = req.header("x-api-key");
     int found = -1;
     for (size_t i = 0; i < opt.api_keys.size(); ++i)
       if (equal_constant_time(key, opt.api_keys[i]) && found < 0) found = int(i);
@@ -354,18 +382,18 @@ struct Server::Impl {
       HttpResponse res;
       try {
         if (!open && !authorized(req))
-          throw api_error(401, "authentication_error", "invalid or missing API key (Authorization: Bearer KEY)",
-                          "invalid_api_key");
+          throw api_error(401, "authentication_error",
+                          "invalid or missing API key (Authorization: Bearer KEY, or x-api-key: KEY)", "invalid_api_key");
         res = fn(req);
       } catch (const ApiError& e) {
-        res = error_response(e);
+        res = error_response(req, e);
       } catch (const InvalidInput& e) {
-        res = error_response(bad_request(e.what()));
+        res = error_response(req, bad_request(e.what()));
       } catch (const Unsupported& e) {
-        res = error_response(bad_request(e.what()));
+        res = error_response(req, bad_request(e.what()));
       } catch (const std::exception& e) {
         log_warn("request " + std::to_string(t_log.id) + ": internal error: " + e.what());
-        res = error_response(api_error(500, "server_error", std::string("internal error: ") + e.what()));
+        res = error_response(req, api_error(500, "server_error", std::string("internal error: ") + e.what()));
       }
       if (!res.stream) {
         log_request(req, res.status);
@@ -391,10 +419,10 @@ struct Server::Impl {
     }
     --n_admitted;
     ++n_refused_busy;
-    HttpResponse r = error_response(api_error(429, "rate_limit_error",
-                                              "the server is busy: " + std::to_string(opt.max_queue) +
-                                                  " requests are already waiting",
-                                              "queue_full"));
+    HttpResponse r = error_response(
+        req, api_error(429, "rate_limit_error",
+                       "the server is busy: " + std::to_string(opt.max_queue) + " requests are already waiting",
+                       "queue_full"));
     t_log = {};
     t_log.start = Clock::now();
     t_log.id = next_id++;
@@ -435,8 +463,9 @@ struct Server::Impl {
     t.idle_timeout_s = opt.idle_timeout_s;
     t.max_requests_per_connection = opt.max_requests_per_connection;
     t.cors_origin = opt.cors_origin;
-    t.error = [this](int status, const std::string& message, const std::string& code) {
-      return error_response(api_error(status, status == 404 ? "not_found_error" : "invalid_request_error", message, code));
+    t.error = [](const HttpRequest& req, int status, const std::string& message, const std::string& code) {
+      return error_response(
+          req, api_error(status, status == 404 ? "not_found_error" : "invalid_request_error", message, code));
     };
     t.on_transport_response = [this](const HttpRequest& req, int status) {
       t_log = {};
@@ -469,6 +498,8 @@ struct Server::Impl {
     if (p.rfind("/v1/models/", 0) == 0 || p.rfind("/models/", 0) == 0) return pick("GET", HttpLane::io, one_model_);
     if (p == "/v1/completions" || p == "/completions") return pick("POST", HttpLane::generate, completions_, true);
     if (p == "/v1/chat/completions" || p == "/chat/completions") return pick("POST", HttpLane::generate, chat_, true);
+    if (p == "/v1/messages") return pick("POST", HttpLane::generate, messages_, true);
+    if (p == "/v1/messages/count_tokens") return pick("POST", HttpLane::work, count_tokens_);
     if (p == "/tokenize") return pick("POST", HttpLane::work, tokenize_);
     if (p == "/detokenize") return pick("POST", HttpLane::work, detokenize_);
     if (p == "/apply-template") return pick("POST", HttpLane::work, apply_template_);
@@ -507,12 +538,14 @@ struct Server::Impl {
   });
   HttpHandler completions_ = admitted(wrap([this](HttpRequest& req) { return complete(req, false); }));
   HttpHandler chat_ = admitted(wrap([this](HttpRequest& req) { return complete(req, true); }));
+  HttpHandler messages_ = admitted(wrap([this](HttpRequest& req) { return messages(req); }));
+  HttpHandler count_tokens_ = wrap([this](HttpRequest& req) { return count_tokens(req); });
   // The page asks for the API key itself: its own files need none, any other GET does.
   HttpHandler webui_ = wrap(
       [this](HttpRequest& req) {
         if (!is_webui_target(req.target, opt.webui) && !authorized(req))
-          throw api_error(401, "authentication_error", "invalid or missing API key (Authorization: Bearer KEY)",
-                          "invalid_api_key");
+          throw api_error(401, "authentication_error",
+                          "invalid or missing API key (Authorization: Bearer KEY, or x-api-key: KEY)", "invalid_api_key");
         WebUiResponse page =
             serve_webui({req.method, req.target, req.header("If-None-Match"), req.header("Accept-Encoding")}, opt.webui);
         HttpResponse r;
@@ -684,7 +717,7 @@ struct Server::Impl {
         to.functions = r.tool_names;
         to.parallel = r.parallel_tool_calls;
         to.stream_arguments = r.stream;
-        to.id_prefix = "call_" + id_prefix + std::to_string(t_log.id) + "_" + std::to_string(index) + "_";
+        to.id_prefix = r.tool_call_id_prefix + id_prefix + std::to_string(t_log.id) + "_" + std::to_string(index) + "_";
         tools.emplace(std::move(to));
         c->keep_ids = tool_marker_ids;
       }
@@ -717,13 +750,24 @@ struct Server::Impl {
 
   HttpResponse complete(const HttpRequest& req, bool chat) {
     require_ready();
-    json body = parse_body(req.body);
+    auto st = submit(req, parse_body(req.body), req.body, chat, Api::openai);
+    if (st->request.stream) return stream(st);
+    return respond(req, *st);
+  }
+
+  enum class Api { openai, anthropic };  // whose ids a request's reply carries
+
+  // Reads a completion or chat request (`raw`: its body as sent, for the template's key
+  // order), tokenizes its prompts and puts their sequences on the engine's queue.
+  std::shared_ptr<CompletionState> submit(const HttpRequest& req, const json& body, const std::string& raw, bool chat,
+                                          Api api) {
     auto st = std::make_shared<CompletionState>();
     st->request = read_completion_fields(body, chat, sampling.params);
     CompletionRequest& r = st->request;
     check_model(r.model);
     st->model = model_id;
-    st->id = new_id(chat ? "chatcmpl" : "cmpl");
+    st->id = api == Api::anthropic ? "msg_" + id_prefix + std::to_string(t_log.id) : new_id(chat ? "chatcmpl" : "cmpl");
+    if (api == Api::anthropic) r.tool_call_id_prefix = "toolu_";
     st->created =
         std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
     const char* prompt_field = chat ? "messages" : "prompt";
@@ -739,7 +783,7 @@ struct Server::Impl {
                                           "[TOOL_CALLS]); send tool_choice \"none\" to render the tools without parsing "
                                           "calls"),
                           "tools");
-      const std::string text = render_chat(body, req.body);
+      const std::string text = render_chat(body, raw);
       prompt_opens_reasoning = prompt_opens_think(text);
       r.prompts.push_back(tokenizer->encode(text, /*add_special=*/false, /*parse_special=*/true));
       if (r.prompts.back().empty()) throw bad_request("the rendered chat is empty", "messages");
@@ -796,8 +840,7 @@ struct Server::Impl {
       }
     }
     submitted();
-    if (r.stream) return stream(st);
-    return respond(req, *st);
+    return st;
   }
 
   // The error a failed sequence ends its request with.
@@ -808,37 +851,44 @@ struct Server::Impl {
     return api_error(500, "server_error", error);
   }
 
+  // Waits for choice c's whole reply and counts it in the log line. Returns false when the
+  // client left first; throws the error of a failed sequence.
+  bool collect(const HttpRequest& req, Choice& c, WholeReply& w) {
+    while (!c.done) {
+      Delta d;
+      if (!pump(c, d, kPollMs)) {
+        if (req.client_gone && req.client_gone()) return false;
+        continue;
+      }
+      w.text += d.text;
+      w.reasoning += d.reasoning;
+      append_tool_call_pieces(w.calls, std::move(d.calls));
+      for (auto& t : d.tokens) w.tokens.push_back(std::move(t));
+    }
+    t_log.n_cached += c.n_prompt > 0 ? c.n_cached : 0;
+    t_log.n_generated += c.n_completion;
+    if (!c.error.empty()) throw sequence_error(c.error);
+    return true;
+  }
+
+  static HttpResponse client_left() {
+    HttpResponse gone;
+    gone.status = 499;  // nobody reads it; the log line shows the client left
+    return gone;
+  }
+
   HttpResponse respond(const HttpRequest& req, CompletionState& st) {
     json choices = json::array();
     for (size_t i = 0; i < st.choices.size(); ++i) {
       Choice& c = *st.choices[i];
-      std::string text, reasoning;
-      std::vector<ToolCall> calls;
-      std::vector<TokenInfo> tokens;
-      while (!c.done) {
-        Delta d;
-        if (!pump(c, d, kPollMs)) {
-          if (req.client_gone && req.client_gone()) {
-            HttpResponse gone;
-            gone.status = 499;  // nobody reads it; the log line shows the client left
-            return gone;
-          }
-          continue;
-        }
-        text += d.text;
-        reasoning += d.reasoning;
-        append_tool_call_pieces(calls, std::move(d.calls));
-        for (auto& t : d.tokens) tokens.push_back(std::move(t));
-      }
-      t_log.n_cached += c.n_prompt > 0 ? c.n_cached : 0;
-      t_log.n_generated += c.n_completion;
-      if (!c.error.empty()) throw sequence_error(c.error);
-      json choice = {{"index", i}, {"finish_reason", finish_reason(c, calls.size())}};
-      json lp = st.request.logprobs ? logprobs_json(tokens, st.request.chat, 0) : json(nullptr);
+      WholeReply w;
+      if (!collect(req, c, w)) return client_left();
+      json choice = {{"index", i}, {"finish_reason", finish_reason(c, w.calls.size())}};
+      json lp = st.request.logprobs ? logprobs_json(w.tokens, st.request.chat, 0) : json(nullptr);
       if (st.request.chat)
-        choice["message"] = chat_message_json(text, reasoning, calls);
+        choice["message"] = chat_message_json(w.text, w.reasoning, w.calls);
       else
-        choice["text"] = text;
+        choice["text"] = w.text;
       choice["logprobs"] = lp;
       choices.push_back(choice);
     }
@@ -927,6 +977,83 @@ struct Server::Impl {
       sink.write("data: [DONE]\n\n");
     };
     return res;
+  }
+
+  // ---- Anthropic Messages (server/anthropic_api.h): a chat request in Anthropic's shapes ----
+
+  HttpResponse messages(const HttpRequest& req) {
+    require_ready();
+    const std::string raw =
+        read_anthropic_request(parse_body<nlohmann::ordered_json>(req.body), AnthropicRoute::messages).dump();
+    auto st = submit(req, json::parse(raw), raw, /*chat=*/true, Api::anthropic);
+    if (st->request.stream) return messages_stream(st);
+    Choice& c = *st->choices[0];
+    WholeReply w;
+    if (!collect(req, c, w)) return client_left();
+    HttpResponse r;
+    r.body = anthropic_message_json(st->id, st->model, w.text, w.reasoning, w.calls,
+                                    anthropic_stop(*st, c, !w.calls.empty()), anthropic_usage(c))
+                 .dump(-1, ' ', false, json::error_handler_t::replace);
+    return r;
+  }
+
+  static AnthropicStop anthropic_stop(const CompletionState& st, const Choice& c, bool called) {
+    AnthropicStop s;
+    s.finish_reason = c.finish_reason;
+    s.stop_sequence = c.stop.matched();
+    s.context_full = c.finish_reason == "length" && c.n_completion < st.request.max_tokens.value_or(INT64_MAX);
+    s.called = called;
+    return s;
+  }
+
+  static AnthropicUsage anthropic_usage(const Choice& c) { return {c.n_prompt, c.n_cached, c.n_completion}; }
+
+  // message_start once the first token is in (its usage then holds the prompt's cached
+  // tokens), a block's events per token, an error event when the sequence fails.
+  HttpResponse messages_stream(std::shared_ptr<CompletionState> st) {
+    HttpResponse res;
+    res.content_type = "text/event-stream";
+    res.headers.emplace_back("Cache-Control", "no-cache");
+    res.stream = [this, st](HttpStreamWriter& sink) {
+      Choice& c = *st->choices[0];
+      AnthropicEventStream events(st->id, st->model);
+      bool started = false;
+      while (!c.done) {
+        Delta d;
+        if (!pump(c, d, kPollMs, /*one_token=*/true)) {
+          if (sink.client_gone()) return;
+          continue;
+        }
+        if (!c.error.empty()) {
+          sink.write(anthropic_event("error", anthropic_error_body(sequence_error(c.error))));
+          return;
+        }
+        std::string out;
+        if (!started) out = events.start(anthropic_usage(c));
+        started = true;
+        for (const ToolCall& t : d.calls) c.n_calls += t.id.empty() ? 0 : 1;
+        out += events.push(d.reasoning, d.text, d.calls);
+        if (!sink.write(out)) return;
+      }
+      t_log.n_cached = c.n_cached;
+      t_log.n_generated = c.n_completion;
+      std::string out = started ? "" : events.start(anthropic_usage(c));
+      sink.write(out + events.finish(anthropic_stop(*st, c, c.n_calls > 0), anthropic_usage(c)));
+    };
+    return res;
+  }
+
+  // The prompt's tokens as the chat route would make them, tools included.
+  HttpResponse count_tokens(const HttpRequest& req) {
+    require_ready();
+    const std::string raw =
+        read_anthropic_request(parse_body<nlohmann::ordered_json>(req.body), AnthropicRoute::count_tokens).dump();
+    const json body = json::parse(raw);
+    check_model(read_completion_fields(body, /*chat=*/true).model);  // tools and tool_choice checked too
+    const std::vector<int32_t> ids = tokenizer->encode(render_chat(body, raw), /*add_special=*/false,
+                                                       /*parse_special=*/true);
+    t_log.n_prompt = int64_t(ids.size());
+    return json_response(200, {{"input_tokens", ids.size()}});
   }
 
   std::string metrics_text() const {

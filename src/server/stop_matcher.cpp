@@ -13,7 +13,11 @@ std::string StopMatcher::push(const std::string& text) {
   pending_ += text;
   // The earliest complete match ends the reply.
   size_t first = std::string::npos;
-  for (const std::string& s : stops_) first = std::min(first, pending_.find(s));
+  for (const std::string& s : stops_)
+    if (const size_t at = pending_.find(s); at < first) {
+      first = at;
+      matched_ = s;
+    }
   if (first != std::string::npos) {
     stopped_ = true;
     std::string out = pending_.substr(0, first);

