@@ -353,6 +353,73 @@ TEST_P(PagedBackendTest, SampledInputsDrawWhatTheHostSamplerDraws) {
   }
 }
 
+// A seeded sampled request through the scheduler draws the same tokens alone, inside a batch of
+// 64 (greedy and sampled neighbours of other lengths, some constrained by penalties or a
+// logit bias) with batch invariance on, and on a second run; on CUDA every sampled row of
+// every step is drawn on the device.
+TEST_P(PagedBackendTest, ASeededSampledRequestIsTheSameAloneInABatchOf64AndAgain) {
+  InvariantScope invariant(true);
+  std::mt19937 rng(23);
+  constexpr int kMax = 16;
+  auto params_of = [](int i) {
+    SequenceParams p;
+    p.max_tokens = kMax;
+    p.sampler.seed = 500 + uint64_t(i);
+    p.sampler.temperature = i % 4 == 0 ? 0.0f : 0.7f + 0.1f * float(i % 5);
+    p.sampler.top_p = i % 3 == 0 ? 0.9f : 1.0f;
+    p.sampler.top_k = i % 5 == 1 ? 30 : 0;
+    if (i % 7 == 2) p.sampler.frequency_penalty = 0.5f, p.sampler.presence_penalty = 0.3f;
+    if (i % 11 == 3) p.sampler.logit_bias = {{3, 2.0f}, {4, -100.0f}};
+    return p;
+  };
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 64; ++i) prompts.push_back(random_prompt(rng, 3 + (i * 5) % 23, vocab_));
+  auto run = [&](const std::vector<int>& which, int max_sequences) {
+    PagedBackend backend(*model_, options(max_sequences));
+    SchedulerOptions so;
+    so.prefill_chunk = 64;
+    Scheduler sched(backend, so);
+    std::vector<std::shared_ptr<SequenceChannel>> chans;
+    for (int i : which) {
+      SequenceRequest r;
+      r.id = uint64_t(i);
+      r.prompt = prompts[size_t(i)];
+      r.params = params_of(i);
+      r.channel = std::make_shared<SequenceChannel>();
+      chans.push_back(r.channel);
+      EXPECT_EQ(sched.submit(std::move(r)), Scheduler::Submit::accepted);
+    }
+    std::vector<std::vector<int32_t>> out;
+    for (auto& ch : chans) {
+      std::vector<int32_t> toks;
+      for (;;) {
+        auto e = ch->pop(60000);
+        if (!e) {
+          ADD_FAILURE() << "timeout";
+          break;
+        }
+        if (e->kind != SequenceEvent::Kind::token) {
+          EXPECT_EQ(e->error, "");
+          break;
+        }
+        toks.push_back(e->token);
+      }
+      out.push_back(toks);
+    }
+    return out;
+  };
+  std::vector<int> all(64);
+  for (int i = 0; i < 64; ++i) all[size_t(i)] = i;
+  const auto batch = run(all, 64);
+  const auto again = run(all, 64);
+  EXPECT_EQ(batch, again);
+  for (int i : {1, 2, 3, 9, 40}) {
+    const auto alone = run({i}, 1);
+    ASSERT_EQ(alone[0].size(), size_t(kMax)) << "request " << i;
+    EXPECT_EQ(alone[0], batch[size_t(i)]) << "request " << i << " (temperature " << params_of(i).sampler.temperature << ")";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, PagedBackendTest, OSPREY_MODELS_ON_DEVICES(testing::kFamilies));
 
 // ---- The scheduler over the paged backend ----
