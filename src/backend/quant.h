@@ -49,6 +49,9 @@ struct QuantizedMatrix {
 struct Fp8Matrix {
   Array codes;   // [out, in] u8 (float8_e4m3fn bytes)
   Array scales;  // [out, n_groups] f32, n_groups divides in
+  // The checkpoint declares FP8 activations: prompts and batches may run on the FP8 tensor
+  // cores with x quantized per token (W8A8). false (weights-only FP8): x stays 16-bit.
+  bool fp8_activations = true;
 
   bool defined() const { return codes.defined(); }
   int64_t out_features() const { return codes.dim(0); }

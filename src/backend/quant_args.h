@@ -37,6 +37,9 @@ struct Fp8Args {
   const float* scales = nullptr;   // [out, n_groups]
   int64_t out = 0, in = 0;
   int64_t n_groups = 1;            // divides in
+  // W8A8 (x quantized to e4m3 per token) allowed: the checkpoint declares FP8 activations, or
+  // OSPREY_CUDA_FP8_ACTIVATIONS asks for them on a weights-only checkpoint.
+  bool fp8_activations = true;
 };
 
 }  // namespace osprey

@@ -10,6 +10,7 @@
 #include "backend/ops.h"
 #include "backend/quant_args.h"
 #include "backend/op_checks.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "core/mapped_file.h"
 #include "core/thread_pool.h"
@@ -178,6 +179,7 @@ Array linear(const Array& x, const Fp8Matrix& w, const Array& bias) {
   a.out = out;
   a.in = in;
   a.n_groups = w.scales.dim(1);
+  a.fp8_activations = w.fp8_activations || env_options().cuda_fp8_activations;
   cuda_ops::linear_fp8(x.data<float>(), n, a, bias.defined() ? bias.data<float>() : nullptr, y.data<float>(),
                        batch_invariant());
   return y;

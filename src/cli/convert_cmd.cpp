@@ -28,6 +28,7 @@ struct ConvertOptions {
   std::string outtype;  // gguf only: f16 (default), q8_0, q4_0 or q4_k
   int64_t shard_mib = 5120;  // at most kMaxShardMib, so that the bytes fit in 64 bits
   int threads = -1;
+  std::string fp8_activations;  // fp8 only: "token" (the default) or "none"
 };
 
 DType parse_dtype(const std::string& name) {
@@ -68,6 +69,7 @@ int run_convert_gguf(const ConvertOptions& o) {
 
 int run_convert(ConvertOptions o) {
   if (o.threads >= 0) set_cpu_threads(o.threads);
+  if (o.to != "fp8" && !o.fp8_activations.empty()) throw UsageError("--fp8-activations applies to --to fp8 only");
   if (o.to == "gguf") return run_convert_gguf(o);
   if (!o.outtype.empty()) throw UsageError("--outtype applies to --to gguf only");
   if (o.to != "mlx" && o.to != "fp8") throw UsageError("--to: \"" + o.to + "\" is not supported (mlx, fp8 or gguf)");
@@ -97,6 +99,7 @@ int run_convert(ConvertOptions o) {
   if (ec) throw IoError("-o " + dst.string() + ": cannot create the folder: " + ec.message());
   ConvertParams p;
   p.target = fp8 ? ConvertTarget::fp8 : ConvertTarget::mlx;
+  p.fp8_activations = o.fp8_activations != "none";
   p.bits = o.bits;
   p.group_size = o.group_size;
   p.dtype = dtype;
@@ -138,6 +141,11 @@ Command add_convert(CLI::App& app) {
   app.add_option("--outtype", o->outtype,
                  "gguf only: f16 (default), bf16, q8_0, q4_0 or q4_k (ggml's reference quantizers; norms stay F32)");
   app.add_option("--max-shard-mib", o->shard_mib, "Largest output file in MiB (default 5120)");
+  app.add_option("--fp8-activations", o->fp8_activations,
+                 "fp8 only: token (default): the checkpoint declares FP8 activations quantized per token at run "
+                 "time (prompts and batches on the FP8 tensor cores, less accurate); none: weights-only FP8, "
+                 "activations stay 16-bit")
+      ->check(CLI::IsMember({"token", "none"}));
   add_threads_option(app, o->threads);
   return [o] { return run_convert(*o); };
 }

@@ -86,6 +86,7 @@ EnvOptions read_env() {
   o.cuda_quant_mma = parse_switch(std::getenv("OSPREY_CUDA_QUANT_MMA"), true);
   o.cuda_fp8_weights = parse_strict_switch("OSPREY_CUDA_FP8_WEIGHTS");
   o.cuda_fp8_mma = parse_switch(std::getenv("OSPREY_CUDA_FP8_MMA"), true);
+  o.cuda_fp8_activations = parse_switch(std::getenv("OSPREY_CUDA_FP8_ACTIVATIONS"), false);
   o.cuda_fault_trap_after_steps = parse_cuda_fault();
   o.paged_split_keys = parse_int("OSPREY_PAGED_SPLIT_KEYS", 0, 0, 1 << 20);
   if (o.paged_split_keys % 64 != 0)

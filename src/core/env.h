@@ -27,6 +27,7 @@ struct EnvOptions {
   // them at load; unset: kept where they run on the FP8 tensor cores (model/weight_loader.h).
   std::optional<bool> cuda_fp8_weights;
   bool cuda_fp8_mma = true;        // OSPREY_CUDA_FP8_MMA: FP8 layers of 2+ rows on the FP8 tensor cores (W8A8)
+  bool cuda_fp8_activations = false;  // OSPREY_CUDA_FP8_ACTIVATIONS: W8A8 for weights-only FP8 too
   std::string cpu_level;           // OSPREY_CPU_LEVEL: scalar, v3, v4, v4-bf16 (empty: the CPU's best)
   // OSPREY_CPU_Q4_ACTIVATIONS: how the CPU's 4-bit integer kernels round x: "int16" (the
   // default: a high and a low int8 part per value) or "int8" (the high part alone, as

@@ -195,6 +195,7 @@ ConvertSummary convert_checkpoint(const fs::path& src, const fs::path& dst, cons
     weights["dynamic"] = false;
     acts["strategy"] = "token";
     acts["dynamic"] = true;
+    if (!p.fp8_activations) acts = nullptr;  // weights-only FP8
     cfg["quantization_config"] = {
         {"quant_method", "compressed-tensors"},
         {"format", "float-quantized"},

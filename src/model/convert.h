@@ -62,6 +62,9 @@ struct ConvertParams {
   int bits = 4;
   int group_size = 64;
   std::optional<DType> dtype;  // default_convert_dtype when not set
+  // fp8: declare FP8 activations quantized per token at run time (W8A8), or none (weights-only
+  // FP8: activations stay 16-bit, "input_activations": null).
+  bool fp8_activations = true;
   size_t shard_bytes = size_t(5120) << 20;
   std::function<void(size_t, size_t)> progress;  // (source bytes done, total), per tensor
 };

@@ -148,11 +148,30 @@ HubQuant parse_hub_quant(const ConfigReader& c, const std::string& method) {
         throw Unsupported(w->where() + ": field \"strategy\": \"" + strategy +
                           "\" is not supported (tensor, channel or block)");
       }
+      // The activations: null (or absent) is weights-only FP8, whose inputs stay 16-bit.
+      const nlohmann::json& acts = g.contains("input_activations") ? g["input_activations"] : nlohmann::json();
+      if (acts.is_null()) {
+        q.fp8_activations = false;
+      } else {
+        const ConfigReader a(acts, group.where() + ": input_activations");
+        if (!acts.is_object()) a.fail("input_activations", "expected an object or null, got " + acts.dump());
+        if (a.get_int("num_bits", 8) != 8 || a.get_string("type", "float") != "float")
+          throw Unsupported(a.where() + ": only 8-bit float (FP8 e4m3) activations are supported, got " + acts.dump());
+        const bool dynamic = a.get_bool("dynamic", false);
+        const std::string as = a.get_string("strategy", "tensor");
+        if (!dynamic || as != "token")
+          q.fp8_activation_note = std::string("the checkpoint declares ") + (dynamic ? "dynamic" : "static") + " " +
+                                  as + " activation scales; they run dynamic per token";
+      }
     }
   } else if (method == "fbgemm_fp8") {
     q.method = HubQuantMethod::fp8;
   } else if (method == "fp8") {
     q.method = HubQuantMethod::fp8;
+    const std::string scheme = c.get_string("activation_scheme", "dynamic");
+    if (scheme != "dynamic" && scheme != "static")
+      c.fail("activation_scheme", "expected \"dynamic\" or \"static\", got \"" + scheme + "\"");
+    if (scheme == "static") q.fp8_activation_note = "the checkpoint declares static activation scales; they run dynamic per token";
     const std::string fmt = c.get_string("fmt", "e4m3");
     if (fmt != "e4m3") c.fail("fmt", "only \"e4m3\" FP8 weights are supported, got \"" + fmt + "\"");
     if (c.has("weight_block_size")) {
@@ -167,6 +186,7 @@ HubQuant parse_hub_quant(const ConfigReader& c, const std::string& method) {
     q.method = HubQuantMethod::fp8;
     const std::string algo = c.get_string("quant_algo");
     if (algo != "FP8") throw Unsupported(q.where + ": field \"quant_algo\": \"" + algo + "\" is not supported (FP8)");
+    q.fp8_activation_note = "ModelOpt FP8 declares static per-tensor activation scales; they run dynamic per token";
   } else {
     throw Unsupported(q.where + ": quant_method \"" + method +
                       "\" is not supported (Osprey reads MLX affine, awq, gptq, compressed-tensors, fbgemm_fp8, fp8 "

@@ -32,6 +32,12 @@ struct HubQuant {
   int zero_offset = 0;  // added to the stored zero points (1 for GPTQ's "gptq" checkpoint format)
   // fp8: the block of a 2-D weight_scale[_inv] ([rows, cols] of the weight per scale)
   int64_t block_rows = 128, block_cols = 128;
+  // fp8: whether the checkpoint declares FP8 activations (quantized per token at run time).
+  // false: weights-only FP8 (compressed-tensors "input_activations": null), whose activations
+  // stay 16-bit. Declared static or per-tensor activation scales are run per token, the finer
+  // scheme (the log says so).
+  bool fp8_activations = true;
+  std::string fp8_activation_note;  // non-empty: how the declared scheme is run, for the log
 
   bool present() const { return method != HubQuantMethod::none; }
 };

@@ -33,7 +33,9 @@ bool same_storage(const std::vector<LinearWeight>& parts) {
           p.quant.scales.dtype() != p0.quant.scales.dtype() || !p.quant.packed.is_contiguous())
         return false;
     } else if (p.fp8.defined()) {
-      if (p.fp8.scales.dim(1) != p0.fp8.scales.dim(1) || !p.fp8.codes.is_contiguous()) return false;
+      if (p.fp8.scales.dim(1) != p0.fp8.scales.dim(1) || !p.fp8.codes.is_contiguous() ||
+          p.fp8.fp8_activations != p0.fp8.fp8_activations)
+        return false;
     } else if (p.dense.dtype() != p0.dense.dtype() || !p.dense.is_contiguous()) {
       return false;
     }
@@ -65,6 +67,7 @@ LinearWeight stack_weights(const std::vector<LinearWeight>& parts) {
     }
     f.fp8.codes = stack_rows(codes);
     f.fp8.scales = stack_rows(scales);
+    f.fp8.fp8_activations = parts[0].fp8.fp8_activations;
   } else {
     std::vector<Array> dense;
     for (const LinearWeight& p : parts) dense.push_back(p.dense);

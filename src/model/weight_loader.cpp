@@ -264,15 +264,23 @@ LinearWeight WeightLoader::hub_linear(const std::string& prefix, int64_t out, in
       throw InvalidInput("tensor " + prefix + ".weight has FP8 block scales over groups of " + std::to_string(group) +
                          " inputs: a tensor-parallel rank's columns " + range_str(s.col0, s.cols) + " of its " +
                          std::to_string(in) + " inputs do not fall on whole groups (use fewer ranks)");
+    const bool w8a8 = hq.fp8_activations || env_options().cuda_fp8_activations;
     if (!fp8_logged_) {
-      log_info(weights_.source().string() + ": FP8 (" + hq.name + ") weights stay FP8 on " + options_.device.str() +
-               (ops::fp8_tensor_cores(options_.device) && groups == 1
+      log_info(weights_.source().string() + ": FP8 (" + hq.name + ", " +
+               (hq.fp8_activations ? "FP8 activations declared" : "weights only") + ") weights stay FP8 on " +
+               options_.device.str() +
+               (ops::fp8_tensor_cores(options_.device) && groups == 1 && w8a8
                     ? "; 2 rows and more (prompts, batches) run on the FP8 tensor cores with activations quantized "
-                      "to e4m3 per token, one row with unquantized activations"
-                    : "; activations are not quantized"));
+                      "to e4m3 per token" +
+                          std::string(hq.fp8_activations ? "" : " (OSPREY_CUDA_FP8_ACTIVATIONS: the checkpoint declares "
+                                                              "none; faster prompts, less accurate)") +
+                          ", one row with unquantized activations"
+                    : "; activations are not quantized") +
+               (hq.fp8_activation_note.empty() ? "" : " (" + hq.fp8_activation_note + ")"));
       fp8_logged_ = true;
     }
     Fp8Matrix m;
+    m.fp8_activations = hq.fp8_activations;
     m.codes = ops::to_device(slice_2d(f.m.codes, s.row0, s.rows, s.col0, s.cols), options_.device);
     m.scales = ops::to_device(
         slice_2d(f.m.scales, s.row0, s.rows, groups > 1 ? s.col0 / group : 0, groups > 1 ? s.cols / group : 1),

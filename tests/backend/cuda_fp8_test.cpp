@@ -271,6 +271,34 @@ TEST(CudaFp8, W8A8TakesRowScalesOnlyAndZeroRowsStayZero) {
   EXPECT_THROW(cuda::linear_fp8_mma(xg.data<float>(), 3, a, nullptr, y.data<float>(), cuda::stream()), Unsupported);
 }
 
+// A weights-only FP8 layer (the checkpoint declares no FP8 activations: Fp8Matrix::
+// fp8_activations false) keeps x 16-bit at every row count: 512 rows, which take the W8A8
+// tensor-core path when FP8 activations are declared, match the unquantized-activation
+// reference and not the per-token e4m3 one.
+TEST(CudaFp8, WeightsOnlyLayersKeepActivationsUnquantized) {
+  OSPREY_SKIP_WITHOUT_CUDA();
+  const Fp8Case c(Layout::channel, 300, 384, 13);
+  const LoadedFp8 loaded = load_fp8(c.open(), c.hq, "l", c.out, c.in);
+  LinearWeight lw;
+  lw.fp8.codes = ops::to_device(loaded.m.codes, Device::cuda());
+  lw.fp8.scales = ops::to_device(loaded.m.scales, Device::cuda());
+  std::mt19937 rng(9);
+  const int64_t n = 512;
+  const std::vector<float> x = testing::random_floats(size_t(n * c.in), rng);
+  const std::vector<float> zero(size_t(c.out), 0.0f);
+  const Array xg = ops::to_device(host_array(x, {n, c.in}), Device::cuda());
+  const std::vector<double> exact = linear_ref(c.w, x, zero, n, c.out, c.in);
+  const std::vector<double> w8a8 = linear_ref(c.w, w8a8_rows(x, n, c.in), zero, n, c.out, c.in);
+  ASSERT_GT(testing::rel_error(std::vector<float>(w8a8.begin(), w8a8.end()), exact), 1e-2)
+      << "the two references must be told apart";
+  lw.fp8.fp8_activations = false;
+  const std::vector<float> weights_only = to_host(ops::linear(xg, lw));
+  EXPECT_LT(testing::rel_error(weights_only, exact), 8e-3) << "x and w rounded to bf16 at most";
+  lw.fp8.fp8_activations = true;
+  const std::vector<float> declared = to_host(ops::linear(xg, lw));
+  if (ops::fp8_tensor_cores(Device::cuda())) EXPECT_LT(testing::rel_error(declared, w8a8), 1e-3);
+}
+
 TEST(CudaFp8, InputsNotAMultipleOf16TakeTheGemmPath) {
   OSPREY_SKIP_WITHOUT_CUDA();
   check_case(Fp8Case(Layout::channel, 65, 200, 6));

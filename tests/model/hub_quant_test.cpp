@@ -403,6 +403,59 @@ TEST(HubQuantConvert, Fp8ConversionEqualsTheScriptsPerChannelCheckpoint) {
   EXPECT_EQ(load_model(out / "fp8")->info().weight_dtype, DType::bf16);
 }
 
+// The activation scheme a checkpoint declares: compressed-tensors' input_activations null (or
+// absent) is weights-only FP8; dynamic per-token FP8 activations are W8A8; a static or
+// per-tensor scheme runs per token, with a note for the log; other types are refused by name.
+TEST(HubQuantConfig, Fp8ActivationSchemeIsReadAsDeclared) {
+  auto parse = [](const nlohmann::json& acts, bool with_key = true) {
+    nlohmann::json group = {{"targets", {"Linear"}},
+                            {"weights", {{"num_bits", 8}, {"type", "float"}, {"strategy", "channel"}}}};
+    if (with_key) group["input_activations"] = acts;
+    const nlohmann::json c = {{"quant_method", "compressed-tensors"},
+                              {"format", "float-quantized"},
+                              {"config_groups", {{"group_0", group}}}};
+    return parse_hub_quant(ConfigReader(c, "config.json: quantization_config"), "compressed-tensors");
+  };
+  const HubQuant none = parse(nullptr);
+  EXPECT_FALSE(none.fp8_activations);
+  EXPECT_EQ(none.fp8_activation_note, "");
+  EXPECT_FALSE(parse(nullptr, false).fp8_activations);
+  const HubQuant token =
+      parse({{"num_bits", 8}, {"type", "float"}, {"strategy", "token"}, {"dynamic", true}, {"symmetric", true}});
+  EXPECT_TRUE(token.fp8_activations);
+  EXPECT_EQ(token.fp8_activation_note, "");
+  const HubQuant stat = parse({{"num_bits", 8}, {"type", "float"}, {"strategy", "tensor"}, {"dynamic", false}});
+  EXPECT_TRUE(stat.fp8_activations);
+  EXPECT_NE(stat.fp8_activation_note.find("static tensor"), std::string::npos) << stat.fp8_activation_note;
+  EXPECT_THROW(parse({{"num_bits", 4}, {"type", "int"}, {"strategy", "token"}, {"dynamic", true}}), Unsupported);
+  const nlohmann::json fp8 = {{"quant_method", "fp8"}, {"activation_scheme", "dynamic"}};
+  EXPECT_TRUE(parse_hub_quant(ConfigReader(fp8, "q"), "fp8").fp8_activations);
+  const nlohmann::json bad = {{"quant_method", "fp8"}, {"activation_scheme", "sometimes"}};
+  EXPECT_THROW(parse_hub_quant(ConfigReader(bad, "q"), "fp8"), InvalidInput);
+}
+
+// convert --to fp8 --fp8-activations none writes a weights-only checkpoint (input_activations
+// null) of the same tensors; it loads as weights-only; the option is refused for other targets.
+TEST(HubQuantConvert, Fp8WeightsOnlyConversionDeclaresNoActivations) {
+  testing::TempDir out;
+  const auto r = testing::run_osprey("convert -m " + testing::fixture_dir("llama").string() + " -o " +
+                                     (out / "fp8").string() + " --to fp8 --fp8-activations none");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto cfg = nlohmann::json::parse(testing::read_file(out / "fp8" / "config.json"))["quantization_config"];
+  ASSERT_TRUE(cfg["config_groups"]["group_0"].contains("input_activations"));
+  EXPECT_TRUE(cfg["config_groups"]["group_0"]["input_activations"].is_null());
+  const ConfigReader qc(cfg, "quantization_config");
+  EXPECT_FALSE(parse_hub_quant(qc, "compressed-tensors").fp8_activations);
+  const auto bad = testing::run_osprey("convert -m " + testing::fixture_dir("llama").string() + " -o " +
+                                       (out / "mlx").string() + " --fp8-activations none");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("--fp8-activations applies to --to fp8 only"), std::string::npos) << bad.err;
+  const auto junk = testing::run_osprey("convert -m " + testing::fixture_dir("llama").string() + " -o " +
+                                        (out / "x").string() + " --to fp8 --fp8-activations sometimes");
+  EXPECT_NE(junk.exit_code, 0);
+  EXPECT_NE(junk.err.find("--fp8-activations"), std::string::npos) << junk.err;
+}
+
 TEST(HubQuantConvert, Fp8RefusesTheMlxOptionsAndUnknownTargets) {
   testing::TempDir out;
   const std::string m = "convert -m " + testing::fixture_dir("llama").string() + " -o " + (out / "x").string();

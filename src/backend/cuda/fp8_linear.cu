@@ -473,7 +473,9 @@ void linear_fp8_mma(const float* x, int64_t n, const Fp8Args& w, const float* bi
 }
 
 void linear_fp8(const float* x, int64_t n, const Fp8Args& w, const float* bias, float* y, cudaStream_t s) {
-  const bool mma = env_options().cuda_fp8_mma && linear_fp8_mma_takes(x, w);
+  // NOTE: a weights-only checkpoint keeps x 16-bit (w.fp8_activations false): its prompts and
+  // batches dequantize the weights and run cuBLAS instead of the FP8 tensor cores.
+  const bool mma = env_options().cuda_fp8_mma && w.fp8_activations && linear_fp8_mma_takes(x, w);
   if (n <= (mma ? kFp8GemvMaxRowsBesideMma : kFp8GemvMaxRows) && linear_fp8_gemv_takes(x, w))
     linear_fp8_gemv(x, n, w, bias, y, s);
   else if (mma)
