@@ -22,23 +22,20 @@
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/sample.h"
+#include "backend/cuda/sample_common.cuh"
 #include "backend/sample_noise.h"
 
 namespace osprey::cuda {
 
 namespace {
 
-constexpr int kRowsThreads = 512;
-constexpr int kRowsPer = 2;
-constexpr int kRowsChunk = kRowsThreads * kRowsPer;
-constexpr int kRowsWarps = kRowsThreads / 32;
-constexpr int kRowsBins = 2048;
-constexpr float kRowsMassOne = 1099511627776.0f;  // 2^40: the fixed-point weight of the maximum
-// A logit whose (best - logit) / T exceeds this cannot win a block's draw against its best
-// kept logit: the Gumbel noise spans less than kNoiseGumbelMax - kNoiseGumbelMin < 40.35.
-constexpr float kRowsPruneSpan = 42.0f;
-static_assert(kNoiseGumbelMax - kNoiseGumbelMin < kRowsPruneSpan - 1.0, "pruning margin");
-static_assert(kRowsBins % kRowsThreads == 0, "bins split evenly over threads");
+using namespace sampling;  // backend/cuda/sample_common.cuh
+
+constexpr int kRowsThreads = kDrawThreads;
+constexpr int kRowsPer = kPerThread;
+constexpr int kRowsChunk = kChunk;
+constexpr int kRowsWarps = kDrawWarps;
+constexpr int kRowsBins = kMaxBins;
 
 enum Cut : int { kTopK = 0, kTopP = 1, kTypical = 2 };
 
@@ -103,36 +100,13 @@ RowsScratch rows_scratch(int64_t rows, int64_t vocab) {
   return s;
 }
 
-// Float -> unsigned key with the same order (-0 ranked with +0); callers skip NaN.
-__device__ __forceinline__ unsigned int rows_key(float f) {
-  unsigned int b = __float_as_uint(f);
-  if (b == 0x80000000u) b = 0;
-  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-}
-// The inverse of rows_key (key 0, never a non-NaN logit's key, maps to NaN).
-__device__ __forceinline__ float rows_value(unsigned int k) {
-  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
-}
-
-// w = exp((v - m) / T) in 2^-40 fixed point, v <= m (v == m weighs exactly 1).
-__device__ __forceinline__ unsigned long long rows_mass(float v, float m, float t) {
-  if (v == m) return 1ull << 40;
-  return __float2ull_rn(expf((v - m) / t) * kRowsMassOne);
-}
-
-__device__ __forceinline__ unsigned int rows_warp_max(unsigned int k) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) k = max(k, __shfl_xor_sync(0xffffffffu, k, o));
-  return k;
-}
-
 // The row's largest candidate logit, from prep's per-chunk keys (every lane of the calling
 // warp gets it; -inf when the row has no candidate).
 __device__ __forceinline__ float rows_max(const unsigned int* __restrict__ part_key, int nb) {
   unsigned int k = 0;
   for (int b = threadIdx.x & 31; b < nb; b += 32) k = max(k, part_key[b]);
-  k = rows_warp_max(k);
-  return k == 0 ? kNegInf : rows_value(k);
+  k = warp_max_u32(k);
+  return k == 0 ? kNegInf : key_value(k);
 }
 
 // The chunk's logits of this block's row, NaN for an id that is not a candidate (outside the
@@ -151,60 +125,6 @@ __device__ __forceinline__ void rows_load(const float* __restrict__ x, int n, co
     }
     v[j] = f;
   }
-}
-
-// The last-block handshake of this block's row. Call from all threads after this block's
-// global updates; true in every thread of the row's last block, which then sees the others'.
-__device__ __forceinline__ bool rows_last_block(unsigned int* ticket, int* s_flag) {
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const bool last = atomicAdd(ticket, 1u) == gridDim.x - 1;
-    if (last) *ticket = 0;
-    *s_flag = last;
-  }
-  __syncthreads();
-  if (!*s_flag) return false;
-  __threadfence();
-  return true;
-}
-
-struct RowsScan {
-  unsigned long long excl, own, total;
-};
-
-// Running sums over bins from the highest digit down: thread t owns digits
-// bins-1 - (t*per + j), j < per; `own` is their sum, `excl` the sum of all higher digits.
-template <class V>
-__device__ RowsScan rows_scan(const V* values, int bins, unsigned long long* red) {
-  const int per = bins / kRowsThreads;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  unsigned long long own = 0;
-  for (int j = 0; j < per; ++j) own += values[bins - 1 - (int(threadIdx.x) * per + j)];
-  unsigned long long inc = own;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const unsigned long long y = __shfl_up_sync(0xffffffffu, inc, o);
-    if (lane >= o) inc += y;
-  }
-  if (lane == 31) red[warp] = inc;
-  __syncthreads();
-  if (warp == 0) {
-    unsigned long long w = lane < kRowsWarps ? red[lane] : 0;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const unsigned long long y = __shfl_up_sync(0xffffffffu, w, o);
-      if (lane >= o) w += y;
-    }
-    __syncwarp();
-    if (lane < kRowsWarps) red[lane] = w;
-  }
-  __syncthreads();
-  RowsScan s;
-  s.own = own;
-  s.excl = (warp > 0 ? red[warp - 1] : 0) + inc - own;
-  s.total = red[kRowsWarps - 1];
-  return s;
 }
 
 // Whether a cut runs for the row at all (a sampled row whose parameter cuts).
@@ -241,12 +161,12 @@ __device__ __forceinline__ RowView rows_view(const SampleRowArgs& a, const RowSt
 
 // Kept by top-k, top-p and min-p (v a candidate).
 __device__ __forceinline__ bool rows_kept_kpm(const RowView& r, float v) {
-  if (rows_key(v) < r.t_kp) return false;
+  if (order_key(v) < r.t_kp) return false;
   return !r.min_p_on || v == r.m || double(v) - double(r.m) >= r.min_log;
 }
 
 __device__ __forceinline__ unsigned int rows_typical_key(const RowView& r, float v) {
-  return ~rows_key(fabsf((v - r.m) / r.t - r.center));  // the nearest to the center ranks highest
+  return ~order_key(fabsf((v - r.m) / r.t - r.center));  // the nearest to the center ranks highest
 }
 
 __global__ void __launch_bounds__(kRowsThreads)
@@ -290,12 +210,12 @@ __global__ void __launch_bounds__(kRowsThreads)
   unsigned int k = 0;
 #pragma unroll
   for (int j = 0; j < kRowsPer; ++j)
-    if (v[j] == v[j]) k = max(k, rows_key(v[j]));
-  k = rows_warp_max(k);
+    if (v[j] == v[j]) k = max(k, order_key(v[j]));
+  k = warp_max_u32(k);
   if ((threadIdx.x & 31) == 0) s_red[threadIdx.x >> 5] = k;
   __syncthreads();
   if (threadIdx.x < 32) {
-    k = rows_warp_max(threadIdx.x < kRowsWarps ? s_red[threadIdx.x] : 0u);
+    k = warp_max_u32(threadIdx.x < kRowsWarps ? s_red[threadIdx.x] : 0u);
     if (threadIdx.x == 0) sc.part_key[int64_t(row) * sc.nb + blockIdx.x] = k;
   }
 }
@@ -336,9 +256,9 @@ __global__ void __launch_bounds__(kRowsThreads)
     if (v[j] != v[j]) continue;
     unsigned int key;
     if constexpr (kCut == kTopK) {
-      key = rows_key(v[j]);
+      key = order_key(v[j]);
     } else if constexpr (kCut == kTopP) {
-      key = rows_key(v[j]);
+      key = order_key(v[j]);
       if (key < st->t[kTopK]) continue;
     } else {
       if (!rows_kept_kpm(r, v[j])) continue;
@@ -349,7 +269,7 @@ __global__ void __launch_bounds__(kRowsThreads)
     }
     const unsigned int d = (key >> kShift) & (kBins - 1);
     atomicAdd(&s_count[d], 1u);
-    if constexpr (kMass) atomicAdd(&s_mass[d], rows_mass(v[j], r.m, r.t));
+    if constexpr (kMass) atomicAdd(&s_mass[d], fixed_mass(v[j], r.m, r.t));
   }
   __syncthreads();
   for (int d = threadIdx.x; d < kBins; d += kRowsThreads) {
@@ -357,7 +277,7 @@ __global__ void __launch_bounds__(kRowsThreads)
     atomicAdd(&st->count[d], s_count[d]);
     if constexpr (kMass) atomicAdd(&st->mass[d], s_mass[d]);
   }
-  if (!rows_last_block(&st->ticket, &s_flag)) return;
+  if (!last_block(&st->ticket, &s_flag)) return;
 
   // The row's last block: take the row's histogram and clear it for the next pass.
   for (int d = threadIdx.x; d < kBins; d += kRowsThreads) {
@@ -370,7 +290,7 @@ __global__ void __launch_bounds__(kRowsThreads)
   }
   __syncthreads();
   unsigned long long target, above = 0;
-  const RowsScan scn = kMass ? rows_scan(s_mass, kBins, s_red) : rows_scan(s_count, kBins, s_red);
+  const TopScan scn = kMass ? scan_from_top<kBins>(s_mass, s_red) : scan_from_top<kBins>(s_count, s_red);
   if (kPass == 0) {
     if constexpr (kMass) {
       const float p = kCut == kTopP ? a.top_p : a.typical_p;
@@ -393,20 +313,10 @@ __global__ void __launch_bounds__(kRowsThreads)
   }
   // The digit at which the running sum from the top first reaches target - above.
   const unsigned long long want = target - above;
-  if (scn.excl < want && want <= scn.excl + scn.own) {
-    constexpr int kPer = kBins / kRowsThreads;
-    unsigned long long acc = scn.excl;
-    for (int j = 0; j < kPer; ++j) {
-      const int d = kBins - 1 - (int(threadIdx.x) * kPer + j);
-      const unsigned long long w = kMass ? s_mass[d] : s_count[d];
-      if (acc + w >= want) {
-        s_digit = d;
-        s_above = acc;
-        break;
-      }
-      acc += w;
-    }
-  }
+  if constexpr (kMass)
+    locate<kBins>(s_mass, scn, want, &s_digit, &s_above);
+  else
+    locate<kBins>(s_count, scn, want, &s_digit, &s_above);
   __syncthreads();
   if (threadIdx.x != 0) return;
   const int d = s_digit;
@@ -471,32 +381,12 @@ __global__ void __launch_bounds__(kRowsThreads)
     for (int k = 0; k < kRowsWarps; ++k) p.w += s_w[k], p.wx += s_wx[k];
     parts[blockIdx.x] = p;
   }
-  if (!rows_last_block(&st->ticket, &s_flag)) return;
+  if (!last_block(&st->ticket, &s_flag)) return;
   if (threadIdx.x == 0) {
     double tw = 0, twx = 0;
     for (int b = 0; b < sc.nb; ++b) tw += __ldcg(&parts[b].w), twx += __ldcg(&parts[b].wx);
     st->center = tw > 0 ? twx / tw : 0.0;
   }
-}
-
-__device__ __forceinline__ bool rows_better(double s, int i, double bs, int bi) {
-  return s > bs || (s == bs && i < bi);
-}
-
-// The block's best (score, index) into thread 0's bs, bi; every thread calls it.
-__device__ __forceinline__ void rows_block_best(double& bs, int& bi, double* s_score, int* s_index) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const double os = __shfl_xor_sync(0xffffffffu, bs, o);
-    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-    if (rows_better(os, oi, bs, bi)) bs = os, bi = oi;
-  }
-  if (lane == 0) s_score[warp] = bs, s_index[warp] = bi;
-  __syncthreads();
-  if (threadIdx.x == 0)
-    for (int w = 1; w < kRowsWarps; ++w)
-      if (rows_better(s_score[w], s_index[w], bs, bi)) bs = s_score[w], bi = s_index[w];
 }
 
 // Gumbel-max over the kept set (greedy rows: the largest candidate), each block's best into
@@ -538,7 +428,7 @@ __global__ void __launch_bounds__(kRowsThreads)
   double bs = -__builtin_huge_val();
   int bi = INT_MAX;
   const int base = blockIdx.x * kRowsChunk + threadIdx.x;
-  const float prune = kRowsPruneSpan * a.temperature;
+  const float prune = kPruneSpan * a.temperature;
 #pragma unroll
   for (int j = 0; j < kRowsPer; ++j) {
     if (!kept[j]) continue;
@@ -551,12 +441,12 @@ __global__ void __launch_bounds__(kRowsThreads)
       if (best - v[j] > prune) continue;
       s = double(v[j]) / double(a.temperature) + noise_gumbel(a.seed, a.counter, uint64_t(i));
     }
-    if (rows_better(s, i, bs, bi)) bs = s, bi = i;
+    if (better_score(s, i, bs, bi)) bs = s, bi = i;
   }
-  rows_block_best(bs, bi, s_score, s_index);
+  block_best(bs, bi, s_score, s_index);
   RowBest* parts = sc.part_best + int64_t(row) * sc.nb;
   if (threadIdx.x == 0) parts[blockIdx.x] = RowBest{bs, bi, 0};
-  if (!rows_last_block(&st->ticket, &s_flag)) return;
+  if (!last_block(&st->ticket, &s_flag)) return;
 
   bs = -__builtin_huge_val();
   bi = INT_MAX;
@@ -566,10 +456,10 @@ __global__ void __launch_bounds__(kRowsThreads)
     const double s = __ldcg(&parts[b].score);
     const int i = __ldcg(&parts[b].index);
     bad |= __ldcg(part_bad + b);
-    if (rows_better(s, i, bs, bi)) bs = s, bi = i;
+    if (better_score(s, i, bs, bi)) bs = s, bi = i;
   }
   bad = __syncthreads_or(bad);
-  rows_block_best(bs, bi, s_score, s_index);
+  block_best(bs, bi, s_score, s_index);
   if (threadIdx.x == 0) {
     out[row] = bi == INT_MAX ? -1 : int32_t(bi);
     nonfinite[row] = bad;
