@@ -53,7 +53,11 @@ struct BenchOptions {
   bool batch_invariant = false;
   std::string grammar_file;  // --batch: constrain every sequence to this GBNF grammar
   std::string json_schema;   // --batch: ... or to JSON valid against this schema (text or @FILE)
+  // How generated tokens are chosen (tg tests and --batch): greedy unless --temp > 0; the
+  // sampling seed is fixed, so that runs repeat.
+  SamplerParams sampler;
 };
+
 
 struct Header {
   std::string commit = OSPREY_GIT_COMMIT;
@@ -67,6 +71,7 @@ struct Header {
   bool kv_inplace = true;
   int kv_step = 256;
   std::string constraint;  // --batch: the grammar every sequence is held to ("" : none)
+  std::string sampling;    // sampling_label() ("" : greedy)
 };
 
 std::string cpu_model_name() {
@@ -86,6 +91,16 @@ std::string fmt(const char* format, double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, format, v);
   return buf;
+}
+
+// "temperature 0.8, top-p 0.95" for a sampled bench ("" for greedy).
+std::string sampling_label(const SamplerParams& p) {
+  if (!(p.temperature > 0.0f)) return "";
+  std::string s = fmt("temperature %g", double(p.temperature));
+  if (p.top_k > 0) s += fmt(", top-k %d", p.top_k);
+  if (p.top_p < 1.0f) s += fmt(", top-p %g", double(p.top_p));
+  if (p.min_p > 0.0f) s += fmt(", min-p %g", double(p.min_p));
+  return s;
 }
 
 std::string human_bytes(double b) {
@@ -138,6 +153,7 @@ void print_json(const Header& h, const BenchOptions& o, const std::vector<BenchR
                 {"weight_dtype", h.weight_dtype}, {"weight_bytes", h.weight_bytes}, {"n_params", h.n_params}};
   j["kv"] = {{"inplace_write", h.kv_inplace}, {"step", h.kv_step}};
   j["params"] = {{"repetitions", o.repetitions}, {"warmup", o.warmup}, {"seed", o.seed}};
+  if (!h.sampling.empty()) j["params"]["sampling"] = h.sampling;
   j["tests"] = nlohmann::json::array();
   for (const BenchResult& r : results) j["tests"].push_back(test_json(r));
   std::printf("%s\n", j.dump(2).c_str());
@@ -172,9 +188,11 @@ void print_md(const Header& h, const BenchOptions& o, const std::vector<BenchRes
   std::printf("osprey %s (%s) | %s: %s, %d threads | KV in-place writes: %s (OSPREY_KV_INPLACE_WRITE), step %d\n",
               h.version.c_str(), h.commit.c_str(), h.backend.c_str(), h.cpu.c_str(), h.n_threads,
               h.kv_inplace ? "on" : "off", h.kv_step);
-  std::printf("model: %s (%s, %s, %zu weight bytes, %llu params) | %d runs + %d warmup per test\n\n",
+  std::printf("model: %s (%s, %s, %zu weight bytes, %llu params) | %d runs + %d warmup per test\n",
               h.model_path.c_str(), h.model_type.c_str(), h.weight_dtype.c_str(), h.weight_bytes,
               (unsigned long long)h.n_params, o.repetitions, o.warmup);
+  if (!h.sampling.empty()) std::printf("tg tokens sampled: %s\n", h.sampling.c_str());
+  std::printf("\n");
   std::printf(
       "| model | size | params | backend | threads | test | t/s | median t/s | peak alloc (test / timed) | "
       "peak reserved (test / timed) | peak RSS (test / timed) | kv writes in place / copying |\n");
@@ -205,6 +223,7 @@ void print_batched(const Header& h, const std::vector<BatchedBenchResult>& resul
     j["weight_dtype"] = h.weight_dtype;
     j["batch_invariant"] = invariant;
     j["constraint"] = h.constraint;
+    if (!h.sampling.empty()) j["sampling"] = h.sampling;
     for (const BatchedBenchResult& r : results)
       j["results"].push_back({{"pp", r.n_prompt}, {"tg", r.n_gen}, {"b", r.batch}, {"n_kv", r.n_kv},
                               {"t_pp", r.t_prompt}, {"s_pp", r.prompt_tps()}, {"t_tg", r.t_gen},
@@ -217,6 +236,7 @@ void print_batched(const Header& h, const std::vector<BatchedBenchResult>& resul
   std::printf("osprey %s (%s) | %s | model: %s (%s, %s) | batch invariant: %s | constrained: %s\n\n",
               h.version.c_str(), h.commit.c_str(), h.backend.c_str(), h.model_path.c_str(), h.model_type.c_str(),
               h.weight_dtype.c_str(), invariant ? "on" : "off", h.constraint.empty() ? "no" : h.constraint.c_str());
+  if (!h.sampling.empty()) std::printf("tokens sampled: %s\n\n", h.sampling.c_str());
   std::printf("| PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s | S_TG per seq t/s | T s | S t/s | KV pool | "
               "peak reserved |\n");
   std::printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
@@ -262,6 +282,12 @@ int run_bench_cmd(const BenchOptions& o) {
   h.n_params = info.n_params;
   h.kv_inplace = env.kv_inplace_write;
   h.kv_step = env.kv_step;
+  if (!(o.sampler.temperature > 0.0f) && (o.sampler.top_k > 0 || o.sampler.top_p < 1.0f || o.sampler.min_p > 0.0f))
+    throw UsageError("bench --top-k/--top-p/--min-p: need --temp > 0 (the generated tokens are greedy without it)");
+  if (o.sampler.temperature > 0.0f && (!o.grammar_file.empty() || !o.json_schema.empty()))
+    throw UsageError("bench --temp with --grammar-file/--json-schema: the constrained bench decodes greedily");
+  validate(o.sampler);
+  h.sampling = sampling_label(o.sampler);
 
   if (!o.batch.empty()) {
     BatchedBenchParams bb;
@@ -273,6 +299,7 @@ int run_bench_cmd(const BenchOptions& o) {
     bb.graphs = env.cuda_graphs;
     bb.inplace = env.kv_inplace_write;
     bb.split_keys = env.paged_split_keys;
+    bb.sampler = o.sampler;
     if (!o.grammar_file.empty() || !o.json_schema.empty()) {
       bb.grammar = std::make_shared<const grammar::Grammar>(read_grammar_flags("bench", o.grammar_file, o.json_schema));
       if (!model_has_tokenizer(dir))
@@ -296,6 +323,7 @@ int run_bench_cmd(const BenchOptions& o) {
   bp.cache.step = env.kv_step;
   bp.cache.inplace = env.kv_inplace_write;
   bp.decode = generate_params(env);
+  bp.decode.sampler = o.sampler;
 
   std::vector<BenchResult> results;
   for (const BenchTest& t : tests) results.push_back(run_bench(*model, t, bp));
@@ -334,6 +362,13 @@ Command add_bench(CLI::App& app) {
   add_threads_option(app, o->threads);
   add_tensor_parallel_option(app, o->tensor_parallel);
   app.add_option("--seed", o->seed, "Seed of the random prompt tokens")->check(unsigned_u64())->capture_default_str();
+  o->sampler.seed = 0x5eed;
+  app.add_option("--temp", o->sampler.temperature, "Sample the generated tokens at this temperature (tg tests and --batch; 0: greedy)")
+      ->check(CLI::Range(0.0, 1e9))
+      ->capture_default_str();
+  app.add_option("--top-k", o->sampler.top_k, "With --temp: top-k (0: off)")->check(CLI::Range(0, INT32_MAX));
+  app.add_option("--top-p", o->sampler.top_p, "With --temp: top-p (1: off)")->check(CLI::Range(1e-9, 1.0));
+  app.add_option("--min-p", o->sampler.min_p, "With --temp: min-p (0: off)")->check(CLI::Range(0.0, 0.999999));
   app.add_option("--batch", o->batch_arg,
                  "Batch sizes to time as llama-batched-bench does (e.g. 1,4,16,64): each decodes that many sequences "
                  "of -p prompt and -n generated tokens together");

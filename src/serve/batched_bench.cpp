@@ -95,6 +95,14 @@ BatchedBenchResult run_one(Model& model, const BatchedBenchParams& p, int batch,
   MaskWorker worker;
   std::vector<SequenceBackend::DecodeInput> inputs(nb);
   std::vector<float> logits;
+  // Sampled: each sequence its own seed, its history (prompt and output) for the penalties.
+  const bool sampled = !constrained && p.sampler.temperature > 0.0f;
+  std::vector<SamplerParams> seq_params(nb, p.sampler);
+  std::vector<Sampler> samplers;
+  std::vector<std::vector<int32_t>> history(sampled ? nb : 0);
+  for (size_t i = 0; i < nb; ++i) seq_params[i].seed = p.sampler.seed + i;
+  if (sampled)
+    for (size_t i = 0; i < nb; ++i) samplers.emplace_back(seq_params[i]);
   const auto t0 = Clock::now();
   for (int i = 0; i < batch; ++i) {
     auto begun = backend.begin(prompts[size_t(i)], "");
@@ -102,9 +110,20 @@ BatchedBenchResult run_one(Model& model, const BatchedBenchParams& p, int batch,
     backend.prefill(begun->handle, prompts[size_t(i)], true, logits);
     if (constrained) {
       logits.resize(size_t(p.trie->vocab_size()));  // tokens past the tokenizer's vocabulary are never chosen
-      inputs[size_t(i)] = {begun->handle, choose_constrained(logits, matchers[size_t(i)], automaton), true, true};
+      inputs[size_t(i)].handle = begun->handle;
+      inputs[size_t(i)].token = choose_constrained(logits, matchers[size_t(i)], automaton);
+      inputs[size_t(i)].greedy = inputs[size_t(i)].masked = true;
+    } else if (sampled) {
+      const size_t k = size_t(i);
+      history[k] = prompts[k];
+      inputs[k].handle = begun->handle;
+      inputs[k].token = samplers[k].sample_at(logits, history[k], {}, 0);
+      inputs[k].sampling = &seq_params[k];
+      history[k].push_back(inputs[k].token);
     } else {
-      inputs[size_t(i)] = {begun->handle, argmax(logits), true};
+      inputs[size_t(i)].handle = begun->handle;
+      inputs[size_t(i)].token = argmax(logits);
+      inputs[size_t(i)].greedy = true;
     }
   }
   ops::synchronize(info.device);
@@ -120,6 +139,11 @@ BatchedBenchResult run_one(Model& model, const BatchedBenchParams& p, int batch,
     for (size_t i = 0; i < nb; ++i) out[i] = device_mask(matchers[i], automaton, p.end_ids, mask_bufs[i]);
   };
   for (int64_t step = 0; step < p.n_gen; ++step) {
+    if (sampled)
+      for (size_t i = 0; i < nb; ++i) {
+        inputs[i].counter = uint64_t(step) + 1;
+        inputs[i].history = history[i];
+      }
     if (constrained) worker.start(batch_matchers);
     try {
       backend.decode(inputs, outputs, constrained ? SequenceBackend::MaskFn(masks) : SequenceBackend::MaskFn());
@@ -139,8 +163,12 @@ BatchedBenchResult run_one(Model& model, const BatchedBenchParams& p, int batch,
       } else if (constrained)
         inputs[i].token = choose_constrained(std::span<const float>(out.logits).first(size_t(p.trie->vocab_size())),
                                              matchers[i], automaton);
+      else if (sampled)
+        inputs[i].token = out.token >= 0 ? out.token
+                                         : samplers[i].sample_at(out.logits, history[i], {}, uint64_t(step) + 1);
       else
         inputs[i].token = out.token >= 0 ? out.token : argmax(out.logits);
+      if (sampled) history[i].push_back(inputs[i].token);
     }
   }
   ops::synchronize(info.device);

@@ -2,14 +2,15 @@
 // Batched throughput after llama-batched-bench (docs/benchmarks.md, "Batched decoding"): for
 // each batch size B, B sequences of n_prompt random tokens are prefilled one after another,
 // then decoded together for n_gen steps through the paged backend (serve/paged_backend.h),
-// one token per sequence per step, each fed its own greedy choice. Distinct random prompts,
-// so no prefix is shared.
+// one token per sequence per step, each fed its own choice (greedy, or sampled with
+// BatchedBenchParams::sampler). Distinct random prompts, so no prefix is shared.
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <vector>
 
 #include "model/model.h"
+#include "sample/sampler.h"
 
 namespace osprey::grammar {
 struct Grammar;
@@ -36,6 +37,10 @@ struct BatchedBenchParams {
   std::shared_ptr<const grammar::Grammar> grammar;
   std::shared_ptr<const grammar::TokenTrie> trie;
   std::vector<int32_t> end_ids;  // the vocabulary's end tokens, never chosen
+  // How each sequence chooses its next token when unconstrained: greedy (temperature 0, the
+  // default), or drawn with these parameters, sequence i with seed + i (drawn on the device
+  // where the backend draws, as the server's sequences are).
+  SamplerParams sampler{};
 };
 
 struct BatchedBenchResult {
