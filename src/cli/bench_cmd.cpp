@@ -97,7 +97,7 @@ std::string fmt(const char* format, double v) {
 std::string sampling_label(const SamplerParams& p) {
   if (!(p.temperature > 0.0f)) return "";
   std::string s = fmt("temperature %g", double(p.temperature));
-  if (p.top_k > 0) s += fmt(", top-k %d", p.top_k);
+  if (p.top_k > 0) s += ", top-k " + std::to_string(p.top_k);
   if (p.top_p < 1.0f) s += fmt(", top-p %g", double(p.top_p));
   if (p.min_p > 0.0f) s += fmt(", min-p %g", double(p.min_p));
   return s;

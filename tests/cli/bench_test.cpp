@@ -222,3 +222,38 @@ TEST(CliBench, ConstrainedBadFlagsExitNonZero) {
 }
 
 }  // namespace osprey
+
+namespace osprey {
+namespace {
+
+// --temp samples the generated tokens (tg tests and --batch) and the output says so; the other
+// sampling flags need it; a constrained --batch stays greedy, and --temp with it is refused.
+TEST(CliBench, SampledDecodeIsNamedAndItsFlagsChecked) {
+  TempDir d;
+  write_tiny_llama(d.path(), tiny_llama_config());
+  const json j = bench_json(d, "-p 0 -n 6 -r 1 --warmup 0 --device cpu --temp 0.8 --top-p 0.95 --top-k 20");
+  EXPECT_EQ(j["params"]["sampling"], "temperature 0.8, top-k 20, top-p 0.95") << j.dump();
+  expect_samples(find_test(j, "tg6"), 6, 1);
+  const json greedy = bench_json(d, "-p 0 -n 6 -r 1 --warmup 0 --device cpu");
+  EXPECT_FALSE(greedy["params"].contains("sampling")) << greedy.dump();
+  const std::string m = "bench -m " + d.path().string();
+  auto batch = run_osprey(m + " --batch 1,3 -p 8 -n 4 --device cpu --temp 0.8 --top-p 0.95 -o json");
+  ASSERT_EQ(batch.exit_code, 0) << batch.err;
+  const json b = json::parse(batch.out);
+  EXPECT_EQ(b["sampling"], "temperature 0.8, top-p 0.95");
+  ASSERT_EQ(b["results"].size(), 2u);
+  EXPECT_EQ(b["results"][1]["n_kv"], 3 * 12);
+  auto md = run_osprey(m + " --batch 2 -p 8 -n 4 --device cpu --temp 1");
+  ASSERT_EQ(md.exit_code, 0) << md.err;
+  EXPECT_NE(md.out.find("tokens sampled: temperature 1"), std::string::npos) << md.out;
+  auto no_temp = run_osprey(m + " -p 0 -n 4 --top-p 0.9");
+  EXPECT_EQ(no_temp.exit_code, 2);
+  EXPECT_NE(no_temp.err.find("need --temp"), std::string::npos) << no_temp.err;
+  const std::string schema = (testing::source_dir() / "tests/fixtures/bench_orders.schema.json").string();
+  auto constrained = run_osprey(m + " --batch 2 -p 8 -n 4 --temp 0.8 --json-schema @" + schema);
+  EXPECT_EQ(constrained.exit_code, 2);
+  EXPECT_NE(constrained.err.find("decodes greedily"), std::string::npos) << constrained.err;
+}
+
+}  // namespace
+}  // namespace osprey
