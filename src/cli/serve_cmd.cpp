@@ -47,7 +47,7 @@ struct ServeOptions {
   int shutdown_timeout_s = 5;
   std::string api_key_file;
   std::string reasoning_format = "auto";
-  int parallel = 0;  // -np; 0: kAutoParallel* by device and layout
+  int parallel = 0;  // -np (>= 1 when given); 0, not given: kAutoParallel* by device and layout
 };
 
 // Sequences running at once when -np is not given: a few on the CPU (its batches share the
@@ -223,10 +223,10 @@ Command add_serve(CLI::App& app) {
   add_int_option(app, "--port", s.port, "Port to listen on (0: any free port)", 0, 65535);
   add_int_option(app, "-c,--ctx-size", s.ctx_size, "Context per sequence (0: the model's max_position_embeddings)", 0,
                  kMaxContext);
-  add_int_option(app, "--parallel", o->parallel,
-                 "Sequences running at once (also -np; 0: " + std::to_string(kAutoParallelCpu) + " on the CPU, " +
-                     std::to_string(kAutoParallelGpu) + " on a GPU, 1 with --kv-layout dense)",
-                 0, kMaxSlots);
+  app.add_option("--parallel", o->parallel,
+                 "Sequences running at once (also -np; default: " + std::to_string(kAutoParallelCpu) + " on the CPU, " +
+                     std::to_string(kAutoParallelGpu) + " on a GPU, 1 with the dense KV layout)")
+      ->check(int_range(1, kMaxSlots));
   app.add_option("--kv-layout", s.kv_layout,
                  "How the attention cache is kept. paged: one shared pool, and every running request is decoded "
                  "in one batch (the fast choice). dense: one cache per --parallel slot, the requests decoded one "
