@@ -308,4 +308,75 @@ std::vector<std::vector<double>> cohere2_reference(const nlohmann::json& c, cons
   return logits;
 }
 
+RefWeights mistral_weights(const nlohmann::json& c, uint32_t seed) {
+  const int64_t H = c["hidden_size"], F = c["intermediate_size"], V = c["vocab_size"], L = c["num_hidden_layers"];
+  const int64_t nh = c["num_attention_heads"], nkv = c["num_key_value_heads"], hd = c["head_dim"];
+  std::mt19937 rng(seed);
+  RefWeights w;
+  add_random(w, rng, "model.embed_tokens.weight", {V, H}, 1.0);
+  for (int64_t l = 0; l < L; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    add_random(w, rng, p + "input_layernorm.weight", {H}, 0.2, 1.0);
+    add_random(w, rng, p + "self_attn.q_proj.weight", {nh * hd, H}, 0.25);
+    add_random(w, rng, p + "self_attn.k_proj.weight", {nkv * hd, H}, 0.25);
+    add_random(w, rng, p + "self_attn.v_proj.weight", {nkv * hd, H}, 0.2);
+    add_random(w, rng, p + "self_attn.o_proj.weight", {H, nh * hd}, 0.2);
+    add_random(w, rng, p + "post_attention_layernorm.weight", {H}, 0.2, 1.0);
+    add_random(w, rng, p + "mlp.gate_proj.weight", {F, H}, 0.2);
+    add_random(w, rng, p + "mlp.up_proj.weight", {F, H}, 0.2);
+    add_random(w, rng, p + "mlp.down_proj.weight", {H, F}, 0.2);
+  }
+  add_random(w, rng, "model.norm.weight", {H}, 0.2, 1.0);
+  add_random(w, rng, "lm_head.weight", {V, H}, 0.2);
+  return w;
+}
+
+std::vector<std::vector<double>> mistral_reference(const nlohmann::json& c, const RefWeights& w,
+                                                   const std::vector<int32_t>& tokens, DType kv_rows) {
+  const int64_t H = c["hidden_size"], nh = c["num_attention_heads"], nkv = c["num_key_value_heads"];
+  const int64_t hd = c["head_dim"], L = c["num_hidden_layers"];
+  const int64_t window = c.contains("sliding_window") && !c["sliding_window"].is_null() ? c["sliding_window"].get<int64_t>() : 0;
+  const double eps = c["rms_norm_eps"];
+  const Vec inv = inv_freq(c["rope_theta"], hd, 1.0);
+  const int64_t T = int64_t(tokens.size());
+  const RefTensor& E = get(w, "model.embed_tokens.weight");
+  std::vector<Vec> x(static_cast<size_t>(T), Vec(static_cast<size_t>(H)));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < H; ++j) x[size_t(t)][size_t(j)] = E.v[size_t(tokens[size_t(t)] * H + j)];
+  for (int64_t l = 0; l < L; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    std::vector<Vec> q(static_cast<size_t>(T)), k(static_cast<size_t>(T)), v(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) {
+      Vec h = x[size_t(t)];
+      rms_norm(h, 0, size_t(H), get(w, p + "input_layernorm.weight").v, eps, 0.0);
+      q[size_t(t)] = matvec(get(w, p + "self_attn.q_proj.weight"), h);
+      k[size_t(t)] = matvec(get(w, p + "self_attn.k_proj.weight"), h);
+      v[size_t(t)] = matvec(get(w, p + "self_attn.v_proj.weight"), h);
+      rotate(q[size_t(t)], nh, hd, t, inv, false);
+      rotate(k[size_t(t)], nkv, hd, t, inv, false);
+    }
+    round_rows(k, kv_rows);
+    round_rows(v, kv_rows);
+    for (int64_t t = 0; t < T; ++t) {
+      Vec o = matvec(get(w, p + "self_attn.o_proj.weight"),
+                     attend(q, k, v, t, nh, nkv, hd, window, 1.0 / std::sqrt(double(hd))));
+      for (int64_t j = 0; j < H; ++j) x[size_t(t)][size_t(j)] += o[size_t(j)];
+      Vec h = x[size_t(t)];
+      rms_norm(h, 0, size_t(H), get(w, p + "post_attention_layernorm.weight").v, eps, 0.0);
+      Vec g = matvec(get(w, p + "mlp.gate_proj.weight"), h);
+      Vec u = matvec(get(w, p + "mlp.up_proj.weight"), h);
+      for (size_t j = 0; j < g.size(); ++j) g[j] = g[j] / (1.0 + std::exp(-g[j])) * u[j];
+      Vec m = matvec(get(w, p + "mlp.down_proj.weight"), g);
+      for (int64_t j = 0; j < H; ++j) x[size_t(t)][size_t(j)] += m[size_t(j)];
+    }
+  }
+  std::vector<Vec> logits;
+  for (int64_t t = 0; t < T; ++t) {
+    Vec h = x[size_t(t)];
+    rms_norm(h, 0, size_t(H), get(w, "model.norm.weight").v, eps, 0.0);
+    logits.push_back(matvec(get(w, "lm_head.weight"), h));
+  }
+  return logits;
+}
+
 }  // namespace osprey::testing

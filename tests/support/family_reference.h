@@ -1,7 +1,8 @@
 #pragma once
-// Tiny random Gemma 3 and Cohere2 checkpoints written by the tests, and plain double-precision
-// forward passes of both families written from their definitions (independent of src/model):
-// the references for tests/model/gemma3_test.cpp and cohere2_test.cpp.
+// Tiny random Gemma 3, Cohere2 and Mistral checkpoints written by the tests, and plain
+// double-precision forward passes of those families written from their definitions
+// (independent of src/model): the references for tests/model/gemma3_test.cpp,
+// cohere2_test.cpp and mistral_window_test.cpp.
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -61,5 +62,15 @@ RefWeights gemma3_weights(const nlohmann::json& config, uint32_t seed, const Gem
 std::vector<std::vector<double>> cohere2_reference(const nlohmann::json& config, const RefWeights& w,
                                                    const std::vector<int32_t>& tokens, DType kv_rows = DType::f32);
 RefWeights cohere2_weights(const nlohmann::json& config, uint32_t seed);
+
+// Mistral likewise: the Llama decoder (RMSNorm, rotary pairs (i, i + head_dim / 2), SiLU-gated
+// MLP, an untied lm_head) with every layer attending to the last `sliding_window` positions,
+// as transformers defines it: query i sees key j iff j <= i and i - j < sliding_window (keys
+// vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
+// num_key_value_heads, head_dim, rms_norm_eps, rope_theta, sliding_window (0 or null: full
+// attention)).
+std::vector<std::vector<double>> mistral_reference(const nlohmann::json& config, const RefWeights& w,
+                                                   const std::vector<int32_t>& tokens, DType kv_rows = DType::f32);
+RefWeights mistral_weights(const nlohmann::json& config, uint32_t seed);
 
 }  // namespace osprey::testing
