@@ -99,6 +99,11 @@ void refuse_unsupported(const json& body, bool chat) {
   off_unless("top_n_sigma", -1, "top-n-sigma sampling is not implemented (-1 is accepted)");
   off_unless("min_tokens", 0, "no minimum reply length (0 is accepted)");
   off_unless("length_penalty", 1, "no beam search (1 is accepted)");
+  off_unless("n_probs", 0, "use 'logprobs' (0 is accepted)");
+  if (auto v = field(body, "min_keep"); v && !(v->is_number() && v->get<double>() <= 1))
+    refuse("min_keep", "every cut keeps at least its best token, no more (0 and 1 are accepted)");
+  if (auto v = field(body, "penalize_nl"); v && !(v->is_boolean() && !v->get<bool>()))
+    refuse("penalize_nl", "newlines are penalised as any other token (false is accepted)");
   if (auto b = field(body, "use_beam_search"); b && !(b->is_boolean() && !b->get<bool>()))
     refuse("use_beam_search", "no beam search");
   if (set("samplers") || set("sampler_seq"))

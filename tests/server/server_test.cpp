@@ -341,6 +341,7 @@ TEST(Server, UnimplementedSamplingFieldsAreRefusedByName) {
       {"xtc_probability", 0.5}, {"dry_multiplier", 0.8}, {"top_n_sigma", 1.0},
       {"min_tokens", 3},        {"use_beam_search", true}, {"samplers", json::array({"top_k"})},
       {"bad_words", json::array({"the"})}, {"stop_token_ids", json::array({5})}, {"length_penalty", 0.5},
+      {"n_probs", 3},           {"min_keep", 5},         {"penalize_nl", true},
   };
   for (const auto& [name, value] : refused) {
     json b = base;
@@ -351,7 +352,8 @@ TEST(Server, UnimplementedSamplingFieldsAreRefusedByName) {
   json off = base;
   for (const auto& [name, value] : std::initializer_list<std::pair<const char*, json>>{
            {"mirostat", 0}, {"tfs_z", 1}, {"dynatemp_range", 0}, {"xtc_probability", 0}, {"dry_multiplier", 0},
-           {"top_n_sigma", -1}, {"min_tokens", 0}, {"use_beam_search", false}, {"bad_words", json::array()}})
+           {"top_n_sigma", -1}, {"min_tokens", 0}, {"use_beam_search", false}, {"bad_words", json::array()},
+           {"n_probs", 0}, {"min_keep", 1}, {"penalize_nl", false}})
     off[name] = value;
   auto [st_off, r_off] = s.post_json("/v1/completions", off);
   EXPECT_EQ(st_off, 200) << r_off.dump();
