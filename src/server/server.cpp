@@ -236,6 +236,16 @@ bool pump(Choice& c, Delta& d, int timeout_ms, bool one_token = false) {
   return any;
 }
 
+// What streams a one-choice chat reply as another API's events: `begin` (optional) is sent at
+// once, `step` for each step's output, `fail` for a sequence that failed (ending the stream),
+// `end` once the reply is complete.
+struct EventWriters {
+  std::function<std::string()> begin;
+  std::function<std::string(Choice&, const Delta&)> step;
+  std::function<std::string(const ApiError&)> fail;
+  std::function<std::string(Choice&)> end;
+};
+
 // Cancels every sequence of a request when the request goes (the client left or it ended).
 struct CompletionState {
   CompletionRequest request;
@@ -1040,16 +1050,6 @@ struct Server::Impl {
     return event_stream(st, std::move(w));
   }
 
-  // What streams a one-choice chat reply as another API's events: `begin` (optional) is sent
-  // at once, `step` for each step's output, `fail` for a sequence that failed (ending the
-  // stream), `end` once the reply is complete.
-  struct EventWriters {
-    std::function<std::string()> begin;
-    std::function<std::string(Choice&, const Delta&)> step;
-    std::function<std::string(const ApiError&)> fail;
-    std::function<std::string(Choice&)> end;
-  };
-
   HttpResponse event_stream(std::shared_ptr<CompletionState> st, EventWriters w) {
     HttpResponse res;
     res.content_type = "text/event-stream";
@@ -1105,31 +1105,34 @@ struct Server::Impl {
     rr.echo["temperature"] = r6(st->request.params.sampler.temperature);
     rr.echo["top_p"] = r6(st->request.params.sampler.top_p);
     auto reply = std::make_shared<ResponsesReply>(st->id, st->created, st->model, rr.echo, rr.reasoning_summary);
-    // The finished response, kept for previous_response_id and GET unless store is false.
-    auto finish = [this, st, reply, items, store = rr.store] {
-      const Choice& c = *st->choices[0];
-      const int64_t n_reasoning =
-          reply->reasoning().empty() ? 0 : int64_t(tokenizer->encode(reply->reasoning(), false, false).size());
-      std::string events =
-          reply->finish(c.finish_reason == "length", {c.n_prompt, c.n_cached, c.n_completion, n_reasoning});
-      if (store) response_store.put(st->id, {reply->response(), items});
-      return events;
-    };
     if (rr.stream) {
       EventWriters ew;
       ew.begin = [reply] { return reply->start(); };
       ew.step = [reply](Choice&, const Delta& d) { return reply->push(d.reasoning, d.text, d.calls); };
       ew.fail = [reply](const ApiError& e) { return reply->error(e); };
-      ew.end = [finish](Choice&) { return finish(); };
+      ew.end = [this, id = st->id, reply, items, store = rr.store](Choice& c) {
+        return finish_response(id, c, *reply, items, store);
+      };
       return event_stream(st, std::move(ew));
     }
     WholeReply w;
     if (!collect(req, *st->choices[0], w)) return client_left();
     reply->push(w.reasoning, w.text, w.calls);
-    finish();
+    finish_response(st->id, *st->choices[0], *reply, items, rr.store);
     HttpResponse r;
     r.body = reply->response().dump(-1, ' ', false, json::error_handler_t::replace);
     return r;
+  }
+
+  // The last events of a response; the response is kept for previous_response_id and GET
+  // unless `store` is false.
+  std::string finish_response(const std::string& id, const Choice& c, ResponsesReply& reply,
+                              const nlohmann::ordered_json& items, bool store) {
+    const std::string& reasoning = reply.reasoning();
+    const int64_t n_reasoning = reasoning.empty() ? 0 : int64_t(tokenizer->encode(reasoning, false, false).size());
+    std::string events = reply.finish(c.finish_reason == "length", {c.n_prompt, c.n_cached, c.n_completion, n_reasoning});
+    if (store) response_store.put(id, {reply.response(), items});
+    return events;
   }
 
   // GET (the stored response) and DELETE /v1/responses/{id}.
