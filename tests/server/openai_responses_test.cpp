@@ -220,6 +220,40 @@ TEST(ServerResponsesClient, AForcedCallComesBackAsAFunctionCallItemAndItsResultC
   EXPECT_EQ(r["next"]["previous_response_id"], r["whole"]["id"]);
 }
 
+// Text then two calls on a scripted Qwen2.5: a message item and two function_call items; the
+// next turn (both results, chained) renders as transformers renders the fixture's conversation,
+// where the text and both calls are one assistant message.
+TEST(ServerResponsesClient, TextThenTwoCallsAndTheirResultsRenderAsOneAssistantTurn) {
+  if (!std::filesystem::exists(testing::tokenizer_dir("qwen2_5"))) GTEST_SKIP() << "node_modules/@lenml is missing";
+  const ordered_json c = testing::round_trip("qwen2_5", "content, then two calls");
+  testing::ScriptedServer s("qwen2_5", testing::first_turn(c), c["reply"]);
+  const ordered_json request = responses_first_turn(c, "qwen2_5");
+  auto [status, text] = s.server->post("/v1/responses", request.dump());
+  ASSERT_EQ(status, 200) << text;
+  const json r = json::parse(text);
+  ASSERT_EQ(r["output"].size(), 3u) << r.dump();
+  EXPECT_EQ(message_text(r), c["content"]);
+  EXPECT_EQ(r["output"][0]["status"], "completed");
+  for (size_t i = 0; i < 2; ++i) {
+    const json& call = r["output"][i + 1];
+    EXPECT_EQ(call["type"], "function_call");
+    EXPECT_EQ(call["name"], c["calls"][i]["name"]);
+    EXPECT_EQ(json::parse(call["arguments"].get<std::string>()), json::parse(c["calls"][i]["arguments"].dump()));
+  }
+  EXPECT_NE(r["output"][1]["call_id"], r["output"][2]["call_id"]);
+  const ordered_json& m = c["request"]["messages"];
+  ordered_json next = {{"instructions", request["instructions"]},
+                       {"tools", request["tools"]},
+                       {"previous_response_id", r["id"]},
+                       {"input",
+                        {{{"type", "function_call_output"}, {"call_id", r["output"][1]["call_id"]}, {"output", m[3]["content"]}},
+                         {{"type", "function_call_output"}, {"call_id", r["output"][2]["call_id"]}, {"output", m[4]["content"]}}}}};
+  auto [st2, t2] = s.server->post("/v1/responses", next.dump());
+  ASSERT_EQ(st2, 200) << t2;
+  const Tokenizer tok = Tokenizer::load(testing::tokenizer_dir("qwen2_5"));
+  EXPECT_EQ(json::parse(t2)["usage"]["input_tokens"], tok.encode(c["output"].get<std::string>(), false, true).size()) << t2;
+}
+
 // A Qwen3 reply that reasons, then calls: a reasoning item (reasoning_text content, or
 // summary_text when a summary is asked), then a function_call item, whole and streamed.
 TEST(ServerResponsesClient, ReasoningComesBackAsAReasoningItemBeforeTheCall) {
