@@ -520,8 +520,8 @@ std::string ResponsesReply::event(const char* type, nlohmann::ordered_json data)
 }
 
 std::string ResponsesReply::start() {
-  return event("response.created", {{"response", response()}}) +
-         event("response.in_progress", {{"response", response()}});
+  std::string out = event("response.created", {{"response", response()}});  // numbered first
+  return out + event("response.in_progress", {{"response", response()}});
 }
 
 std::string ResponsesReply::open(Item kind, nlohmann::ordered_json item) {
