@@ -6,7 +6,9 @@
 
 #include <cstdio>
 
+#include "chat/chat_template.h"
 #include "server/scripted_server.h"
+#include "support/scripted_model.h"
 
 namespace osprey {
 namespace {
@@ -307,6 +309,53 @@ TEST(ServerResponsesClient, ReasoningComesBackAsAReasoningItemBeforeTheCall) {
     ASSERT_TRUE(completed.is_object()) << body;
     EXPECT_EQ(completed["output"][0]["type"], "reasoning");
     EXPECT_EQ(completed["output"][1]["arguments"], args);
+  }
+}
+
+// A device that fails mid-reply: a whole response is a 503, a stream that had begun ends with an
+// error event after the items it had opened, and neither is stored.
+TEST(ServerResponsesClient, AFailureMidStreamEndsItWithAnErrorEvent) {
+  if (!std::filesystem::exists(testing::tokenizer_dir("qwen2_5"))) GTEST_SKIP() << "node_modules/@lenml is missing";
+  testing::register_scripted_family();
+  testing::TempDir dir;
+  const Tokenizer tok = Tokenizer::load(testing::tokenizer_dir("qwen2_5"));
+  const ordered_json chat = {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}};
+  const std::string prompt = ChatTemplate::load(testing::tokenizer_dir("qwen2_5")).render(chat);
+  const int64_t n_prompt = int64_t(tok.encode(prompt, false, true).size());
+  // A few tokens come out, then a decode step finds the device gone.
+  testing::write_scripted_model(dir.path(), testing::tokenizer_dir("qwen2_5"), tok.vocab_size(), tok.eos_ids().at(0),
+                                n_prompt, tok.encode("Hello there, how are you?", false, true), n_prompt + 3);
+  for (bool stream : {false, true}) {
+    SCOPED_TRACE(stream ? "stream" : "whole");
+    ServerOptions o = testing::demo_server_options();
+    o.model_dir = dir.path();
+    testing::TestServer s(o);
+    const ordered_json body = {{"input", "Hi"}, {"temperature", 0}, {"stream", stream}};
+    auto [status, text] = s.post("/v1/responses", body.dump());
+    if (!stream) {
+      EXPECT_EQ(status, 503) << text;
+      EXPECT_EQ(json::parse(text)["error"]["code"], "device_lost") << text;
+      continue;
+    }
+    EXPECT_EQ(status, 200) << text;
+    const auto events = sse_named_events(text);
+    ASSERT_GE(events.size(), 4u) << text;
+    EXPECT_EQ(events.front().first, "response.created");
+    const std::string id = events.front().second["response"]["id"];
+    EXPECT_EQ(events.back().first, "error") << text;
+    EXPECT_EQ(events.back().second["code"], "device_lost") << text;
+    EXPECT_EQ(events.back().second["sequence_number"], events.size() - 1);
+    std::string streamed;
+    for (const auto& [name, data] : events) {
+      EXPECT_NE(name, "response.completed");
+      if (name == "response.output_text.delta") streamed += data["delta"].get<std::string>();
+    }
+    // What came out before the failure: a part of the script.
+    const std::string script = "Hello there, how are you?";
+    EXPECT_FALSE(streamed.empty());
+    EXPECT_LT(streamed.size(), script.size());
+    EXPECT_EQ(script.rfind(streamed, 0), 0u) << streamed;
+    EXPECT_EQ(s.get("/v1/responses/" + id).first, 404);
   }
 }
 
