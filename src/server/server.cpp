@@ -1095,7 +1095,7 @@ struct Server::Impl {
     require_ready();
     ResponsesRequest rr = read_responses_request(parse_body<nlohmann::ordered_json>(req.body));
     std::optional<StoredResponse> prev;
-    if (!rr.previous_response_id.empty() && !(prev = response_store.get(rr.previous_response_id)))
+    if (!rr.previous_response_id.empty() && !(prev = response_store.get(store_key(req, rr.previous_response_id))))
       throw response_not_found(rr.previous_response_id, "previous_response_id");
     const nlohmann::ordered_json items = responses_conversation(rr, prev ? &*prev : nullptr);
     const std::string raw = responses_chat_request(rr, items).dump();
@@ -1110,28 +1110,34 @@ struct Server::Impl {
       ew.begin = [reply] { return reply->start(); };
       ew.step = [reply](Choice&, const Delta& d) { return reply->push(d.reasoning, d.text, d.calls); };
       ew.fail = [reply](const ApiError& e) { return reply->error(e); };
-      ew.end = [this, id = st->id, reply, items, store = rr.store](Choice& c) {
-        return finish_response(id, c, *reply, items, store);
+      ew.end = [this, key = store_key(req, st->id), reply, items, store = rr.store](Choice& c) {
+        return finish_response(key, c, *reply, items, store);
       };
       return event_stream(st, std::move(ew));
     }
     WholeReply w;
     if (!collect(req, *st->choices[0], w)) return client_left();
     reply->push(w.reasoning, w.text, w.calls);
-    finish_response(st->id, *st->choices[0], *reply, items, rr.store);
+    finish_response(store_key(req, st->id), *st->choices[0], *reply, items, rr.store);
     HttpResponse r;
     r.body = reply->response().dump(-1, ' ', false, json::error_handler_t::replace);
     return r;
   }
 
-  // The last events of a response; the response is kept for previous_response_id and GET
-  // unless `store` is false.
-  std::string finish_response(const std::string& id, const Choice& c, ResponsesReply& reply,
+  // A response's key in the store: its id under the request's API key, so that a key sees only
+  // the responses made with it.
+  std::string store_key(const HttpRequest& req, const std::string& id) const {
+    return std::to_string(key_index(req)) + "/" + id;
+  }
+
+  // The last events of a response; the response is kept (under `key`) for previous_response_id
+  // and GET unless `store` is false.
+  std::string finish_response(const std::string& key, const Choice& c, ResponsesReply& reply,
                               const nlohmann::ordered_json& items, bool store) {
     const std::string& reasoning = reply.reasoning();
     const int64_t n_reasoning = reasoning.empty() ? 0 : int64_t(tokenizer->encode(reasoning, false, false).size());
     std::string events = reply.finish(c.finish_reason == "length", {c.n_prompt, c.n_cached, c.n_completion, n_reasoning});
-    if (store) response_store.put(id, {reply.response(), items});
+    if (store) response_store.put(key, {reply.response(), items});
     return events;
   }
 
@@ -1139,10 +1145,10 @@ struct Server::Impl {
   HttpResponse stored_response(const HttpRequest& req) {
     const std::string id = req.path.substr(std::strlen("/v1/responses/"));
     if (req.method == "DELETE") {
-      if (!response_store.erase(id)) throw response_not_found(id, "response_id");
+      if (!response_store.erase(store_key(req, id))) throw response_not_found(id, "response_id");
       return json_response(200, {{"id", id}, {"object", "response"}, {"deleted", true}});
     }
-    std::optional<StoredResponse> r = response_store.get(id);
+    std::optional<StoredResponse> r = response_store.get(store_key(req, id));
     if (!r) throw response_not_found(id, "response_id");
     HttpResponse out;
     out.body = r->response.dump(-1, ' ', false, json::error_handler_t::replace);

@@ -403,6 +403,26 @@ TEST(ServerResponsesClient, StoredResponsesErrorsAndRouteLabels) {
   EXPECT_NE(metrics.find("route=\"/v1/responses/{id}\""), std::string::npos);
 }
 
+// With several API keys, a key sees only the responses made with it.
+TEST(ServerResponsesClient, AStoredResponseBelongsToItsAPIKey) {
+  ServerOptions o = testing::demo_server_options();
+  o.api_keys = {"k1", "k2"};
+  testing::TestServer s(o);
+  const httplib::Headers k1 = {{"Authorization", "Bearer k1"}}, k2 = {{"Authorization", "Bearer k2"}};
+  auto [status, text] = s.post("/v1/responses", R"({"input": "Hi", "max_output_tokens": 2})", k1);
+  ASSERT_EQ(status, 200) << text;
+  const std::string id = json::parse(text)["id"];
+  EXPECT_EQ(s.get("/v1/responses/" + id, k1).first, 200);
+  EXPECT_EQ(s.get("/v1/responses/" + id, k2).first, 404);
+  const std::string chained = R"({"input": "Hi", "max_output_tokens": 2, "previous_response_id": ")" + id + "\"}";
+  EXPECT_EQ(s.post("/v1/responses", chained, k2).first, 404);
+  EXPECT_EQ(s.post("/v1/responses", chained, k1).first, 200);
+  auto d = s.client()->Delete(("/v1/responses/" + id).c_str(), k2);
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->status, 404);
+  EXPECT_EQ(s.get("/v1/responses/" + id, k1).first, 200);
+}
+
 // A store of two: the third response evicts the first.
 TEST(ServerResponsesClient, TheStoreEvictsTheOldestPastItsBound) {
   ServerOptions o = testing::demo_server_options();
