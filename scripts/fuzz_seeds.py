@@ -128,6 +128,18 @@ bodies = [
      "tools": [{"name": "w", "description": "weather", "input_schema": {"type": "object"}}],
      "tool_choice": {"type": "any", "disable_parallel_tool_use": True}, "thinking": {"type": "enabled", "budget_tokens": 1024},
      "stop_sequences": ["\n\n"], "temperature": 0.5, "top_k": 3, "stream": True, "metadata": {"user_id": "u"}},
+    # an OpenAI Responses request
+    {"model": "demo", "instructions": "Be brief.", "previous_response_id": "resp_1", "store": False,
+     "input": [{"role": "developer", "content": "Use tools."},
+               {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Weather?"}]},
+               {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "t"}], "encrypted_content": "e"},
+               {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "w", "arguments": "{\"c\": \"P\"}"},
+               {"type": "function_call_output", "call_id": "call_1", "output": "21"}],
+     "tools": [{"type": "function", "name": "w", "description": "weather", "parameters": {"type": "object"}, "strict": False}],
+     "tool_choice": {"type": "function", "name": "w"}, "parallel_tool_calls": False, "max_output_tokens": 64,
+     "temperature": 0.5, "top_p": 0.9, "text": {"format": {"type": "json_schema", "name": "o", "schema": {"type": "object"}}},
+     "reasoning": {"effort": "low", "summary": "auto"}, "stream": True, "metadata": {"k": "v"},
+     "include": ["reasoning.encrypted_content"], "truncation": "disabled", "prompt_cache_key": "k"},
 ]
 for i, b in enumerate(bodies):
     put("completion_request_fuzz", "body%d" % i, json.dumps(b))

@@ -303,7 +303,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
       r.status = 204;
       r.content_type.clear();
       const std::string asked = head_.header("Access-Control-Request-Headers");
-      r.headers.emplace_back("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+      r.headers.emplace_back("Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS");
       r.headers.emplace_back("Access-Control-Allow-Headers",
                              asked.empty() ? "Authorization, Content-Type, X-Request-Id" : asked);
       r.headers.emplace_back("Access-Control-Max-Age", "86400");

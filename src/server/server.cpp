@@ -23,6 +23,8 @@
 #include "server/api_error.h"
 #include "server/chat_reply.h"
 #include "server/completion_request.h"
+#include "server/response_store.h"
+#include "server/responses_api.h"
 #include "server/structured_output.h"
 #include "server/http_transport.h"
 #include "backend/ops.h"
@@ -99,10 +101,12 @@ J parse_body(const std::string& body) {
 std::string route_label(const std::string& path) {
   static const char* known[] = {"/health", "/v1/models", "/models", "/v1/completions", "/completions",
                                 "/v1/chat/completions", "/chat/completions", "/v1/messages",
-                                "/v1/messages/count_tokens", "/tokenize", "/detokenize", "/apply-template", "/metrics"};
+                                "/v1/messages/count_tokens", "/v1/responses", "/tokenize", "/detokenize", "/apply-template",
+                                "/metrics"};
   for (const char* k : known)
     if (path == k) return k;
   if (path.rfind("/v1/models/", 0) == 0 || path.rfind("/models/", 0) == 0) return "/v1/models/{id}";
+  if (path.rfind("/v1/responses/", 0) == 0) return "/v1/responses/{id}";
   return "other";
 }
 
@@ -232,6 +236,16 @@ bool pump(Choice& c, Delta& d, int timeout_ms, bool one_token = false) {
   return any;
 }
 
+// What streams a one-choice chat reply as another API's events: `begin` (optional) is sent at
+// once, `step` for each step's output, `fail` for a sequence that failed (ending the stream),
+// `end` once the reply is complete.
+struct EventWriters {
+  std::function<std::string()> begin;
+  std::function<std::string(Choice&, const Delta&)> step;
+  std::function<std::string(const ApiError&)> fail;
+  std::function<std::string(Choice&)> end;
+};
+
 // Cancels every sequence of a request when the request goes (the client left or it ended).
 struct CompletionState {
   CompletionRequest request;
@@ -288,6 +302,7 @@ struct Server::Impl {
   bool think_model = false;                           // the template writes <think> blocks
   // What a request's omitted sampling fields take: generation_config.json's over OpenAI's.
   SamplingDefaults sampling{openai_sampling(), "OpenAI's defaults"};
+  ResponseStore response_store{opt.response_store_entries, opt.response_store_bytes};  // /v1/responses
 
   explicit Impl(ServerOptions o) : opt(std::move(o)) {
     created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -500,6 +515,9 @@ struct Server::Impl {
     if (p == "/v1/chat/completions" || p == "/chat/completions") return pick("POST", HttpLane::generate, chat_, true);
     if (p == "/v1/messages") return pick("POST", HttpLane::generate, messages_, true);
     if (p == "/v1/messages/count_tokens") return pick("POST", HttpLane::work, count_tokens_);
+    if (p == "/v1/responses") return pick("POST", HttpLane::generate, responses_, true);
+    if (p.rfind("/v1/responses/", 0) == 0)
+      return pick(req.method == "DELETE" ? "DELETE" : "GET", HttpLane::work, stored_response_);
     if (p == "/tokenize") return pick("POST", HttpLane::work, tokenize_);
     if (p == "/detokenize") return pick("POST", HttpLane::work, detokenize_);
     if (p == "/apply-template") return pick("POST", HttpLane::work, apply_template_);
@@ -540,6 +558,8 @@ struct Server::Impl {
   HttpHandler chat_ = admitted(wrap([this](HttpRequest& req) { return complete(req, true); }));
   HttpHandler messages_ = admitted(wrap([this](HttpRequest& req) { return messages(req); }));
   HttpHandler count_tokens_ = wrap([this](HttpRequest& req) { return count_tokens(req); });
+  HttpHandler responses_ = admitted(wrap([this](HttpRequest& req) { return responses(req); }));
+  HttpHandler stored_response_ = wrap([this](HttpRequest& req) { return stored_response(req); });
   // The page asks for the API key itself: its own files need none, any other GET does.
   HttpHandler webui_ = wrap(
       [this](HttpRequest& req) {
@@ -1011,13 +1031,32 @@ struct Server::Impl {
   // message_start once the first token is in (its usage then holds the prompt's cached
   // tokens), a block's events per token, an error event when the sequence fails.
   HttpResponse messages_stream(std::shared_ptr<CompletionState> st) {
+    auto events = std::make_shared<AnthropicEventStream>(st->id, st->model);
+    auto started = std::make_shared<bool>(false);
+    auto start = [events, started](const Choice& c) {
+      const bool first = !*started;
+      *started = true;
+      return first ? events->start(anthropic_usage(c)) : std::string();
+    };
+    EventWriters w;
+    w.step = [events, start](Choice& c, const Delta& d) {
+      for (const ToolCall& t : d.calls) c.n_calls += t.id.empty() ? 0 : 1;
+      return start(c) + events->push(d.reasoning, d.text, d.calls);
+    };
+    w.fail = [](const ApiError& e) { return anthropic_event("error", anthropic_error_body(e)); };
+    w.end = [st, events, start](Choice& c) {
+      return start(c) + events->finish(anthropic_stop(*st, c, c.n_calls > 0), anthropic_usage(c));
+    };
+    return event_stream(st, std::move(w));
+  }
+
+  HttpResponse event_stream(std::shared_ptr<CompletionState> st, EventWriters w) {
     HttpResponse res;
     res.content_type = "text/event-stream";
     res.headers.emplace_back("Cache-Control", "no-cache");
-    res.stream = [this, st](HttpStreamWriter& sink) {
+    res.stream = [this, st, w = std::move(w)](HttpStreamWriter& sink) {
       Choice& c = *st->choices[0];
-      AnthropicEventStream events(st->id, st->model);
-      bool started = false;
+      if (w.begin && !sink.write(w.begin())) return;
       while (!c.done) {
         Delta d;
         if (!pump(c, d, kPollMs, /*one_token=*/true)) {
@@ -1025,20 +1064,14 @@ struct Server::Impl {
           continue;
         }
         if (!c.error.empty()) {
-          sink.write(anthropic_event("error", anthropic_error_body(sequence_error(c.error))));
+          sink.write(w.fail(sequence_error(c.error)));
           return;
         }
-        std::string out;
-        if (!started) out = events.start(anthropic_usage(c));
-        started = true;
-        for (const ToolCall& t : d.calls) c.n_calls += t.id.empty() ? 0 : 1;
-        out += events.push(d.reasoning, d.text, d.calls);
-        if (!sink.write(out)) return;
+        if (!sink.write(w.step(c, d))) return;
       }
       t_log.n_cached = c.n_cached;
       t_log.n_generated = c.n_completion;
-      std::string out = started ? "" : events.start(anthropic_usage(c));
-      sink.write(out + events.finish(anthropic_stop(*st, c, c.n_calls > 0), anthropic_usage(c)));
+      sink.write(w.end(c));
     };
     return res;
   }
@@ -1054,6 +1087,72 @@ struct Server::Impl {
                                                        /*parse_special=*/true);
     t_log.n_prompt = int64_t(ids.size());
     return json_response(200, {{"input_tokens", ids.size()}});
+  }
+
+  // ---- OpenAI Responses (server/responses_api.h): a chat request as a response's items ----
+
+  HttpResponse responses(const HttpRequest& req) {
+    require_ready();
+    ResponsesRequest rr = read_responses_request(parse_body<nlohmann::ordered_json>(req.body));
+    std::optional<StoredResponse> prev;
+    if (!rr.previous_response_id.empty() && !(prev = response_store.get(store_key(req, rr.previous_response_id))))
+      throw response_not_found(rr.previous_response_id, "previous_response_id");
+    const nlohmann::ordered_json items = responses_conversation(rr, prev ? &*prev : nullptr);
+    const std::string raw = responses_chat_request(rr, items).dump();
+    auto st = submit(req, json::parse(raw), raw, /*chat=*/true, Api::openai);
+    st->id = "resp_" + id_prefix + std::to_string(t_log.id);
+    auto r6 = [](float v) { return std::round(double(v) * 1e6) / 1e6; };
+    rr.echo["temperature"] = r6(st->request.params.sampler.temperature);
+    rr.echo["top_p"] = r6(st->request.params.sampler.top_p);
+    auto reply = std::make_shared<ResponsesReply>(st->id, st->created, st->model, rr.echo, rr.reasoning_summary);
+    if (rr.stream) {
+      EventWriters ew;
+      ew.begin = [reply] { return reply->start(); };
+      ew.step = [reply](Choice&, const Delta& d) { return reply->push(d.reasoning, d.text, d.calls); };
+      ew.fail = [reply](const ApiError& e) { return reply->error(e); };
+      ew.end = [this, key = store_key(req, st->id), reply, items, store = rr.store](Choice& c) {
+        return finish_response(key, c, *reply, items, store);
+      };
+      return event_stream(st, std::move(ew));
+    }
+    WholeReply w;
+    if (!collect(req, *st->choices[0], w)) return client_left();
+    reply->push(w.reasoning, w.text, w.calls);
+    finish_response(store_key(req, st->id), *st->choices[0], *reply, items, rr.store);
+    HttpResponse r;
+    r.body = reply->response().dump(-1, ' ', false, json::error_handler_t::replace);
+    return r;
+  }
+
+  // A response's key in the store: its id under the request's API key, so that a key sees only
+  // the responses made with it.
+  std::string store_key(const HttpRequest& req, const std::string& id) const {
+    return std::to_string(key_index(req)) + "/" + id;
+  }
+
+  // The last events of a response; the response is kept (under `key`) for previous_response_id
+  // and GET unless `store` is false.
+  std::string finish_response(const std::string& key, const Choice& c, ResponsesReply& reply,
+                              const nlohmann::ordered_json& items, bool store) {
+    const std::string& reasoning = reply.reasoning();
+    const int64_t n_reasoning = reasoning.empty() ? 0 : int64_t(tokenizer->encode(reasoning, false, false).size());
+    std::string events = reply.finish(c.finish_reason == "length", {c.n_prompt, c.n_cached, c.n_completion, n_reasoning});
+    if (store) response_store.put(key, {reply.response(), items});
+    return events;
+  }
+
+  // GET (the stored response) and DELETE /v1/responses/{id}.
+  HttpResponse stored_response(const HttpRequest& req) {
+    const std::string id = req.path.substr(std::strlen("/v1/responses/"));
+    if (req.method == "DELETE") {
+      if (!response_store.erase(store_key(req, id))) throw response_not_found(id, "response_id");
+      return json_response(200, {{"id", id}, {"object", "response"}, {"deleted", true}});
+    }
+    std::optional<StoredResponse> r = response_store.get(store_key(req, id));
+    if (!r) throw response_not_found(id, "response_id");
+    HttpResponse out;
+    out.body = r->response.dump(-1, ' ', false, json::error_handler_t::replace);
+    return out;
   }
 
   std::string metrics_text() const {

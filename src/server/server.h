@@ -38,6 +38,10 @@ struct ServerOptions {
   int64_t ctx_size = 0;               // per sequence; 0: the model's max_position_embeddings
   uint64_t prompt_cache_mib = 1024;   // 0 disables the prompt cache (paged: the prefix cache)
   int max_queue = 64;                 // waiting requests past this get 429
+  // /v1/responses' store of finished responses (server/response_store.h): past either bound
+  // the oldest are evicted.
+  size_t response_store_entries = 1000;
+  size_t response_store_bytes = 64u << 20;
   size_t max_body_bytes = 8u << 20;   // larger request bodies get 413
   int n_http_threads = 0;             // generation threads; 0: 4 * n_slots + 16
   int timeout_s = 30;                 // a body's progress and a write's deadline

@@ -1,12 +1,14 @@
 // The server's request parsing: a request body's sampling, stop, stream and logprobs fields
 // (completions and chat) and its prompt (text, ids, or lists of either), tokenized with the
-// demo model's tokenizer; and the body read as an Anthropic Messages request, then as the chat
-// request it becomes. Bad fields must be ApiErrors naming them.
+// demo model's tokenizer; and the body read as an Anthropic Messages request and as an OpenAI
+// Responses request, then as the chat request each becomes. Bad fields must be ApiErrors naming
+// them.
 #include <nlohmann/json.hpp>
 
 #include "fuzz_util.h"
 #include "server/anthropic_api.h"
 #include "server/completion_request.h"
+#include "server/responses_api.h"
 #include "tokenizer/tokenizer.h"
 
 using namespace osprey;
@@ -24,6 +26,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       (void)read_completion_fields(nlohmann::json::parse(chat.dump()), true);
       prepare_chat_messages(chat);
     });
+  fuzz::expect_clean([&] {
+    const ResponsesRequest r = read_responses_request(ordered);
+    nlohmann::ordered_json chat = responses_chat_request(r, responses_conversation(r, nullptr));
+    (void)read_completion_fields(nlohmann::json::parse(chat.dump()), true);
+    prepare_chat_messages(chat);
+  });
   if (body.is_object() && body.contains("prompt"))
     fuzz::expect_clean([&] { (void)read_prompts(body["prompt"], t, 4096); });
   return 0;
