@@ -65,8 +65,13 @@ const char* pooling_mode_name(PoolingMode mode) {
 std::optional<PoolingConfig> read_pooling_config(const std::filesystem::path& dir) {
   const std::filesystem::path file = dir / "modules.json";
   if (!regular_file_exists(file)) return std::nullopt;
-  const nlohmann::json modules = ConfigReader::load(file).json();
   const std::string where = file.string();
+  nlohmann::json modules;
+  try {
+    modules = nlohmann::json::parse(read_regular_file(file));
+  } catch (const nlohmann::json::exception& e) {
+    throw InvalidInput(where + ": malformed JSON: " + e.what());
+  }
   if (!modules.is_array() || modules.empty()) throw InvalidInput(where + ": must be a non-empty list of modules");
   auto field = [&](size_t i, const char* key) {
     const nlohmann::json& m = modules[i];

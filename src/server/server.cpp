@@ -1084,6 +1084,7 @@ struct Server::Impl {
                           "input", "context_length_exceeded");
       t_log.n_prompt += int64_t(r.inputs[i].size());
     }
+    submitted();  // its jobs go to the engine now, not to the waiting count
     std::vector<std::vector<float>> out;
     for (const std::vector<int32_t>& ids : r.inputs) {
       if (req.client_gone && req.client_gone()) return client_left();

@@ -211,6 +211,14 @@ TEST(EmbeddingDeclaration, RefusesWhatItDoesNotComputeByName) {
                                 "the first module must be sentence_transformers.models.Transformer"));
 }
 
+TEST(EmbeddingDeclaration, RefusesAMalformedModulesList) {
+  for (const std::string& text : {std::string("{}"), std::string("[]"), std::string("[1, 2")}) {
+    testing::TempDir dir;
+    testing::write_file(dir.path() / "modules.json", text);
+    EXPECT_THROW(read_pooling_config(dir.path()), InvalidInput) << text;
+  }
+}
+
 TEST(EmbeddingTruncation, KeepsTheFirstValuesAndNormalizesAgain) {
   std::vector<float> v = {3, 4, 12};
   truncate_embedding(v, 2, /*normalize=*/true);
