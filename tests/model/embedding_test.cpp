@@ -102,8 +102,10 @@ TEST_P(EmbeddingModel, DeclaredPoolingMatchesTheReference) {
 }
 
 // Every mode sentence-transformers' Pooling defines that Osprey computes, over one model's
-// hidden states, before normalization (error relative to the largest value: the states are
-// RMS-normed, about 1).
+// hidden states, before normalization. The error is relative to the largest value (the
+// states are RMS-normed times the norm's weight, a few units): 2e-4 on the CPU (its kernels'
+// approximate exp and summation order; the normalized embeddings above stay within 1e-4
+// absolute), 2e-3 on CUDA.
 TEST_P(EmbeddingModel, EveryPoolingModeMatchesTheReference) {
   for (PoolingMode mode : {PoolingMode::mean, PoolingMode::cls, PoolingMode::last_token}) {
     PoolingConfig p;
@@ -112,12 +114,13 @@ TEST_P(EmbeddingModel, EveryPoolingModeMatchesTheReference) {
       SCOPED_TRACE(std::string(pooling_mode_name(mode)) + ": " + input["tokens"].dump());
       const json& want = input["pooled_kv_f16"][pooling_mode_name(mode)];
       const std::vector<float> e = embed_tokens(*model_, tokens_of(input), p);
-      EXPECT_LE(max_abs_error(e, want) / max_abs(want), on_cuda() ? 2e-3 : 1e-5);
+      EXPECT_LE(max_abs_error(e, want) / max_abs(want), on_cuda() ? 2e-3 : 2e-4);
     }
   }
 }
 
-// A long input in chunks through one cache: the same embedding as one forward.
+// A long input in chunks through one cache: the same embedding as one forward (relative to
+// the largest value: 1e-4 on the CPU, whose attention sums the keys in another order).
 TEST_P(EmbeddingModel, ChunkedInputEqualsOneForward) {
   const std::optional<PoolingConfig> declared = read_pooling_config(dir_);
   ASSERT_TRUE(declared);
@@ -132,9 +135,12 @@ TEST_P(EmbeddingModel, ChunkedInputEqualsOneForward) {
     const std::vector<float> whole = embed_tokens(*model_, ids, p, 4096);
     const std::vector<float> chunked = embed_tokens(*model_, ids, p, 7);
     ASSERT_EQ(whole.size(), chunked.size());
-    double worst = 0;
-    for (size_t i = 0; i < whole.size(); ++i) worst = std::max(worst, double(std::abs(whole[i] - chunked[i])));
-    EXPECT_LE(worst, on_cuda() ? 2e-3 : 1e-5) << pooling_mode_name(mode);
+    double worst = 0, largest = 0;
+    for (size_t i = 0; i < whole.size(); ++i) {
+      worst = std::max(worst, double(std::abs(whole[i] - chunked[i])));
+      largest = std::max(largest, double(std::abs(whole[i])));
+    }
+    EXPECT_LE(worst / largest, on_cuda() ? 2e-3 : 1e-4) << pooling_mode_name(mode);
   }
 }
 
