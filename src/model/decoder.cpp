@@ -94,9 +94,10 @@ class Decoder final : public Model {
       layers_.push_back(std::move(L));
     }
     final_norm_ = w.vector_f32(P + "norm.weight", h);
-    if (spec.tie_word_embeddings && !st.contains(spec.lm_head + ".weight"))
+    // A bare base model (!spec.head) has none: hidden states only.
+    if (spec.head && spec.tie_word_embeddings && !st.contains(spec.lm_head + ".weight"))
       lm_head_ = shard.sharded() ? w.linear(P + "embed_tokens", spec.vocab_size, h, dt, rows(vocab)) : embed_;
-    else
+    else if (spec.head)
       lm_head_ = w.linear(spec.lm_head, spec.vocab_size, h, dt, rows(vocab));
     // An untied dense table is read a few rows a step: where it is a view of the mapped file, the
     // pages that loading brought in go back (a lookup reads its rows from the file again).
@@ -112,6 +113,7 @@ class Decoder final : public Model {
     info_.hidden_size = h;
     info_.n_layers = spec.n_layers;
     info_.max_position_embeddings = spec.max_position_embeddings;
+    info_.embedding_only = !spec.head;
     w.record_weights(info_, dt);
     w.finish();
   }
@@ -123,6 +125,24 @@ class Decoder final : public Model {
 
   Array forward_tokens(const Array& tokens, const Array& positions, SequenceCache& cache, bool all_logits) override {
     const int64_t n = tokens.numel();
+    Array x = residual(tokens, positions, cache);
+    if (!all_logits && n > 1) x = ops::cast(x.slice_rows(n - 1, n), DType::f32);
+    x = norm(x, final_norm_);
+    Array logits = ops::linear(x, lm_head_);  // [rows, vocab] (a rank: its vocabulary slice)
+    if (comm_) logits = comm_->all_gather_cols(logits, spec_.vocab_size);
+    if (spec_.final_logit_softcap > 0) ops::softcap_(logits, float(spec_.final_logit_softcap));
+    if (spec_.logit_scale != 0) ops::scale_(logits, float(spec_.logit_scale));
+    return logits;
+  }
+
+  Array hidden_tokens(const Array& tokens, const Array& positions, SequenceCache& cache) override {
+    Array h = norm(residual(tokens, positions, cache), final_norm_);  // [n, hidden]
+    return h.dtype() == DType::f32 ? h : ops::cast(h, DType::f32);
+  }
+
+ private:
+  // The residual stream after the last layer, [n, hidden] f32 on the model's device.
+  Array residual(const Array& tokens, const Array& positions, SequenceCache& cache) const {
     Array x = ops::embedding(embed_, tokens, embed_scale_);  // [n, hidden] f32: the residual stream
     Array h = norm(x, layers_[0].norm_in);
     for (size_t li = 0; li < layers_.size(); ++li) {
@@ -151,16 +171,9 @@ class Decoder final : public Model {
         }
       }
     }
-    if (!all_logits && n > 1) x = ops::cast(x.slice_rows(n - 1, n), DType::f32);
-    x = norm(x, final_norm_);
-    Array logits = ops::linear(x, lm_head_);  // [rows, vocab] (a rank: its vocabulary slice)
-    if (comm_) logits = comm_->all_gather_cols(logits, spec_.vocab_size);
-    if (spec_.final_logit_softcap > 0) ops::softcap_(logits, float(spec_.final_logit_softcap));
-    if (spec_.logit_scale != 0) ops::scale_(logits, float(spec_.logit_scale));
-    return logits;
+    return x;
   }
 
- private:
   void ignore_tensors(WeightLoader& w, const SafeTensors& st) const {
     if (spec_.ignored_prefixes.empty()) return;
     size_t n_ignored = 0;
@@ -274,6 +287,13 @@ std::unique_ptr<Model> build_decoder(const DecoderSpec& spec, const SafeTensors&
     s.rope_interleaved = true;
   }
   if (layout.norm_unit_offset_folded && spec.norm == DecoderNorm::rms_unit_offset) s.norm = DecoderNorm::rms;
+  // A bare base model (AutoModel's layout): its tensors lack the prefix, and a head is loaded
+  // only where the file has one.
+  if (!s.prefix.empty() && !weights.contains(s.prefix + "embed_tokens.weight") &&
+      weights.contains("embed_tokens.weight")) {
+    s.prefix = "";
+    s.head = weights.contains(s.lm_head + ".weight");
+  }
   return std::make_unique<Decoder>(s, weights, options);
 }
 

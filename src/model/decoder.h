@@ -10,6 +10,9 @@
 //   pre_feedforward_layernorm, post_feedforward_layernorm}.weight, layers.N.self_attn.
 //   {q,k,v,o}_proj, layers.N.self_attn.{q,k}_norm.weight, layers.N.mlp.{gate,up,down}_proj,
 //   norm.weight; and the head `lm_head` (or the embedding table, tied).
+// A bare base model as transformers' AutoModel saves it (Qwen3Model, LlamaModel: the form
+// sentence-transformers' embedding checkpoints take) has the same tensors without the prefix
+// and no head: it loads as an embedding-only model (ModelInfo::embedding_only).
 //
 // Tensor parallelism (LoadOptions::comm over N ranks): q/k/v and gate/up split by output rows
 // (whole heads), o and down by input columns (their partial sums meet in an all-reduce before
@@ -82,6 +85,9 @@ struct DecoderSpec : DecoderDims {
 
   std::string prefix = "model.";
   std::string lm_head = "lm_head";
+  // false: no head is loaded (a bare base model, ModelInfo::embedding_only). build_decoder
+  // sets it, with prefix "", for a checkpoint whose tensors are a bare model's.
+  bool head = true;
   // Tensors deliberately not loaded (a vision tower): names starting with one of these.
   std::vector<std::string> ignored_prefixes;
   // Every tensor of the checkpoint must be read or ignored (else an error naming them).

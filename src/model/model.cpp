@@ -5,19 +5,43 @@
 
 namespace osprey {
 
-Array Model::forward(const Array& tokens, const Array& positions_in, SequenceCache& cache, bool all_logits) {
-  const int64_t n = tokens.numel(), pos0 = cache.offset();
-  if (n <= 0) throw InvalidInput("forward: no tokens");
+namespace {
+
+// positions_in, or cache.offset() .. + n - 1 on `device` when undefined; checked against n.
+Array step_positions(const Array& positions_in, int64_t n, int64_t pos0, const Device& device) {
   Array positions = positions_in;
   if (!positions.defined()) {
     positions = Array::empty({n}, DType::i32);
     for (int64_t i = 0; i < n; ++i) positions.data<int32_t>()[i] = int32_t(pos0 + i);
-    positions = ops::to_device(positions, info_.device);
-  } else if (positions.numel() != n || !(positions.device() == info_.device)) {
+    positions = ops::to_device(positions, device);
+  } else if (positions.numel() != n || !(positions.device() == device)) {
     throw InvalidInput("forward: positions " + describe(positions) + " do not match " + std::to_string(n) +
-                       " tokens on " + info_.device.str());
+                       " tokens on " + device.str());
   }
+  return positions;
+}
+
+}  // namespace
+
+Array Model::forward(const Array& tokens, const Array& positions_in, SequenceCache& cache, bool all_logits) {
+  const int64_t n = tokens.numel();
+  if (n <= 0) throw InvalidInput("forward: no tokens");
+  if (info_.embedding_only)
+    throw Unsupported(info_.model_type + " checkpoint is a bare base model (no lm_head: an embedding model); it "
+                      "gives hidden states (POST /v1/embeddings), not logits");
+  const Array positions = step_positions(positions_in, n, cache.offset(), info_.device);
   return forward_tokens(ops::to_device(tokens, info_.device), positions, cache, all_logits);
+}
+
+Array Model::forward_hidden(const Array& tokens, SequenceCache& cache) {
+  const int64_t n = tokens.numel();
+  if (n <= 0) throw InvalidInput("forward_hidden: no tokens");
+  const Array positions = step_positions(Array(), n, cache.offset(), info_.device);
+  return hidden_tokens(ops::to_device(tokens, info_.device), positions, cache);
+}
+
+Array Model::hidden_tokens(const Array&, const Array&, SequenceCache&) {
+  throw Unsupported("hidden states (embeddings) are not available from a " + info_.model_type + " model here");
 }
 
 SequenceCache Model::make_cache(const KVCacheParams& options) const {

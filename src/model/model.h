@@ -33,6 +33,9 @@ struct ModelInfo {
   Device device = Device::cpu();  // where the weights, caches and logits live
   size_t weight_bytes = 0;
   uint64_t n_params = 0;  // weights loaded (a quantized matrix counts the weights it encodes)
+  // A bare base model (Qwen3Model, LlamaModel: weights without the `model.` prefix and no
+  // lm_head), as embedding checkpoints ship: forward() refuses, forward_hidden() serves.
+  bool embedding_only = false;
 };
 
 class Communicator;
@@ -75,6 +78,12 @@ class Model {
   Array forward(const Array& tokens, SequenceCache& cache, bool all_logits) {
     return forward(tokens, Array(), cache, all_logits);
   }
+  // The same pass without the head: the final-normed hidden states of every token, f32
+  // [n, hidden] on the model's device (what sentence-transformers' Transformer module hands
+  // to Pooling). tokens [n] i32 at positions cache.offset() .. + n - 1; appends their K/V to
+  // `cache`, so a long input may come in chunks. Throws Unsupported where the model does not
+  // give them (a tensor-parallel model).
+  Array forward_hidden(const Array& tokens, SequenceCache& cache);
   // One cache per layer, each as the family says (layer_cache_params) from `options` (step and
   // inplace; the rest is filled in) on the model's device.
   // (A tensor-parallel model's holds every rank's layers: engine/sharded_model.h.)
@@ -91,6 +100,9 @@ class Model {
   // on the model's device, n >= 1. Same contract as forward() otherwise.
   virtual Array forward_tokens(const Array& tokens, const Array& positions, SequenceCache& cache,
                                bool all_logits) = 0;
+  // forward_hidden's pass: tokens and positions as forward_tokens'. The default throws
+  // Unsupported naming the model type.
+  virtual Array hidden_tokens(const Array& tokens, const Array& positions, SequenceCache& cache);
   // The cache parameters of layer `layer` (make_kv_cache picks the cache type from them);
   // `params` has step, inplace and the device set.
   virtual KVCacheParams layer_cache_params(int64_t layer, const KVCacheParams& params) const = 0;

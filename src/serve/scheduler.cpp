@@ -209,6 +209,31 @@ void Scheduler::run_on_engine(const std::function<void()>& fn) {
   done.get_future().get();
 }
 
+Scheduler::Submit Scheduler::run_job(const std::function<void()>& job) {
+  std::promise<void> done;
+  std::function<void()> task = [&] {
+    try {
+      job();
+      done.set_value();
+    } catch (const std::exception& e) {
+      note_device_lost(e);  // the loop then stops as after a step that met it
+      done.set_exception(std::current_exception());
+    } catch (...) {
+      done.set_exception(std::current_exception());
+    }
+  };
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!device_lost_.empty()) return Submit::device_lost;
+    if (stopping_) return Submit::stopping;
+    // Queued here, it runs on the engine thread: between steps, or in the loop's shutdown.
+    engine_tasks_.push_back(&task);
+  }
+  cv_.notify_all();
+  done.get_future().get();
+  return Submit::accepted;
+}
+
 void Scheduler::loop() {
   for (;;) {
     std::vector<std::function<void()>*> tasks;

@@ -250,6 +250,11 @@ class Scheduler {
   // Runs `fn` on the engine thread between steps and returns when it has run (for work that
   // must not race the caches: tests' inspection of stored snapshots).
   void run_on_engine(const std::function<void()>& fn);
+  // Runs `job` on the engine thread between steps (work that uses the model, such as an
+  // embedding forward: it never races the decode loop) and returns when it has run, rethrowing
+  // what it threw: accepted. stopping or device_lost, without running it, once the engine is
+  // stopping or the device has failed.
+  Submit run_job(const std::function<void()>& job);
 
  private:
   struct Sequence;

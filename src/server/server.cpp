@@ -25,6 +25,9 @@
 #include "server/completion_request.h"
 #include "server/response_store.h"
 #include "server/responses_api.h"
+#include "server/embeddings.h"
+#include "model/gguf_model.h"
+#include "model/pooling.h"
 #include "server/structured_output.h"
 #include "server/http_transport.h"
 #include "backend/ops.h"
@@ -101,8 +104,8 @@ J parse_body(const std::string& body) {
 std::string route_label(const std::string& path) {
   static const char* known[] = {"/health", "/v1/models", "/models", "/v1/completions", "/completions",
                                 "/v1/chat/completions", "/chat/completions", "/v1/messages",
-                                "/v1/messages/count_tokens", "/v1/responses", "/tokenize", "/detokenize", "/apply-template",
-                                "/metrics"};
+                                "/v1/messages/count_tokens", "/v1/responses", "/v1/embeddings", "/embeddings",
+                                "/tokenize", "/detokenize", "/apply-template", "/metrics"};
   for (const char* k : known)
     if (path == k) return k;
   if (path.rfind("/v1/models/", 0) == 0 || path.rfind("/models/", 0) == 0) return "/v1/models/{id}";
@@ -303,6 +306,10 @@ struct Server::Impl {
   // What a request's omitted sampling fields take: generation_config.json's over OpenAI's.
   SamplingDefaults sampling{openai_sampling(), "OpenAI's defaults"};
   ResponseStore response_store{opt.response_store_entries, opt.response_store_bytes};  // /v1/responses
+  // The pooling modules.json declares (model/pooling.h): /v1/embeddings answers with it; none,
+  // or one Osprey refuses (pooling_error says why), and that route answers 400.
+  std::optional<PoolingConfig> pooling;
+  std::string pooling_error;
 
   explicit Impl(ServerOptions o) : opt(std::move(o)) {
     created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -518,6 +525,7 @@ struct Server::Impl {
     if (p == "/v1/responses") return pick("POST", HttpLane::generate, responses_, true);
     if (p.rfind("/v1/responses/", 0) == 0)
       return pick(req.method == "DELETE" ? "DELETE" : "GET", HttpLane::work, stored_response_);
+    if (p == "/v1/embeddings" || p == "/embeddings") return pick("POST", HttpLane::generate, embeddings_, true);
     if (p == "/tokenize") return pick("POST", HttpLane::work, tokenize_);
     if (p == "/detokenize") return pick("POST", HttpLane::work, detokenize_);
     if (p == "/apply-template") return pick("POST", HttpLane::work, apply_template_);
@@ -560,6 +568,7 @@ struct Server::Impl {
   HttpHandler count_tokens_ = wrap([this](HttpRequest& req) { return count_tokens(req); });
   HttpHandler responses_ = admitted(wrap([this](HttpRequest& req) { return responses(req); }));
   HttpHandler stored_response_ = wrap([this](HttpRequest& req) { return stored_response(req); });
+  HttpHandler embeddings_ = admitted(wrap([this](HttpRequest& req) { return embeddings(req); }));
   // The page asks for the API key itself: its own files need none, any other GET does.
   HttpHandler webui_ = wrap(
       [this](HttpRequest& req) {
@@ -781,6 +790,10 @@ struct Server::Impl {
   // order), tokenizes its prompts and puts their sequences on the engine's queue.
   std::shared_ptr<CompletionState> submit(const HttpRequest& req, const json& body, const std::string& raw, bool chat,
                                           Api api) {
+    if (model->info().embedding_only)
+      throw bad_request("this model is an embedding model (a bare " + model->info().model_type +
+                            " base model with no lm_head): it answers POST /v1/embeddings, not generation",
+                        "model", "model_not_generative");
     auto st = std::make_shared<CompletionState>();
     st->request = read_completion_fields(body, chat, sampling.params);
     CompletionRequest& r = st->request;
@@ -1076,6 +1089,53 @@ struct Server::Impl {
     return res;
   }
 
+  // ---- embeddings (server/embeddings.h) ----
+
+  // Each input's forward runs as one job on the engine thread (Scheduler::run_job), one input
+  // after another: running generations step between them.
+  HttpResponse embeddings(const HttpRequest& req) {
+    require_ready();
+    const json body = parse_body(req.body);
+    if (body.is_object()) check_model(string_field(body, "model").value_or(""));
+    if (!pooling)
+      throw bad_request(pooling_error.empty() ? "this model declares no pooling (modules.json): it is not an "
+                                                "embedding model"
+                                              : "this model's pooling declaration is not supported: " + pooling_error,
+                        "model", "model_not_embedding");
+    const EmbeddingRequest r = read_embedding_request(body, *tokenizer, model->info().vocab_size);
+    const int64_t hidden = model->info().hidden_size;
+    if (r.dimensions && *r.dimensions > hidden)
+      throw bad_request("'dimensions' must be in [1, " + std::to_string(hidden) + "], this model's hidden size; got " +
+                            std::to_string(*r.dimensions),
+                        "dimensions");
+    const int64_t ctx = backend->context_size();
+    for (size_t i = 0; i < r.inputs.size(); ++i) {
+      if (int64_t(r.inputs[i].size()) > ctx)
+        throw bad_request("this model's context is " + std::to_string(ctx) + " tokens; input " + std::to_string(i) +
+                              " has " + std::to_string(r.inputs[i].size()),
+                          "input", "context_length_exceeded");
+      t_log.n_prompt += int64_t(r.inputs[i].size());
+    }
+    submitted();  // its jobs go to the engine now, not to the waiting count
+    std::vector<std::vector<float>> out;
+    for (const std::vector<int32_t>& ids : r.inputs) {
+      if (req.client_gone && req.client_gone()) return client_left();
+      std::vector<float> e;
+      Scheduler::Submit s = Scheduler::Submit::stopping;
+      try {
+        s = scheduler->run_job([&] { e = embed_tokens(*model, ids, *pooling, opt.prefill_chunk); });
+      } catch (const DeviceLost&) {
+        throw device_lost_error();
+      }
+      if (s == Scheduler::Submit::device_lost) throw device_lost_error();
+      if (s != Scheduler::Submit::accepted)
+        throw api_error(503, "unavailable_error", "the server is shutting down", "shutting_down");
+      if (r.dimensions) truncate_embedding(e, *r.dimensions, pooling->normalize);
+      out.push_back(std::move(e));
+    }
+    return json_response(200, embedding_reply(out, r.base64, model_id, t_log.n_prompt));
+  }
+
   // The prompt's tokens as the chat route would make them, tools included.
   HttpResponse count_tokens(const HttpRequest& req) {
     require_ready();
@@ -1198,6 +1258,21 @@ void Server::load() {
   for (int32_t id : m.tokenizer->eos_ids())
     if (std::find(m.eos_ids.begin(), m.eos_ids.end(), id) == m.eos_ids.end()) m.eos_ids.push_back(id);
   m.sampling = file_sampling_defaults(m.opt.model_dir, openai_sampling(), "OpenAI's defaults");
+  if (!is_gguf_path(m.opt.model_dir)) {
+    try {
+      m.pooling = read_pooling_config(m.opt.model_dir);
+      if (m.pooling && m.pooling->dimension != 0 && m.pooling->dimension != m.model->info().hidden_size)
+        throw InvalidInput(m.pooling->source + ": word_embedding_dimension is " + std::to_string(m.pooling->dimension) +
+                           ", but the model's hidden size is " + std::to_string(m.model->info().hidden_size));
+    } catch (const Error& e) {
+      m.pooling.reset();
+      m.pooling_error = e.what();
+      log_warn("embeddings are off: " + m.pooling_error);
+    }
+  }
+  if (m.pooling)
+    log_info(std::string("embeddings: ") + pooling_mode_name(m.pooling->mode) + " pooling" +
+             (m.pooling->normalize ? ", normalized" : "") + " (modules.json)");
   try {
     m.chat_template = load_model_chat_template(m.opt.model_dir);
     m.tool_format = tool_call_format(m.chat_template->source());

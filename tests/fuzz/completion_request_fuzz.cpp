@@ -1,14 +1,16 @@
 // The server's request parsing: a request body's sampling, stop, stream and logprobs fields
 // (completions and chat) and its prompt (text, ids, or lists of either), tokenized with the
-// demo model's tokenizer; and the body read as an Anthropic Messages request and as an OpenAI
-// Responses request, then as the chat request each becomes. Bad fields must be ApiErrors naming
-// them.
+// demo model's tokenizer; the body read as an Anthropic Messages request and as an OpenAI
+// Responses request, then as the chat request each becomes; and the body read as an
+// embeddings request (input as text, ids or lists of either, encoding_format, dimensions) with
+// the Qwen3-Embedding-layout fixture's tokenizer. Bad fields must be ApiErrors naming them.
 #include <nlohmann/json.hpp>
 
 #include "fuzz_util.h"
 #include "server/anthropic_api.h"
 #include "server/completion_request.h"
 #include "server/responses_api.h"
+#include "server/embeddings.h"
 #include "tokenizer/tokenizer.h"
 
 using namespace osprey;
@@ -34,5 +36,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   });
   if (body.is_object() && body.contains("prompt"))
     fuzz::expect_clean([&] { (void)read_prompts(body["prompt"], t, 4096); });
+  static const Tokenizer embedding = Tokenizer::load(fuzz::source_path("tests/fixtures/models/qwen3-embedding"));
+  fuzz::expect_clean([&] { (void)read_embedding_request(body, embedding, embedding.vocab_size()); });
   return 0;
 }
