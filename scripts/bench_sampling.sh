@@ -3,9 +3,9 @@
 # batched device sampler's included) and their timing reports, then, per shape, serves a
 # random checkpoint and runs scripts/bench_serving.py with sampled (temperature 0.8, top-p 0.95)
 # and greedy requests at each concurrency, and `osprey generate` sampled against greedy.
-# Here: ../shared/device/stage.sh scripts/debian-packages.txt .device, and a folder with the
-# Llama 3 tokenizer files (tokenizer.json, tokenizer_config.json) taken along.
-# There: source .device/enter.sh && TOKENIZER_DIR=... OUT=... bash scripts/bench_sampling.sh
+# Needs the project's Debian packages (scripts/debian-packages.txt) and a folder with the Llama 3
+# tokenizer files (tokenizer.json, tokenizer_config.json): TOKENIZER_DIR=... OUT=... bash
+# scripts/bench_sampling.sh
 # Environment: SHAPES (llama1b llama8b; default llama1b), CONCURRENCY (default 1,64),
 # REQUESTS (per level, default 128), PROMPT (512), GEN (128), TEST_FILTER, TESTS=0 / SERVE=0 /
 # GENERATE=0 skip a part, OSPREY_BIN (a prebuilt binary: skips the build).
