@@ -31,12 +31,6 @@ namespace {
 
 using namespace sampling;  // backend/cuda/sample_common.cuh
 
-constexpr int kRowsThreads = kDrawThreads;
-constexpr int kRowsPer = kPerThread;
-constexpr int kRowsChunk = kChunk;
-constexpr int kRowsWarps = kDrawWarps;
-constexpr int kRowsBins = kMaxBins;
-
 enum Cut : int { kTopK = 0, kTopP = 1, kTypical = 2 };
 
 // One row's state between launches, in scratch(); zeroed by the row's first block of prep.
@@ -50,8 +44,8 @@ struct RowState {
   unsigned long long target[3];  // top-p, typical: the fixed-point mass to reach
   unsigned long long above[3];   // and the mass above the digits under the prefix
   double center;                 // typical: the mean of x under q
-  unsigned int count[kRowsBins];
-  unsigned long long mass[kRowsBins];
+  unsigned int count[kMaxBins];
+  unsigned long long mass[kMaxBins];
 };
 static_assert(sizeof(RowState) % 8 == 0, "RowState is zeroed by words");
 
@@ -75,7 +69,7 @@ struct RowsScratch {
 };
 
 constexpr size_t rows_align(size_t n) { return (n + 255) / 256 * 256; }
-int rows_chunks(int64_t n) { return int((n + kRowsChunk - 1) / kRowsChunk); }
+int rows_chunks(int64_t n) { return int((n + kChunk - 1) / kChunk); }
 
 size_t rows_scratch_bytes(int64_t rows, int64_t vocab) {
   const size_t per = size_t(rows) * size_t(rows_chunks(vocab));
@@ -112,11 +106,11 @@ __device__ __forceinline__ float rows_max(const unsigned int* __restrict__ part_
 // The chunk's logits of this block's row, NaN for an id that is not a candidate (outside the
 // row, masked out, or -inf). `fresh`: the row was written in this launch (no read-only path).
 __device__ __forceinline__ void rows_load(const float* __restrict__ x, int n, const uint32_t* __restrict__ mask,
-                                          int64_t mask_ids, float (&v)[kRowsPer], bool fresh = false) {
-  const int base = blockIdx.x * kRowsChunk + threadIdx.x;
+                                          int64_t mask_ids, float (&v)[kPerThread], bool fresh = false) {
+  const int base = blockIdx.x * kChunk + threadIdx.x;
 #pragma unroll
-  for (int j = 0; j < kRowsPer; ++j) {
-    const int i = base + j * kRowsThreads;
+  for (int j = 0; j < kPerThread; ++j) {
+    const int i = base + j * kDrawThreads;
     float f = __int_as_float(0x7fffffff);
     if (i < n) {
       const float raw = fresh ? __ldcg(x + i) : __ldg(x + i);
@@ -169,31 +163,31 @@ __device__ __forceinline__ unsigned int rows_typical_key(const RowView& r, float
   return ~order_key(fabsf((v - r.m) / r.t - r.center));  // the nearest to the center ranks highest
 }
 
-__global__ void __launch_bounds__(kRowsThreads)
+__global__ void __launch_bounds__(kDrawThreads)
     rows_prep_kernel(float* __restrict__ logits, int n, const SampleRowArgs* __restrict__ args,
                      const LogitAdjust* __restrict__ adjust, const uint32_t* __restrict__ allowed, int64_t mask_words,
                      RowsScratch sc) {
   pdl_wait();
-  __shared__ unsigned int s_red[kRowsWarps];
+  __shared__ unsigned int s_red[kDrawWarps];
   const int row = blockIdx.y;
   float* x = logits + int64_t(row) * n;
   if (blockIdx.x == 0) {
     unsigned int* w = reinterpret_cast<unsigned int*>(sc.state + row);
-    for (int i = threadIdx.x; i < int(sizeof(RowState) / 4); i += kRowsThreads) w[i] = 0;
+    for (int i = threadIdx.x; i < int(sizeof(RowState) / 4); i += kDrawThreads) w[i] = 0;
   }
-  const int lo = blockIdx.x * kRowsChunk, hi = min(n, lo + kRowsChunk);
+  const int lo = blockIdx.x * kChunk, hi = min(n, lo + kChunk);
   // The model's logits are checked before the adjustments (a ban writes -inf).
   int bad = 0;
 #pragma unroll
-  for (int j = 0; j < kRowsPer; ++j) {
-    const int i = lo + threadIdx.x + j * kRowsThreads;
+  for (int j = 0; j < kPerThread; ++j) {
+    const int i = lo + threadIdx.x + j * kDrawThreads;
     if (i < n) bad |= !isfinite(x[i]);
   }
   bad = __syncthreads_or(bad);
   if (threadIdx.x == 0) sc.part_bad[int64_t(row) * sc.nb + blockIdx.x] = bad;
   // This chunk's adjustments (ids distinct): no other block writes them.
   const SampleRowArgs& a = args[row];
-  for (int k = a.adjust_begin + int(threadIdx.x); k < a.adjust_end; k += kRowsThreads) {
+  for (int k = a.adjust_begin + int(threadIdx.x); k < a.adjust_end; k += kDrawThreads) {
     const LogitAdjust e = adjust[k];
     if (e.id < lo || e.id >= hi) continue;
     float l = x[e.id];
@@ -205,17 +199,17 @@ __global__ void __launch_bounds__(kRowsThreads)
     x[e.id] = l;
   }
   __syncthreads();
-  float v[kRowsPer];
+  float v[kPerThread];
   rows_load(x, n, allowed ? allowed + int64_t(row) * mask_words : nullptr, mask_words * 32, v, true);
   unsigned int k = 0;
 #pragma unroll
-  for (int j = 0; j < kRowsPer; ++j)
+  for (int j = 0; j < kPerThread; ++j)
     if (v[j] == v[j]) k = max(k, order_key(v[j]));
   k = warp_max_u32(k);
   if ((threadIdx.x & 31) == 0) s_red[threadIdx.x >> 5] = k;
   __syncthreads();
   if (threadIdx.x < 32) {
-    k = warp_max_u32(threadIdx.x < kRowsWarps ? s_red[threadIdx.x] : 0u);
+    k = warp_max_u32(threadIdx.x < kDrawWarps ? s_red[threadIdx.x] : 0u);
     if (threadIdx.x == 0) sc.part_key[int64_t(row) * sc.nb + blockIdx.x] = k;
   }
 }
@@ -223,7 +217,7 @@ __global__ void __launch_bounds__(kRowsThreads)
 // One radix pass of a cut: pass 0 takes key bits [31, 21), pass 1 [21, 10), pass 2 [10, 0),
 // counting only the candidates whose higher digits equal the prefix settled so far.
 template <int kCut, int kPass>
-__global__ void __launch_bounds__(kRowsThreads)
+__global__ void __launch_bounds__(kDrawThreads)
     rows_select_kernel(const float* __restrict__ logits, int n, const SampleRowArgs* __restrict__ args,
                        const uint32_t* __restrict__ allowed, int64_t mask_words, RowsScratch sc) {
   pdl_wait();
@@ -241,18 +235,18 @@ __global__ void __launch_bounds__(kRowsThreads)
   const SampleRowArgs a = args[row];
   RowState* st = sc.state + row;
   if (!rows_cut_on(a, kCut) || st->done[kCut]) return;
-  float v[kRowsPer];
+  float v[kPerThread];
   rows_load(logits + int64_t(row) * n, n, allowed ? allowed + int64_t(row) * mask_words : nullptr, mask_words * 32, v);
   const unsigned int* part_key = sc.part_key + int64_t(row) * sc.nb;
   const RowView r = rows_view(a, st, part_key, sc.nb);
   const unsigned int prefix = st->prefix[kCut];
-  for (int d = threadIdx.x; d < kBins; d += kRowsThreads) {
+  for (int d = threadIdx.x; d < kBins; d += kDrawThreads) {
     s_count[d] = 0;
     if constexpr (kMass) s_mass[d] = 0;
   }
   __syncthreads();
 #pragma unroll
-  for (int j = 0; j < kRowsPer; ++j) {
+  for (int j = 0; j < kPerThread; ++j) {
     if (v[j] != v[j]) continue;
     unsigned int key;
     if constexpr (kCut == kTopK) {
@@ -272,7 +266,7 @@ __global__ void __launch_bounds__(kRowsThreads)
     if constexpr (kMass) atomicAdd(&s_mass[d], fixed_mass(v[j], r.m, r.t));
   }
   __syncthreads();
-  for (int d = threadIdx.x; d < kBins; d += kRowsThreads) {
+  for (int d = threadIdx.x; d < kBins; d += kDrawThreads) {
     if (s_count[d] == 0) continue;
     atomicAdd(&st->count[d], s_count[d]);
     if constexpr (kMass) atomicAdd(&st->mass[d], s_mass[d]);
@@ -280,7 +274,7 @@ __global__ void __launch_bounds__(kRowsThreads)
   if (!last_block(&st->ticket, &s_flag)) return;
 
   // The row's last block: take the row's histogram and clear it for the next pass.
-  for (int d = threadIdx.x; d < kBins; d += kRowsThreads) {
+  for (int d = threadIdx.x; d < kBins; d += kDrawThreads) {
     s_count[d] = __ldcg(&st->count[d]);
     st->count[d] = 0;
     if constexpr (kMass) {
@@ -346,22 +340,22 @@ __global__ void __launch_bounds__(kRowsThreads)
 
 // typical-p: the kept set's sums of w and w x (x = (l - max) / T) per chunk, then the row's
 // last block adds them in chunk order (the same bits every time) into the center.
-__global__ void __launch_bounds__(kRowsThreads)
+__global__ void __launch_bounds__(kDrawThreads)
     rows_typical_sums_kernel(const float* __restrict__ logits, int n, const SampleRowArgs* __restrict__ args,
                              const uint32_t* __restrict__ allowed, int64_t mask_words, RowsScratch sc) {
   pdl_wait();
-  __shared__ double s_w[kRowsWarps], s_wx[kRowsWarps];
+  __shared__ double s_w[kDrawWarps], s_wx[kDrawWarps];
   __shared__ int s_flag;
   const int row = blockIdx.y;
   const SampleRowArgs a = args[row];
   RowState* st = sc.state + row;
   if (!rows_cut_on(a, kTypical)) return;
-  float v[kRowsPer];
+  float v[kPerThread];
   rows_load(logits + int64_t(row) * n, n, allowed ? allowed + int64_t(row) * mask_words : nullptr, mask_words * 32, v);
   const RowView r = rows_view(a, st, sc.part_key + int64_t(row) * sc.nb, sc.nb);
   double w = 0, wx = 0;
 #pragma unroll
-  for (int j = 0; j < kRowsPer; ++j) {
+  for (int j = 0; j < kPerThread; ++j) {
     if (v[j] != v[j] || !rows_kept_kpm(r, v[j])) continue;
     const float xi = (v[j] - r.m) / r.t;
     const double wi = double(expf(xi));
@@ -378,7 +372,7 @@ __global__ void __launch_bounds__(kRowsThreads)
   RowSums* parts = sc.part_sums + int64_t(row) * sc.nb;
   if (threadIdx.x == 0) {
     RowSums p{0, 0};
-    for (int k = 0; k < kRowsWarps; ++k) p.w += s_w[k], p.wx += s_wx[k];
+    for (int k = 0; k < kDrawWarps; ++k) p.w += s_w[k], p.wx += s_wx[k];
     parts[blockIdx.x] = p;
   }
   if (!last_block(&st->ticket, &s_flag)) return;
@@ -391,26 +385,26 @@ __global__ void __launch_bounds__(kRowsThreads)
 
 // Gumbel-max over the kept set (greedy rows: the largest candidate), each block's best into
 // its part; the row's last block picks the row's best and writes the token and the flag.
-__global__ void __launch_bounds__(kRowsThreads)
+__global__ void __launch_bounds__(kDrawThreads)
     rows_draw_kernel(const float* __restrict__ logits, int n, const SampleRowArgs* __restrict__ args,
                      const uint32_t* __restrict__ allowed, int64_t mask_words, RowsScratch sc,
                      int32_t* __restrict__ out, int32_t* __restrict__ nonfinite) {
   pdl_wait();
-  __shared__ float s_max[kRowsWarps];
-  __shared__ double s_score[kRowsWarps];
-  __shared__ int s_index[kRowsWarps];
+  __shared__ float s_max[kDrawWarps];
+  __shared__ double s_score[kDrawWarps];
+  __shared__ int s_index[kDrawWarps];
   __shared__ int s_flag;
   const int row = blockIdx.y;
   const SampleRowArgs a = args[row];
   RowState* st = sc.state + row;
-  float v[kRowsPer];
+  float v[kPerThread];
   rows_load(logits + int64_t(row) * n, n, allowed ? allowed + int64_t(row) * mask_words : nullptr, mask_words * 32, v);
   const bool greedy = !(a.temperature > 0.0f);
   const RowView r = rows_view(a, st, sc.part_key + int64_t(row) * sc.nb, sc.nb);
-  bool kept[kRowsPer];
+  bool kept[kPerThread];
   float best = kNegInf;
 #pragma unroll
-  for (int j = 0; j < kRowsPer; ++j) {
+  for (int j = 0; j < kPerThread; ++j) {
     kept[j] = v[j] == v[j];
     if (kept[j] && !greedy) {
       kept[j] = rows_kept_kpm(r, v[j]) && (!r.typical_on || rows_typical_key(r, v[j]) >= r.t_y);
@@ -423,16 +417,16 @@ __global__ void __launch_bounds__(kRowsThreads)
   __syncthreads();
   best = kNegInf;
 #pragma unroll
-  for (int w = 0; w < kRowsWarps; ++w) best = fmaxf(best, s_max[w]);
+  for (int w = 0; w < kDrawWarps; ++w) best = fmaxf(best, s_max[w]);
 
   double bs = -__builtin_huge_val();
   int bi = INT_MAX;
-  const int base = blockIdx.x * kRowsChunk + threadIdx.x;
+  const int base = blockIdx.x * kChunk + threadIdx.x;
   const float prune = kPruneSpan * a.temperature;
 #pragma unroll
-  for (int j = 0; j < kRowsPer; ++j) {
+  for (int j = 0; j < kPerThread; ++j) {
     if (!kept[j]) continue;
-    const int i = base + j * kRowsThreads;
+    const int i = base + j * kDrawThreads;
     double s;
     if (greedy) {
       s = double(v[j]);
@@ -452,7 +446,7 @@ __global__ void __launch_bounds__(kRowsThreads)
   bi = INT_MAX;
   int bad = 0;
   const int* part_bad = sc.part_bad + int64_t(row) * sc.nb;
-  for (int b = threadIdx.x; b < sc.nb; b += kRowsThreads) {
+  for (int b = threadIdx.x; b < sc.nb; b += kDrawThreads) {
     const double s = __ldcg(&parts[b].score);
     const int i = __ldcg(&parts[b].index);
     bad |= __ldcg(part_bad + b);
@@ -481,25 +475,25 @@ void sample_rows(float* logits, int64_t rows, int64_t vocab, const SampleRowArgs
   const int n = int(vocab);
   const RowsScratch sc = rows_scratch(rows, vocab);
   const dim3 grid(unsigned(sc.nb), unsigned(rows));
-  launch_kernel(rows_prep_kernel, grid, kRowsThreads, 0, s, logits, n, args, adjust, allowed, mask_words, sc);
+  launch_kernel(rows_prep_kernel, grid, kDrawThreads, 0, s, logits, n, args, adjust, allowed, mask_words, sc);
   const float* l = logits;
   if (cuts & kSampleCutTopK) {
-    launch_kernel(rows_select_kernel<kTopK, 0>, grid, kRowsThreads, 0, s, l, n, args, allowed, mask_words, sc);
-    launch_kernel(rows_select_kernel<kTopK, 1>, grid, kRowsThreads, 0, s, l, n, args, allowed, mask_words, sc);
-    launch_kernel(rows_select_kernel<kTopK, 2>, grid, kRowsThreads, 0, s, l, n, args, allowed, mask_words, sc);
+    launch_kernel(rows_select_kernel<kTopK, 0>, grid, kDrawThreads, 0, s, l, n, args, allowed, mask_words, sc);
+    launch_kernel(rows_select_kernel<kTopK, 1>, grid, kDrawThreads, 0, s, l, n, args, allowed, mask_words, sc);
+    launch_kernel(rows_select_kernel<kTopK, 2>, grid, kDrawThreads, 0, s, l, n, args, allowed, mask_words, sc);
   }
   if (cuts & kSampleCutTopP) {
-    launch_kernel(rows_select_kernel<kTopP, 0>, grid, kRowsThreads, 0, s, l, n, args, allowed, mask_words, sc);
-    launch_kernel(rows_select_kernel<kTopP, 1>, grid, kRowsThreads, 0, s, l, n, args, allowed, mask_words, sc);
-    launch_kernel(rows_select_kernel<kTopP, 2>, grid, kRowsThreads, 0, s, l, n, args, allowed, mask_words, sc);
+    launch_kernel(rows_select_kernel<kTopP, 0>, grid, kDrawThreads, 0, s, l, n, args, allowed, mask_words, sc);
+    launch_kernel(rows_select_kernel<kTopP, 1>, grid, kDrawThreads, 0, s, l, n, args, allowed, mask_words, sc);
+    launch_kernel(rows_select_kernel<kTopP, 2>, grid, kDrawThreads, 0, s, l, n, args, allowed, mask_words, sc);
   }
   if (cuts & kSampleCutTypical) {
-    launch_kernel(rows_typical_sums_kernel, grid, kRowsThreads, 0, s, l, n, args, allowed, mask_words, sc);
-    launch_kernel(rows_select_kernel<kTypical, 0>, grid, kRowsThreads, 0, s, l, n, args, allowed, mask_words, sc);
-    launch_kernel(rows_select_kernel<kTypical, 1>, grid, kRowsThreads, 0, s, l, n, args, allowed, mask_words, sc);
-    launch_kernel(rows_select_kernel<kTypical, 2>, grid, kRowsThreads, 0, s, l, n, args, allowed, mask_words, sc);
+    launch_kernel(rows_typical_sums_kernel, grid, kDrawThreads, 0, s, l, n, args, allowed, mask_words, sc);
+    launch_kernel(rows_select_kernel<kTypical, 0>, grid, kDrawThreads, 0, s, l, n, args, allowed, mask_words, sc);
+    launch_kernel(rows_select_kernel<kTypical, 1>, grid, kDrawThreads, 0, s, l, n, args, allowed, mask_words, sc);
+    launch_kernel(rows_select_kernel<kTypical, 2>, grid, kDrawThreads, 0, s, l, n, args, allowed, mask_words, sc);
   }
-  launch_kernel(rows_draw_kernel, grid, kRowsThreads, 0, s, l, n, args, allowed, mask_words, sc, out, nonfinite);
+  launch_kernel(rows_draw_kernel, grid, kDrawThreads, 0, s, l, n, args, allowed, mask_words, sc, out, nonfinite);
 }
 
 }  // namespace osprey::cuda
