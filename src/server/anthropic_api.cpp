@@ -4,6 +4,7 @@
 #include <initializer_list>
 
 #include "server/completion_request.h"
+#include "server/request_fields.h"
 
 namespace osprey {
 namespace {
@@ -14,41 +15,7 @@ namespace anthropic {
 using nlohmann::json;
 using ojson = nlohmann::ordered_json;
 
-std::string kind_of(const ojson& v) {
-  if (v.is_number_integer() || v.is_number_unsigned()) return "an integer";
-  if (v.is_number()) return "a number";
-  return std::string("a") + (v.is_object() || v.is_array() ? "n " : " ") + v.type_name();
-}
-
-// A 400 naming the field at `at` (its place in the request).
-[[noreturn]] void fail(const std::string& at, const std::string& what) {
-  throw bad_request("'" + at + "' " + what, at);
-}
-
-// The value of `key`, or nullptr when absent or null.
-const ojson* get(const ojson& obj, const char* key) {
-  auto it = obj.find(key);
-  return it == obj.end() || it->is_null() ? nullptr : &*it;
-}
-
-std::string string_at(const ojson& obj, const char* key, const std::string& at, bool required) {
-  const ojson* v = get(obj, key);
-  if (!v) {
-    if (required) fail(at + "." + key, "is required");
-    return "";
-  }
-  if (!v->is_string()) fail(at + "." + key, "must be a string, not " + kind_of(*v));
-  return v->get<std::string>();
-}
-
-// Refuses every key of `obj` that `allowed` does not name (a null value counts as absent).
-void only(const ojson& obj, const std::string& at, std::initializer_list<const char*> allowed) {
-  for (auto it = obj.begin(); it != obj.end(); ++it) {
-    if (it->is_null()) continue;
-    if (std::find_if(allowed.begin(), allowed.end(), [&](const char* a) { return it.key() == a; }) == allowed.end())
-      fail((at.empty() ? "" : at + ".") + it.key(), "is not supported by this server");
-  }
-}
+using namespace request_fields;  // kind_of, fail, join, get, string_at, only
 
 std::string block_type(const ojson& b, const std::string& at) {
   if (!b.is_object()) fail(at, "must be a content block object, not " + kind_of(b));
