@@ -25,6 +25,7 @@
 #include "backend/cuda/sample.h"
 #include "backend/cuda_available.h"
 #include "support/cuda_buffers.h"
+#include "support/noise_reference.h"
 #include "support/numeric.h"
 
 namespace osprey {
@@ -38,20 +39,7 @@ constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
 // ---- The reference -----------------------------------------------------------------------
-uint64_t rmix(uint64_t z) {
-  z ^= z >> 30;
-  z *= 0xbf58476d1ce4e5b9ull;
-  z ^= z >> 27;
-  z *= 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-double rgumbel(uint64_t seed, uint64_t counter, uint64_t index) {
-  const uint64_t g = 0x9e3779b97f4a7c15ull;
-  const uint64_t bits = rmix(rmix(seed ^ rmix(counter + g)) + (index + 1) * g);
-  const double u = (double(bits >> 12) + 0.5) / 4503599627370496.0;
-  return -std::log(-std::log(u));
-}
+using testing::reference_gumbel;  // support/noise_reference.h
 
 struct Row {
   SampleRowArgs a;
@@ -159,7 +147,7 @@ int draw_of(const std::vector<float>& l, const std::vector<int>& kept, const Sam
   double best = -INFINITY, second = -INFINITY;
   int token = -1;
   for (int i : kept) {
-    const double sc = double(l[size_t(i)]) / double(a.temperature) + rgumbel(a.seed, a.counter, uint64_t(i));
+    const double sc = double(l[size_t(i)]) / double(a.temperature) + reference_gumbel(a.seed, a.counter, uint64_t(i));
     if (sc > best) {
       second = best, best = sc, token = i;
     } else if (sc > second) {

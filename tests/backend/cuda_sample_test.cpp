@@ -26,6 +26,7 @@
 #include "backend/readback.h"
 #include "core/error.h"
 #include "support/cuda_buffers.h"
+#include "support/noise_reference.h"
 #include "support/numeric.h"
 
 namespace osprey {
@@ -40,22 +41,7 @@ using testing::st;
 using testing::sync;
 
 // ---- The reference -----------------------------------------------------------------------
-// The noise, written again from its definition in backend/sample_noise.h.
-uint64_t ref_mix(uint64_t z) {
-  z ^= z >> 30;
-  z *= 0xbf58476d1ce4e5b9ull;
-  z ^= z >> 27;
-  z *= 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-double ref_gumbel(uint64_t seed, uint64_t counter, uint64_t index) {
-  const uint64_t gamma = 0x9e3779b97f4a7c15ull;
-  const uint64_t stream = ref_mix(seed ^ ref_mix(counter + gamma));
-  const uint64_t bits = ref_mix(stream + (index + 1) * gamma);
-  const double u = (double(bits >> 12) + 0.5) / 4503599627370496.0;  // 2^52
-  return -std::log(-std::log(u));
-}
+using testing::reference_gumbel;  // support/noise_reference.h
 
 struct Config {
   float t;
@@ -132,7 +118,7 @@ int reference_token(const std::vector<float>& l, const std::vector<int>& order, 
   int token = -1;
   for (size_t k = 0; k < longest; ++k) {
     const int i = order[k];
-    const double s = double(l[size_t(i)]) / double(c.t) + ref_gumbel(seed, counter, uint64_t(i));
+    const double s = double(l[size_t(i)]) / double(c.t) + reference_gumbel(seed, counter, uint64_t(i));
     if (s > best || (s == best && i < token)) {
       second = best;
       best = s;

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "sample/sampler.h"
+#include "support/noise_reference.h"
 
 namespace osprey {
 namespace {
@@ -213,20 +214,7 @@ TEST(Sampler, DrawsFollowTheDistributionAndTheSeed) {
   EXPECT_NE(std::vector<int32_t>(seq_a.begin(), seq_a.begin() + 100), seq_c);
 }
 
-// The documented noise (backend/sample_noise.h), written again from its definition.
-double reference_gumbel(uint64_t seed, uint64_t counter, uint64_t index) {
-  auto mix = [](uint64_t z) {
-    z ^= z >> 30;
-    z *= 0xbf58476d1ce4e5b9ull;
-    z ^= z >> 27;
-    z *= 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  };
-  const uint64_t g = 0x9e3779b97f4a7c15ull;
-  const uint64_t bits = mix(mix(seed ^ mix(counter + g)) + (index + 1) * g);
-  const double u = (double(bits >> 12) + 0.5) / 4503599627370496.0;
-  return -std::log(-std::log(u));
-}
+using testing::reference_gumbel;  // support/noise_reference.h
 
 TEST(Sampler, DrawIIsGumbelMaxWithTheDocumentedNoiseAtCounterI) {
   // The CUDA sampler draws with the same noise, so the CPU and the device agree for a seed.
