@@ -1,5 +1,5 @@
 // osprey bench: prompt-processing and generation throughput after llama-bench, with peak
-// memory and the KV write counters per test. The measurement is engine/bench.h; this file
+// memory and the KV write counters per test. The measurement is serve/bench.h; this file
 // parses flags and prints md, json or csv.
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -23,7 +23,7 @@
 #include "serve/batched_bench.h"
 #include "server/model_files.h"
 #include "tokenizer/tokenizer.h"
-#include "engine/bench.h"
+#include "serve/bench.h"
 #include "engine/sharded_model.h"
 #include "model/model.h"
 #include "model/safetensors.h"

@@ -31,7 +31,7 @@
 #include "core/file_read.h"
 #include "core/thread_pool.h"
 #include "engine/generation_config.h"
-#include "engine/generator.h"
+#include "serve/generate.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 #include "server/model_files.h"

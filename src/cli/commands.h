@@ -7,7 +7,7 @@
 #include "core/device.h"
 #include "core/env.h"
 #include "core/error.h"
-#include "engine/generator.h"
+#include "serve/generate.h"
 
 namespace CLI {
 class App;

@@ -22,7 +22,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "engine/generation_config.h"
-#include "engine/generator.h"
+#include "serve/generate.h"
 #include "engine/sharded_model.h"
 #include "grammar/json_schema.h"
 #include "grammar/matcher.h"

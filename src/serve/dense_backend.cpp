@@ -1,8 +1,11 @@
 #include "serve/dense_backend.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 
 #include "backend/ops.h"
+#include "backend/readback.h"
 #include "core/error.h"
 #include "engine/decode_stepper.h"
 #include "serve/prompt_cache.h"
@@ -18,28 +21,88 @@ void last_row(const Array& logits, std::vector<float>& out) {
   out.assign(row, row + vocab);
 }
 
+ops::DeviceSampling device_sampling(const SamplerParams* p) {
+  ops::DeviceSampling d;  // greedy: temperature 0, the argmax
+  if (!p) return d;
+  d.temperature = p->temperature;
+  d.top_k = p->top_k;
+  d.top_p = p->top_p;
+  d.min_p = p->min_p;
+  d.seed = p->seed;
+  return d;
+}
+
+// The device sampler found non-finite logits. The host sampler's words (which logits are NaN or
+// Inf) when `last`, the logits it read last (this token's or, pipelined, the next step's),
+// holds them; else the token's position alone.
+std::string non_finite_detail(const Array& last, uint64_t counter) {
+  const std::string where = "at generated token " + std::to_string(counter);
+  if (last.defined()) {
+    std::vector<float> row;
+    last_row(last, row);
+    if (std::any_of(row.begin(), row.end(), [](float x) { return !std::isfinite(x); })) {
+      try {
+        throw_non_finite(row);
+      } catch (const InvalidInput& e) {
+        return std::string(e.what()) + " (" + where + ")";
+      }
+    }
+  }
+  return non_finite_logits_message(where);
+}
+
 }  // namespace
 
 struct DenseSlotBackend::Slot {
   bool busy = false;
-  std::string salt;  // the running sequence's prompt-cache salt
-  SequenceCache cache;
+  std::string salt;        // the running sequence's prompt-cache salt
+  SequenceCache own;       // the slot's cache, unless it runs over the caller's
+  SequenceCache* cache = nullptr;
+  int64_t base = 0;        // rows a caller's cache held before the sequence began
   std::unique_ptr<DecodeStepper> decoder;
+  // CUDA: the chosen tokens' copies to the host, two in flight at most (the token read now
+  // and the one of the step ahead).
+  std::unique_ptr<TokenReadback> readback;
+  uint64_t n_enqueued = 0, n_read = 0;
+  bool ahead = false;      // the step fed by `returned` is enqueued
+  int32_t returned = -1;   // the token decode() or prefill_and_choose() returned last
+  uint64_t counter = 0;    // the draw of the token read back next
+  Array last_logits;       // the logits the device sampler read last (an error's detail)
 };
 
 DenseSlotBackend::DenseSlotBackend(Model& model, PromptCache& prompt_cache, const DenseBackendOptions& options)
     : model_(model), prompt_cache_(prompt_cache), options_(options) {
   if (options.n_slots < 1) throw InvalidInput("--parallel must be >= 1, got " + std::to_string(options.n_slots));
-  context_ = sequence_context(options.context_size, model.info().max_position_embeddings);
+  if (options.caller_cache) {
+    if (options.n_slots != 1) throw InvalidInput("dense backend: a caller's cache takes one slot");
+    const int64_t model_ctx = model.info().max_position_embeddings;
+    context_ = model_ctx > 0 ? model_ctx - options.caller_cache->offset() : std::numeric_limits<int64_t>::max() / 4;
+  } else {
+    context_ = sequence_context(options.context_size, model.info().max_position_embeddings);
+  }
+  const Device dev = model.info().device;
   for (int i = 0; i < options.n_slots; ++i) {
     auto s = std::make_unique<Slot>();
-    s->cache = new_cache();
-    s->decoder = new_stepper(s->cache);
+    if (options.caller_cache) {
+      s->cache = options.caller_cache;
+    } else {
+      s->own = new_cache();
+      s->cache = &s->own;
+    }
+    s->decoder = new_stepper(*s->cache);
+    if (!dev.is_cpu()) s->readback = std::make_unique<TokenReadback>(dev, 2);
     slots_.push_back(std::move(s));
   }
 }
 
-DenseSlotBackend::~DenseSlotBackend() = default;
+DenseSlotBackend::~DenseSlotBackend() {
+  for (auto& s : slots_) {
+    try {
+      drop_ahead(*s);
+    } catch (const std::exception&) {
+    }
+  }
+}
 
 SequenceCache DenseSlotBackend::new_cache() const {
   return options_.make_cache ? options_.make_cache() : model_.make_cache(options_.cache);
@@ -58,11 +121,18 @@ DenseSlotBackend::Slot& DenseSlotBackend::slot(int handle) {
 }
 
 void DenseSlotBackend::reset(Slot& s) {
-  retired_ += s.cache.counters();
+  retired_ += s.cache->counters();
+  counters_.n_graph_replays += s.decoder->n_graph_replays();
+  counters_.n_graph_captures += s.decoder->n_graph_captures();
   // The stepper holds the layers' replay hooks: a new cache gets a new stepper.
   s.decoder.reset();
-  s.cache = new_cache();
-  s.decoder = new_stepper(s.cache);
+  s.own = new_cache();
+  s.decoder = new_stepper(s.own);
+}
+
+void DenseSlotBackend::check_room(const Slot& s, int64_t n) const {
+  if (s.cache->offset() - s.base + n > context_)
+    throw InvalidInput("the sequence would exceed the context of " + std::to_string(context_));
 }
 
 std::optional<SequenceBackend::Begun> DenseSlotBackend::begin(std::span<const int32_t> prompt,
@@ -75,19 +145,25 @@ std::optional<SequenceBackend::Begun> DenseSlotBackend::begin(std::span<const in
     s.salt = cache_salt;
     Begun b;
     b.handle = int(i);
+    if (options_.caller_cache) {
+      s.base = s.cache->offset();
+      // The prefill's chunks land in one buffer size; decode grows step by step from there.
+      s.cache->reserve(s.cache->offset() + int64_t(prompt.size()));
+      return b;
+    }
     // At least the last prompt token is prefilled again: its logits choose the first token.
     PromptCache::Match m = prompt_cache_.lookup(prompt, prompt.size() - 1, cache_salt);
     if (m.entry) {
       const size_t use = std::min(m.n_common, prompt.size() - 1);
-      s.cache.restore(m.entry->states);
+      s.cache->restore(m.entry->states);
       const int64_t drop = int64_t(m.entry->tokens.size() - use);
-      if (s.cache.can_trim(drop)) {
-        s.cache.trim(drop);
+      if (s.cache->can_trim(drop)) {
+        s.cache->trim(drop);
         b.n_cached = int64_t(use);
       } else {
         // A sliding-window layer's ring no longer holds the rows before the common prefix's
         // end: the prompt is computed from the start.
-        s.cache.trim(s.cache.offset());
+        s.cache->trim(s.cache->offset());
         prompt_cache_.unusable(use);
       }
     }
@@ -96,43 +172,130 @@ std::optional<SequenceBackend::Begun> DenseSlotBackend::begin(std::span<const in
   return std::nullopt;
 }
 
+bool DenseSlotBackend::device_chooses(const DecodeInput& in) const {
+  return !model_.info().device.is_cpu() && !in.masked &&
+         (in.greedy || (in.sampling && !needs_host_sampler(*in.sampling)));
+}
+
+void DenseSlotBackend::choose_on_device(Slot& s, const Array& logits, const DecodeInput& in, uint64_t counter) {
+  s.last_logits = logits;
+  ops::sample_into(logits, device_sampling(in.sampling), counter, s.decoder->token());
+  s.readback->enqueue(s.decoder->token(), int(s.n_enqueued++ % 2));
+}
+
+int32_t DenseSlotBackend::finish_choice(Slot& s, const DecodeInput& in) {
+  const uint64_t counter = s.ahead ? s.counter : in.counter;
+  s.ahead = false;
+  if (options_.pipelined && in.more) {
+    // The next step's input is the token just chosen, still on the device.
+    check_room(s, 1);
+    choose_on_device(s, s.decoder->step(), in, counter + 1);
+    s.ahead = true;
+    s.counter = counter + 1;
+    ++counters_.n_ahead;
+  }
+  const int32_t token = s.readback->wait(int(s.n_read++ % 2));
+  if (token == kNonFiniteLogits) {
+    ops::synchronize(model_.info().device);  // the step enqueued ahead may still run
+    throw InvalidInput(non_finite_detail(s.last_logits, counter));
+  }
+  s.returned = token;
+  ++counters_.n_device_chosen;
+  return token;
+}
+
+void DenseSlotBackend::drop_ahead(Slot& s) {
+  while (s.n_read < s.n_enqueued) s.readback->wait(int(s.n_read++ % 2));
+  if (s.ahead) {
+    // The step enqueued ahead wrote a row for a token that is not kept.
+    s.cache->rewind_own_write(1);
+    s.ahead = false;
+  }
+}
+
 void DenseSlotBackend::prefill(int handle, std::span<const int32_t> tokens, bool want_logits, std::vector<float>& logits) {
   Slot& s = slot(handle);
-  if (s.cache.offset() + int64_t(tokens.size()) > context_)
-    throw InvalidInput("the sequence would exceed the context of " + std::to_string(context_));
-  Array out = model_.forward(host_i32(tokens), s.cache, false);
+  drop_ahead(s);
+  check_room(s, int64_t(tokens.size()));
+  Array out = model_.forward(host_i32(tokens), *s.cache, false);
   if (want_logits) last_row(out, logits);
 }
 
+int32_t DenseSlotBackend::prefill_and_choose(int handle, std::span<const int32_t> tokens, const DecodeInput& choice,
+                                             std::vector<float>& logits) {
+  if (!device_chooses(choice)) {
+    prefill(handle, tokens, true, logits);
+    ++counters_.n_host_chosen;
+    return -1;
+  }
+  Slot& s = slot(handle);
+  drop_ahead(s);
+  check_room(s, int64_t(tokens.size()));
+  choose_on_device(s, model_.forward(host_i32(tokens), *s.cache, false), choice, choice.counter);
+  return finish_choice(s, choice);
+}
+
 void DenseSlotBackend::decode(std::span<const DecodeInput> inputs, std::vector<DecodeOutput>& outputs,
-                              const MaskFn& /*masks: logits are returned*/) {
+                              const MaskFn& /*masks: masked inputs get logits*/) {
   outputs.assign(inputs.size(), {});
   for (size_t i = 0; i < inputs.size(); ++i) {
-    Slot& s = slot(inputs[i].handle);
-    if (s.cache.offset() + 1 > context_) throw InvalidInput("the sequence would exceed the context of " + std::to_string(context_));
-    ops::fill_i32_(s.decoder->token(), inputs[i].token);
-    last_row(s.decoder->step(), outputs[i].logits);
+    const DecodeInput& in = inputs[i];
+    Slot& s = slot(in.handle);
+    if (!device_chooses(in)) {
+      drop_ahead(s);
+      check_room(s, 1);
+      ops::fill_i32_(s.decoder->token(), in.token);
+      last_row(s.decoder->step(), outputs[i].logits);
+      ++counters_.n_host_chosen;
+      continue;
+    }
+    if (s.ahead && in.token != s.returned) drop_ahead(s);  // fed another token than the one chosen
+    if (!s.ahead) {
+      check_room(s, 1);
+      ops::fill_i32_(s.decoder->token(), in.token);
+      choose_on_device(s, s.decoder->step(), in, in.counter);
+    }
+    try {
+      outputs[i].token = finish_choice(s, in);
+    } catch (const InvalidInput& e) {
+      outputs[i].error = e.what();
+    }
   }
 }
 
 void DenseSlotBackend::end(int handle, std::span<const int32_t> tokens) {
   Slot& s = slot(handle);
+  drop_ahead(s);
   s.busy = false;
-  if (prompt_cache_.enabled() && !tokens.empty() && s.cache.offset() == int64_t(tokens.size()))
-    prompt_cache_.store(std::vector<int32_t>(tokens.begin(), tokens.end()), s.cache.snapshot(), s.salt);
+  if (options_.caller_cache) return;  // the caller keeps the cache, holding the sequence's rows
+  if (prompt_cache_.enabled() && !tokens.empty() && s.cache->offset() == int64_t(tokens.size()))
+    prompt_cache_.store(std::vector<int32_t>(tokens.begin(), tokens.end()), s.cache->snapshot(), s.salt);
   reset(s);
 }
 
 double DenseSlotBackend::kv_usage() const {
   int64_t used = 0;
   for (const auto& s : slots_)
-    if (s->busy) used += s->cache.offset();
+    if (s->busy) used += s->cache->offset() - s->base;
   return double(used) / double(context_ * int64_t(slots_.size()));
 }
 
 KVCounters DenseSlotBackend::kv_counters() const {
   KVCounters c = retired_;
-  for (const auto& s : slots_) c += s->cache.counters();
+  if (options_.caller_cache) {
+    c += options_.caller_cache->counters();
+    return c;
+  }
+  for (const auto& s : slots_) c += s->cache->counters();
+  return c;
+}
+
+DenseBackendCounters DenseSlotBackend::counters() const {
+  DenseBackendCounters c = counters_;
+  for (const auto& s : slots_) {
+    c.n_graph_replays += s->decoder->n_graph_replays();
+    c.n_graph_captures += s->decoder->n_graph_captures();
+  }
   return c;
 }
 

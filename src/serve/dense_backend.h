@@ -3,6 +3,12 @@
 // decoder; a step decodes its sequences one after another. Sequences start from the prompt
 // cache's longest common prefix (one copying write restores it) and store their cache in it
 // when they end.
+//
+// On CUDA a slot chooses the tokens of greedy and sampled inputs on the device (the sampler's
+// one-row kernel; only the token id is read back) and, when the scheduler will feed a token to
+// the next step (DecodeInput::more), enqueues that step before the host reads the token
+// (docs/design.md, "Pipelined decode"): the step ahead is the next decode() of the sequence,
+// or, when the sequence ends instead, its row is given back by end().
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -21,9 +27,22 @@ struct DenseBackendOptions {
   int64_t context_size = 0;  // 0: the model's max_position_embeddings
   KVCacheParams cache;       // step and inplace (OSPREY_KV_STEP, OSPREY_KV_INPLACE_WRITE)
   bool graphs = true;        // CUDA graph replay of decode steps (OSPREY_CUDA_GRAPHS)
+  bool pipelined = true;     // CUDA: steps enqueued one ahead of the host (OSPREY_FORCE_SYNC=1: off)
   // How a slot's cache is made; empty: model.make_cache(cache). A test seam (caches whose
   // guard is disabled, to prove the snapshot checks bite).
   std::function<SequenceCache()> make_cache;
+  // One slot over the caller's cache (n_slots must be 1), which may already hold a prefix: a
+  // prompt continues at its offset, the context counts from there, the prompt cache is not
+  // used, and end() leaves the cache holding the sequence's rows (generate()).
+  SequenceCache* caller_cache = nullptr;
+};
+
+// What a backend's slots did, summed (generate()'s stats).
+struct DenseBackendCounters {
+  uint64_t n_device_chosen = 0;  // tokens chosen on the device
+  uint64_t n_host_chosen = 0;    // decode outputs returned as logits
+  uint64_t n_ahead = 0;          // steps enqueued ahead of the host
+  uint64_t n_graph_replays = 0, n_graph_captures = 0;
 };
 
 class DenseSlotBackend final : public SequenceBackend {
@@ -37,10 +56,13 @@ class DenseSlotBackend final : public SequenceBackend {
   int64_t context_size() const override { return context_; }
   std::optional<Begun> begin(std::span<const int32_t> prompt, const std::string& cache_salt) override;
   void prefill(int handle, std::span<const int32_t> tokens, bool want_logits, std::vector<float>& logits) override;
+  int32_t prefill_and_choose(int handle, std::span<const int32_t> tokens, const DecodeInput& choice,
+                             std::vector<float>& logits) override;
   void decode(std::span<const DecodeInput> inputs, std::vector<DecodeOutput>& outputs, const MaskFn& masks) override;
   void end(int handle, std::span<const int32_t> tokens) override;
   double kv_usage() const override;
   KVCounters kv_counters() const override;
+  DenseBackendCounters counters() const;
 
  private:
   struct Slot;
@@ -48,6 +70,18 @@ class DenseSlotBackend final : public SequenceBackend {
   void reset(Slot& s);
   SequenceCache new_cache() const;
   std::unique_ptr<DecodeStepper> new_stepper(SequenceCache& cache) const;
+  // Whether the slot chooses `in`'s token on the device.
+  bool device_chooses(const DecodeInput& in) const;
+  // Chooses the next token from `logits` (on the device) into the stepper's input token and
+  // enqueues its readback; `counter` is the draw's.
+  void choose_on_device(Slot& s, const Array& logits, const DecodeInput& in, uint64_t counter);
+  // After a token was chosen on the device for `in`: enqueues the step it feeds when the
+  // sequence goes on (in.more), then reads the chosen token back. Throws InvalidInput for
+  // non-finite logits.
+  int32_t finish_choice(Slot& s, const DecodeInput& in);
+  // Waits for the readbacks still pending and gives back the row of a step enqueued ahead.
+  void drop_ahead(Slot& s);
+  void check_room(const Slot& s, int64_t n) const;
 
   Model& model_;
   PromptCache& prompt_cache_;
@@ -55,6 +89,7 @@ class DenseSlotBackend final : public SequenceBackend {
   int64_t context_ = 0;
   std::vector<std::unique_ptr<Slot>> slots_;
   KVCounters retired_;  // counters of the caches slots have dropped
+  DenseBackendCounters counters_;
 };
 
 }  // namespace osprey

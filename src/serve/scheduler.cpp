@@ -121,7 +121,7 @@ struct Scheduler::Sequence {
 Scheduler::Scheduler(SequenceBackend& backend, const SchedulerOptions& options) : backend_(backend), options_(options) {
   if (options_.max_queue < 0) throw InvalidInput("scheduler: max_queue must be >= 0");
   if (options_.prefill_chunk < 1) throw InvalidInput("scheduler: prefill_chunk must be >= 1");
-  thread_ = std::thread([this] { loop(); });
+  if (options_.engine_thread) thread_ = std::thread([this] { loop(); });
 }
 
 Scheduler::~Scheduler() { stop(); }
@@ -165,7 +165,12 @@ void Scheduler::stop() {
     stopping_ = true;
   }
   cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  if (thread_.joinable()) {
+    thread_.join();
+  } else if (!shut_) {
+    shut_down(kShuttingDown);  // the caller ran the steps: it ends what is left
+  }
+  shut_ = true;
   mask_worker_.stop();
 }
 
@@ -236,45 +241,59 @@ Scheduler::Submit Scheduler::run_job(const std::function<void()>& job) {
 
 void Scheduler::loop() {
   for (;;) {
-    std::vector<std::function<void()>*> tasks;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return stopping_ || !engine_tasks_.empty() || !waiting_.empty() || !running_.empty(); });
       if (stopping_) break;
-      tasks.swap(engine_tasks_);
     }
-    for (auto* t : tasks) (*t)();
-    drop_cancelled_waiting();
-    step();
-    // A step that met DeviceLost: nothing more can run on the device, so every sequence ends
-    // with its error and new ones are refused (submit) until the process is restarted.
-    std::string lost;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stats_.n_waiting = int64_t(waiting_.size());
-      stats_.n_running = int64_t(running_.size());
-      stats_.kv_usage = backend_.kv_usage();
-      stats_.kv = backend_.kv_counters();
-      if (!device_lost_.empty()) {
-        lost = device_lost_;
-        stopping_ = true;
-      }
-    }
-    if (!lost.empty()) {
-      std::deque<std::unique_ptr<Sequence>> waiting;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        waiting.swap(waiting_);
-      }
-      for (auto& s : waiting) fail(*s, "the device failed: " + lost);
-      for (auto& s : running_) fail(*s, "the device failed: " + lost);
-      running_.clear();
-      log_message(LogLevel::error, "the engine stopped: " + lost);
-      if (options_.on_device_lost) options_.on_device_lost(lost);
-      break;
+    if (!turn()) return;
+  }
+  shut_down(kShuttingDown);
+}
+
+bool Scheduler::run_step() {
+  if (thread_.joinable()) throw Error("scheduler: run_step() is for a scheduler without an engine thread");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return false;
+    if (engine_tasks_.empty() && waiting_.empty() && running_.empty()) return false;
+  }
+  if (!turn()) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  return !waiting_.empty() || !running_.empty();
+}
+
+bool Scheduler::turn() {
+  std::vector<std::function<void()>*> tasks;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    tasks.swap(engine_tasks_);
+  }
+  for (auto* t : tasks) (*t)();
+  drop_cancelled_waiting();
+  step();
+  // A step that met DeviceLost: nothing more can run on the device, so every sequence ends
+  // with its error and new ones are refused (submit) until the process is restarted.
+  std::string lost;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.n_waiting = int64_t(waiting_.size());
+    stats_.n_running = int64_t(running_.size());
+    stats_.kv_usage = backend_.kv_usage();
+    stats_.kv = backend_.kv_counters();
+    if (!device_lost_.empty()) {
+      lost = device_lost_;
+      stopping_ = true;
     }
   }
-  // Shutting down: every sequence ends with an error; tasks still queued run here.
+  if (lost.empty()) return true;
+  shut_down("the device failed: " + lost);
+  log_message(LogLevel::error, "the engine stopped: " + lost);
+  if (options_.on_device_lost) options_.on_device_lost(lost);
+  return false;
+}
+
+void Scheduler::shut_down(const std::string& error) {
   std::deque<std::unique_ptr<Sequence>> waiting;
   std::vector<std::function<void()>*> tasks;
   {
@@ -283,8 +302,8 @@ void Scheduler::loop() {
     tasks.swap(engine_tasks_);
   }
   for (auto* t : tasks) (*t)();
-  for (auto& s : waiting) fail(*s, kShuttingDown);
-  for (auto& s : running_) fail(*s, kShuttingDown);
+  for (auto& s : waiting) fail(*s, error);
+  for (auto& s : running_) fail(*s, error);
   running_.clear();
   std::lock_guard<std::mutex> lock(mu_);
   stats_.n_waiting = stats_.n_running = 0;
@@ -325,12 +344,15 @@ SequenceEvent Scheduler::end_sequence(Sequence& s) {
 
 void Scheduler::finish(Sequence& s, const std::string& reason) { close(s, SequenceEvent::Kind::finished, reason); }
 
-void Scheduler::fail(Sequence& s, const std::string& error) { close(s, SequenceEvent::Kind::failed, error); }
+void Scheduler::fail(Sequence& s, const std::string& error, std::exception_ptr exception) {
+  close(s, SequenceEvent::Kind::failed, error, std::move(exception));
+}
 
-void Scheduler::close(Sequence& s, SequenceEvent::Kind kind, const std::string& why) {
+void Scheduler::close(Sequence& s, SequenceEvent::Kind kind, const std::string& why, std::exception_ptr exception) {
   if (s.ended) return;
   SequenceEvent e = end_sequence(s);
   e.kind = kind;
+  e.exception = std::move(exception);
   const bool failed = kind == SequenceEvent::Kind::failed;
   (failed ? e.error : e.finish_reason) = why;
   // Forks not yet started end as their prompt's sequence did.
@@ -423,7 +445,8 @@ bool Scheduler::emit(Sequence& s, std::span<const float> logits, int32_t chosen)
     return false;
   }
   if (s.matcher && !s.matcher->accept(e.token)) {
-    fail(s, "the grammar rejected token " + std::to_string(e.token));
+    const std::string why = "the grammar rejected token " + std::to_string(e.token);
+    fail(s, why, std::make_exception_ptr(InvalidInput(why)));
     return false;
   }
   if (s.n_generated == 0) {
@@ -520,6 +543,8 @@ void Scheduler::step() {
         in.counter = uint64_t(s->n_generated);
         in.history = s->tokens;
       }
+      // The token chosen here is fed to the next step unless it ends the sequence.
+      in.more = s->n_generated + 1 < s->request.params.max_tokens && s->n_in_cache + 2 <= backend_.context_size();
       inputs.push_back(in);
       decoding.push_back(s.get());
     }
@@ -564,19 +589,19 @@ void Scheduler::step() {
         ++decoding[i]->n_in_cache;
         const SequenceBackend::DecodeOutput& o = outputs[i];
         if (!o.error.empty()) {
-          fail(*decoding[i], "decode failed: " + o.error);
+          fail(*decoding[i], "decode failed: " + o.error, std::make_exception_ptr(InvalidInput(o.error)));
           continue;
         }
         try {
           emit(*decoding[i], o.logits, o.token);
         } catch (const std::exception& e) {
           note_device_lost(e);
-          fail(*decoding[i], std::string("decode failed: ") + e.what());
+          fail(*decoding[i], std::string("decode failed: ") + e.what(), std::current_exception());
         }
       }
     } catch (const std::exception& e) {
       note_device_lost(e);
-      for (Sequence* s : decoding) fail(*s, std::string("decode failed: ") + e.what());
+      for (Sequence* s : decoding) fail(*s, std::string("decode failed: ") + e.what(), std::current_exception());
     }
     std::lock_guard<std::mutex> lock(mu_);
     stats_.decode_seconds += seconds_since(t0);
@@ -624,7 +649,7 @@ void Scheduler::step() {
         }
       } catch (const std::exception& e) {
         note_device_lost(e);
-        fail(*next, e.what());
+        fail(*next, e.what(), std::current_exception());
         continue;
       }
       {
@@ -646,19 +671,35 @@ void Scheduler::step() {
     try {
       const std::span<const int32_t> all = s->resumed ? std::span<const int32_t>(s->tokens)
                                                       : std::span<const int32_t>(s->request.prompt);
-      backend_.prefill(s->handle, all.subspan(size_t(s->n_in_cache), size_t(n)), last && !s->resumed, logits);
+      const std::span<const int32_t> chunk = all.subspan(size_t(s->n_in_cache), size_t(n));
+      int32_t chosen = -1;
+      // The first token of a prompt without forks (which need its logits) or a token mask may be
+      // chosen by the backend, as a decode step's are.
+      if (last && !s->resumed && s->request.forks.empty() && (s->greedy || s->sampled) && !s->masked) {
+        SequenceBackend::DecodeInput choice;
+        choice.greedy = s->greedy;
+        if (s->sampled) {
+          choice.sampling = &s->request.params.sampler;
+          choice.counter = 0;
+          choice.history = s->tokens;
+        }
+        choice.more = 1 < s->request.params.max_tokens && s->n_in_cache + n + 1 <= backend_.context_size();
+        chosen = backend_.prefill_and_choose(s->handle, chunk, choice, logits);
+      } else {
+        backend_.prefill(s->handle, chunk, last && !s->resumed, logits);
+      }
       s->n_in_cache += n;
       budget -= n;
       if (last) {
         s->decoding = true;
         if (!s->resumed) {
           start_forks(*s, logits);
-          emit(*s, logits);
+          emit(*s, logits, chosen);
         }
       }
     } catch (const std::exception& e) {
       const bool lost = note_device_lost(e);
-      fail(*s, std::string("prefill failed: ") + e.what());
+      fail(*s, std::string("prefill failed: ") + e.what(), std::current_exception());
       if (lost) break;
     }
     std::lock_guard<std::mutex> lock(mu_);

@@ -19,6 +19,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -66,6 +67,9 @@ struct SequenceEvent {
   // finished: "stop" (a stop id), "length" (max_tokens or the context), "cancelled".
   std::string finish_reason;
   std::string error;  // failed: why
+  // failed: the exception that ended the sequence, where one did (a caller on the engine's
+  // side, such as generate(), rethrows it with its type); null for a refusal by the engine.
+  std::exception_ptr exception;
   // On the first token and on the end: the prompt's size and how many of its tokens came
   // from the prompt cache.
   int64_t n_prompt = 0, n_cached = 0;
@@ -159,6 +163,11 @@ class SequenceBackend {
     const SamplerParams* sampling = nullptr;
     uint64_t counter = 0;
     std::span<const int32_t> history;
+    // The caller will feed the token chosen here to the next step unless that token ends the
+    // sequence (a stop id, the grammar's end, a cancel): a backend that chooses it on the
+    // device may enqueue that step ahead, before the host reads the token (docs/design.md,
+    // "Pipelined decode"), and gives its row back if the sequence ends instead (end()).
+    bool more = false;
   };
   struct DecodeOutput {
     int32_t token = -1;         // >= 0: the token the backend chose (greedy and sampled inputs)
@@ -176,6 +185,16 @@ class SequenceBackend {
   // when its mask allows none. One that returns logits need not call it.
   virtual void decode(std::span<const DecodeInput> inputs, std::vector<DecodeOutput>& outputs,
                       const MaskFn& masks) = 0;
+  // The last chunk of a prompt, whose next token `choice` describes (DecodeInput's fields; its
+  // handle and token are not used, and it is never masked): a backend that chooses tokens may choose this one itself,
+  // as decode() would, and return it (>= 0) with no logits; otherwise it writes the last
+  // token's logits into `logits` and returns -1 (the default).
+  virtual int32_t prefill_and_choose(int handle, std::span<const int32_t> tokens, const DecodeInput& choice,
+                                     std::vector<float>& logits) {
+    (void)choice;
+    prefill(handle, tokens, true, logits);
+    return -1;
+  }
   // A new sequence holding what `handle`'s cache holds, sharing it where the backend can (the
   // paged pool's blocks, copied on the first write into a shared one); its handle, or nullopt
   // when the backend cannot share a cache, and the caller computes the prompt again for it.
@@ -214,6 +233,9 @@ struct SchedulerOptions {
   // ended every sequence with that error and refuses new ones (a server turns unhealthy and
   // exits, for its supervisor to restart it).
   std::function<void(const std::string& error)> on_device_lost;
+  // false: no engine thread; the caller runs the steps itself (Scheduler::run_step), on one
+  // thread, as generate() does for one sequence.
+  bool engine_thread = true;
 };
 
 // Counters and gauges for /metrics. Read from any thread.
@@ -244,6 +266,11 @@ class Scheduler {
   // down") and joins the engine thread. Idempotent.
   void stop();
 
+  // Without an engine thread (SchedulerOptions::engine_thread false): runs the queued tasks and
+  // one step when a sequence waits or runs; returns false when none does (or the engine has
+  // stopped after a DeviceLost). The caller's thread is then the engine thread.
+  bool run_step();
+
   SchedulerStats stats() const;
   // The DeviceLost error that stopped the engine; "" while the device works.
   std::string device_lost() const;
@@ -259,15 +286,20 @@ class Scheduler {
  private:
   struct Sequence;
   void loop();
+  // One turn of the engine: queued tasks, cancelled waiting sequences, a step, the stats; false
+  // when the engine stopped for a DeviceLost (every sequence has then ended).
+  bool turn();
+  // Ends every waiting and running sequence with `error` and runs the tasks still queued.
+  void shut_down(const std::string& error);
   void step();
   void drop_cancelled_waiting();
   // Marks s ended and gives its cache back (a failure to do so is logged); the event to send,
   // with the prompt counts filled in.
   SequenceEvent end_sequence(Sequence& s);
   void finish(Sequence& s, const std::string& reason);
-  void fail(Sequence& s, const std::string& error);
+  void fail(Sequence& s, const std::string& error, std::exception_ptr exception = nullptr);
   // Ends `s` with a finished (`why`: the reason) or failed (`why`: the error) event.
-  void close(Sequence& s, SequenceEvent::Kind kind, const std::string& why);
+  void close(Sequence& s, SequenceEvent::Kind kind, const std::string& why, std::exception_ptr exception = nullptr);
   // Samples the next token of `s` from `logits` (or takes `chosen`, when >= 0) and emits it;
   // returns false when `s` ended.
   bool emit(Sequence& s, std::span<const float> logits, int32_t chosen = -1);
@@ -289,6 +321,7 @@ class Scheduler {
   std::deque<std::unique_ptr<Sequence>> waiting_;          // guarded by mu_
   std::vector<std::function<void()>*> engine_tasks_;        // guarded by mu_
   bool stopping_ = false;                                   // guarded by mu_
+  bool shut_ = false;  // stop() has ended every sequence (no engine thread)
   std::string device_lost_;                                 // guarded by mu_
   // Records a DeviceLost; true when `e` is one (the step's other sequences are then ended too).
   bool note_device_lost(const std::exception& e);

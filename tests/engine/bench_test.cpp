@@ -4,8 +4,8 @@
 #include <gtest/gtest.h>
 
 #include "core/buffer.h"
-#include "engine/bench.h"
-#include "engine/generator.h"
+#include "serve/bench.h"
+#include "serve/generate.h"
 #include "model/model.h"
 #include "support/test_util.h"
 

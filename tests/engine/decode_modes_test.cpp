@@ -7,7 +7,7 @@
 #include <algorithm>
 
 #include "backend/cuda_available.h"
-#include "engine/generator.h"
+#include "serve/generate.h"
 #include "kv/dense_cache.h"
 #include "model/model.h"
 #include "support/families.h"

@@ -2,7 +2,7 @@
 // greedy output with the in-place arm writing every decode step in place except growths.
 #include <gtest/gtest.h>
 
-#include "engine/generator.h"
+#include "serve/generate.h"
 #include "model/model.h"
 #include "support/test_util.h"
 

@@ -13,7 +13,7 @@
 #include "core/error.h"
 #include "backend/communicator.h"
 #include "engine/sharded_model.h"
-#include "engine/generator.h"
+#include "serve/generate.h"
 #include "model/blocks.h"
 #include "model/model.h"
 #include "model/safetensors.h"

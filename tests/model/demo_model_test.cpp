@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
-#include "engine/generator.h"
+#include "serve/generate.h"
 #include "model/model.h"
 #include "support/test_util.h"
 #include "tokenizer/tokenizer.h"

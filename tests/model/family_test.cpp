@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/ops.h"
-#include "engine/generator.h"
+#include "serve/generate.h"
 #include "model/model.h"
 #include "model/safetensors.h"
 #include "support/device_test.h"

@@ -13,7 +13,7 @@
 #include "backend/quant.h"
 #include "core/error.h"
 #include "core/half.h"
-#include "engine/generator.h"
+#include "serve/generate.h"
 #include "model/gguf.h"
 #include "model/gguf_model.h"
 #include "model/model.h"

@@ -18,7 +18,7 @@
 #include "backend/ops.h"
 #include "backend/quant.h"
 #include "core/error.h"
-#include "engine/generator.h"
+#include "serve/generate.h"
 #include "model/config_reader.h"
 #include "model/hub_quant.h"
 #include "model/model.h"

@@ -14,7 +14,7 @@
 #include "core/error.h"
 #include "backend/cpu/quant_int8.h"
 #include "backend/cpu_level.h"
-#include "engine/generator.h"
+#include "serve/generate.h"
 #include "model/config_reader.h"
 #include "model/model.h"
 #include "model/safetensors.h"

@@ -12,7 +12,7 @@
 #include <set>
 #include <thread>
 
-#include "engine/generator.h"
+#include "serve/generate.h"
 #include "model/model.h"
 #include "server/harness.h"
 #include "tokenizer/tokenizer.h"

@@ -13,7 +13,7 @@
 #include <functional>
 #include <thread>
 
-#include "engine/generator.h"
+#include "serve/generate.h"
 #include "model/model.h"
 #include "server/harness.h"
 #include "tokenizer/tokenizer.h"

@@ -1,4 +1,4 @@
-#include "engine/bench.h"
+#include "serve/bench.h"
 
 #include <algorithm>
 #include <chrono>
@@ -10,7 +10,7 @@
 #include "backend/ops.h"
 #include "core/buffer.h"
 #include "core/error.h"
-#include "engine/generator.h"
+#include "serve/generate.h"
 
 namespace osprey {
 namespace {

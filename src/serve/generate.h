@@ -1,6 +1,8 @@
 #pragma once
-// The generation loop every front end uses: prefill (in chunks), then decode steps, the
-// sampler chain, stop conditions, and a callback per token.
+// One sequence through the engine's one loop (serve/scheduler.h): the scheduler runs on the
+// caller's thread over a one-slot dense backend on the caller's cache, with the same prefill
+// chunks, token choice (on the device where it can), pipelining, graph replay, stop ids and
+// grammar masks as the server's sequences; a callback per token.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -60,7 +62,9 @@ using TokenCallback = std::function<bool(int32_t token)>;
 
 // Runs `prompt` through `model` into `cache` (which may already hold a prefix: the prompt
 // continues at cache.offset()) and generates. Throws InvalidInput for an empty prompt or a
-// prompt past the model's context.
+// prompt past the model's context, and rethrows what ended the sequence otherwise (non-finite
+// logits, a grammar that rejects a token, DeviceLost). On return the cache holds the prompt
+// and every generated token but the last (which the next step would feed).
 GenerateResult generate(Model& model, SequenceCache& cache, std::span<const int32_t> prompt,
                         const GenerateParams& params, const TokenCallback& on_token = {});
 

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/generator.h"
+#include "serve/generate.h"
 #include "kv/kv_cache.h"
 #include "model/model.h"
 
