@@ -254,7 +254,7 @@ std::vector<std::pair<std::string, json>> events_of(const std::string& sse) {
     EXPECT_EQ(e.rfind("event: ", 0), 0u) << e;
     EXPECT_EQ(e.compare(nl + 1, 6, "data: "), 0) << e;
     out.emplace_back(e.substr(7, nl - 7), json::parse(e.substr(nl + 7)));
-    EXPECT_EQ(out.back().first, out.back().second["type"]) << e;
+    EXPECT_EQ(out.back().first, out.back().second["type"].get<std::string>()) << e;
   }
   return out;
 }

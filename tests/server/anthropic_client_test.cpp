@@ -237,7 +237,7 @@ TEST(ServerAnthropicClient, ReasoningThenACallComeBackAsThinkingAndToolUseBlocks
   std::vector<std::string> blocks;
   std::string stop_reason;
   for (const auto& [name, data] : sse_named_events(body)) {
-    EXPECT_EQ(name, data["type"]);
+    EXPECT_EQ(name, data["type"].get<std::string>());
     if (name == "content_block_start") {
       EXPECT_EQ(data["index"], blocks.size());
       blocks.push_back(data["content_block"]["type"]);

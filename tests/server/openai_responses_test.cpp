@@ -210,7 +210,7 @@ TEST(ServerResponsesClient, AForcedCallComesBackAsAFunctionCallItemAndItsResultC
   EXPECT_GT(r["arguments_deltas"].size(), 1u) << r["arguments_deltas"].dump();
   std::string joined;
   for (const auto& f : r["arguments_deltas"]) joined += f.get<std::string>();
-  EXPECT_EQ(joined, r["arguments_done"]);
+  EXPECT_EQ(joined, r["arguments_done"].get<std::string>());
   EXPECT_EQ(json::parse(joined), arguments);
   // The next turn's prompt is transformers' rendering of the call and its result (the scripted
   // model then ends at once), whether chained or sent whole.
@@ -234,7 +234,7 @@ TEST(ServerResponsesClient, TextThenTwoCallsAndTheirResultsRenderAsOneAssistantT
   ASSERT_EQ(status, 200) << text;
   const json r = json::parse(text);
   ASSERT_EQ(r["output"].size(), 3u) << r.dump();
-  EXPECT_EQ(message_text(r), c["content"]);
+  EXPECT_EQ(message_text(r), c["content"].get<std::string>());
   EXPECT_EQ(r["output"][0]["status"], "completed");
   for (size_t i = 0; i < 2; ++i) {
     const json& call = r["output"][i + 1];
@@ -294,7 +294,7 @@ TEST(ServerResponsesClient, ReasoningComesBackAsAReasoningItemBeforeTheCall) {
     json completed;
     int64_t seq = 0;
     for (const auto& [name, data] : sse_named_events(body)) {
-      EXPECT_EQ(name, data["type"]);
+      EXPECT_EQ(name, data["type"].get<std::string>());
       EXPECT_EQ(data["sequence_number"], seq++);
       if (name == "response.output_item.added") items.push_back(data["item"]["type"]);
       if (name == (summary ? "response.reasoning_summary_text.delta" : "response.reasoning_text.delta"))
