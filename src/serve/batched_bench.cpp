@@ -107,8 +107,8 @@ BatchedBenchResult run_one(Model& model, const BatchedBenchParams& p, int batch,
   for (int i = 0; i < batch; ++i) {
     auto begun = backend.begin(prompts[size_t(i)], "");
     if (!begun) throw InvalidInput("batched bench: the KV pool cannot hold " + std::to_string(batch) + " sequences");
-    backend.prefill(begun->handle, prompts[size_t(i)], true, logits);
     if (constrained) {
+      backend.prefill(begun->handle, prompts[size_t(i)], true, logits);
       logits.resize(size_t(p.trie->vocab_size()));  // tokens past the tokenizer's vocabulary are never chosen
       inputs[size_t(i)].handle = begun->handle;
       inputs[size_t(i)].token = choose_constrained(logits, matchers[size_t(i)], automaton);
@@ -117,13 +117,17 @@ BatchedBenchResult run_one(Model& model, const BatchedBenchParams& p, int batch,
       const size_t k = size_t(i);
       history[k] = prompts[k];
       inputs[k].handle = begun->handle;
-      inputs[k].token = samplers[k].sample_at(logits, history[k], {}, 0);
       inputs[k].sampling = &seq_params[k];
+      inputs[k].history = history[k];
+      // The first token as the server chooses it: on the device where the backend draws.
+      const int32_t chosen = backend.prefill_and_choose(begun->handle, prompts[k], inputs[k], logits);
+      inputs[k].token = chosen >= 0 ? chosen : samplers[k].sample_at(logits, history[k], {}, 0);
       history[k].push_back(inputs[k].token);
     } else {
       inputs[size_t(i)].handle = begun->handle;
-      inputs[size_t(i)].token = argmax(logits);
       inputs[size_t(i)].greedy = true;
+      const int32_t chosen = backend.prefill_and_choose(begun->handle, prompts[size_t(i)], inputs[size_t(i)], logits);
+      inputs[size_t(i)].token = chosen >= 0 ? chosen : argmax(logits);
     }
   }
   ops::synchronize(info.device);

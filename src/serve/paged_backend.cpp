@@ -138,7 +138,7 @@ bool PagedBackend::reserve(int handle, int64_t n) {
   return pool_->reserve(seq(handle).id, n);
 }
 
-void PagedBackend::prefill(int handle, std::span<const int32_t> tokens, bool want_logits, std::vector<float>& logits) {
+Array PagedBackend::run_prefill(int handle, std::span<const int32_t> tokens) {
   const Seq& s = seq(handle);
   const int64_t n = int64_t(tokens.size()), pos0 = pool_->length(s.id);
   if (n < 1) throw InvalidInput("paged backend: an empty prefill chunk");
@@ -159,11 +159,66 @@ void PagedBackend::prefill(int handle, std::span<const int32_t> tokens, bool wan
   Array out = model_.forward(ids, positions, step_cache_, false);
   pool_->commit(s.id, n);
   publish_stats();
+  return out;
+}
+
+void PagedBackend::prefill(int handle, std::span<const int32_t> tokens, bool want_logits, std::vector<float>& logits) {
+  Array out = run_prefill(handle, tokens);
   if (want_logits) {
     Array h = ops::to_device(out, Device::cpu());
     const int64_t vocab = h.dim(-1);
     const float* row = h.data<float>() + (h.numel() - vocab);
     logits.assign(row, row + vocab);
+  }
+}
+
+int32_t PagedBackend::prefill_and_choose(int handle, std::span<const int32_t> tokens, const DecodeInput& choice,
+                                         std::vector<float>& logits) {
+  if (!device_chooses(choice) || choice.masked) {
+    prefill(handle, tokens, true, logits);
+    return -1;
+  }
+  Array out = run_prefill(handle, tokens);
+  std::vector<DecodeOutput> outputs(1);
+  choose_on_device(std::span<const DecodeInput>(&choice, 1), out.slice_rows(out.dim(0) - 1, out.dim(0)), outputs, {});
+  if (!outputs[0].error.empty()) throw InvalidInput(outputs[0].error);
+  return outputs[0].token;
+}
+
+bool PagedBackend::device_chooses(const DecodeInput& in) const {
+  return !model_.info().device.is_cpu() && (in.greedy || (options_.device_sampling && in.sampling));
+}
+
+void PagedBackend::choose_on_device(std::span<const DecodeInput> inputs, Array logits,
+                                    std::vector<DecodeOutput>& outputs, const MaskFn& masks) {
+  const int64_t b = int64_t(inputs.size());
+  const Device dev = model_.info().device;
+  const bool all_greedy = std::all_of(inputs.begin(), inputs.end(), [](const DecodeInput& in) { return in.greedy; });
+  // Tokens and non-finite flags side by side in one array: one readback.
+  Array both = Array::empty({2 * b}, DType::i32, dev);
+  Array chosen = both.slice_rows(0, b), nonfinite = both.slice_rows(b, 2 * b);
+  // Constrained inputs: their masks are computed while the step runs, and cross to the
+  // device (4 bytes per 32 tokens a row) instead of the logits to the host.
+  const Array allowed = device_masks(inputs, logits.dim(1), masks);
+  if (all_greedy) {
+    ops::argmax_rows(logits, chosen, nonfinite, allowed);
+  } else {
+    // NOTE: sample_rows changes the rows it adjusts (bias, penalties) in place: only rows of
+    // sampled inputs, whose logits never reach the host.
+    build_row_args(inputs);
+    ops::sample_rows(logits, row_args_, row_adjust_, chosen, nonfinite, allowed);
+  }
+  const Array host = ops::to_device(both, Device::cpu());
+  const int32_t* h_tok = host.data<int32_t>();
+  for (int64_t i = 0; i < b; ++i) {
+    if (!device_chooses(inputs[size_t(i)])) continue;
+    if (h_tok[b + i])
+      outputs[size_t(i)].error = non_finite_logits_message("NaN or Inf");
+    else if (h_tok[i] < 0)
+      outputs[size_t(i)].error = inputs[size_t(i)].masked ? "the token mask allows no token of the vocabulary"
+                                                           : "the logit bias bans every token";
+    else
+      outputs[size_t(i)].token = h_tok[i];
   }
 }
 
@@ -268,42 +323,15 @@ void PagedBackend::decode(std::span<const DecodeInput> inputs, std::vector<Decod
 
   // Inputs whose token the device chooses: only tokens cross to the host for them, not rows
   // of logits.
-  const bool draws = options_.device_sampling;
-  auto chooses = [draws](const DecodeInput& in) { return in.greedy || (draws && in.sampling); };
-  const bool all_greedy = std::all_of(inputs.begin(), inputs.end(), [](const DecodeInput& in) { return in.greedy; });
-  if (!dev.is_cpu() && std::any_of(inputs.begin(), inputs.end(), chooses)) {
-    // Tokens and non-finite flags side by side in one array: one readback.
-    Array both = Array::empty({2 * b}, DType::i32, dev);
-    Array chosen = both.slice_rows(0, b), nonfinite = both.slice_rows(b, 2 * b);
-    // Constrained inputs: their masks are computed while the step runs, and cross to the
-    // device (4 bytes per 32 tokens a row) instead of the logits to the host.
-    const Array allowed = device_masks(inputs, logits.dim(1), masks);
-    if (all_greedy) {
-      ops::argmax_rows(logits, chosen, nonfinite, allowed);
-    } else {
-      // NOTE: sample_rows changes the rows it adjusts (bias, penalties) in place: only rows of
-      // sampled inputs, whose logits never reach the host.
-      build_row_args(inputs);
-      ops::sample_rows(logits, row_args_, row_adjust_, chosen, nonfinite, allowed);
-    }
-    const Array host = ops::to_device(both, Device::cpu());
-    const int32_t* h_tok = host.data<int32_t>();
-    for (int64_t i = 0; i < b; ++i) {
-      if (!chooses(inputs[size_t(i)])) continue;
-      if (h_tok[b + i])
-        outputs[size_t(i)].error = non_finite_logits_message("NaN or Inf");
-      else if (h_tok[i] < 0)
-        outputs[size_t(i)].error = inputs[size_t(i)].masked ? "the token mask allows no token of the vocabulary"
-                                                             : "the logit bias bans every token";
-      else
-        outputs[size_t(i)].token = h_tok[i];
-    }
+  auto chooses = [this](const DecodeInput& in) { return device_chooses(in); };
+  if (std::any_of(inputs.begin(), inputs.end(), chooses)) {
+    choose_on_device(inputs, logits, outputs, masks);
     if (std::all_of(inputs.begin(), inputs.end(), chooses)) return;
   }
   Array hl = ops::to_device(logits, Device::cpu());
   const int64_t vocab = hl.dim(-1);
   for (int64_t i = 0; i < b; ++i) {
-    if (!dev.is_cpu() && chooses(inputs[size_t(i)])) continue;
+    if (chooses(inputs[size_t(i)])) continue;
     const float* row = hl.data<float>() + i * vocab;
     outputs[size_t(i)].logits.assign(row, row + vocab);
   }

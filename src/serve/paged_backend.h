@@ -53,6 +53,10 @@ class PagedBackend final : public SequenceBackend {
   int64_t context_size() const override { return context_; }
   std::optional<Begun> begin(std::span<const int32_t> prompt, const std::string& cache_salt) override;
   void prefill(int handle, std::span<const int32_t> tokens, bool want_logits, std::vector<float>& logits) override;
+  // CUDA: a greedy or (with device_sampling) sampled first token is chosen on the device from
+  // the chunk's last row, as decode() chooses: only the token id crosses to the host.
+  int32_t prefill_and_choose(int handle, std::span<const int32_t> tokens, const DecodeInput& choice,
+                             std::vector<float>& logits) override;
   void decode(std::span<const DecodeInput> inputs, std::vector<DecodeOutput>& outputs, const MaskFn& masks) override;
   bool reserve(int handle, int64_t n) override;
   // A sequence sharing every block of `handle` (PagedPool::fork); nullopt when no slot is free.
@@ -98,6 +102,14 @@ class PagedBackend final : public SequenceBackend {
   // The masked inputs' token masks (asked of `masks`) as u32 [inputs, ceil(vocab / 32)] on the
   // device, every id allowed in an unmasked row; undefined when no input is masked.
   Array device_masks(std::span<const DecodeInput> inputs, int64_t vocab, const MaskFn& masks);
+  // Writes the chunk's rows into the pool; returns its logits [n, vocab] on the device.
+  Array run_prefill(int handle, std::span<const int32_t> tokens);
+  // Whether the device chooses `in`'s token (CUDA, greedy or drawn).
+  bool device_chooses(const DecodeInput& in) const;
+  // Chooses, on the device, the tokens of the inputs that device_chooses() from `logits`
+  // ([b, vocab], one row per input) into outputs[i].token (or .error).
+  void choose_on_device(std::span<const DecodeInput> inputs, Array logits, std::vector<DecodeOutput>& outputs,
+                        const MaskFn& masks);
   // The device sampler's parameters of the step's inputs into row_args_ and row_adjust_.
   void build_row_args(std::span<const DecodeInput> inputs);
 
