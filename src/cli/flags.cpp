@@ -14,6 +14,7 @@
 #include "cli/commands.h"
 #include "core/thread_pool.h"
 #include "grammar/json_schema.h"
+#include "sample/sampler_fields.h"
 
 namespace osprey::cli {
 namespace {
@@ -87,44 +88,43 @@ std::vector<int64_t> parse_int_list(const std::string& flag, const std::string& 
   }
 }
 
-namespace {
-const char* const kSamplerFlags[] = {"--temp", "--top-k", "--top-p", "--min-p", "--typical-p", "--repeat-penalty"};
-}  // namespace
-
 std::vector<std::string> given_sampler_flags(const CLI::App& app) {
   std::vector<std::string> given;
-  for (const char* f : kSamplerFlags)
-    if (app.count(f) > 0) given.push_back(f);
+  for (const SamplerField& f : sampler_fields())
+    if (app.count(f.flag) > 0) given.push_back(f.flag);
   return given;
 }
 
 void fill_unset_sampler_fields(SamplerParams& p, const SamplerParams& d, const std::vector<std::string>& given) {
-  auto unset = [&](const char* flag) { return std::find(given.begin(), given.end(), flag) == given.end(); };
-  if (unset("--temp")) p.temperature = d.temperature;
-  if (unset("--top-k")) p.top_k = d.top_k;
-  if (unset("--top-p")) p.top_p = d.top_p;
-  if (unset("--min-p")) p.min_p = d.min_p;
-  if (unset("--typical-p")) p.typical_p = d.typical_p;
-  if (unset("--repeat-penalty")) p.repetition_penalty = d.repetition_penalty;
+  for (const SamplerField& f : sampler_fields())
+    if (std::find(given.begin(), given.end(), f.flag) == given.end()) f.set(p, f.get(d));
 }
 
 void add_sampler_options(CLI::App& app, SamplerParams& p, bool checkpoint_defaults) {
   // With checkpoint_defaults the values in `p` are not the defaults: the command fills what no
   // flag set from the checkpoint's generation_config.json (osprey chat).
   const std::string from_checkpoint = " (default: the checkpoint's generation_config.json, else llama.cpp's)";
-  auto add = [&](const char* name, auto& value, const char* help, CLI::Validator check) {
-    CLI::Option* opt = app.add_option(name, value, help + (checkpoint_defaults ? from_checkpoint : ""))->check(check);
-    if (!checkpoint_defaults) opt->capture_default_str();
-  };
-  add("--temp", p.temperature, "Temperature (0: greedy)", real_range(0, 1e9));
-  add("--top-k", p.top_k, "Top-k (0: off)", int_range(0, INT32_MAX));
-  add("--top-p", p.top_p, "Top-p (1: off)", real_range(0, 1, true, false));
-  add("--min-p", p.min_p, "Min-p (0: off)", real_range(0, 1, false, true));
-  add("--typical-p", p.typical_p, "Locally typical sampling's mass (1: off)", real_range(0, 1, true, false));
-  add("--repeat-penalty", p.repetition_penalty, "Repetition penalty (1: off)", real_range(0, 1e9, true, false));
-  app.add_option("--repeat-last-n", p.repeat_last_n, "Tokens the repetition penalty looks back over")
-      ->check(int_range(0, INT32_MAX))
-      ->capture_default_str();
+  for (const SamplerField& f : sampler_fields()) {
+    const std::string help = std::string(f.help) + (checkpoint_defaults && f.from_config ? from_checkpoint : "");
+    CLI::Validator check(
+        [&f](std::string& s) -> std::string {
+          double v = 0;
+          try {
+            size_t used = 0;
+            v = std::stod(s, &used);
+            if (used != s.size()) return "\"" + s + "\" is not a number";
+          } catch (const std::exception&) {
+            return "\"" + s + "\" is not a number";
+          }
+          if (!f.accepts(v))
+            return s + " is not " + (f.integer ? "an integer" : "a number") + " in " + f.range_text();
+          return {};
+        },
+        f.range_text());
+    CLI::Option* opt = f.real ? app.add_option(f.flag, p.*(f.real), help) : app.add_option(f.flag, p.*(f.whole), help);
+    opt->check(check);
+    if (!checkpoint_defaults || !f.from_config) opt->capture_default_str();
+  }
   // Without --seed, or with --seed -1 (llama.cpp's "random"), the seed is a fresh random one.
   p.seed = random_seed();
   app.add_option_function<std::string>(

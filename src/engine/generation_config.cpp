@@ -5,11 +5,10 @@
 
 #include "core/file_read.h"
 #include "model/config_reader.h"
+#include "sample/sampler_fields.h"
 
 namespace osprey {
 namespace {
-
-constexpr const char* kSamplingFields[] = {"temperature", "top_k", "top_p", "min_p", "typical_p", "repetition_penalty"};
 
 // Sampler settings with these filters and no repetition penalty.
 SamplerParams sampling_preset(float temperature, int top_k, float top_p, float min_p) {
@@ -25,28 +24,28 @@ SamplerParams sampling_preset(float temperature, int top_k, float top_p, float m
 // transformers' GenerationConfig defaults for a sampling checkpoint.
 SamplerParams transformers_sampling() { return sampling_preset(1.0f, 50, 1.0f, 0.0f); }
 
-// A real number field in the sampler's range; `ok` says whether `v` is in it.
-float real_field(const ConfigReader& c, const char* key, bool (*ok)(double), const char* range) {
-  const double v = c.get_float(key);
-  if (!std::isfinite(v) || !ok(v)) c.fail(key, "expected a number in " + std::string(range) + ", got " + c.json()[key].dump());
-  return float(v);
+// The file's values over `p`: every setting of the sampler's table that a checkpoint may
+// give (SamplerField::from_config), each checked against the table's range.
+void apply(const ConfigReader& c, SamplerParams& p) {
+  for (const SamplerField& f : sampler_fields()) {
+    if (!f.from_config || !c.has(f.key)) continue;
+    const double v = f.integer ? double(c.get_int(f.key)) : c.get_float(f.key);
+    if (!f.accepts(v))
+      c.fail(f.key, std::string("expected ") + (f.integer ? "an integer" : "a number") + " in " + f.range_text() +
+                        ", got " + c.json()[f.key].dump());
+    f.set(p, v);
+  }
 }
 
-// The file's values over `p`.
-void apply(const ConfigReader& c, SamplerParams& p) {
-  if (c.has("temperature"))
-    p.temperature = real_field(c, "temperature", [](double v) { return v >= 0; }, "[0, inf)");
-  if (c.has("top_k")) {
-    const int64_t k = c.get_int("top_k");
-    if (k < 0 || k > INT32_MAX) c.fail("top_k", "expected an integer in [0, 2^31 - 1], got " + std::to_string(k));
-    p.top_k = int(k);
+// Whether the file names any setting it may give.
+bool names_any_setting(const ConfigReader& c, std::string* taken = nullptr) {
+  bool any = false;
+  for (const SamplerField& f : sampler_fields()) {
+    if (!f.from_config || !c.has(f.key)) continue;
+    any = true;
+    if (taken) *taken += std::string(taken->empty() ? "" : ", ") + f.key;
   }
-  if (c.has("top_p")) p.top_p = real_field(c, "top_p", [](double v) { return v > 0 && v <= 1; }, "(0, 1]");
-  if (c.has("min_p")) p.min_p = real_field(c, "min_p", [](double v) { return v >= 0 && v < 1; }, "[0, 1)");
-  if (c.has("typical_p"))
-    p.typical_p = real_field(c, "typical_p", [](double v) { return v > 0 && v <= 1; }, "(0, 1]");
-  if (c.has("repetition_penalty"))
-    p.repetition_penalty = real_field(c, "repetition_penalty", [](double v) { return v > 0; }, "(0, inf)");
+  return any;
 }
 
 }  // namespace
@@ -63,8 +62,7 @@ SamplingDefaults file_sampling_defaults(const std::filesystem::path& dir, const 
   const ConfigReader c = ConfigReader::load(path);
   apply(c, d.params);  // only the fields the file gives; checks each
   std::string taken;
-  for (const char* f : kSamplingFields)
-    if (c.has(f)) taken += std::string(taken.empty() ? "" : ", ") + f;
+  names_any_setting(c, &taken);
   if (c.has("do_sample") && !c.get_bool("do_sample", true)) {
     d.params.temperature = 0.0f;
     taken += std::string(taken.empty() ? "" : ", ") + "do_sample";
@@ -78,9 +76,7 @@ SamplingDefaults read_sampling_defaults(const std::filesystem::path& dir) {
   SamplingDefaults d{llama_cpp_sampling(), "llama.cpp defaults"};
   if (!regular_file_exists(path)) return d;
   const ConfigReader c = ConfigReader::load(path);
-  bool names_any = c.has("do_sample");
-  for (const char* f : kSamplingFields) names_any |= c.has(f);
-  if (!names_any) return d;
+  if (!c.has("do_sample") && !names_any_setting(c)) return d;
   d.source = "generation_config.json";
   const bool do_sample_given = c.has("do_sample");
   const bool do_sample = c.get_bool("do_sample", false);

@@ -1,4 +1,5 @@
 #include "sample/sampler.h"
+#include "sample/sampler_fields.h"
 
 #include <math.h>
 
@@ -130,15 +131,8 @@ void for_each_count(const std::vector<int32_t>& ids, F f) {
 
 void validate(const SamplerParams& p) {
   auto bad = [](const std::string& what) { throw InvalidInput(what); };
-  if (!(p.temperature >= 0.0f) || !std::isfinite(p.temperature)) bad("temperature must be >= 0");
-  if (p.top_k < 0) bad("top-k must be >= 0");
-  if (!(p.top_p > 0.0f && p.top_p <= 1.0f)) bad("top-p must be in (0, 1]");
-  if (!(p.min_p >= 0.0f && p.min_p < 1.0f)) bad("min-p must be in [0, 1)");
-  if (!(p.typical_p > 0.0f && p.typical_p <= 1.0f)) bad("typical-p must be in (0, 1]");
-  if (!(p.repetition_penalty > 0.0f) || !std::isfinite(p.repetition_penalty)) bad("repetition penalty must be > 0");
-  if (p.repeat_last_n < 0) bad("repeat-last-n must be >= 0");
-  if (!(p.presence_penalty >= -2.0f && p.presence_penalty <= 2.0f)) bad("presence penalty must be in [-2, 2]");
-  if (!(p.frequency_penalty >= -2.0f && p.frequency_penalty <= 2.0f)) bad("frequency penalty must be in [-2, 2]");
+  for (const SamplerField& f : sampler_fields())
+    if (!f.accepts(f.get(p))) bad(std::string(f.key) + " must be in " + f.range_text() + ", got " + std::to_string(f.get(p)));
   for (const auto& [id, bias] : p.logit_bias) {
     if (id < 0) bad("logit bias: token id " + std::to_string(id) + " is negative");
     if (!(bias >= -100.0f && bias <= 100.0f)) bad("logit bias of token " + std::to_string(id) + " must be in [-100, 100]");

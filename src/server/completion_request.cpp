@@ -7,6 +7,7 @@
 #include <cstdlib>
 
 #include "core/error.h"
+#include "sample/sampler_fields.h"
 #include "server/api_error.h"
 #include "tokenizer/tokenizer.h"
 
@@ -223,26 +224,33 @@ CompletionRequest read_completion_fields(const json& body, bool chat, const Samp
 
   SamplerParams& s = r.params.sampler;
   // A field left out takes the model's default (its generation_config.json's, else OpenAI's).
-  s.temperature = float(number_field(body, "temperature", 0, 2).value_or(defaults.temperature));
-  s.top_p = float(number_field(body, "top_p", 0, 1).value_or(defaults.top_p));
-  if (s.top_p <= 0) throw bad_request("'top_p' must be in (0, 1]", "top_p");
-  s.top_k = int(int_field(body, "top_k", 0, 1 << 30).value_or(defaults.top_k));
-  s.min_p = float(number_field(body, "min_p", 0, 1).value_or(defaults.min_p));
-  if (s.min_p >= 1) throw bad_request("'min_p' must be in [0, 1)", "min_p");
-  s.typical_p = float(number_field(body, "typical_p", 0, 1).value_or(defaults.typical_p));
-  if (s.typical_p <= 0) throw bad_request("'typical_p' must be in (0, 1]", "typical_p");
-  // llama.cpp's repeat_penalty, or vLLM's repetition_penalty (the same setting).
-  const std::optional<double> rp = number_field(body, "repeat_penalty", 0, 1e6);
-  const std::optional<double> rp2 = number_field(body, "repetition_penalty", 0, 1e6);
-  if (rp && rp2 && *rp != *rp2)
-    throw bad_request("'repeat_penalty' and 'repetition_penalty' name the same setting: give one", "repetition_penalty");
-  s.repetition_penalty = float(rp ? *rp : rp2 ? *rp2 : defaults.repetition_penalty);
-  if (s.repetition_penalty <= 0)
-    throw bad_request(std::string("'") + (rp2 && !rp ? "repetition_penalty" : "repeat_penalty") + "' must be > 0",
-                      rp2 && !rp ? "repetition_penalty" : "repeat_penalty");
-  s.repeat_last_n = int(int_field(body, "repeat_last_n", 0, 1 << 30).value_or(64));
-  s.presence_penalty = float(number_field(body, "presence_penalty", -2, 2).value_or(0.0));
-  s.frequency_penalty = float(number_field(body, "frequency_penalty", -2, 2).value_or(0.0));
+  for (const SamplerField& f : sampler_fields()) {
+    // llama.cpp's spelling (repeat_penalty) or vLLM's (repetition_penalty) of one setting.
+    const char* name = f.key;
+    const json* v = field(body, f.key);
+    if (f.alias) {
+      const json* a = field(body, f.alias);
+      if (a && v && *a != *v)
+        throw bad_request(std::string("'") + f.alias + "' and '" + f.key + "' name the same setting: give one", f.key);
+      if (a && !v) name = f.alias, v = a;
+    }
+    if (!v) {
+      f.set(s, f.get(defaults));
+      continue;
+    }
+    const double hi = f.request_hi > 0 ? f.request_hi : f.hi;
+    const std::string expected = std::string(f.integer ? "an integer" : "a number") + " in " + f.range_text();
+    if (f.integer ? !v->is_number_integer() : !v->is_number())
+      throw bad_request(std::string("'") + name + "' must be " + expected + ", not " + type_name(*v), name);
+    const double x = v->get<double>();
+    if (!f.accepts(x) || x > hi) {
+      SamplerField shown = f;
+      shown.hi = hi;
+      shown.hi_open = f.hi_open && hi == f.hi;
+      throw bad_request(std::string("'") + name + "' must be in " + shown.range_text(), name);
+    }
+    f.set(s, x);
+  }
   // No seed, or -1 (llama.cpp's "random"): a fresh random seed for this request.
   const std::optional<int64_t> seed = int_field(body, "seed", -1, INT64_MAX);
   s.seed = seed && *seed >= 0 ? uint64_t(*seed) : random_seed();
