@@ -21,7 +21,8 @@
 #include "backend/ops.h"
 #include "grammar/matcher.h"
 #include "serve/batched_bench.h"
-#include "server/model_files.h"
+#include "bundle/model_bundle.h"
+#include "bundle/model_files.h"
 #include "tokenizer/tokenizer.h"
 #include "serve/bench.h"
 #include "engine/sharded_model.h"
@@ -302,13 +303,10 @@ int run_bench_cmd(const BenchOptions& o) {
     bb.sampler = o.sampler;
     if (!o.grammar_file.empty() || !o.json_schema.empty()) {
       bb.grammar = std::make_shared<const grammar::Grammar>(read_grammar_flags("bench", o.grammar_file, o.json_schema));
-      if (!model_has_tokenizer(dir))
-        throw UsageError("bench --grammar-file/--json-schema: needs the model's tokenizer.json");
-      const Tokenizer tokenizer = load_model_tokenizer(dir);
-      bb.trie = grammar::TokenTrie::from_tokenizer(tokenizer);
-      bb.end_ids = info.eos_ids;
-      for (int32_t id : tokenizer.eos_ids())
-        if (std::find(bb.end_ids.begin(), bb.end_ids.end(), id) == bb.end_ids.end()) bb.end_ids.push_back(id);
+      const ModelBundle bundle = load_model_bundle(dir);
+      if (!bundle.tokenizer) throw UsageError("bench --grammar-file/--json-schema: needs the model's tokenizer.json");
+      bb.trie = grammar::TokenTrie::from_tokenizer(*bundle.tokenizer);
+      bb.end_ids = bundle.stop_ids(info.eos_ids);
       h.constraint = !o.grammar_file.empty() ? "grammar " + o.grammar_file : "JSON schema " + o.json_schema;
     }
     ops::set_batch_invariant(o.batch_invariant);

@@ -34,7 +34,8 @@
 #include "serve/generate.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
-#include "server/model_files.h"
+#include "bundle/model_bundle.h"
+#include "bundle/model_files.h"
 
 namespace osprey::cli {
 namespace {
@@ -61,12 +62,11 @@ struct ChatSampling {
   std::string defaults;  // where the values no flag set come from
 };
 
-// The checkpoint's sampling defaults (engine/generation_config.h), each sampler flag given on
-// the command line over them; the seed and --repeat-last-n are the flags' own.
-ChatSampling chat_sampling(const ChatOptions& o, const std::string& dir, const CLI::App& app) {
-  const SamplingDefaults d = read_sampling_defaults(dir);
-  ChatSampling s{o.sampler, d.source};
-  fill_unset_sampler_fields(s.params, d.params, given_sampler_flags(app));
+// The model's sampling defaults (its generation_config.json's values over llama.cpp's, the
+// bundle's rule), each sampler flag given on the command line over them; the seed is the flags'.
+ChatSampling chat_sampling(const ChatOptions& o, const ModelBundle& bundle, const CLI::App& app) {
+  ChatSampling s{o.sampler, bundle.sampling.source};
+  fill_unset_sampler_fields(s.params, bundle.sampling.params, given_sampler_flags(app));
   return s;
 }
 
@@ -173,12 +173,14 @@ class MessageReader {
 
 class Chat {
  public:
-  Chat(const ChatOptions& o, const std::string& dir, const ChatSampling& sampling)
+  // `bundle` holds a tokenizer and a chat template.
+  Chat(const ChatOptions& o, const std::string& dir, ModelBundle bundle, const ChatSampling& sampling)
       : o_(o),
         sampling_(sampling),
         system_(o.system),
-        tok_(load_model_tokenizer(dir)),
-        tpl_(load_model_chat_template(dir, o.template_name)) {
+        bundle_(std::move(bundle)),
+        tok_(*bundle_.tokenizer),
+        tpl_(*bundle_.chat_template) {
     ProgressBar bar("loading " + fs::path(dir).filename().string());
     LoadOptions lo;
     lo.device = select_device(o.device.empty() ? env_options().device : o.device);
@@ -192,9 +194,7 @@ class Chat {
     gp_ = generate_params(env_options());
     gp_.sampler = sampling.params;
     validate(gp_.sampler);
-    gp_.stop_ids = model_->info().eos_ids;
-    for (int32_t id : tok_.eos_ids())
-      if (std::find(gp_.stop_ids.begin(), gp_.stop_ids.end(), id) == gp_.stop_ids.end()) gp_.stop_ids.push_back(id);
+    gp_.stop_ids = bundle_.stop_ids(model_->info().eos_ids);
     const EnvOptions& env = env_options();
     KVCacheParams co;
     co.step = env.kv_step;
@@ -368,8 +368,9 @@ class Chat {
   ChatOptions o_;
   ChatSampling sampling_;
   std::string system_;
-  Tokenizer tok_;
-  ChatTemplate tpl_;
+  ModelBundle bundle_;       // tokenizer and template (both present), stop ids
+  const Tokenizer& tok_;
+  const ChatTemplate& tpl_;
   std::unique_ptr<Model> model_;
   int64_t ctx_ = 0;
   GenerateParams gp_;
@@ -530,8 +531,15 @@ int run_chat(const ChatOptions& o, const CLI::App& app) {
   if (o.threads >= 0) set_cpu_threads(o.threads);
   const std::string dir = model_folder(o.model, o.download);
   if (!fs::exists(dir)) throw IoError("model folder " + dir + " does not exist");
-  const ChatSampling sampling = chat_sampling(o, dir, app);
-  Chat chat(o, dir, sampling);
+  BundleOptions bo;
+  bo.require_chat_template = true;
+  bo.template_name = o.template_name;
+  bo.sampling_fallback = llama_cpp_sampling();
+  bo.sampling_fallback_name = "llama.cpp defaults";
+  ModelBundle bundle = load_model_bundle(dir, bo);
+  if (!bundle.tokenizer) bundle.tokenizer = load_model_tokenizer(dir);  // names what is missing
+  const ChatSampling sampling = chat_sampling(o, bundle, app);
+  Chat chat(o, dir, std::move(bundle), sampling);
   print_banner(dir, chat.device(), o.device.empty() ? env_options().device : o.device, 1, chat.context());
   if (o.verbose) {
     const SamplerParams& p = sampling.params;

@@ -27,9 +27,10 @@
 #include "grammar/json_schema.h"
 #include "grammar/matcher.h"
 #include "model/model.h"
-#include "server/stop_matcher.h"
+#include "chat/stop_matcher.h"
 #include "tokenizer/tokenizer.h"
-#include "server/model_files.h"
+#include "bundle/model_bundle.h"
+#include "bundle/model_files.h"
 
 namespace osprey::cli {
 namespace fs = std::filesystem;
@@ -188,8 +189,13 @@ int run_generate(const GenerateOptions& o) {
 
   std::optional<std::string> text = o.prompt;
   if (!o.prompt_file.empty()) text = read_prompt_file(o.prompt_file);
-  std::optional<Tokenizer> tokenizer;
-  if (text || model_has_tokenizer(dir)) tokenizer = load_model_tokenizer(dir);
+  // A flag left out takes generation_config.json's value, else the flag's default.
+  BundleOptions bo;
+  bo.sampling_fallback = o.sampler;
+  bo.sampling_fallback_name = "the flags' defaults";
+  ModelBundle bundle = load_model_bundle(dir, bo);
+  if (text && !bundle.tokenizer) bundle.tokenizer = load_model_tokenizer(dir);  // names what is missing
+  std::optional<Tokenizer>& tokenizer = bundle.tokenizer;
   if (!o.stops.empty() && !tokenizer)
     throw UsageError("generate --stop: needs the model's tokenizer.json to read the reply's text");
   const std::vector<int32_t> prompt = prompt_tokens(o, dir, text, tokenizer ? &*tokenizer : nullptr);
@@ -220,16 +226,11 @@ int run_generate(const GenerateOptions& o) {
   // Prompt and reply together fit in -c (the engine itself stops at the model's context).
   if (o.ctx_size > 0) gp.max_tokens = int(std::min<int64_t>(o.n_predict, ctx - int64_t(prompt.size())));
   // A sampler flag left out takes generation_config.json's value, else the flag's default.
-  const SamplingDefaults sd = file_sampling_defaults(dir, o.sampler, "the flags' defaults");
+  const SamplingDefaults& sd = bundle.sampling;
   gp.sampler = o.sampler;
   fill_unset_sampler_fields(gp.sampler, sd.params, o.sampler_flags);
   if (!o.quiet && sd.source != "the flags' defaults") std::fprintf(stderr, "sampling defaults: %s\n", sd.source.c_str());
-  if (!o.ignore_eos) {
-    gp.stop_ids = model->info().eos_ids;
-    if (tokenizer)
-      for (int32_t id : tokenizer->eos_ids())
-        if (std::find(gp.stop_ids.begin(), gp.stop_ids.end(), id) == gp.stop_ids.end()) gp.stop_ids.push_back(id);
-  }
+  if (!o.ignore_eos) gp.stop_ids = bundle.stop_ids(model->info().eos_ids);
   if (!o.grammar_file.empty() || !o.json_schema.empty()) {
     if (!tokenizer) throw UsageError("generate --grammar-file/--json-schema: needs the model's tokenizer.json");
     gp.grammar = std::make_shared<grammar::Automaton>(read_grammar_flags("generate", o.grammar_file, o.json_schema), grammar::TokenTrie::from_tokenizer(*tokenizer),

@@ -35,7 +35,7 @@
 #include "core/thread_pool.h"
 #include "engine/sharded_model.h"
 #include "model/model.h"
-#include "server/model_files.h"
+#include "bundle/model_files.h"
 #include "tokenizer/tokenizer.h"
 
 namespace osprey::cli {

@@ -11,7 +11,7 @@
 #include "cli/flags.h"
 #include "core/error.h"
 #include "core/file_read.h"
-#include "server/model_files.h"
+#include "bundle/model_files.h"
 
 namespace osprey::cli {
 namespace {

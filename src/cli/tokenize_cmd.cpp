@@ -8,7 +8,7 @@
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "tokenizer/tokenizer.h"
-#include "server/model_files.h"
+#include "bundle/model_files.h"
 
 namespace osprey::cli {
 namespace {

@@ -21,9 +21,6 @@ SamplerParams sampling_preset(float temperature, int top_k, float top_p, float m
   return p;
 }
 
-// transformers' GenerationConfig defaults for a sampling checkpoint.
-SamplerParams transformers_sampling() { return sampling_preset(1.0f, 50, 1.0f, 0.0f); }
-
 // The file's values over `p`: every setting of the sampler's table that a checkpoint may
 // give (SamplerField::from_config), each checked against the table's range.
 void apply(const ConfigReader& c, SamplerParams& p) {
@@ -68,29 +65,6 @@ SamplingDefaults file_sampling_defaults(const std::filesystem::path& dir, const 
     taken += std::string(taken.empty() ? "" : ", ") + "do_sample";
   }
   if (!taken.empty()) d.source = "generation_config.json (" + taken + ")";
-  return d;
-}
-
-SamplingDefaults read_sampling_defaults(const std::filesystem::path& dir) {
-  const std::filesystem::path path = dir / "generation_config.json";
-  SamplingDefaults d{llama_cpp_sampling(), "llama.cpp defaults"};
-  if (!regular_file_exists(path)) return d;
-  const ConfigReader c = ConfigReader::load(path);
-  if (!c.has("do_sample") && !names_any_setting(c)) return d;
-  d.source = "generation_config.json";
-  const bool do_sample_given = c.has("do_sample");
-  const bool do_sample = c.get_bool("do_sample", false);
-  if (do_sample_given && !do_sample) {
-    // The checkpoint asks for greedy decoding; only its penalty still applies.
-    d.params = SamplerParams{};
-    d.params.temperature = 0.0f;
-    SamplerParams read = d.params;
-    apply(c, read);  // checks every field, also the ones greedy decoding ignores
-    d.params.repetition_penalty = read.repetition_penalty;
-    return d;
-  }
-  if (do_sample) d.params = transformers_sampling();
-  apply(c, d.params);
   return d;
 }
 

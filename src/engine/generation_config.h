@@ -1,7 +1,7 @@
 #pragma once
-// The sampling settings a checkpoint asks for in its generation_config.json: osprey chat's
-// defaults (read_sampling_defaults), and the values generate and the server give the sampling
-// fields a command or request leaves out (file_sampling_defaults).
+// The sampling settings a checkpoint asks for in its generation_config.json: the values every
+// command and the server give the sampling fields a command or request leaves out
+// (file_sampling_defaults, one rule; the model bundle reads them, bundle/model_bundle.h).
 #include <filesystem>
 #include <string>
 
@@ -15,21 +15,8 @@ SamplerParams llama_cpp_sampling();
 
 struct SamplingDefaults {
   SamplerParams params;  // temperature, top_k, top_p, min_p, repetition_penalty as chosen
-  std::string source;    // "generation_config.json", or "llama.cpp defaults" when it names none
+  std::string source;    // "generation_config.json (<the fields taken>)", or the fallback's name
 };
-
-// Reads <dir>/generation_config.json's `do_sample`, `temperature`, `top_k`, `top_p`, `min_p` and
-// `repetition_penalty` (transformers' names):
-// - "do_sample": true: the file's values, transformers' GenerationConfig defaults for the
-//   ones it leaves out (temperature 1.0, top-k 50, top-p 1.0, no min-p, no penalty);
-// - "do_sample": false, or "temperature": 0: greedy, as the file says (its
-//   repetition_penalty still applies);
-// - no do_sample: the values the file gives over llama.cpp's defaults (a file that names a
-//   temperature means to sample with it, although transformers would decode greedily);
-// - no file, or none of these fields: llama.cpp's defaults.
-// Never greedy unless the file says so. A field of the wrong type or out of the sampler's
-// range is InvalidInput naming the file and the field; a malformed file likewise.
-SamplingDefaults read_sampling_defaults(const std::filesystem::path& dir);
 
 // OpenAI's sampling defaults: temperature 1, top_p 1, no other cut, no penalty.
 SamplerParams openai_sampling();
@@ -39,7 +26,9 @@ SamplerParams openai_sampling();
 // `repetition_penalty` the file gives replaces the fallback's value, and "do_sample": false
 // makes it greedy (temperature 0); every other value is the fallback's. source:
 // "generation_config.json (<the fields taken>)", or `fallback_name` when the file (or its
-// absence) gives none. Errors as read_sampling_defaults'.
+// absence) gives none. A field of the wrong type or out of the sampler's range
+// (sample/sampler_fields.h) is InvalidInput naming the file and the field; a malformed file
+// likewise.
 SamplingDefaults file_sampling_defaults(const std::filesystem::path& dir, const SamplerParams& fallback,
                                         const std::string& fallback_name);
 

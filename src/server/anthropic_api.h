@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "server/api_error.h"
-#include "server/tool_calls.h"
+#include "chat/tool_calls.h"
 
 namespace osprey {
 

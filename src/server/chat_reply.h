@@ -8,8 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "server/reasoning.h"
-#include "server/tool_calls.h"
+#include "chat/reasoning.h"
+#include "chat/tool_calls.h"
 
 namespace osprey {
 

@@ -13,7 +13,7 @@
 
 #include "server/api_error.h"
 #include "server/response_store.h"
-#include "server/tool_calls.h"
+#include "chat/tool_calls.h"
 
 namespace osprey {
 

@@ -35,9 +35,10 @@
 #include "serve/paged_backend.h"
 #include "serve/dense_backend.h"
 #include "server/metrics.h"
-#include "server/stop_matcher.h"
+#include "chat/stop_matcher.h"
 #include "tokenizer/tokenizer.h"
-#include "server/model_files.h"
+#include "bundle/model_bundle.h"
+#include "bundle/model_files.h"
 
 namespace osprey {
 
@@ -284,7 +285,8 @@ struct Server::Impl {
   std::atomic<int64_t> n_unsubmitted{0};
   std::atomic<uint64_t> n_refused_busy{0};
 
-  std::optional<Tokenizer> tokenizer;
+  // The tokenizer, chat template, tool-call and reasoning formats and sampling defaults.
+  ModelBundle bundle;
   std::unique_ptr<Model> model;
   std::unique_ptr<PromptCache> prompt_cache;
   std::unique_ptr<SequenceBackend> backend;
@@ -298,13 +300,7 @@ struct Server::Impl {
   // used on the engine thread only.
   std::mutex automata_mu;
   std::vector<std::pair<std::string, std::shared_ptr<grammar::Automaton>>> automata;
-  std::optional<ChatTemplate> chat_template;
-  std::string chat_template_error;  // why there is none
-  ToolCallFormat tool_format = ToolCallFormat::none;  // how the template's model writes calls
-  std::vector<int32_t> tool_marker_ids;               // its markers that are special tokens
   bool think_model = false;                           // the template writes <think> blocks
-  // What a request's omitted sampling fields take: generation_config.json's over OpenAI's.
-  SamplingDefaults sampling{openai_sampling(), "OpenAI's defaults"};
   ResponseStore response_store{opt.response_store_entries, opt.response_store_bytes};  // /v1/responses
   // The pooling modules.json declares (model/pooling.h): /v1/embeddings answers with it; none,
   // or one Osprey refuses (pooling_error says why), and that route answers 400.
@@ -356,10 +352,10 @@ struct Server::Impl {
   // The values a request's omitted sampling fields take, and where they come from.
   json sampling_json() const {
     auto r6 = [](float v) { return std::round(double(v) * 1e6) / 1e6; };
-    const SamplerParams& p = sampling.params;
+    const SamplerParams& p = bundle.sampling.params;
     return {{"temperature", r6(p.temperature)}, {"top_p", r6(p.top_p)},           {"top_k", p.top_k},
             {"min_p", r6(p.min_p)},             {"typical_p", r6(p.typical_p)},   {"repeat_penalty", r6(p.repetition_penalty)},
-            {"source", sampling.source}};
+            {"source", bundle.sampling.source}};
   }
 
   json model_json() const {
@@ -608,11 +604,11 @@ struct Server::Impl {
     auto it = body.find("messages");
     if (it == body.end() || !it->is_array() || it->empty())
       throw bad_request("'messages' is required and must be a non-empty array", "messages");
-    if (!chat_template) throw bad_request("the model has no usable chat template: " + chat_template_error, "messages");
+    if (!bundle.chat_template) throw bad_request("the model has no usable chat template: " + bundle.chat_template_error, "messages");
     nlohmann::ordered_json request = nlohmann::ordered_json::parse(raw);
     prepare_chat_messages(request);
     try {
-      return chat_template->render(request);
+      return bundle.chat_template->render(request);
     } catch (const Unsupported& e) {
       throw bad_request(std::string("the chat template cannot render this request: ") + e.what(), "messages");
     } catch (const InvalidInput& e) {
@@ -631,7 +627,7 @@ struct Server::Impl {
     const bool with_pieces = bool_field(body, "with_pieces").value_or(false);
     std::vector<int32_t> ids;
     try {
-      ids = tokenizer->encode(*content, add_special, parse_special);
+      ids = bundle.tokenizer->encode(*content, add_special, parse_special);
     } catch (const InvalidInput& e) {
       throw bad_request(std::string("'content': ") + e.what(), "content");
     }
@@ -641,7 +637,7 @@ struct Server::Impl {
         tokens.push_back(id);
         continue;
       }
-      const std::string piece = tokenizer->decode(std::vector<int32_t>{id});
+      const std::string piece = bundle.tokenizer->decode(std::vector<int32_t>{id});
       tokens.push_back({{"id", id}, {"piece", piece}});
     }
     return json_response(200, {{"tokens", tokens}});
@@ -655,11 +651,11 @@ struct Server::Impl {
     if (it == body.end() || !it->is_array()) throw bad_request("'tokens' is required and must be an array of token ids", "tokens");
     std::vector<int32_t> ids;
     for (const json& t : *it) {
-      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= tokenizer->vocab_size())
-        throw bad_request("'tokens' must hold token ids in [0, " + std::to_string(tokenizer->vocab_size()) + ")", "tokens");
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= bundle.tokenizer->vocab_size())
+        throw bad_request("'tokens' must hold token ids in [0, " + std::to_string(bundle.tokenizer->vocab_size()) + ")", "tokens");
       ids.push_back(int32_t(t.get<int64_t>()));
     }
-    return json_response(200, {{"content", tokenizer->decode(ids)}});
+    return json_response(200, {{"content", bundle.tokenizer->decode(ids)}});
   }
 
   // ---- completions ----
@@ -678,7 +674,7 @@ struct Server::Impl {
             {"prompt_tokens_details", {{"cached_tokens", cached}}}};
   }
 
-  std::string piece(int32_t id) const { return tokenizer->decode(std::vector<int32_t>{id}); }
+  std::string piece(int32_t id) const { return bundle.tokenizer->decode(std::vector<int32_t>{id}); }
 
   static json bytes_of(const std::string& s) {
     json b = json::array();
@@ -733,7 +729,7 @@ struct Server::Impl {
   // calls out of the text.
   std::unique_ptr<Choice> new_choice(const HttpRequest& req, const CompletionRequest& r, size_t index,
                                      bool prompt_opens_reasoning) {
-    auto c = std::make_unique<Choice>(*tokenizer, r.stop);
+    auto c = std::make_unique<Choice>(*bundle.tokenizer, r.stop);
     c->latency = &latency;
     c->arrival = req.received != Clock::time_point{} ? req.received : t_log.start;
     if (r.chat && (think_model || r.parse_tool_calls)) {
@@ -742,13 +738,13 @@ struct Server::Impl {
       std::optional<ToolCallParser> tools;
       if (r.parse_tool_calls) {
         ToolCallParserOptions to;
-        to.format = tool_format;
+        to.format = bundle.tool_format;
         to.functions = r.tool_names;
         to.parallel = r.parallel_tool_calls;
         to.stream_arguments = r.stream;
         to.id_prefix = r.tool_call_id_prefix + id_prefix + std::to_string(t_log.id) + "_" + std::to_string(index) + "_";
         tools.emplace(std::move(to));
-        c->keep_ids = tool_marker_ids;
+        c->keep_ids = bundle.tool_marker_ids;
       }
       c->reply.emplace(std::move(reasoning), std::move(tools));
     }
@@ -795,7 +791,7 @@ struct Server::Impl {
                             " base model with no lm_head): it answers POST /v1/embeddings, not generation",
                         "model", "model_not_generative");
     auto st = std::make_shared<CompletionState>();
-    st->request = read_completion_fields(body, chat, sampling.params);
+    st->request = read_completion_fields(body, chat, bundle.sampling.params);
     CompletionRequest& r = st->request;
     check_model(r.model);
     st->model = model_id;
@@ -806,11 +802,11 @@ struct Server::Impl {
     const char* prompt_field = chat ? "messages" : "prompt";
     read_logit_bias(body, model->info().vocab_size, r.params.sampler);
     std::shared_ptr<grammar::Automaton> constraint;
-    if (std::optional<RequestGrammar> rg = request_grammar(body, r.tool_choice, tool_format))
+    if (std::optional<RequestGrammar> rg = request_grammar(body, r.tool_choice, bundle.tool_format))
       constraint = automaton_for(std::move(*rg), r.ignore_eos);
     bool prompt_opens_reasoning = false;
     if (chat) {
-      if (r.parse_tool_calls && tool_format == ToolCallFormat::none)
+      if (r.parse_tool_calls && bundle.tool_format == ToolCallFormat::none)
         throw bad_request("'tools': this model's chat template has no tool-call format this server can parse (" +
                               std::string("known: Llama 3.x JSON, Hermes <tool_call>, Command R7B actions, Mistral "
                                           "[TOOL_CALLS]); send tool_choice \"none\" to render the tools without parsing "
@@ -818,12 +814,12 @@ struct Server::Impl {
                           "tools");
       const std::string text = render_chat(body, raw);
       prompt_opens_reasoning = prompt_opens_think(text);
-      r.prompts.push_back(tokenizer->encode(text, /*add_special=*/false, /*parse_special=*/true));
+      r.prompts.push_back(bundle.tokenizer->encode(text, /*add_special=*/false, /*parse_special=*/true));
       if (r.prompts.back().empty()) throw bad_request("the rendered chat is empty", "messages");
     } else {
       auto it = body.find("prompt");
       if (it == body.end() || it->is_null()) throw bad_request("'prompt' is required", "prompt");
-      r.prompts = read_prompts(*it, *tokenizer, model->info().vocab_size);
+      r.prompts = read_prompts(*it, *bundle.tokenizer, model->info().vocab_size);
     }
     const int64_t ctx = backend->context_size();
     for (const auto& p : r.prompts) {
@@ -1102,7 +1098,7 @@ struct Server::Impl {
                                                 "embedding model"
                                               : "this model's pooling declaration is not supported: " + pooling_error,
                         "model", "model_not_embedding");
-    const EmbeddingRequest r = read_embedding_request(body, *tokenizer, model->info().vocab_size);
+    const EmbeddingRequest r = read_embedding_request(body, *bundle.tokenizer, model->info().vocab_size);
     const int64_t hidden = model->info().hidden_size;
     if (r.dimensions && *r.dimensions > hidden)
       throw bad_request("'dimensions' must be in [1, " + std::to_string(hidden) + "], this model's hidden size; got " +
@@ -1143,7 +1139,7 @@ struct Server::Impl {
         read_anthropic_request(parse_body<nlohmann::ordered_json>(req.body), AnthropicRoute::count_tokens).dump();
     const json body = json::parse(raw);
     check_model(read_completion_fields(body, /*chat=*/true).model);  // tools and tool_choice checked too
-    const std::vector<int32_t> ids = tokenizer->encode(render_chat(body, raw), /*add_special=*/false,
+    const std::vector<int32_t> ids = bundle.tokenizer->encode(render_chat(body, raw), /*add_special=*/false,
                                                        /*parse_special=*/true);
     t_log.n_prompt = int64_t(ids.size());
     return json_response(200, {{"input_tokens", ids.size()}});
@@ -1195,7 +1191,7 @@ struct Server::Impl {
   std::string finish_response(const std::string& key, const Choice& c, ResponsesReply& reply,
                               const nlohmann::ordered_json& items, bool store) {
     const std::string& reasoning = reply.reasoning();
-    const int64_t n_reasoning = reasoning.empty() ? 0 : int64_t(tokenizer->encode(reasoning, false, false).size());
+    const int64_t n_reasoning = reasoning.empty() ? 0 : int64_t(bundle.tokenizer->encode(reasoning, false, false).size());
     std::string events = reply.finish(c.finish_reason == "length", {c.n_prompt, c.n_cached, c.n_completion, n_reasoning});
     if (store) response_store.put(key, {reply.response(), items});
     return events;
@@ -1249,15 +1245,17 @@ void Server::start() { impl_->http->start(); }
 
 void Server::load() {
   Impl& m = *impl_;
-  m.tokenizer = load_model_tokenizer(m.opt.model_dir);
+  BundleOptions bo;
+  bo.chat_template = true;
+  bo.sampling_fallback = openai_sampling();
+  bo.sampling_fallback_name = "OpenAI's defaults";
+  m.bundle = load_model_bundle(m.opt.model_dir, bo);
+  if (!m.bundle.tokenizer) m.bundle.tokenizer = load_model_tokenizer(m.opt.model_dir);  // names what is missing
   LoadOptions lo;
   lo.device = m.opt.device;
   m.model = load_model(m.opt.model_dir, lo);
-  m.eos_ids = m.model->info().eos_ids;
-  m.token_trie = grammar::TokenTrie::from_tokenizer(*m.tokenizer);
-  for (int32_t id : m.tokenizer->eos_ids())
-    if (std::find(m.eos_ids.begin(), m.eos_ids.end(), id) == m.eos_ids.end()) m.eos_ids.push_back(id);
-  m.sampling = file_sampling_defaults(m.opt.model_dir, openai_sampling(), "OpenAI's defaults");
+  m.eos_ids = m.bundle.stop_ids(m.model->info().eos_ids);
+  m.token_trie = grammar::TokenTrie::from_tokenizer(*m.bundle.tokenizer);
   if (!is_gguf_path(m.opt.model_dir)) {
     try {
       m.pooling = read_pooling_config(m.opt.model_dir);
@@ -1273,16 +1271,8 @@ void Server::load() {
   if (m.pooling)
     log_info(std::string("embeddings: ") + pooling_mode_name(m.pooling->mode) + " pooling" +
              (m.pooling->normalize ? ", normalized" : "") + " (modules.json)");
-  try {
-    m.chat_template = load_model_chat_template(m.opt.model_dir);
-    m.tool_format = tool_call_format(m.chat_template->source());
-    for (const std::string& marker : tool_call_markers(m.tool_format))
-      if (auto id = m.tokenizer->token_id(marker); id && m.tokenizer->is_special(*id)) m.tool_marker_ids.push_back(*id);
-    m.think_model = m.opt.split_reasoning && reasoning_format(m.chat_template->source()) == ReasoningFormat::think;
-  } catch (const Error& e) {
-    m.chat_template_error = e.what();
-    log_warn("chat completions are off: " + m.chat_template_error);
-  }
+  m.think_model = m.opt.split_reasoning && m.bundle.reasoning == ReasoningFormat::think;
+  if (!m.bundle.chat_template) log_warn("chat completions are off: " + m.bundle.chat_template_error);
   m.prompt_cache = std::make_unique<PromptCache>(
       m.opt.kv_layout == KVLayout::dense ? m.opt.prompt_cache_mib << 20 : 0, m.opt.keep_prompt_cache_checksums);
   // NOTE: the mode is process-wide; the server sets it for its lifetime and puts it back.
@@ -1326,7 +1316,7 @@ void Server::load() {
   m.ready = true;
   log_info("serving " + m.model_id + " on http://" + m.opt.host + ":" + std::to_string(m.opt.port) + " (" +
            std::to_string(m.opt.n_slots) + (m.paged ? " sequences batched" : " slots") + ", context " +
-           std::to_string(m.backend->context_size()) + "; sampling defaults: " + m.sampling.source + ")");
+           std::to_string(m.backend->context_size()) + "; sampling defaults: " + m.bundle.sampling.source + ")");
 }
 
 void Server::drain(int timeout_ms) {

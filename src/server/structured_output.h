@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "grammar/grammar.h"
-#include "server/tool_calls.h"
+#include "chat/tool_calls.h"
 
 namespace osprey {
 

@@ -469,12 +469,14 @@ TEST(ChatCli, SamplingDefaultsComeFromGenerationConfig) {
   testing::write_file(d / "generation_config.json",
                       R"({"bos_token_id": 0, "eos_token_id": 1, "do_sample": true, "temperature": 0.6, "top_p": 0.9,
                           "repetition_penalty": 1.1})");
-  // transformers' top_k 50 fills the field the file leaves out.
-  EXPECT_EQ(sampler(""), ordered_json::parse(R"({"temperature": 0.6, "top_k": 50, "top_p": 0.9, "min_p": 0.0,
-      "repeat_penalty": 1.1, "repeat_last_n": 64, "defaults": "generation_config.json"})"));
+  // llama.cpp's values fill the fields the file leaves out (the rule of generate and serve).
+  EXPECT_EQ(sampler(""), ordered_json::parse(R"J({"temperature": 0.6, "top_k": 40, "top_p": 0.9, "min_p": 0.05,
+      "repeat_penalty": 1.1, "repeat_last_n": 64,
+      "defaults": "generation_config.json (temperature, top_p, repetition_penalty)"})J"));
   EXPECT_EQ(sampler(" --top-k 7 --temp 0.3 --repeat-penalty 1"),
-            ordered_json::parse(R"({"temperature": 0.3, "top_k": 7, "top_p": 0.9, "min_p": 0.0,
-      "repeat_penalty": 1.0, "repeat_last_n": 64, "defaults": "generation_config.json"})"));
+            ordered_json::parse(R"J({"temperature": 0.3, "top_k": 7, "top_p": 0.9, "min_p": 0.05,
+      "repeat_penalty": 1.0, "repeat_last_n": 64,
+      "defaults": "generation_config.json (temperature, top_p, repetition_penalty)"})J"));
 
   // "do_sample": false: greedy, the reply generate --chat gives.
   testing::write_file(d / "generation_config.json", R"({"eos_token_id": 1, "do_sample": false, "temperature": 0.7})");

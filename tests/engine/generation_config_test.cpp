@@ -1,4 +1,6 @@
-// The sampling defaults osprey chat takes from a checkpoint's generation_config.json.
+// The sampling defaults every command takes from a checkpoint's generation_config.json, here
+// over llama.cpp's (osprey chat's fallback): each field the file gives replaces the default,
+// "do_sample": false makes it greedy (vLLM's rule).
 #include <gtest/gtest.h>
 
 #include "core/error.h"
@@ -23,7 +25,7 @@ void expect_defaults(const std::string& file, const Expected& want) {
   SCOPED_TRACE(file);
   TempDir d;
   if (!file.empty()) testing::write_file(d / "generation_config.json", file);
-  const SamplingDefaults got = read_sampling_defaults(d.path());
+  const SamplingDefaults got = file_sampling_defaults(d.path(), llama_cpp_sampling(), "llama.cpp defaults");
   EXPECT_FLOAT_EQ(got.params.temperature, want.temperature);
   EXPECT_EQ(got.params.top_k, want.top_k);
   EXPECT_FLOAT_EQ(got.params.top_p, want.top_p);
@@ -43,28 +45,28 @@ TEST(GenerationConfig, WithoutSamplingFieldsTheDefaultsAreLlamaCpps) {
   expect_defaults(R"({"eos_token_id": 2, "min_p": null})", llama);  // null is absent
 }
 
-// transformers' GenerationConfig defaults for the fields a sampling file leaves out:
-// temperature 1.0, top_k 50, top_p 1.0, no min_p, repetition_penalty 1.0.
-TEST(GenerationConfig, DoSampleTakesTheFileOverTransformersDefaults) {
-  expect_defaults(R"({"do_sample": true})", {1.0f, 50, 1.0f, 0.0f, 1.0f, "generation_config.json"});
+// The file's values over llama.cpp's; "do_sample": true alone changes nothing.
+TEST(GenerationConfig, TheFilesValuesReplaceTheDefaults) {
+  expect_defaults(R"({"do_sample": true})", {0.8f, 40, 0.95f, 0.05f, 1.0f, "llama.cpp defaults"});
   // Llama 3.1 Instruct's file.
   expect_defaults(R"({"do_sample": true, "temperature": 0.6, "top_p": 0.9, "bos_token_id": 128000})",
-                  {0.6f, 50, 0.9f, 0.0f, 1.0f, "generation_config.json"});
+                  {0.6f, 40, 0.9f, 0.05f, 1.0f, "generation_config.json (temperature, top_p)"});
   // Qwen2.5 Instruct's file.
   expect_defaults(R"({"do_sample": true, "repetition_penalty": 1.05, "temperature": 0.7, "top_p": 0.8, "top_k": 20})",
-                  {0.7f, 20, 0.8f, 0.0f, 1.05f, "generation_config.json"});
-  expect_defaults(R"({"do_sample": true, "min_p": 0.1, "top_k": 0})", {1.0f, 0, 1.0f, 0.1f, 1.0f, "generation_config.json"});
+                  {0.7f, 20, 0.8f, 0.05f, 1.05f, "generation_config.json (temperature, top_k, top_p, repetition_penalty)"});
+  expect_defaults(R"({"do_sample": true, "min_p": 0.1, "top_k": 0})",
+                  {0.8f, 0, 0.95f, 0.1f, 1.0f, "generation_config.json (top_k, min_p)"});
 }
 
 TEST(GenerationConfig, GreedyOnlyWhenTheFileSaysSo) {
   // do_sample false: greedy, whatever temperature the file also names; its penalty applies.
   expect_defaults(R"({"do_sample": false, "temperature": 0.7, "repetition_penalty": 1.2})",
-                  {0.0f, 0, 1.0f, 0.0f, 1.2f, "generation_config.json"});
+                  {0.0f, 40, 0.95f, 0.05f, 1.2f, "generation_config.json (temperature, repetition_penalty, do_sample)"});
   // Temperature 0 is greedy too.
-  expect_defaults(R"({"temperature": 0})", {0.0f, 40, 0.95f, 0.05f, 1.0f, "generation_config.json"});
-  // No do_sample but a temperature: the checkpoint means to sample at it, with llama.cpp's
-  // values for the rest.
-  expect_defaults(R"({"temperature": 0.5, "top_k": 10})", {0.5f, 10, 0.95f, 0.05f, 1.0f, "generation_config.json"});
+  expect_defaults(R"({"temperature": 0})", {0.0f, 40, 0.95f, 0.05f, 1.0f, "generation_config.json (temperature)"});
+  // No do_sample but a temperature: the checkpoint means to sample at it.
+  expect_defaults(R"({"temperature": 0.5, "top_k": 10})",
+                  {0.5f, 10, 0.95f, 0.05f, 1.0f, "generation_config.json (temperature, top_k)"});
 }
 
 TEST(GenerationConfig, BadFieldsAreErrorsNamingTheFileAndTheField) {
@@ -87,7 +89,7 @@ TEST(GenerationConfig, BadFieldsAreErrorsNamingTheFileAndTheField) {
     TempDir d;
     testing::write_file(d / "generation_config.json", file);
     try {
-      read_sampling_defaults(d.path());
+      file_sampling_defaults(d.path(), llama_cpp_sampling(), "llama.cpp defaults");
       ADD_FAILURE() << "no error";
     } catch (const InvalidInput& e) {
       const std::string what = e.what();

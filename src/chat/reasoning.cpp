@@ -1,4 +1,4 @@
-#include "server/reasoning.h"
+#include "chat/reasoning.h"
 
 #include <algorithm>
 

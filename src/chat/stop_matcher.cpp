@@ -1,4 +1,4 @@
-#include "server/stop_matcher.h"
+#include "chat/stop_matcher.h"
 
 #include <algorithm>
 

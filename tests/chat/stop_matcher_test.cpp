@@ -1,6 +1,6 @@
 #include <gtest/gtest.h>
 
-#include "server/stop_matcher.h"
+#include "chat/stop_matcher.h"
 
 namespace osprey {
 

@@ -1,4 +1,4 @@
-#include "server/model_files.h"
+#include "bundle/model_files.h"
 
 #include "core/error.h"
 #include "core/file_read.h"
