@@ -122,6 +122,8 @@ Array MoeBlock::forward(const Array& h) const {
     const bool all = int64_t(tok.size()) == n;
     const Array x = all ? h : ops::embedding(h, ops::to_device(host_i32(tok), h.device()));
     Array y = ops::linear(silu_gate(x, gate_up_[e]), down_[e]);  // [m, hidden]
+    // NOTE: weighting and scattering back are two small ops per (token, expert) pair; in a
+    // long prefill they add up (an op that scatters weighted rows would make them one).
     for (size_t i = 0; i < tok.size(); ++i) {
       Array yi = y.slice_rows(int64_t(i), int64_t(i) + 1);
       ops::scale_(yi, weights[e][i]);
