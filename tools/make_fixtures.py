@@ -1196,6 +1196,13 @@ def write_family(family, out_root, torch, transformers, device):
         print(f"{family}: inv_freq max rel diff {np.max(np.abs(inv_loaded / inv_expected - 1)):.2e}")
     print(f"{family}: files {sorted(os.listdir(folder))}")
     print(f"{family}: config.json {json.dumps(written_config, sort_keys=True)}")
+    if is_moe:
+        print(f"{family}: routing {json.dumps(report['routing'])}")
+        print(f"{family}: tensor name patterns {json.dumps(report['tensor_name_patterns_written'])}")
+        # After the files are written, for inspection: a routing read otherwise than the numpy
+        # forward reads it shows as a whole expert's difference in some row.
+        if not max(numpy_diffs) < 1e-2:
+            raise RuntimeError(f"{family}: numpy float64 forward differs from transformers by {max(numpy_diffs)}")
 
 
 # ----------------------------------------------------------------------------------------
