@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Writes tiny random-weight checkpoints and their transformers reference outputs.
 
-For each family (llama, qwen2, gemma3, gemma3-mm, cohere2; --families picks some) this
-writes, under OUT/<family>/:
+For each family (llama, qwen2, qwen3, mistral, gemma3, gemma3-mm, cohere2, and the
+mixtures of experts qwen3-moe, qwen3-moe-128, mixtral; --families picks some) this writes,
+under OUT/<family>/:
   config.json, generation_config.json, model.safetensors   (bf16, via save_pretrained)
   reference.safetensors                                    (see below)
   reference.json                                           (versions, config, seeds, margins)
@@ -25,7 +26,16 @@ transformers logits as a check on how the config was interpreted.
 Usage:
   python3 make_fixtures.py --out DIR            (needs torch + transformers; CUDA if present)
   python3 make_fixtures.py --numpy-only         (margins of the numpy forward only; no torch)
+  python3 make_fixtures.py --numpy-reference --out DIR
+                                                (no torch: the folder written by this script and
+                                                 the float64 numpy forward as the reference;
+                                                 reference.json says "reference": "numpy-float64"
+                                                 until a run with transformers replaces it)
   --families gemma3,gemma3-mm,cohere2            (a subset; gemma3-mm needs gemma3 in the same OUT)
+
+The mixture-of-experts families (moe_fixtures.py) also record how close each token's routing
+came to a tie (router gaps), and --numpy-only counts the routing choices that change when the
+K/V rows are rounded to float16 as the engine stores them.
 """
 
 import argparse
@@ -37,6 +47,8 @@ import sys
 import traceback
 
 import numpy as np
+
+import moe_fixtures as moe
 
 SEQUENCE_LENGTHS = (7, 33, 100)
 N_GREEDY = 64
@@ -335,6 +347,146 @@ FAMILIES = {
             "final_norm_scale": 4.5,
         },
     },
+    "qwen3-moe": {
+        # Qwen3MoeForCausalLM: Qwen3 attention (q/k norms, head_dim 32 with 4 heads) and sparse
+        # MoE blocks of 8 experts, top 2, the chosen weights not renormalized (norm_topk_prob
+        # false, Qwen3MoeConfig's default); layer 1 is dense (mlp_only_layers) with the
+        # intermediate_size MLP. Seed picked by a float64 numpy sweep for greedy margins and
+        # router gaps (moe_fixtures.py).
+        "seed": 501,
+        "config": {
+            "model_type": "qwen3_moe",
+            "vocab_size": 512,
+            "hidden_size": 64,
+            "intermediate_size": 96,
+            "moe_intermediate_size": 16,
+            "num_hidden_layers": 3,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 32,
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "norm_topk_prob": False,
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [1],
+            "rms_norm_eps": 1e-6,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+            "max_position_embeddings": 2048,
+            "tie_word_embeddings": False,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+            "hidden_act": "silu",
+            "attention_bias": False,
+            "use_sliding_window": False,
+            "router_aux_loss_coef": 0.001,
+        },
+        "std": {
+            "embed": 1.0,
+            "lm_head": 1.0,
+            "q": 0.15,
+            "k": 0.15,
+            "v": 0.3,
+            "o": 0.3,
+            "router": 0.3,
+            "gate": 0.14,
+            "up": 0.14,
+            "down": 0.5,
+            "norm": 0.1,
+            "qk_norm": 0.3,
+            "final_norm_scale": 1.0,
+            "bias": 0.0,
+        },
+    },
+    "qwen3-moe-128": {
+        # The routing of the real Qwen3-30B-A3B (128 experts, top 8, renormalized) at tiny
+        # widths: hidden 32, experts of width 8, two sparse layers.
+        "seed": 516,
+        "config": {
+            "model_type": "qwen3_moe",
+            "vocab_size": 512,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "moe_intermediate_size": 8,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "head_dim": 32,
+            "num_experts": 128,
+            "num_experts_per_tok": 8,
+            "norm_topk_prob": True,
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [],
+            "rms_norm_eps": 1e-6,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+            "max_position_embeddings": 2048,
+            "tie_word_embeddings": False,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+            "hidden_act": "silu",
+            "attention_bias": False,
+            "use_sliding_window": False,
+            "router_aux_loss_coef": 0.001,
+        },
+        "std": {
+            "embed": 1.0,
+            "lm_head": 1.0,
+            "q": 0.2,
+            "k": 0.2,
+            "v": 0.3,
+            "o": 0.15,
+            "router": 0.3,
+            "gate": 0.2,
+            "up": 0.2,
+            "down": 0.8,
+            "norm": 0.1,
+            "qk_norm": 0.3,
+            "final_norm_scale": 1.0,
+            "bias": 0.0,
+        },
+    },
+    "mixtral": {
+        # MixtralForCausalLM: Mistral attention with a sliding window of 16 (the 33- and
+        # 100-token sequences pass it) and 8 experts of intermediate_size, top 2 (a softmax
+        # over the two chosen logits).
+        "seed": 522,
+        "config": {
+            "model_type": "mixtral",
+            "vocab_size": 512,
+            "hidden_size": 64,
+            "intermediate_size": 32,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "num_local_experts": 8,
+            "num_experts_per_tok": 2,
+            "rms_norm_eps": 1e-5,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+            "max_position_embeddings": 2048,
+            "sliding_window": 16,
+            "tie_word_embeddings": False,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+            "hidden_act": "silu",
+            "router_jitter_noise": 0.0,
+            "router_aux_loss_coef": 0.001,
+        },
+        "std": {
+            "embed": 1.0,
+            "lm_head": 1.0,
+            "q": 0.14,
+            "k": 0.14,
+            "v": 0.14,
+            "o": 0.14,
+            "router": 0.3,
+            "gate": 0.14,
+            "up": 0.14,
+            "down": 0.2,
+            "norm": 0.1,
+            "final_norm_scale": 1.0,
+            "bias": 0.0,
+        },
+    },
 }
 
 
@@ -381,7 +533,7 @@ def make_weights(family):
         w[p + "self_attn.q_proj.weight"] = normal((n_heads * hd, hidden), std["q"])
         w[p + "self_attn.k_proj.weight"] = normal((n_kv * hd, hidden), std["k"])
         w[p + "self_attn.v_proj.weight"] = normal((n_kv * hd, hidden), std["v"])
-        if cfg["model_type"] == "qwen3":
+        if cfg["model_type"] in ("qwen3", "qwen3_moe"):
             w[p + "self_attn.q_norm.weight"] = round_to_bf16(1.0 + rng.standard_normal(hd) * std["qk_norm"])
             w[p + "self_attn.k_norm.weight"] = round_to_bf16(1.0 + rng.standard_normal(hd) * std["qk_norm"])
         if has_qkv_bias:
@@ -390,6 +542,9 @@ def make_weights(family):
             w[p + "self_attn.v_proj.bias"] = normal((n_kv * hd,), std["bias"])
         w[p + "self_attn.o_proj.weight"] = normal((hidden, n_heads * hd), std["o"])
         w[p + "post_attention_layernorm.weight"] = norm_weight()
+        if moe.is_moe_config(cfg):
+            w.update(moe.draw_mlp(cfg, std, i, p, normal))
+            continue
         w[p + "mlp.gate_proj.weight"] = normal((inter, hidden), std["gate"])
         w[p + "mlp.up_proj.weight"] = normal((inter, hidden), std["up"])
         w[p + "mlp.down_proj.weight"] = normal((hidden, inter), std["down"])
@@ -662,11 +817,13 @@ def numpy_forward(cfg, w, tokens, probe=None):
         return gemma3_forward(cfg, w, tokens, probe)
     if cfg["model_type"] == "cohere2":
         return cohere2_forward(cfg, w, tokens, probe)
-    return llama_forward(cfg, w, tokens)
+    return llama_forward(cfg, w, tokens, probe)
 
 
-def llama_forward(cfg, w, tokens):
-    """logits [T, vocab] float64 of a llama / qwen2 / qwen3 / mistral causal forward over `tokens`."""
+def llama_forward(cfg, w, tokens, probe=None, kv_f16=False):
+    """logits [T, vocab] float64 of a llama / qwen2 / qwen3 / mistral / qwen3_moe / mixtral
+    causal forward over `tokens`. `probe` receives the MoE routing (moe_fixtures.moe_f64);
+    `kv_f16` rounds K and V to float16 as the engine stores them (a diagnostic)."""
     f64 = {k: v.astype(np.float64) for k, v in w.items()}
     n_heads, n_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hd = head_dim_of(cfg)
@@ -705,6 +862,8 @@ def llama_forward(cfg, w, tokens):
             k = rms_norm(k, f64[p + "self_attn.k_norm.weight"])
         q, k = rope(q), rope(k)
         v = linear(h, p + "self_attn.v_proj").reshape(T, n_kv, hd)
+        if kv_f16:
+            k, v = k.astype(np.float16).astype(np.float64), v.astype(np.float16).astype(np.float64)
         out = np.empty((T, n_heads, hd))
         for hh in range(n_heads):
             kv = hh // (n_heads // n_kv)
@@ -714,6 +873,9 @@ def llama_forward(cfg, w, tokens):
             out[:, hh, :] = s @ v[:, kv, :]
         x = x + linear(out.reshape(T, n_heads * hd), p + "self_attn.o_proj")
         h = rms_norm(x, f64[p + "post_attention_layernorm.weight"])
+        if moe.is_moe_config(cfg):
+            x = x + moe.mlp_f64(cfg, f64, i, p, h, probe)
+            continue
         g = linear(h, p + "mlp.gate_proj")
         act = g / (1.0 + np.exp(-g)) * linear(h, p + "mlp.up_proj")
         x = x + linear(act, p + "mlp.down_proj")
@@ -781,7 +943,7 @@ def numpy_only(families):
             margins.append(top2_margins(logits))
             print(f"{family} T={len(s)} logit std {logits.std():.3f} max|.| {np.abs(logits).max():.2f}")
         print(family, "logit margins", json.dumps(stats(np.concatenate(margins))))
-        if probe:
+        if probe and not moe.is_moe_config(cfg):
             print(family, "activation maxima", json.dumps(probe))
             check_activation_maxima(family, probe)
         g_margins, g_tokens = [], []
@@ -792,6 +954,9 @@ def numpy_only(families):
         print(family, "greedy margins", json.dumps(stats(np.concatenate(g_margins))))
         for t in g_tokens:
             print(family, "greedy distinct tokens", len(set(t.tolist())), t[:16].tolist())
+        if moe.is_moe_config(cfg):
+            routed = seqs + [np.concatenate([s, t]) for s, t in zip(seqs, g_tokens)]
+            print(family, "routing", json.dumps(routing_report(cfg, w, routed)))
         if cfg["model_type"] == "gemma3_text":
             for t in ("sliding_attention", "full_attention"):
                 print(family, t, "inv_freq[:4]", gemma3_inv_freq(cfg, t)[:4].tolist())
@@ -801,8 +966,53 @@ def numpy_only(families):
             print(family, "inv_freq", rope_inv_freq(cfg).tolist())
 
 
+def routing_report(cfg, w, sequences):
+    """How near the MoE routing of `sequences` (the references' prompts and their greedy
+    continuations, as the tests feed them) comes to a tie: the relative router gaps of the
+    reference forward (float64; moe_fixtures.route_f64), and, against the same forward with K
+    and V rounded to float16 as the engine stores them, how many (token, layer) choices change
+    and the smallest ratio of a choice's gap to how much the rounding moves it (below 1 it
+    flips). A fixture wants no change and a ratio well above 1: a choice the engine makes
+    otherwise than the reference moves that token's logits far past any tolerance."""
+    exact, rounded = {}, {}
+    for s in sequences:
+        llama_forward(cfg, w, s, exact)
+        llama_forward(cfg, w, s, rounded, kv_f16=True)
+    changed = sum(
+        int(np.any(a != b, axis=-1).sum()) for a, b in zip(exact["router_choices"], rounded["router_choices"])
+    )
+    moved = max(float(np.abs(a - b).max()) for a, b in zip(exact["router_logits"], rounded["router_logits"]))
+    # Each choice's gap (k-th minus (k+1)-th logit, over the row's std) against how much the
+    # float16 rows move that same difference: below 1 the choice flips.
+    k = cfg["num_experts_per_tok"]
+    safety = np.inf
+    for a, b in zip(exact["router_logits"], rounded["router_logits"]):
+        if k >= a.shape[1]:
+            continue
+        order = np.argsort(-a, axis=-1, kind="stable")[:, k - 1 : k + 1]
+        gap_a = np.diff(-np.take_along_axis(a, order, axis=-1), axis=-1)[:, 0]
+        gap_b = np.diff(-np.take_along_axis(b, order, axis=-1), axis=-1)[:, 0]
+        safety = min(safety, float(np.min(gap_a / np.maximum(np.abs(gap_a - gap_b), 1e-12))))
+    return {
+        "router_gaps": moe.router_stats(exact),
+        "choices_changed_by_f16_kv": changed,
+        "max_relative_router_logit_change_by_f16_kv": moved,
+        "min_gap_over_its_f16_kv_change": safety,
+    }
+
+
 # ----------------------------------------------------------------------------------------
 # transformers side
+
+# The config and model classes of the families write_family handles, by model_type.
+CAUSAL_LM_CLASSES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM"),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+    "mistral": ("MistralConfig", "MistralForCausalLM"),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
+}
 
 
 def write_family(family, out_root, torch, transformers, device):
@@ -815,29 +1025,29 @@ def write_family(family, out_root, torch, transformers, device):
 
     cfg_kwargs = {k: v for k, v in cfg.items() if k != "model_type"}
     cfg_kwargs["rope_parameters"] = dict(cfg["rope_parameters"])
-    classes = {
-        "llama": ("LlamaConfig", "LlamaForCausalLM"),
-        "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
-        "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
-        "mistral": ("MistralConfig", "MistralForCausalLM"),
-    }[family]
+    classes = CAUSAL_LM_CLASSES[cfg["model_type"]]
     config = getattr(transformers, classes[0])(**cfg_kwargs)
     model_cls = getattr(transformers, classes[1])
+    is_moe = moe.is_moe_config(cfg)
+    if is_moe:
+        config._experts_implementation = "eager"
 
-    weights = make_weights(family)
+    weights = make_weights(family)  # checkpoint names
     torch.manual_seed(spec["seed"])
     writer = model_cls(config).to(torch.float32)
     sd = writer.state_dict()
     expected = set(sd.keys())
     if cfg["tie_word_embeddings"]:
         expected.discard("lm_head.weight")
-    if expected != set(weights.keys()):
+    # The model's own names: transformers 5 holds a sparse layer's experts fused.
+    model_weights = moe.model_state(cfg, weights, expected) if is_moe else weights
+    if expected != set(model_weights.keys()):
         raise RuntimeError(
-            f"{family}: parameter names differ: model-only {sorted(expected - set(weights))}, "
-            f"numpy-only {sorted(set(weights) - expected)}"
+            f"{family}: parameter names differ: model-only {sorted(expected - set(model_weights))}, "
+            f"numpy-only {sorted(set(model_weights) - expected)}"
         )
     with torch.no_grad():
-        for name, value in weights.items():
+        for name, value in model_weights.items():
             if tuple(sd[name].shape) != value.shape:
                 raise RuntimeError(f"{family}: {name} shape {tuple(sd[name].shape)} vs {value.shape}")
             sd[name].copy_(torch.from_numpy(value))
@@ -851,6 +1061,8 @@ def write_family(family, out_root, torch, transformers, device):
     if not os.path.exists(os.path.join(folder, "model.safetensors")):
         raise RuntimeError(f"{family}: save_pretrained wrote {sorted(os.listdir(folder))}")
 
+    written_names = safetensors_names(os.path.join(folder, "model.safetensors"))
+
     # Everything below uses only the folder.
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(
@@ -860,9 +1072,13 @@ def write_family(family, out_root, torch, transformers, device):
         model = transformers.AutoModelForCausalLM.from_pretrained(
             folder, torch_dtype=torch.float32, attn_implementation="eager"
         )
+    experts_implementation = None
+    if is_moe:  # the reference loops over the experts (no grouped GEMM)
+        model.config._experts_implementation = "eager"
+        experts_implementation = model.config._experts_implementation
     model = model.to(device).eval()
     loaded_sd = model.state_dict()
-    for name, value in weights.items():
+    for name, value in model_weights.items():
         got = loaded_sd[name].detach().float().cpu().numpy()
         if not np.array_equal(got, value):
             raise RuntimeError(f"{family}: reloaded {name} differs from the bf16 weights written")
@@ -870,7 +1086,7 @@ def write_family(family, out_root, torch, transformers, device):
     seqs = make_token_sequences(vocab)
     tensors = {}
     all_margins, greedy_all, numpy_diffs, generate_agreement = [], [], [], []
-    numpy_greedy_agree = []
+    numpy_greedy_agree, greedy_sequences = [], []
 
     with torch.no_grad():
         for i, s in enumerate(seqs):
@@ -900,6 +1116,7 @@ def write_family(family, out_root, torch, transformers, device):
             tensors[f"greedy_tokens_{i}"] = torch.from_numpy(g_tokens).contiguous()
             tensors[f"greedy_margins_{i}"] = torch.from_numpy(g_margins).contiguous()
             greedy_all.append(g_margins)
+            greedy_sequences.append(np.concatenate([s, g_tokens]))
             np_tokens, _ = numpy_greedy(cfg, weights, s, N_GREEDY)
             numpy_greedy_agree.append(bool(np.array_equal(np_tokens, g_tokens)))
 
@@ -941,6 +1158,7 @@ def write_family(family, out_root, torch, transformers, device):
         written_config = json.load(f)
     report = {
         "family": family,
+        "reference": "transformers",
         "torch_version": torch.__version__,
         "transformers_version": transformers.__version__,
         "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
@@ -965,6 +1183,10 @@ def write_family(family, out_root, torch, transformers, device):
         "rope_inv_freq_expected": inv_expected.tolist(),
         "rope_inv_freq_loaded": None if inv_loaded is None else inv_loaded.tolist(),
     }
+    if is_moe:
+        report["experts_implementation"] = experts_implementation
+        report["tensor_name_patterns_written"] = name_patterns(written_names)
+        report["routing"] = routing_report(cfg, weights, seqs + greedy_sequences)
     with open(os.path.join(folder, "reference.json"), "w") as f:
         json.dump(report, f, indent=2)
         f.write("\n")
@@ -974,6 +1196,13 @@ def write_family(family, out_root, torch, transformers, device):
         print(f"{family}: inv_freq max rel diff {np.max(np.abs(inv_loaded / inv_expected - 1)):.2e}")
     print(f"{family}: files {sorted(os.listdir(folder))}")
     print(f"{family}: config.json {json.dumps(written_config, sort_keys=True)}")
+    if is_moe:
+        print(f"{family}: routing {json.dumps(report['routing'])}")
+        print(f"{family}: tensor name patterns {json.dumps(report['tensor_name_patterns_written'])}")
+        # After the files are written, for inspection: a routing read otherwise than the numpy
+        # forward reads it shows as a whole expert's difference in some row.
+        if not max(numpy_diffs) < 1e-2:
+            raise RuntimeError(f"{family}: numpy float64 forward differs from transformers by {max(numpy_diffs)}")
 
 
 # ----------------------------------------------------------------------------------------
@@ -1305,10 +1534,116 @@ def write_family_hybrid(family, out_root, torch, transformers, device):
         raise RuntimeError(f"{family}: " + "; ".join(problems))
 
 
+# ----------------------------------------------------------------------------------------
+# without torch: the numpy forward as the reference
+
+
+def write_safetensors_numpy(path, tensors):
+    """tensors: name -> (safetensors dtype "BF16" | "F32" | "I32", numpy array); a BF16
+    array is float32 holding bf16-exact values. Written in the given order."""
+    header, blobs, offset = {"__metadata__": {"format": "pt"}}, [], 0
+    for name, (dtype, a) in tensors.items():
+        if dtype == "BF16":
+            data = (np.ascontiguousarray(a, dtype=np.float32).view(np.uint32) >> 16).astype("<u2").tobytes()
+        else:
+            data = np.ascontiguousarray(a, dtype={"F32": "<f4", "I32": "<i4"}[dtype]).tobytes()
+        header[name] = {"dtype": dtype, "shape": list(a.shape), "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little"))
+        f.write(text)
+        for b in blobs:
+            f.write(b)
+
+
+def write_family_numpy(family, out_root):
+    """The folder as write_family lays it out, without torch: config.json as this script
+    states it, the bf16 weights under their checkpoint names, and the float64 numpy forward
+    (logits rounded to float32, greedy continuations) as the reference. reference.json says
+    "reference": "numpy-float64"; a run with transformers (the default) replaces the folder."""
+    spec = FAMILIES[family]
+    cfg = config_of(family)
+    if cfg["model_type"] not in CAUSAL_LM_CLASSES:
+        raise RuntimeError(f"{family}: --numpy-reference covers the families of write_family")
+    folder = os.path.join(out_root, family)
+    os.makedirs(folder, exist_ok=True)
+    config = {"architectures": [CAUSAL_LM_CLASSES[cfg["model_type"]][1]], **cfg, "dtype": "bfloat16"}
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(config, f, indent=2, sort_keys=True)
+        f.write("\n")
+    with open(os.path.join(folder, "generation_config.json"), "w") as f:
+        json.dump({"bos_token_id": cfg["bos_token_id"], "eos_token_id": cfg["eos_token_id"]}, f, indent=2)
+        f.write("\n")
+    weights = make_weights(family)
+    write_safetensors_numpy(
+        os.path.join(folder, "model.safetensors"), {n: ("BF16", weights[n]) for n in sorted(weights)}
+    )
+
+    seqs = make_token_sequences(cfg["vocab_size"], sequence_lengths_of(family))
+    tensors, all_margins, greedy_all, greedy_sequences = {}, [], [], []
+    for i, s in enumerate(seqs):
+        logits = numpy_forward(cfg, weights, s)
+        if not np.isfinite(logits).all():
+            raise RuntimeError(f"{family}: non-finite logits for sequence {i}")
+        g_tokens, g_margins = numpy_greedy(cfg, weights, s, N_GREEDY)
+        tensors[f"tokens_{i}"] = ("I32", s)
+        tensors[f"logits_{i}"] = ("F32", logits.astype(np.float32))
+        tensors[f"greedy_prompt_{i}"] = ("I32", s)
+        tensors[f"greedy_tokens_{i}"] = ("I32", g_tokens.astype(np.int32))
+        tensors[f"greedy_margins_{i}"] = ("F32", g_margins.astype(np.float32))
+        all_margins.append(top2_margins(logits))
+        greedy_all.append(g_margins)
+        greedy_sequences.append(np.concatenate([s, g_tokens]))
+        print(f"{family} seq {i} T={len(s)}: greedy margin median {np.median(g_margins):.3f} min {g_margins.min():.4f}")
+    write_safetensors_numpy(os.path.join(folder, "reference.safetensors"), tensors)
+
+    report = {
+        "family": family,
+        "reference": "numpy-float64",
+        "regenerate": f"python3 tools/make_fixtures.py --families {family} --out OUT (torch + transformers, "
+        "on a GPU machine), then copy OUT/" + family + " here",
+        "compute": "float64 numpy forward of the bf16 weights (make_fixtures.py numpy_forward), logits rounded to "
+        "float32; no transformers in this run",
+        "config_arguments": {k: v for k, v in cfg.items() if k != "model_type"},
+        "config_json_written": config,
+        "tensor_name_patterns_written": name_patterns(weights),
+        "weight_seed": spec["seed"],
+        "weight_std": spec["std"],
+        "weight_init": "numpy default_rng(weight_seed) standard_normal * std, rounded to bf16; "
+        "norm weights 1 + std_norm * N(0,1), the final norm's times final_norm_scale; "
+        "seeds picked (numpy float64 sweep) for clear greedy margins and router gaps",
+        "token_seed": TOKEN_SEED,
+        "token_range": [MIN_TOKEN_ID, cfg["vocab_size"]],
+        "sequence_lengths": list(sequence_lengths_of(family)),
+        "greedy": f"{N_GREEDY} tokens by a loop of full forwards (no cache), eos ignored; "
+        "greedy_prompt_<i> equals tokens_<i>",
+        "logit_margin_stats": stats(np.concatenate(all_margins)),
+        "greedy_margin_stats": stats(np.concatenate(greedy_all)),
+        "rope_inv_freq_expected": rope_inv_freq(cfg).tolist(),
+    }
+    if moe.is_moe_config(cfg):
+        report["routing"] = routing_report(cfg, weights, seqs + greedy_sequences)
+    with open(os.path.join(folder, "reference.json"), "w") as f:
+        json.dump(report, f, indent=2)
+        f.write("\n")
+    print(f"{family}: greedy margins {json.dumps(report['greedy_margin_stats'])}")
+    if "routing" in report:
+        print(f"{family}: routing {json.dumps(report['routing'])}")
+    print(f"{family}: files {sorted(os.listdir(folder))}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", help="output folder (one subfolder per family)")
     ap.add_argument("--numpy-only", action="store_true", help="print numpy-forward margins only")
+    ap.add_argument(
+        "--numpy-reference",
+        action="store_true",
+        help="write the folders with the numpy float64 forward as the reference (no torch)",
+    )
     ap.add_argument("--families", default=",".join(FAMILIES), help="comma-separated subset")
     args = ap.parse_args()
     families = [f for f in args.families.split(",") if f]
@@ -1320,6 +1655,10 @@ def main():
         return 0
     if not args.out:
         ap.error("--out is required")
+    if args.numpy_reference:
+        for family in families:
+            write_family_numpy(family, args.out)
+        return 0
 
     import torch
     import transformers
@@ -1332,7 +1671,7 @@ def main():
     failed = []
     for family in families:
         try:
-            if family in ("llama", "qwen2", "qwen3", "mistral"):
+            if spec_of(family)["config"]["model_type"] in CAUSAL_LM_CLASSES:
                 write_family(family, args.out, torch, transformers, device)
             else:
                 write_family_hybrid(family, args.out, torch, transformers, device)

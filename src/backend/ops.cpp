@@ -827,6 +827,8 @@ Array to_device(const Array& src, Device device) {
   return out;
 }
 
+Array to_host(const Array& src) { return to_device(src, Device::cpu()); }
+
 void synchronize(Device device) {
   if (!device.is_cpu()) cuda_ops::synchronize();
 }

@@ -201,6 +201,9 @@ Array cast(const Array& src, DType dtype);
 // `src` on `device` (itself when already there). A copy to the CPU waits for the device's
 // stream; a copy to a CUDA device is queued on it (the source may be reused at once).
 Array to_device(const Array& src, Device device);
+// `src` on the host (itself when already there); a copy from a device waits for its stream.
+// For code that decides on the host from values computed on the device (a router's choice).
+Array to_host(const Array& src);
 // Waits for the device's queued work (no-op on the CPU).
 void synchronize(Device device);
 

@@ -25,6 +25,7 @@ struct DecoderLayer {
   LinearGroup gate_up;            // gate, up [f, hidden]
   LinearWeight w_down;            // [hidden, f]
   Array b_down;
+  std::unique_ptr<FeedForward> ffn;  // the family's block in place of the gated MLP, or null
 };
 
 // `v` as the nearest value of `dt` (f32 unchanged): transformers multiplies Gemma's embeddings
@@ -43,6 +44,8 @@ class Decoder final : public Model {
     const int64_t h = spec.hidden_size, hd = spec.head_dim, f = spec.intermediate_size;
     const int64_t q_out = spec.n_heads * hd, kv_out = spec.n_kv_heads * hd;
     const ShardSpec shard = comm_ ? comm_->shard() : ShardSpec{};
+    if (spec.feed_forward && shard.sharded())
+      throw Unsupported(spec.model_type + ": tensor parallelism over its feed-forward blocks (experts) is not supported");
     heads_ = shard_heads(spec.n_heads, spec.n_kv_heads, shard);
     const ShardRange ff = shard_range(f, shard), vocab = shard_range(spec.vocab_size, shard);
     const bool lead = shard.rank == 0;
@@ -87,10 +90,13 @@ class Decoder final : public Model {
                              h, dt, spec.attention_bias);
       L.wo = w.linear(p + "self_attn.o_proj", h, q_out, dt, cols(q_rows));
       if (spec.o_proj_bias) L.bo = row_split_bias(p + "self_attn.o_proj.bias");
-      L.gate_up = w.linear_group({part(p + "mlp.gate_proj", f, ff), part(p + "mlp.up_proj", f, ff)}, h, dt,
-                                 spec.mlp_bias);
-      L.w_down = w.linear(p + "mlp.down_proj", h, f, dt, cols(ff));
-      if (spec.mlp_bias) L.b_down = row_split_bias(p + "mlp.down_proj.bias");
+      if (spec.feed_forward) L.ffn = spec.feed_forward(FeedForwardContext{w, p, i, h, dt});
+      if (!L.ffn) {
+        L.gate_up = w.linear_group({part(p + "mlp.gate_proj", f, ff), part(p + "mlp.up_proj", f, ff)}, h, dt,
+                                   spec.mlp_bias);
+        L.w_down = w.linear(p + "mlp.down_proj", h, f, dt, cols(ff));
+        if (spec.mlp_bias) L.b_down = row_split_bias(p + "mlp.down_proj.bias");
+      }
       layers_.push_back(std::move(L));
     }
     final_norm_ = w.vector_f32(P + "norm.weight", h);
@@ -116,6 +122,13 @@ class Decoder final : public Model {
     info_.embedding_only = !spec.head;
     w.record_weights(info_, dt);
     w.finish();
+  }
+
+ public:
+  bool supports_graph_capture() const override {
+    for (const DecoderLayer& L : layers_)
+      if (L.ffn && !L.ffn->capturable()) return false;
+    return true;
   }
 
  protected:
@@ -152,20 +165,20 @@ class Decoder final : public Model {
       switch (spec_.block) {
         case DecoderBlock::sequential: {
           h = add_norm(x, reduced(ops::linear(a, L.wo, L.bo)), L.norm_mid);
-          add_then_norm(x, reduced(ops::linear(mlp(h, L), L.w_down, L.b_down)), next_norm, h);
+          add_then_norm(x, feed_forward(h, L), next_norm, h);
           break;
         }
         case DecoderBlock::sandwich: {
           Array o = norm(reduced(ops::linear(a, L.wo, L.bo)), L.norm_mid);
           h = add_norm(x, o, L.norm_pre_ffn);
-          ops::add_(x, norm(reduced(ops::linear(mlp(h, L), L.w_down, L.b_down)), L.norm_post_ffn));
+          ops::add_(x, norm(feed_forward(h, L), L.norm_post_ffn));
           if (next_norm) h = norm(x, *next_norm);
           break;
         }
         case DecoderBlock::parallel: {
-          Array m = ops::linear(mlp(h, L), L.w_down, L.b_down);
+          Array m = feed_forward(h, L);
           ops::add_(x, reduced(ops::linear(a, L.wo, L.bo)));
-          ops::add_(x, reduced(std::move(m)));
+          ops::add_(x, m);
           if (next_norm) h = norm(x, *next_norm);
           break;
         }
@@ -250,6 +263,12 @@ class Decoder final : public Model {
 
   Array mlp(const Array& h, const DecoderLayer& L) const {
     return spec_.activation == DecoderActivation::gelu_tanh ? gelu_gate(h, L.gate_up) : silu_gate(h, L.gate_up);
+  }
+  // The layer's feed-forward output over h (its normed input), summed over the ranks: the
+  // family's block where it gave one (never sharded), else the gated MLP and down_proj.
+  Array feed_forward(const Array& h, const DecoderLayer& L) const {
+    if (L.ffn) return L.ffn->forward(h);
+    return reduced(ops::linear(mlp(h, L), L.w_down, L.b_down));
   }
 
   DecoderSpec spec_;

@@ -14,6 +14,10 @@
 // sentence-transformers' embedding checkpoints take) has the same tensors without the prefix
 // and no head: it loads as an embedding-only model (ModelInfo::embedding_only).
 //
+// A family may give some or all layers another feed-forward block than the gated MLP
+// (DecoderSpec::feed_forward: a mixture of experts, model/moe.h); the decoder calls it where it
+// would call the MLP, and such a model is not sharded.
+//
 // Tensor parallelism (LoadOptions::comm over N ranks): q/k/v and gate/up split by output rows
 // (whole heads), o and down by input columns (their partial sums meet in an all-reduce before
 // anything reads them), the head by vocabulary rows (gathered). A row-split layer's bias is
@@ -23,6 +27,7 @@
 #include <vector>
 
 #include "model/decoder_dims.h"
+#include "model/feed_forward.h"
 #include "model/model.h"
 #include "model/rope.h"
 #include "model/weight_loader.h"
@@ -79,6 +84,11 @@ struct DecoderSpec : DecoderDims {
   bool attention_bias = false;  // q/k/v biases
   bool o_proj_bias = false;
   bool mlp_bias = false;
+  // A layer's feed-forward block other than the gated MLP of intermediate_size (a family's
+  // mixture of experts): called for each layer while loading; a null block (or no loader)
+  // leaves that layer the gated MLP. A model with such blocks is not captured in device graphs
+  // unless every block is capturable, and not sharded for tensor parallelism.
+  FeedForwardLoader feed_forward;
   bool tie_word_embeddings = false;  // the embedding table is the head unless the file has lm_head
   // K/V rows in bf16 for a bf16 checkpoint (activations that may pass float16's range), else f16.
   bool kv_rows_follow_weights = false;

@@ -1,6 +1,7 @@
 #include "model/llama.h"
 
 #include <cmath>
+#include <cstdint>
 
 #include "model/config_reader.h"
 
@@ -18,6 +19,14 @@ DecoderSpec parse_llama_config(const ConfigReader& c, double default_rope_theta)
   spec.quant = parse_quant_config(c);
   c.get_choice("hidden_act", "silu", {"silu"});
   return spec;
+}
+
+void read_every_layer_window(const ConfigReader& c, DecoderSpec& spec) {
+  if (!c.has("sliding_window")) return;  // null: full attention, as absent
+  spec.sliding_window = c.get_int("sliding_window");
+  if (spec.sliding_window <= 0 || spec.sliding_window > INT32_MAX)
+    c.fail("sliding_window", "must be null or a positive integer below 2^31");
+  spec.sliding.assign(size_t(spec.n_layers), true);
 }
 
 void register_llama_family() {

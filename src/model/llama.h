@@ -10,4 +10,8 @@ namespace osprey {
 // The fields every Llama-like config.json has; errors name the field.
 DecoderSpec parse_llama_config(const ConfigReader& config, double default_rope_theta);
 
+// Mistral's (and Mixtral's) `sliding_window`: when set, every layer attends to that many
+// positions; null or absent, full attention.
+void read_every_layer_window(const ConfigReader& config, DecoderSpec& spec);
+
 }  // namespace osprey

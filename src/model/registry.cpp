@@ -18,13 +18,16 @@ void register_gemma3_family();
 void register_cohere2_family();
 void register_qwen3_family();
 void register_mistral_family();
+void register_qwen3_moe_family();
+void register_mixtral_family();
 
 namespace {
 
 // One line a family file. A checkpoint type with the layout of a registered one is a
 // register_family call in that family's file, under its own model_type.
-constexpr void (*kFamilies[])() = {register_llama_family, register_qwen2_family, register_gemma3_family,
-                                   register_cohere2_family, register_qwen3_family, register_mistral_family};
+constexpr void (*kFamilies[])() = {register_llama_family,   register_qwen2_family,     register_gemma3_family,
+                                   register_cohere2_family, register_qwen3_family,     register_mistral_family,
+                                   register_qwen3_moe_family, register_mixtral_family};
 
 std::map<std::string, FamilyLoader>& table() {
   static std::map<std::string, FamilyLoader> m;

@@ -146,6 +146,20 @@ Array WeightLoader::matrix(const std::string& name, int64_t rows, int64_t cols, 
   return place(slice_2d(a, s.row0, s.rows, s.col0, s.cols));
 }
 
+std::vector<Array> WeightLoader::matrices(const std::string& name, int64_t n, int64_t rows, int64_t cols,
+                                          std::optional<DType> dtype) {
+  const TensorInfo& ti = weights_.info(name);
+  if (!is_float(ti.dtype))
+    throw InvalidInput("tensor " + name + " is " + tensor_str(ti) +
+                       ", but a float tensor (float32, float16 or bfloat16) is expected");
+  const Array a = weights_.get(name, dtype.value_or(ti.dtype), {n, rows, cols});
+  read_.insert(name);
+  params_ += uint64_t(n * rows * cols);
+  std::vector<Array> out;
+  for (int64_t i = 0; i < n; ++i) out.push_back(place(a.slice_rows(i, i + 1).reshape({rows, cols})));
+  return out;
+}
+
 Array WeightLoader::vector_f32(const std::string& name, int64_t n, int64_t first, int64_t count) {
   const TensorInfo& ti = weights_.info(name);
   if (!is_float(ti.dtype))
@@ -414,6 +428,8 @@ LinearGroup WeightLoader::linear_group(const std::vector<GroupPart>& parts, int6
     if (w.quantized()) finish_cpu_tiles(w.quant);
   return g;
 }
+
+bool WeightLoader::contains(const std::string& name) const { return weights_.contains(name); }
 
 void WeightLoader::ignore(const std::string& name) { read_.insert(name); }
 

@@ -69,6 +69,11 @@ class WeightLoader {
   // view of the map; a column slice is a contiguous copy of the columns, read row by row.
   Array matrix(const std::string& name, int64_t rows, int64_t cols, std::optional<DType> dtype = std::nullopt,
                const WeightSlice& slice = {});
+  // A [n, rows, cols] float tensor (f32, f16 or bf16; `dtype`, when given, must match) as n
+  // [rows, cols] matrices: on the CPU views of the memory map, on CUDA each uploaded once
+  // (a mixture of experts' fused expert weights).
+  std::vector<Array> matrices(const std::string& name, int64_t n, int64_t rows, int64_t cols,
+                              std::optional<DType> dtype = std::nullopt);
   // A [n] float vector, converted to a float32 copy (norm weights, biases); `count` >= 0:
   // elements [first, first + count) only (the bias of a layer split by its outputs).
   Array vector_f32(const std::string& name, int64_t n, int64_t first = 0, int64_t count = -1);
@@ -108,6 +113,8 @@ class WeightLoader {
   // A float32 host array placed on the target device (constants a family computes at load).
   Array constant(const Array& host);
 
+  // Whether the checkpoint has a tensor `name` (a family that reads one of two layouts).
+  bool contains(const std::string& name) const;
   // Marks `name` as deliberately left unread (a vision tower's tensors in a checkpoint whose
   // language model alone is loaded), so that require_all_read() accepts it.
   void ignore(const std::string& name);

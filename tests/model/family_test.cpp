@@ -49,7 +49,9 @@ struct Fidelity {
 };
 
 Fidelity fidelity(const std::string& family, DType kv_rows) {
-  if (family == "llama" || family == "qwen2" || family == "qwen3" || family == "mistral") return {};
+  if (family == "llama" || family == "qwen2" || family == "qwen3" || family == "mistral" || family == "qwen3-moe" ||
+      family == "qwen3-moe-128" || family == "mixtral")
+    return {};
   if (kv_rows == DType::bf16) return {2.5e-2, 5e-2, 2.5e-2, 4e-2, 3.5e-2};
   return {3e-3, 1e-2, 3e-3, 1e-2, 6e-3};
 }
