@@ -75,7 +75,9 @@ PagedBackend::PagedBackend(Model& model, const PagedBackendOptions& options) : m
              std::to_string(context_) + ": longer sequences fail");
   step_cache_ = make_paged_step_cache(*pool_, step_);
   table_width_ = ceil_div(context_, pp.block_size);
-  if (info.device.is_cpu()) options_.graphs = false;
+  // A model whose step reads values back to the host (a mixture of experts' routing) cannot be
+  // captured: it runs every step eagerly, as on the CPU.
+  if (info.device.is_cpu() || !model.supports_graph_capture()) options_.graphs = false;
   seqs_.resize(size_t(options.max_sequences));
   publish_stats();
 }
