@@ -22,6 +22,8 @@
 namespace osprey {
 namespace {
 
+using testing::error_of;
+
 using testing::TempDir;
 using testing::tokens_of;
 
@@ -35,15 +37,6 @@ void on_ranks(int n, Fn fn) {
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) threads.emplace_back([&, r] { fn(r); });
   for (auto& t : threads) t.join();
-}
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 }  // namespace

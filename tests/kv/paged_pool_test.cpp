@@ -9,9 +9,12 @@
 
 #include "core/error.h"
 #include "kv/paged_pool.h"
+#include "support/test_util.h"
 
 namespace osprey {
 namespace {
+
+using testing::error_of;
 
 using SeqId = PagedPool::SeqId;
 using Tokens = std::vector<int32_t>;
@@ -631,21 +634,11 @@ TEST(PagedPoolCounters, BlockBytesOverMixedLayers) {
 // ---------------------------------------------------------------------------------------------
 // Errors.
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const InvalidInput& e) {
-    return e.what();
-  }
-  return "";
-}
-
 TEST(PagedPoolErrors, BadParams) {
   auto with = [](auto edit) {
     PagedPoolParams p = pool_params();
     edit(p);
-    return error_of([&] { PagedPool pool(p); });
+    return error_of<InvalidInput>([&] { PagedPool pool(p); });
   };
   EXPECT_NE(with([](PagedPoolParams& p) { p.block_size = 0; }).find("block_size"), std::string::npos);
   EXPECT_NE(with([](PagedPoolParams& p) { p.n_blocks = 0; }).find("n_blocks"), std::string::npos);
@@ -664,16 +657,16 @@ TEST(PagedPoolErrors, UnknownAndFreedSequences) {
   int32_t slot = 0;
   for (SeqId bad : {s, SeqId(77), SeqId(-1)}) {
     const std::string name = "sequence " + std::to_string(bad);
-    EXPECT_NE(error_of([&] { pool.free(bad); }).find(name), std::string::npos);
-    EXPECT_NE(error_of([&] { pool.fork(bad); }).find(name), std::string::npos);
-    EXPECT_NE(error_of([&] { pool.length(bad); }).find(name), std::string::npos);
-    EXPECT_NE(error_of([&] { pool.block_table(bad); }).find(name), std::string::npos);
-    EXPECT_NE(error_of([&] { pool.reserve(bad, 1); }).find(name), std::string::npos);
-    EXPECT_NE(error_of([&] { pool.slots(bad, 0, 1, &slot); }).find(name), std::string::npos);
-    EXPECT_NE(error_of([&] { pool.commit(bad, 1); }).find(name), std::string::npos);
-    EXPECT_NE(error_of([&] { pool.truncate(bad, 0); }).find(name), std::string::npos);
-    EXPECT_NE(error_of([&] { pool.match_prefix(bad, t, 4); }).find(name), std::string::npos);
-    EXPECT_NE(error_of([&] { pool.cache_prefix(bad, t); }).find(name), std::string::npos);
+    EXPECT_NE(error_of<InvalidInput>([&] { pool.free(bad); }).find(name), std::string::npos);
+    EXPECT_NE(error_of<InvalidInput>([&] { pool.fork(bad); }).find(name), std::string::npos);
+    EXPECT_NE(error_of<InvalidInput>([&] { pool.length(bad); }).find(name), std::string::npos);
+    EXPECT_NE(error_of<InvalidInput>([&] { pool.block_table(bad); }).find(name), std::string::npos);
+    EXPECT_NE(error_of<InvalidInput>([&] { pool.reserve(bad, 1); }).find(name), std::string::npos);
+    EXPECT_NE(error_of<InvalidInput>([&] { pool.slots(bad, 0, 1, &slot); }).find(name), std::string::npos);
+    EXPECT_NE(error_of<InvalidInput>([&] { pool.commit(bad, 1); }).find(name), std::string::npos);
+    EXPECT_NE(error_of<InvalidInput>([&] { pool.truncate(bad, 0); }).find(name), std::string::npos);
+    EXPECT_NE(error_of<InvalidInput>([&] { pool.match_prefix(bad, t, 4); }).find(name), std::string::npos);
+    EXPECT_NE(error_of<InvalidInput>([&] { pool.cache_prefix(bad, t); }).find(name), std::string::npos);
   }
   EXPECT_EQ(pool.stats().n_free, pool.n_blocks());
 }
@@ -682,26 +675,26 @@ TEST(PagedPoolErrors, RowsAndLengths) {
   PagedPool pool(pool_params());
   const SeqId s = pool.create();
   std::vector<int32_t> slots(8);
-  EXPECT_NE(error_of([&] { pool.slots(s, 0, 1, slots.data()); }).find("not reserved"), std::string::npos);
+  EXPECT_NE(error_of<InvalidInput>([&] { pool.slots(s, 0, 1, slots.data()); }).find("not reserved"), std::string::npos);
   ASSERT_TRUE(pool.reserve(s, 5));
-  EXPECT_EQ(error_of([&] { pool.slots(s, 0, 5, slots.data()); }), "");
+  EXPECT_EQ(error_of<InvalidInput>([&] { pool.slots(s, 0, 5, slots.data()); }), "");
   EXPECT_EQ(slots[4], pool.block_table(s)[1] * kBlock + 0);
-  EXPECT_NE(error_of([&] { pool.slots(s, 2, 4, slots.data()); }).find("[2, 6)"), std::string::npos);
-  EXPECT_NE(error_of([&] { pool.commit(s, 6); }).find("reserved up to 5"), std::string::npos);
+  EXPECT_NE(error_of<InvalidInput>([&] { pool.slots(s, 2, 4, slots.data()); }).find("[2, 6)"), std::string::npos);
+  EXPECT_NE(error_of<InvalidInput>([&] { pool.commit(s, 6); }).find("reserved up to 5"), std::string::npos);
   pool.commit(s, 5);
   // Committed rows are no longer writable through slots().
-  EXPECT_NE(error_of([&] { pool.slots(s, 4, 1, slots.data()); }).find("not reserved"), std::string::npos);
-  EXPECT_NE(error_of([&] { pool.truncate(s, 6); }).find("to 6 rows (it holds 5)"), std::string::npos);
-  EXPECT_NE(error_of([&] { pool.truncate(s, -1); }).find("to -1"), std::string::npos);
-  EXPECT_NE(error_of([&] { pool.reserve(s, -1); }).find("-1"), std::string::npos);
-  EXPECT_NE(error_of([&] { pool.match_prefix(s, Tokens{1, 2, 3, 4}, 4); }).find("must be empty"), std::string::npos);
-  EXPECT_NE(error_of([&] { pool.match_prefix(pool.create(), Tokens{1, 2, 3, 4}, -1); }).find("max_tokens"),
+  EXPECT_NE(error_of<InvalidInput>([&] { pool.slots(s, 4, 1, slots.data()); }).find("not reserved"), std::string::npos);
+  EXPECT_NE(error_of<InvalidInput>([&] { pool.truncate(s, 6); }).find("to 6 rows (it holds 5)"), std::string::npos);
+  EXPECT_NE(error_of<InvalidInput>([&] { pool.truncate(s, -1); }).find("to -1"), std::string::npos);
+  EXPECT_NE(error_of<InvalidInput>([&] { pool.reserve(s, -1); }).find("-1"), std::string::npos);
+  EXPECT_NE(error_of<InvalidInput>([&] { pool.match_prefix(s, Tokens{1, 2, 3, 4}, 4); }).find("must be empty"), std::string::npos);
+  EXPECT_NE(error_of<InvalidInput>([&] { pool.match_prefix(pool.create(), Tokens{1, 2, 3, 4}, -1); }).find("max_tokens"),
             std::string::npos);
   // A fork takes back the reservation past the length: both reserve again.
   ASSERT_TRUE(pool.reserve(s, 2));
   const SeqId f = pool.fork(s);
-  EXPECT_NE(error_of([&] { pool.slots(s, 5, 1, slots.data()); }).find("not reserved"), std::string::npos);
-  EXPECT_NE(error_of([&] { pool.slots(f, 5, 1, slots.data()); }).find("not reserved"), std::string::npos);
+  EXPECT_NE(error_of<InvalidInput>([&] { pool.slots(s, 5, 1, slots.data()); }).find("not reserved"), std::string::npos);
+  EXPECT_NE(error_of<InvalidInput>([&] { pool.slots(f, 5, 1, slots.data()); }).find("not reserved"), std::string::npos);
   EXPECT_EQ(pool.block_table(f).size(), 2u);
 }
 

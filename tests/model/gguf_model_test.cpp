@@ -24,6 +24,8 @@
 namespace osprey {
 namespace {
 
+using testing::error_of;
+
 using testing::ints;
 using testing::relative_row_error;
 using testing::tokens_of;
@@ -39,16 +41,6 @@ std::filesystem::path st_fixture(const std::string& family) {
 double logits_bound(const std::string& family, DType kv_rows) {
   if (family == "gemma3" || family == "cohere2") return kv_rows == DType::bf16 ? 2.5e-2 : 3e-3;
   return 1e-3;
-}
-
-template <typename E>
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  return "<no error>";
 }
 
 class GgufFamily : public ::testing::TestWithParam<std::string> {};

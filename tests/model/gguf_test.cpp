@@ -14,20 +14,12 @@
 namespace osprey {
 namespace {
 
+using testing::error_of;
+
 using testing::TempDir;
 using testing::write_file;
 
 using Bytes = testing::GgufBytes;
-
-template <typename E>
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
 
 // Opens `bytes` as a .gguf file; returns the InvalidInput's text.
 std::string open_error(const std::string& bytes) {
@@ -132,7 +124,7 @@ TEST(Gguf, EveryTruncationIsAnError) {
     if (n > 0 && n < whole.size() - 40 && n % 7 != 0) continue;  // every 7th byte, and the data's end
     write_file(dir / "t.gguf", whole.substr(0, n));
     const std::string e = error_of<InvalidInput>([&] { GgufFile::open(dir / "t.gguf"); });
-    EXPECT_NE(e, "<no error>") << "a file cut at byte " << n << " was accepted";
+    EXPECT_NE(e, "") << "a file cut at byte " << n << " was accepted";
     EXPECT_NE(e.find("t.gguf"), std::string::npos) << e;
   }
 }
@@ -236,7 +228,7 @@ TEST(Gguf, RefusesBadTensorInfos) {
   EXPECT_NE(one({4}, 0, 32, 40).find("run past the end of the 40-byte data section"), std::string::npos);
   EXPECT_NE(one({4}, 0, ~0ull & ~31ull, 64).find("run past the end"), std::string::npos);
   EXPECT_NE(one({16}, 0, 0, 63).find("run past the end of the 63-byte data section"), std::string::npos);
-  EXPECT_EQ(one({16}, 0, 0, 64), "<no error>");
+  EXPECT_EQ(one({16}, 0, 0, 64), "");
 
   Bytes two;  // overlapping tensors, and one name twice
   two.header(3, 2, 0).tensor("a", {16}, 0, 0).tensor("b", {8}, 0, 32).align(32);

@@ -10,6 +10,8 @@
 namespace osprey {
 namespace {
 
+using testing::error_of;
+
 using testing::TempDir;
 using testing::write_file;
 
@@ -19,16 +21,6 @@ std::string raw_file(const std::string& header, const std::string& data, int64_t
   std::string out(8, '\0');
   std::memcpy(out.data(), &n, 8);
   return out + header + data;
-}
-
-template <typename E>
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  return "<no error>";
 }
 
 }  // namespace

@@ -13,43 +13,15 @@ namespace {
 using nlohmann::json;
 using nlohmann::ordered_json;
 
-bool sdk_missing(std::string* why) {
-  if (!std::filesystem::exists(testing::source_dir() / "node_modules" / "@anthropic-ai" / "sdk" / "package.json")) {
-    *why = "node_modules/@anthropic-ai/sdk is missing: run npm ci";
-    return true;
-  }
-  if (std::system("node --version > /dev/null 2>&1") != 0) {
-    *why = "node is not installed";
-    return true;
-  }
-  return false;
-}
-
-// Runs `node SCRIPT ARGS...` in the source folder; the exit status and what it printed.
-std::pair<int, std::string> run_node(const std::string& script, const std::vector<std::string>& args) {
-  std::string cmd = "cd '" + testing::source_dir().string() + "' && node '" +
-                    (testing::source_dir() / "tests" / "server" / script).string() + "'";
-  for (const std::string& a : args) cmd += " '" + a + "'";
-  cmd += " 2>&1";
-  std::string out;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) return {-1, "popen failed"};
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  return {::pclose(p), out};
-}
-
 TEST(ServerAnthropicClient, TheNodeClientCreatesStreamsCountsAndSeesErrors) {
-  std::string why;
-  if (sdk_missing(&why)) GTEST_SKIP() << why;
+  if (const std::string why = testing::node_client_missing("@anthropic-ai/sdk"); !why.empty()) GTEST_SKIP() << why;
   ServerOptions o = testing::demo_server_options();
   o.api_keys = {"test-key"};
   // Blocks of one row: the prefix cache reuses all but the last prompt token of a repeated
   // prompt (with 16-row blocks a short prompt has no full block).
   o.block_size = 1;
   testing::TestServer s(o);
-  auto [rc, out] = run_node("anthropic_client.mjs", {std::to_string(s.port()), "test-key", "demo"});
+  auto [rc, out] = testing::run_node_script("anthropic_client.mjs", {std::to_string(s.port()), "test-key", "demo"});
   ASSERT_EQ(rc, 0) << out;
   const json r = json::parse(out, nullptr, false);
   ASSERT_TRUE(r.is_object()) << out;
@@ -192,25 +164,6 @@ ordered_json anthropic_first_turn(const ordered_json& c, const std::string& mode
           {"tools", tools}};
 }
 
-// The events of an SSE body: (event name, data).
-std::vector<std::pair<std::string, json>> sse_named_events(const std::string& body) {
-  std::vector<std::pair<std::string, json>> out;
-  size_t pos = 0;
-  while (pos < body.size()) {
-    size_t end = body.find("\n\n", pos);
-    if (end == std::string::npos) end = body.size();
-    const std::string e = body.substr(pos, end - pos);
-    pos = end + 2;
-    const size_t nl = e.find('\n');
-    if (e.rfind("event: ", 0) != 0 || nl == std::string::npos) {
-      ADD_FAILURE() << "not an event: " << e;
-      continue;
-    }
-    out.emplace_back(e.substr(7, nl - 7), json::parse(e.substr(nl + 7), nullptr, false));
-  }
-  return out;
-}
-
 // A Qwen3 reply that reasons, then calls (tool_choice auto): a thinking block, then a tool_use
 // block, whole and streamed.
 TEST(ServerAnthropicClient, ReasoningThenACallComeBackAsThinkingAndToolUseBlocks) {
@@ -236,7 +189,7 @@ TEST(ServerAnthropicClient, ReasoningThenACallComeBackAsThinkingAndToolUseBlocks
   std::string thinking, partial;
   std::vector<std::string> blocks;
   std::string stop_reason;
-  for (const auto& [name, data] : sse_named_events(body)) {
+  for (const auto& [name, data] : testing::sse_named_events(body)) {
     EXPECT_EQ(name, data["type"].get<std::string>());
     if (name == "content_block_start") {
       EXPECT_EQ(data["index"], blocks.size());
@@ -261,8 +214,7 @@ TEST(ServerAnthropicClient, ReasoningThenACallComeBackAsThinkingAndToolUseBlocks
 // call: the request, sent in Anthropic's shape, must render as transformers renders the
 // fixture's OpenAI request, or the script would not line up.
 TEST(ServerAnthropicClient, AForcedToolCallComesBackAsAToolUseBlock) {
-  std::string why;
-  if (sdk_missing(&why)) GTEST_SKIP() << why;
+  if (const std::string why = testing::node_client_missing("@anthropic-ai/sdk"); !why.empty()) GTEST_SKIP() << why;
   const ordered_json c = testing::round_trip("qwen2_5", "one call");
   testing::ScriptedServer s("qwen2_5", testing::first_turn(c), c["reply"]);
   const ordered_json& m = c["request"]["messages"];
@@ -271,7 +223,7 @@ TEST(ServerAnthropicClient, AForcedToolCallComesBackAsAToolUseBlock) {
   request["tool_choice"] = {{"type", "tool"}, {"name", "get_weather"}};
   testing::TempDir tmp;
   testing::write_file(tmp / "request.json", request.dump());
-  auto [rc, out] = run_node("anthropic_tools.mjs", {std::to_string(s.server->port()), (tmp / "request.json").string(),
+  auto [rc, out] = testing::run_node_script("anthropic_tools.mjs", {std::to_string(s.server->port()), (tmp / "request.json").string(),
                                                     m[3]["content"].get<std::string>()});
   ASSERT_EQ(rc, 0) << out;
   const json r = json::parse(out, nullptr, false);

@@ -3,9 +3,13 @@
 // share.
 #include <httplib.h>
 
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "server/server.h"
@@ -91,6 +95,55 @@ inline std::vector<nlohmann::json> sse_events(const std::string& body, bool* don
     out.push_back(nlohmann::json::parse(line));
   }
   return out;
+}
+
+// The events of an SSE body that names them ("event: NAME" then "data: JSON"): (name, data);
+// a block that is not such an event comes back as ("", null), which no test expects.
+inline std::vector<std::pair<std::string, nlohmann::json>> sse_named_events(const std::string& body) {
+  std::vector<std::pair<std::string, nlohmann::json>> out;
+  size_t pos = 0;
+  while (pos < body.size()) {
+    size_t end = body.find("\n\n", pos);
+    if (end == std::string::npos) end = body.size();
+    const std::string e = body.substr(pos, end - pos);
+    pos = end + 2;
+    const size_t nl = e.find('\n');
+    if (e.rfind("event: ", 0) != 0 || nl == std::string::npos || e.compare(nl + 1, 6, "data: ") != 0) {
+      out.emplace_back("", nullptr);
+      continue;
+    }
+    out.emplace_back(e.substr(7, nl - 7), nlohmann::json::parse(e.substr(nl + 7), nullptr, false));
+  }
+  return out;
+}
+
+// Why a test of an npm client cannot run here: node_modules/<package> is missing (npm ci was
+// not run) or node is not installed; "" when it can.
+inline std::string node_client_missing(const std::string& package) {
+  if (!std::filesystem::exists(source_dir() / "node_modules" / package / "package.json"))
+    return "node_modules/" + package + " is missing: run npm ci";
+  if (std::system("node --version > /dev/null 2>&1") != 0) return "node is not installed";
+  return "";
+}
+
+// Runs `node tests/server/SCRIPT ARGS...` in the source folder, each argument quoted for the
+// shell; the exit status and what it printed (stdout and stderr together).
+inline std::pair<int, std::string> run_node_script(const std::string& script, const std::vector<std::string>& args) {
+  auto quote = [](const std::string& a) {
+    std::string q = "'";
+    for (char c : a) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return q + "'";
+  };
+  std::string cmd = "cd " + quote(source_dir().string()) + " && node " + quote((source_dir() / "tests" / "server" / script).string());
+  for (const std::string& a : args) cmd += " " + quote(a);
+  cmd += " 2>&1";
+  std::string out;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return {-1, "popen failed"};
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  return {::pclose(p), out};
 }
 
 }  // namespace osprey::testing

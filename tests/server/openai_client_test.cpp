@@ -8,25 +8,14 @@
 namespace osprey {
 
 TEST(ServerOpenAIClient, TheNodeClientCompletesStreamsAndSeesErrors) {
-  const auto script = testing::source_dir() / "tests" / "server" / "openai_client.mjs";
-  if (!std::filesystem::exists(testing::source_dir() / "node_modules" / "openai" / "package.json"))
-    GTEST_SKIP() << "node_modules/openai is missing: run npm ci";
-  if (std::system("node --version > /dev/null 2>&1") != 0) GTEST_SKIP() << "node is not installed";
+  if (const std::string why = testing::node_client_missing("openai"); !why.empty()) GTEST_SKIP() << why;
   ServerOptions o = testing::demo_server_options();
   o.api_keys = {"test-key"};
   // Blocks of one row: the prefix cache reuses all but the last prompt token of a repeated
   // prompt, as the script expects (with 16-row blocks a 5-token prompt has no full block).
   o.block_size = 1;
   testing::TestServer s(o);
-  const std::string cmd = "cd '" + testing::source_dir().string() + "' && node '" + script.string() + "' " +
-                          std::to_string(s.port()) + " test-key 2>&1";
-  std::string out;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int rc = ::pclose(p);
+  const auto [rc, out] = testing::run_node_script("openai_client.mjs", {std::to_string(s.port()), "test-key"});
   ASSERT_EQ(rc, 0) << out;
   const nlohmann::json r = nlohmann::json::parse(out, nullptr, false);
   ASSERT_TRUE(r.is_object()) << out;

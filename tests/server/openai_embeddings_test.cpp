@@ -14,17 +14,8 @@ namespace {
 
 using nlohmann::json;
 
-std::string shell_quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-
 TEST(ServerOpenAIEmbeddings, TheNodeClientEmbedsInBothEncodings) {
-  const auto script = testing::source_dir() / "tests" / "server" / "openai_embeddings.mjs";
-  if (!std::filesystem::exists(testing::source_dir() / "node_modules" / "openai" / "package.json"))
-    GTEST_SKIP() << "node_modules/openai is missing: run npm ci";
-  if (std::system("node --version > /dev/null 2>&1") != 0) GTEST_SKIP() << "node is not installed";
+  if (const std::string why = testing::node_client_missing("openai"); !why.empty()) GTEST_SKIP() << why;
   ServerOptions o = testing::demo_server_options();
   o.model_dir = testing::fixture_dir("qwen3-embedding");
   o.alias = "qwen3-embedding";
@@ -40,16 +31,9 @@ TEST(ServerOpenAIEmbeddings, TheNodeClientEmbedsInBothEncodings) {
       want.push_back(input);
     }
   }
-  const std::string cmd = "cd " + shell_quote(testing::source_dir().string()) + " && node " +
-                          shell_quote(script.string()) + " " + std::to_string(s.port()) + " qwen3-embedding " +
-                          shell_quote(texts.dump()) + " " + shell_quote(ids["tokens"].dump()) + " 2>&1";
-  std::string out;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  ASSERT_EQ(::pclose(p), 0) << out;
+  const auto [rc, out] = testing::run_node_script(
+      "openai_embeddings.mjs", {std::to_string(s.port()), "qwen3-embedding", texts.dump(), ids["tokens"].dump()});
+  ASSERT_EQ(rc, 0) << out;
   const json r = json::parse(out, nullptr, false);
   ASSERT_TRUE(r.is_object()) << out;
 

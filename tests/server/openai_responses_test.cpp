@@ -16,53 +16,6 @@ namespace {
 using nlohmann::json;
 using nlohmann::ordered_json;
 
-bool sdk_missing(std::string* why) {
-  if (!std::filesystem::exists(testing::source_dir() / "node_modules" / "openai" / "package.json")) {
-    *why = "node_modules/openai is missing: run npm ci";
-    return true;
-  }
-  if (std::system("node --version > /dev/null 2>&1") != 0) {
-    *why = "node is not installed";
-    return true;
-  }
-  return false;
-}
-
-// Runs `node tests/server/openai_responses.mjs ARGS...` in the source folder; the exit status and
-// what it printed.
-std::pair<int, std::string> run_node(const std::vector<std::string>& args) {
-  std::string cmd = "cd '" + testing::source_dir().string() + "' && node '" +
-                    (testing::source_dir() / "tests" / "server" / "openai_responses.mjs").string() + "'";
-  for (const std::string& a : args) cmd += " '" + a + "'";
-  cmd += " 2>&1";
-  std::string out;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) return {-1, "popen failed"};
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  return {::pclose(p), out};
-}
-
-// The events of an SSE body: (event name, data).
-std::vector<std::pair<std::string, json>> sse_named_events(const std::string& body) {
-  std::vector<std::pair<std::string, json>> out;
-  size_t pos = 0;
-  while (pos < body.size()) {
-    size_t end = body.find("\n\n", pos);
-    if (end == std::string::npos) end = body.size();
-    const std::string e = body.substr(pos, end - pos);
-    pos = end + 2;
-    const size_t nl = e.find('\n');
-    if (e.rfind("event: ", 0) != 0 || nl == std::string::npos) {
-      ADD_FAILURE() << "not an event: " << e;
-      continue;
-    }
-    out.emplace_back(e.substr(7, nl - 7), json::parse(e.substr(nl + 7), nullptr, false));
-  }
-  return out;
-}
-
 std::string message_text(const json& response) {
   std::string text;
   for (const auto& item : response["output"])
@@ -72,12 +25,11 @@ std::string message_text(const json& response) {
 }
 
 TEST(ServerResponsesClient, TheNodeClientCreatesStreamsChainsRetrievesAndDeletes) {
-  std::string why;
-  if (sdk_missing(&why)) GTEST_SKIP() << why;
+  if (const std::string why = testing::node_client_missing("openai"); !why.empty()) GTEST_SKIP() << why;
   ServerOptions o = testing::demo_server_options();
   o.api_keys = {"test-key"};
   testing::TestServer s(o);
-  auto [rc, out] = run_node({"text", std::to_string(s.port()), "test-key", "demo"});
+  auto [rc, out] = testing::run_node_script("openai_responses.mjs", {"text", std::to_string(s.port()), "test-key", "demo"});
   ASSERT_EQ(rc, 0) << out;
   const json r = json::parse(out, nullptr, false);
   ASSERT_TRUE(r.is_object()) << out;
@@ -177,8 +129,7 @@ ordered_json responses_first_turn(const ordered_json& c, const std::string& mode
 // through previous_response_id, renders as transformers renders the fixture's whole
 // conversation.
 TEST(ServerResponsesClient, AForcedCallComesBackAsAFunctionCallItemAndItsResultContinuesTheChain) {
-  std::string why;
-  if (sdk_missing(&why)) GTEST_SKIP() << why;
+  if (const std::string why = testing::node_client_missing("openai"); !why.empty()) GTEST_SKIP() << why;
   const ordered_json c = testing::round_trip("qwen2_5", "one call");
   testing::ScriptedServer s("qwen2_5", testing::first_turn(c), c["reply"]);
   ordered_json request = responses_first_turn(c, "qwen2_5");
@@ -187,7 +138,7 @@ TEST(ServerResponsesClient, AForcedCallComesBackAsAFunctionCallItemAndItsResultC
   testing::write_file(tmp / "request.json", request.dump());
   const ordered_json& m = c["request"]["messages"];
   auto [rc, out] =
-      run_node({"tools", std::to_string(s.server->port()), (tmp / "request.json").string(), m[3]["content"].get<std::string>()});
+      testing::run_node_script("openai_responses.mjs", {"tools", std::to_string(s.server->port()), (tmp / "request.json").string(), m[3]["content"].get<std::string>()});
   ASSERT_EQ(rc, 0) << out;
   const json r = json::parse(out, nullptr, false);
   ASSERT_TRUE(r.is_object()) << out;
@@ -293,7 +244,7 @@ TEST(ServerResponsesClient, ReasoningComesBackAsAReasoningItemBeforeTheCall) {
     std::vector<std::string> items;
     json completed;
     int64_t seq = 0;
-    for (const auto& [name, data] : sse_named_events(body)) {
+    for (const auto& [name, data] : testing::sse_named_events(body)) {
       EXPECT_EQ(name, data["type"].get<std::string>());
       EXPECT_EQ(data["sequence_number"], seq++);
       if (name == "response.output_item.added") items.push_back(data["item"]["type"]);
@@ -338,7 +289,7 @@ TEST(ServerResponsesClient, AFailureMidStreamEndsItWithAnErrorEvent) {
       continue;
     }
     EXPECT_EQ(status, 200) << text;
-    const auto events = sse_named_events(text);
+    const auto events = testing::sse_named_events(text);
     ASSERT_GE(events.size(), 4u) << text;
     EXPECT_EQ(events.front().first, "response.created");
     const std::string id = events.front().second["response"]["id"];

@@ -3,10 +3,12 @@
 // and running the osprey binary.
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "core/array.h"
+#include "core/error.h"
 
 #include <nlohmann/json.hpp>
 
@@ -47,5 +49,17 @@ Array tokens_of(const std::vector<int32_t>& ids);
 std::vector<int32_t> ints(const Array& a);
 // max |ours - ref| over a row of `vocab` logits, relative to the reference row's range.
 double relative_row_error(const float* ours, const float* ref, int64_t vocab);
+
+// The message of the E that `f` throws; "" when it throws nothing (another exception type
+// propagates, failing the test).
+template <class E = Error>
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  return "";
+}
 
 }  // namespace osprey::testing
