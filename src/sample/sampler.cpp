@@ -132,7 +132,8 @@ void for_each_count(const std::vector<int32_t>& ids, F f) {
 void validate(const SamplerParams& p) {
   auto bad = [](const std::string& what) { throw InvalidInput(what); };
   for (const SamplerField& f : sampler_fields())
-    if (!f.accepts(f.get(p))) bad(std::string(f.key) + " must be in " + f.range_text() + ", got " + std::to_string(f.get(p)));
+    if (!f.accepts(f.get(p)))
+      bad(std::string(f.key) + " (" + (f.flag + 2) + ") must be in " + f.range_text() + ", got " + std::to_string(f.get(p)));
   for (const auto& [id, bias] : p.logit_bias) {
     if (id < 0) bad("logit bias: token id " + std::to_string(id) + " is negative");
     if (!(bias >= -100.0f && bias <= 100.0f)) bad("logit bias of token " + std::to_string(id) + " must be in [-100, 100]");
