@@ -27,7 +27,7 @@
 #include "serve/bench.h"
 #include "engine/sharded_model.h"
 #include "model/model.h"
-#include "model/safetensors.h"
+#include "formats/safetensors.h"
 
 namespace osprey::cli {
 namespace {

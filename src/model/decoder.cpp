@@ -9,7 +9,7 @@
 #include "core/mapped_file.h"
 #include "model/blocks.h"
 #include "model/layer_types.h"
-#include "model/safetensors.h"
+#include "formats/safetensors.h"
 
 namespace osprey {
 namespace {

@@ -4,10 +4,10 @@
 #include "core/error.h"
 #include "core/file_read.h"
 #include "core/log.h"
-#include "model/config_reader.h"
-#include "model/gguf_model.h"
+#include "formats/config_reader.h"
+#include "formats/gguf_model.h"
 #include "model/model.h"
-#include "model/safetensors.h"
+#include "formats/safetensors.h"
 
 namespace osprey {
 

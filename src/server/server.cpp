@@ -26,7 +26,7 @@
 #include "server/response_store.h"
 #include "server/responses_api.h"
 #include "server/embeddings.h"
-#include "model/gguf_model.h"
+#include "formats/gguf_model.h"
 #include "model/pooling.h"
 #include "server/structured_output.h"
 #include "server/http_transport.h"

@@ -9,7 +9,7 @@
 
 #include "backend/ops.h"
 #include "model/model.h"
-#include "model/safetensors.h"
+#include "formats/safetensors.h"
 #include "support/test_util.h"
 
 namespace osprey {

@@ -16,7 +16,7 @@
 #include "serve/generate.h"
 #include "model/blocks.h"
 #include "model/model.h"
-#include "model/safetensors.h"
+#include "formats/safetensors.h"
 #include "support/test_util.h"
 
 namespace osprey {

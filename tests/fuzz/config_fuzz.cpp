@@ -4,7 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fuzz_util.h"
-#include "model/config_reader.h"
+#include "formats/config_reader.h"
 #include "model/llama.h"
 #include "model/weight_loader.h"
 

@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "fuzz_util.h"
-#include "model/safetensors.h"
+#include "formats/safetensors.h"
 
 using namespace osprey;
 

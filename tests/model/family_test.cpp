@@ -14,7 +14,7 @@
 #include "backend/ops.h"
 #include "serve/generate.h"
 #include "model/model.h"
-#include "model/safetensors.h"
+#include "formats/safetensors.h"
 #include "support/device_test.h"
 #include "support/family_harness.h"
 #include "support/families.h"

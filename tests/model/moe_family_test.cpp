@@ -23,7 +23,7 @@
 #include "core/file_read.h"
 #include "core/half.h"
 #include "model/moe.h"
-#include "model/safetensors.h"
+#include "formats/safetensors.h"
 #include "model/weight_loader.h"
 #include "support/device_test.h"
 #include "support/family_harness.h"

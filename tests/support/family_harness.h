@@ -15,7 +15,7 @@
 
 #include "core/array.h"
 #include "model/model.h"
-#include "model/safetensors.h"
+#include "formats/safetensors.h"
 #include "support/device_test.h"
 #include "support/family_reference.h"
 

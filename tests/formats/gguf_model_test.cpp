@@ -14,10 +14,10 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "serve/generate.h"
-#include "model/gguf.h"
-#include "model/gguf_model.h"
+#include "formats/gguf.h"
+#include "formats/gguf_model.h"
 #include "model/model.h"
-#include "model/safetensors.h"
+#include "formats/safetensors.h"
 #include "support/gguf_bytes.h"
 #include "support/test_util.h"
 

@@ -1,4 +1,4 @@
-#include "model/gguf_tokenizer.h"
+#include "formats/gguf_tokenizer.h"
 
 #include <algorithm>
 #include <nlohmann/json.hpp>

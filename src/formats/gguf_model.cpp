@@ -1,4 +1,4 @@
-#include "model/gguf_model.h"
+#include "formats/gguf_model.h"
 
 #include <sys/mman.h>
 
@@ -14,8 +14,8 @@
 #include "core/half.h"
 #include "core/log.h"
 #include "core/mapped_file.h"
-#include "model/gguf_blocks.h"
-#include "model/gguf_names.h"
+#include "formats/gguf_blocks.h"
+#include "formats/gguf_names.h"
 
 namespace osprey {
 namespace {

@@ -1,4 +1,4 @@
-#include "model/gguf_writer.h"
+#include "formats/gguf_writer.h"
 
 #include <algorithm>
 #include <cmath>
@@ -11,11 +11,11 @@
 #include "backend/ops.h"
 #include "core/error.h"
 #include "core/half.h"
-#include "model/config_reader.h"
-#include "model/convert.h"
-#include "model/gguf_blocks.h"
-#include "model/gguf_names.h"
-#include "model/safetensors.h"
+#include "formats/config_reader.h"
+#include "formats/convert.h"
+#include "formats/gguf_blocks.h"
+#include "formats/gguf_names.h"
+#include "formats/safetensors.h"
 
 namespace osprey {
 namespace {
