@@ -13,9 +13,9 @@
 
 #include "core/error.h"
 #include "formats/config_reader.h"
+#include "formats/safetensors.h"
 #include "model/decoder.h"
 #include "model/layer_types.h"
-#include "formats/safetensors.h"
 
 namespace osprey {
 namespace {

@@ -8,8 +8,8 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/ops.h"
-#include "model/model.h"
 #include "formats/safetensors.h"
+#include "model/model.h"
 #include "support/test_util.h"
 
 namespace osprey {

@@ -13,11 +13,11 @@
 #include "backend/quant.h"
 #include "core/error.h"
 #include "core/half.h"
-#include "serve/generate.h"
 #include "formats/gguf.h"
 #include "formats/gguf_model.h"
-#include "model/model.h"
 #include "formats/safetensors.h"
+#include "model/model.h"
+#include "serve/generate.h"
 #include "support/gguf_bytes.h"
 #include "support/test_util.h"
 

@@ -3,8 +3,8 @@
 // escape.
 #include <nlohmann/json.hpp>
 
-#include "fuzz_util.h"
 #include "formats/config_reader.h"
+#include "fuzz_util.h"
 #include "model/llama.h"
 #include "model/weight_loader.h"
 

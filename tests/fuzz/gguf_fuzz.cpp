@@ -5,10 +5,10 @@
 #include <vector>
 
 #include "core/mapped_file.h"
-#include "fuzz_util.h"
 #include "formats/gguf.h"
 #include "formats/gguf_blocks.h"
 #include "formats/gguf_model.h"
+#include "fuzz_util.h"
 
 using namespace osprey;
 

@@ -3,8 +3,8 @@
 // Every tensor the reader accepts must lie inside the file.
 #include <cstring>
 
-#include "fuzz_util.h"
 #include "formats/safetensors.h"
+#include "fuzz_util.h"
 
 using namespace osprey;
 
