@@ -9,7 +9,7 @@ Usage: /usr/bin/python3 tools/make_gguf_block_fixtures.py LLAMA_CPP_GGUF_PY_DIR 
 For each type, <TYPE>.blocks holds 4 rows of random blocks (a fixed seed; the f16 scale and
 minimum fields are random finite halves of every exponent, both signs, so that rounding in the
 scale products shows), and <TYPE>.f32 the 4 rows dequantized by gguf-py, little-endian float32.
-tests/model/gguf_blocks_test.cpp compares Osprey's dequantization with them bit for bit.
+tests/formats/gguf_blocks_test.cpp compares Osprey's dequantization with them bit for bit.
 """
 
 import os

@@ -15,7 +15,7 @@ Python from the GGUF specification (no Osprey code, no third-party package):
 The llama fixture also carries a byte-level BPE tokenizer (tokenizer.ggml.*, pre "default")
 trained here on a short text to fill its 512 ids, and a chat template, so that the commands
 can be run on it end to end (its ids are not a model's: tokenizer correctness is tested
-against Hugging Face's ids in tests/model/gguf_tokenizer_test.cpp).
+against Hugging Face's ids in tests/formats/gguf_tokenizer_test.cpp).
 Keys the converter does not write but a fixture needs (the fixtures are not shaped like any
 released model) are written under names llama.cpp defines for other architectures:
 gemma3.attention.scale (query_pre_attn_scalar ** -0.5), gemma3.final_logit_softcapping, the

@@ -43,7 +43,7 @@ struct QuantizedMatrix {
 
 // FP8 e4m3 weights kept as loaded (CUDA; the CPU dequantizes FP8 checkpoints at load):
 // w[o, i] = e4m3(codes[o, i]) * scales[o, i / (in / n_groups)]. A checkpoint's per-tensor,
-// per-row and 128x128-block scales all take this form (model/hub_quant.h's load_fp8): one
+// per-row and 128x128-block scales all take this form (formats/hub_quant.h's load_fp8): one
 // group per row for the first two, groups of gcd(in, 128) inputs (each row repeating its
 // block's scale) for blocks.
 struct Fp8Matrix {
@@ -62,7 +62,7 @@ struct Fp8Matrix {
 
 // A linear layer's weight: dense [out, in] (f32 | f16 | bf16), MLX-quantized or FP8. `in_perm`, when
 // defined (i32 [in], on the weight's device): the weight's input j is the layer's input
-// in_perm[j], and linear() gathers x by it first (GPTQ's desc_act, model/hub_quant.h).
+// in_perm[j], and linear() gathers x by it first (GPTQ's desc_act, formats/hub_quant.h).
 struct LinearWeight {
   Array dense;
   QuantizedMatrix quant;

@@ -2,9 +2,9 @@
 
 #include "core/error.h"
 #include "core/file_read.h"
-#include "model/gguf.h"
-#include "model/gguf_model.h"
-#include "model/gguf_tokenizer.h"
+#include "formats/gguf.h"
+#include "formats/gguf_model.h"
+#include "formats/gguf_tokenizer.h"
 
 namespace osprey {
 

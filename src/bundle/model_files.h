@@ -1,7 +1,7 @@
 #pragma once
 // The tokenizer and chat template of what -m resolved to (hub::resolve_model): a model
 // folder's tokenizer.json, tokenizer_config.json and chat template files, or the metadata of a
-// GGUF file (model/gguf_tokenizer.h). The CLI's commands and the server read them here.
+// GGUF file (formats/gguf_tokenizer.h). The CLI's commands and the server read them here.
 #include <filesystem>
 #include <string>
 

@@ -1,4 +1,4 @@
-// osprey convert: parses the flags, checks the folders and prints; model/convert.h converts.
+// osprey convert: parses the flags, checks the folders and prints; formats/convert.h converts.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
@@ -9,8 +9,8 @@
 #include "cli/progress.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
-#include "model/convert.h"
-#include "model/gguf_writer.h"
+#include "formats/convert.h"
+#include "formats/gguf_writer.h"
 
 namespace osprey::cli {
 namespace {

@@ -4,7 +4,7 @@
 #include <cstdint>
 
 #include "core/file_read.h"
-#include "model/config_reader.h"
+#include "formats/config_reader.h"
 #include "sample/sampler_fields.h"
 
 namespace osprey {

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "core/error.h"
-#include "model/config_reader.h"
+#include "formats/config_reader.h"
 #include "model/decoder.h"
 #include "model/layer_types.h"
 

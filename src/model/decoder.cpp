@@ -7,9 +7,9 @@
 #include "core/half.h"
 #include "core/log.h"
 #include "core/mapped_file.h"
+#include "formats/safetensors.h"
 #include "model/blocks.h"
 #include "model/layer_types.h"
-#include "model/safetensors.h"
 
 namespace osprey {
 namespace {

@@ -3,7 +3,7 @@
 // families, with one set of messages (each names config.json and the field).
 #include <cstdint>
 
-#include "model/config_reader.h"
+#include "formats/config_reader.h"
 
 namespace osprey {
 

@@ -12,10 +12,10 @@
 #include <string>
 
 #include "core/error.h"
-#include "model/config_reader.h"
+#include "formats/config_reader.h"
+#include "formats/safetensors.h"
 #include "model/decoder.h"
 #include "model/layer_types.h"
-#include "model/safetensors.h"
 
 namespace osprey {
 namespace {

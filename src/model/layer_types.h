@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "model/config_reader.h"
+#include "formats/config_reader.h"
 
 namespace osprey {
 

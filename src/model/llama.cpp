@@ -3,7 +3,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "model/config_reader.h"
+#include "formats/config_reader.h"
 
 namespace osprey {
 

@@ -7,8 +7,8 @@
 
 #include "backend/ops.h"
 #include "core/error.h"
+#include "formats/config_reader.h"
 #include "model/blocks.h"
-#include "model/config_reader.h"
 #include "model/weight_loader.h"
 
 namespace osprey {

@@ -6,7 +6,7 @@
 #include "backend/ops.h"
 #include "core/error.h"
 #include "core/file_read.h"
-#include "model/config_reader.h"
+#include "formats/config_reader.h"
 #include "model/model.h"
 
 namespace osprey {

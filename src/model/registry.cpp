@@ -4,10 +4,11 @@
 #include "core/error.h"
 #include "core/file_read.h"
 #include "core/log.h"
-#include "model/config_reader.h"
-#include "model/gguf_model.h"
+#include "formats/config_reader.h"
+#include "formats/family_formats.h"
+#include "formats/gguf_model.h"
+#include "formats/safetensors.h"
 #include "model/model.h"
-#include "model/safetensors.h"
 
 namespace osprey {
 
@@ -23,8 +24,8 @@ void register_mixtral_family();
 
 namespace {
 
-// One line a family file. A checkpoint type with the layout of a registered one is a
-// register_family call in that family's file, under its own model_type.
+// One line a family file. A checkpoint type with the layout of a registered one is an alias:
+// one row in formats/family_formats.cpp naming the family it reads as.
 constexpr void (*kFamilies[])() = {register_llama_family,   register_qwen2_family,     register_gemma3_family,
                                    register_cohere2_family, register_qwen3_family,     register_mistral_family,
                                    register_qwen3_moe_family, register_mixtral_family};
@@ -49,6 +50,8 @@ void register_family(const std::string& model_type, FamilyLoader loader) { table
 std::vector<std::string> registered_families() {
   std::vector<std::string> out;
   for (const auto& [name, loader] : families()) out.push_back(name);
+  for (const FamilyFormats& f : family_formats())
+    if (f.reads_as && families().count(f.reads_as) && !families().count(f.model_type)) out.push_back(f.model_type);
   return out;
 }
 
@@ -59,6 +62,9 @@ namespace {
 std::unique_ptr<Model> load_family(const ConfigReader& config, const SafeTensors& weights, const LoadOptions& options) {
   const std::string model_type = config.get_string("model_type");
   auto it = families().find(model_type);
+  // An alias (formats/family_formats.h) runs the family it reads as.
+  if (it == families().end())
+    if (const char* family = family_reads_as(model_type)) it = families().find(family);
   if (it == families().end()) {
     std::string supported;
     for (const auto& name : registered_families()) supported += (supported.empty() ? "" : ", ") + name;

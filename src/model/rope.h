@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "model/config_reader.h"
+#include "formats/config_reader.h"
 
 namespace osprey {
 

@@ -9,8 +9,8 @@
 #include "core/error.h"
 #include "core/file_read.h"
 #include "core/log.h"
-#include "model/config_reader.h"
-#include "model/safetensors.h"
+#include "formats/config_reader.h"
+#include "formats/safetensors.h"
 
 namespace osprey {
 namespace {

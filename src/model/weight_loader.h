@@ -10,7 +10,7 @@
 
 #include "backend/quant.h"
 #include "core/array.h"
-#include "model/hub_quant.h"
+#include "formats/hub_quant.h"
 #include "model/linear_group.h"
 #include "model/model.h"
 
@@ -32,7 +32,7 @@ struct QuantConfig {
   std::optional<QuantSetting> global;  // nullopt: the checkpoint is not quantized
   std::map<std::string, std::optional<QuantSetting>> overrides;
   std::string where;  // "config.json: quantization", for errors
-  // A hub format converted at load (model/hub_quant.h): AWQ, GPTQ or FP8; `global` is then unset.
+  // A hub format converted at load (formats/hub_quant.h): AWQ, GPTQ or FP8; `global` is then unset.
   HubQuant hub;
 
   bool present() const { return global.has_value(); }
@@ -42,7 +42,7 @@ struct QuantConfig {
 
 // Throws InvalidInput naming the field for unsupported bits or group sizes or a malformed
 // override, and Unsupported for a quantization method, version or scheme Osprey does not read.
-// A "quantization_config" with "quant_method" is a hub format (model/hub_quant.h); without
+// A "quantization_config" with "quant_method" is a hub format (formats/hub_quant.h); without
 // one, ModelOpt's hf_quant_config.json next to config.json (when `config` was loaded from a
 // file) is read.
 QuantConfig parse_quant_config(const ConfigReader& config);
@@ -87,7 +87,7 @@ class WeightLoader {
   // `slice`: the rows or columns of the [out, in] weight to load. A quantized weight splits
   // by rows freely; by columns only on whole quantization groups (InvalidInput naming the
   // tensor, the columns and the group size otherwise).
-  // Hub formats (model/hub_quant.h): `<prefix>.qweight` of an AWQ or GPTQ checkpoint is
+  // Hub formats (formats/hub_quant.h): `<prefix>.qweight` of an AWQ or GPTQ checkpoint is
   // repacked into the MLX layout (with in_perm for GPTQ's desc_act; such a weight is not split
   // by columns); a float8_e4m3fn `<prefix>.weight` is dequantized to `dtype` (bfloat16 when
   // not given).

@@ -31,7 +31,7 @@ class Tokenizer {
   // implemented (e.g. "WordPiece model").
   static Tokenizer load(const std::filesystem::path& dir);
   // The same from the texts of a tokenizer.json and a tokenizer_config.json ("{}" for none),
-  // as another container holds them (a GGUF file's metadata, model/gguf_tokenizer.h); `where`
+  // as another container holds them (a GGUF file's metadata, formats/gguf_tokenizer.h); `where`
   // names that source in errors.
   static Tokenizer from_json(const std::string& tokenizer_json, const std::string& config_json,
                              const std::string& where);

@@ -18,7 +18,7 @@
 #include "backend/ops.h"
 #include "backend/quant.h"
 #include "core/error.h"
-#include "model/quantize.h"
+#include "formats/quantize.h"
 #include "support/device_test.h"
 #include "support/numeric.h"
 

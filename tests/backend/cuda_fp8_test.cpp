@@ -1,5 +1,5 @@
 // The FP8 linear on CUDA (backend/cuda/fp8_linear.h, via ops::linear and directly) against
-// the CPU's linear over the same layer dequantized to bfloat16 by model/hub_quant.h's
+// the CPU's linear over the same layer dequantized to bfloat16 by formats/hub_quant.h's
 // dequantize_fp8 (checked against transformers by hub_quant_test), and against a double
 // reference built here from the e4m3 definition and the checkpoint's scale layout. The CUDA
 // tests skip without a device; the CPU's refusal runs in every build.
@@ -19,8 +19,8 @@
 #include "backend/ops.h"
 #include "backend/quant.h"
 #include "core/error.h"
-#include "model/hub_quant.h"
-#include "model/safetensors.h"
+#include "formats/hub_quant.h"
+#include "formats/safetensors.h"
 #include "support/numeric.h"
 #include "support/test_util.h"
 
@@ -121,7 +121,7 @@ std::vector<double> linear_ref(const std::vector<double>& w, const std::vector<X
   return y;
 }
 
-// x [n, in] as the W8A8 path sees it, from the e4m3 definition (model/hub_quant.h's
+// x [n, in] as the W8A8 path sees it, from the e4m3 definition (formats/hub_quant.h's
 // float_to_e4m3: nearest, ties to even, saturating): per row, amax = max |x|, codes
 // e4m3(x * (448 / amax)) with the product in f32, values code * amax / 448 (a zero row: codes of x).
 std::vector<double> w8a8_rows(const std::vector<float>& x, int64_t n, int64_t in) {

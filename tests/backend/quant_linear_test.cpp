@@ -23,7 +23,7 @@
 #include "core/env.h"
 #include "core/error.h"
 #include "core/half.h"
-#include "model/quantize.h"
+#include "formats/quantize.h"
 #include "support/cpu_levels.h"
 
 namespace osprey {

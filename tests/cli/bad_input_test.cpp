@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "backend/ops.h"
-#include "model/safetensors.h"
+#include "formats/safetensors.h"
 #include "support/test_util.h"
 
 namespace osprey {

@@ -8,8 +8,8 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/ops.h"
+#include "formats/safetensors.h"
 #include "model/model.h"
-#include "model/safetensors.h"
 #include "support/test_util.h"
 
 namespace osprey {

@@ -5,7 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model/safetensors.h"
+#include "formats/safetensors.h"
 #include "support/test_util.h"
 
 namespace osprey {

@@ -8,8 +8,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/mapped_file.h"
-#include "model/gguf.h"
-#include "model/safetensors.h"
+#include "formats/gguf.h"
+#include "formats/safetensors.h"
 #include "support/test_util.h"
 
 namespace osprey {

@@ -13,7 +13,7 @@
 
 #include "backend/cpu/quant_int8.h"
 #include "core/half.h"
-#include "model/safetensors.h"
+#include "formats/safetensors.h"
 #include "support/test_util.h"
 
 namespace osprey {

@@ -8,15 +8,15 @@
 #include <random>
 #include <thread>
 
+#include "backend/communicator.h"
 #include "backend/cuda_available.h"
 #include "backend/ops.h"
 #include "core/error.h"
-#include "backend/communicator.h"
 #include "engine/sharded_model.h"
-#include "serve/generate.h"
+#include "formats/safetensors.h"
 #include "model/blocks.h"
 #include "model/model.h"
-#include "model/safetensors.h"
+#include "serve/generate.h"
 #include "support/test_util.h"
 
 namespace osprey {

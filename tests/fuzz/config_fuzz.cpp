@@ -3,8 +3,8 @@
 // escape.
 #include <nlohmann/json.hpp>
 
+#include "formats/config_reader.h"
 #include "fuzz_util.h"
-#include "model/config_reader.h"
 #include "model/llama.h"
 #include "model/weight_loader.h"
 

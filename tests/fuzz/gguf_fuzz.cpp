@@ -5,10 +5,10 @@
 #include <vector>
 
 #include "core/mapped_file.h"
+#include "formats/gguf.h"
+#include "formats/gguf_blocks.h"
+#include "formats/gguf_model.h"
 #include "fuzz_util.h"
-#include "model/gguf.h"
-#include "model/gguf_blocks.h"
-#include "model/gguf_model.h"
 
 using namespace osprey;
 

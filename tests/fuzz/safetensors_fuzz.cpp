@@ -3,8 +3,8 @@
 // Every tensor the reader accepts must lie inside the file.
 #include <cstring>
 
+#include "formats/safetensors.h"
 #include "fuzz_util.h"
-#include "model/safetensors.h"
 
 using namespace osprey;
 

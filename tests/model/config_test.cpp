@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "core/error.h"
-#include "model/config_reader.h"
+#include "formats/config_reader.h"
 #include "model/llama.h"
 #include "model/rope.h"
 

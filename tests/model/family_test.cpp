@@ -12,12 +12,12 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/ops.h"
-#include "serve/generate.h"
+#include "formats/safetensors.h"
 #include "model/model.h"
-#include "model/safetensors.h"
+#include "serve/generate.h"
 #include "support/device_test.h"
-#include "support/family_harness.h"
 #include "support/families.h"
+#include "support/family_harness.h"
 #include "support/test_util.h"
 
 namespace osprey {

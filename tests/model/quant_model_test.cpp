@@ -9,19 +9,19 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "backend/cpu/quant_int8.h"
+#include "backend/cpu_level.h"
 #include "backend/ops.h"
 #include "backend/quant.h"
 #include "core/error.h"
-#include "backend/cpu/quant_int8.h"
-#include "backend/cpu_level.h"
-#include "serve/generate.h"
-#include "model/config_reader.h"
+#include "formats/config_reader.h"
+#include "formats/safetensors.h"
 #include "model/model.h"
-#include "model/safetensors.h"
 #include "model/weight_loader.h"
+#include "serve/generate.h"
 #include "support/device_test.h"
-#include "support/family_harness.h"
 #include "support/families.h"
+#include "support/family_harness.h"
 #include "support/test_util.h"
 
 namespace osprey {

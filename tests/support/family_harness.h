@@ -14,8 +14,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/array.h"
+#include "formats/safetensors.h"
 #include "model/model.h"
-#include "model/safetensors.h"
 #include "support/device_test.h"
 #include "support/family_reference.h"
 

@@ -5,7 +5,7 @@
 
 #include "core/array.h"
 #include "core/half.h"
-#include "model/safetensors.h"
+#include "formats/safetensors.h"
 #include "support/test_util.h"
 
 namespace osprey::testing {

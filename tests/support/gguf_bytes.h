@@ -1,6 +1,6 @@
 #pragma once
 // GGUF files built byte by byte in tests, field by field as the format's specification lays
-// them out (little-endian), independently of the reader under test (model/gguf.h).
+// them out (little-endian), independently of the reader under test (formats/gguf.h).
 #include <cstdint>
 #include <cstring>
 #include <string>

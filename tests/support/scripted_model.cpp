@@ -7,8 +7,8 @@
 
 #include "core/array.h"
 #include "core/error.h"
+#include "formats/config_reader.h"
 #include "model/blocks.h"
-#include "model/config_reader.h"
 #include "model/model.h"
 #include "support/test_util.h"
 

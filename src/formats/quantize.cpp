@@ -1,4 +1,4 @@
-#include "model/quantize.h"
+#include "formats/quantize.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "model/config_reader.h"
+#include "formats/config_reader.h"
 
 #include <cmath>
 #include <cstdint>

@@ -1,4 +1,4 @@
-// ggml's reference quantizers as the GGUF writer runs them, decoded by model/gguf_blocks.h
+// ggml's reference quantizers as the GGUF writer runs them, decoded by formats/gguf_blocks.h
 // (itself checked bit for bit against gguf-py's dequantization in gguf_blocks_test.cpp).
 #include <gtest/gtest.h>
 
@@ -6,8 +6,8 @@
 #include <random>
 #include <vector>
 
-#include "model/gguf_blocks.h"
-#include "model/gguf_writer.h"
+#include "formats/gguf_blocks.h"
+#include "formats/gguf_writer.h"
 
 namespace osprey {
 namespace {

@@ -1,9 +1,10 @@
 #pragma once
 // The names llama.cpp gives a decoder's tensors in GGUF files, and the Hugging Face names the
-// families read (model/gguf_model.cpp reads them one way, model/gguf_writer.cpp writes them the
-// other). `sandwich`: the family norms each block's input and output (Gemma 3), so GGUF's
-// ffn_norm is the pre-feedforward norm and post_attention_norm a tensor of its own; otherwise
-// ffn_norm is Hugging Face's post_attention_layernorm.
+// families read (formats/gguf_model.cpp reads them one way, formats/gguf_writer.cpp writes them the
+// other). `sandwich`: the family norms each block's input and output (its row's
+// FamilyFormats::sandwich_norms, formats/family_formats.h: Gemma 3), so GGUF's ffn_norm is the
+// pre-feedforward norm and post_attention_norm a tensor of its own; otherwise ffn_norm is
+// Hugging Face's post_attention_layernorm.
 #include <string>
 
 namespace osprey {

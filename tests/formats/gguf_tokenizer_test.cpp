@@ -8,8 +8,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "model/gguf.h"
-#include "model/gguf_tokenizer.h"
+#include "formats/gguf.h"
+#include "formats/gguf_tokenizer.h"
 #include "support/gguf_bytes.h"
 #include "support/test_util.h"
 #include "tokenizer/tokenizer.h"

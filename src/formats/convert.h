@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "model/safetensors.h"
+#include "formats/safetensors.h"
 
 namespace osprey {
 
@@ -51,7 +51,7 @@ std::string shard_file_name(size_t i, size_t n);
 // What convert writes: MLX affine (above), or FP8 e4m3 in the compressed-tensors layout of the
 // hub's "-FP8-dynamic" checkpoints: every 2-D `.weight` but the embeddings and lm_head becomes
 // F8_E4M3 [out, in] with `.weight_scale` [out, 1] (one scale per output row, in `dtype`;
-// model/hub_quant.h's quantize_fp8_rows), activations dynamic per token, lm_head in "ignore".
+// formats/hub_quant.h's quantize_fp8_rows), activations dynamic per token, lm_head in "ignore".
 enum class ConvertTarget { mlx, fp8 };
 
 // The FP8 counterpart of plan_conversion (bits and group size do not apply).

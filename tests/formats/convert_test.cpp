@@ -1,10 +1,10 @@
-// The conversion plan (model/convert.h) on the llama fixture: 3 layers, hidden 64, 4 heads of
+// The conversion plan (formats/convert.h) on the llama fixture: 3 layers, hidden 64, 4 heads of
 // 16 (2 kv heads), intermediate 160, vocab 512, all bfloat16. The expected counts and sizes
 // are derived by hand from those shapes.
 #include <gtest/gtest.h>
 
 #include "core/error.h"
-#include "model/convert.h"
+#include "formats/convert.h"
 #include "support/test_util.h"
 
 namespace osprey {

@@ -1,4 +1,4 @@
-// The hub's quantized checkpoint formats (model/hub_quant.h): AWQ, GPTQ and the FP8 formats,
+// The hub's quantized checkpoint formats (formats/hub_quant.h): AWQ, GPTQ and the FP8 formats,
 // written from the llama fixture by tools/make_quant_checkpoints.py (numpy, from each format's
 // published layout). The loaded weights equal the script's own dequantization, the quantized
 // model's logits and greedy output equal those of a plain checkpoint holding the script's
@@ -18,12 +18,12 @@
 #include "backend/ops.h"
 #include "backend/quant.h"
 #include "core/error.h"
-#include "serve/generate.h"
-#include "model/config_reader.h"
-#include "model/hub_quant.h"
+#include "formats/config_reader.h"
+#include "formats/hub_quant.h"
+#include "formats/safetensors.h"
 #include "model/model.h"
-#include "model/safetensors.h"
 #include "model/weight_loader.h"
+#include "serve/generate.h"
 #include "support/device_test.h"
 #include "support/family_harness.h"
 #include "support/test_util.h"

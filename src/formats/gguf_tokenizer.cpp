@@ -1,4 +1,4 @@
-#include "model/gguf_tokenizer.h"
+#include "formats/gguf_tokenizer.h"
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
@@ -6,6 +6,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "formats/family_formats.h"
 
 namespace osprey {
 namespace {
@@ -15,30 +16,8 @@ using nlohmann::json;
 // llama.cpp's token types (tokenizer.ggml.token_type).
 enum GgufTokenType : int64_t { kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined = 4, kUnused = 5, kByte = 6 };
 
-// The pre-tokenizers of the Hugging Face tokenizers that llama.cpp names by
-// tokenizer.ggml.pre: a regex split then byte-level mapping, and the normalizer beside it.
-struct GgufPre {
-  const char* name;
-  const char* regex;  // nullptr: ByteLevel's own (GPT-2) regex
-  bool nfc;
-  bool digits;         // single digits split first (Cohere's Digits pre-tokenizer)
-  bool ignore_merges;  // a whole pre-token in the vocabulary is taken as is (Llama 3)
-};
-
-constexpr const char* kLlama3Regex =
-    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-constexpr const char* kQwen2Regex =
-    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-
-const GgufPre kGgufPres[] = {
-    {"llama-bpe", kLlama3Regex, false, false, true},
-    {"qwen2", kQwen2Regex, true, false, false},
-    {"command-r", nullptr, true, true, false},
-    {"default", nullptr, false, false, false},
-    {"gpt2", nullptr, false, false, false},
-};
-
-json pre_tokenizer_of(const GgufPre& pre) {
+// The pre-tokenizer of tokenizer.json for one of llama.cpp's (formats/family_formats.h).
+json pre_tokenizer_of(const GgufPreTokenizer& pre) {
   json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true},
                      {"use_regex", pre.regex == nullptr}};
   json list = json::array();
@@ -94,14 +73,10 @@ GgufTokenizerJson gguf_tokenizer_json(const GgufFile& g) {
                       "\" is not supported (\"gpt2\", byte-level BPE, and \"llama\", SentencePiece, are)");
   const bool spm = model == "llama";
   const std::string pre_name = g.has("tokenizer.ggml.pre") ? g.get_string("tokenizer.ggml.pre") : "default";
-  const GgufPre* pre = nullptr;
-  for (const GgufPre& p : kGgufPres)
-    if (pre_name == p.name) pre = &p;
-  if (!pre && !spm) {
-    std::string names;
-    for (const GgufPre& p : kGgufPres) names += (names.empty() ? "" : ", ") + std::string(p.name);
-    throw Unsupported(where + ": tokenizer.ggml.pre \"" + pre_name + "\" is not supported (supported: " + names + ")");
-  }
+  const GgufPreTokenizer* pre = gguf_pre_tokenizer(pre_name);
+  if (!pre && !spm)
+    throw Unsupported(where + ": tokenizer.ggml.pre \"" + pre_name + "\" is not supported (supported: " +
+                      gguf_pre_tokenizers_supported() + ")");
 
   const std::vector<std::string_view> tokens = g.get_string_array("tokenizer.ggml.tokens");
   std::vector<int64_t> types(tokens.size(), kNormal);

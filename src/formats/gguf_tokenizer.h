@@ -4,7 +4,7 @@
 // Hugging Face's tokenizer of the same model holds, for Tokenizer::from_json.
 #include <string>
 
-#include "model/gguf.h"
+#include "formats/gguf.h"
 
 namespace osprey {
 

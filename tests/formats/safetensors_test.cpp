@@ -4,7 +4,7 @@
 
 #include "core/error.h"
 #include "core/half.h"
-#include "model/safetensors.h"
+#include "formats/safetensors.h"
 #include "support/test_util.h"
 
 namespace osprey {

@@ -14,7 +14,7 @@
 #include <string>
 #include <string_view>
 
-#include "model/gguf.h"
+#include "formats/gguf.h"
 
 namespace osprey {
 

@@ -2,7 +2,7 @@
 // ggml's block-quantized tensor types, decoded value by value as ggml's reference
 // (dequantize_row_* in ggml-quants.c, and llama.cpp's numpy gguf.quants) defines them: every
 // value is computed in float32 by the same operations in the same order, so it is the same
-// float bit for bit (tests/model/gguf_blocks_test.cpp checks that against gguf-py's output).
+// float bit for bit (tests/formats/gguf_blocks_test.cpp checks that against gguf-py's output).
 //
 //   Q8_0  34 B / 32:  d f16, q int8[32]                       w = q * d
 //   Q4_0  18 B / 32:  d f16, q 4-bit[32]                      w = d * (q - 8)
@@ -14,7 +14,7 @@
 //   Q6_K 210 B / 256: ql 4-bit, qh 2-bit, 16 x sc int8, d f16  w = (d * sc) * (q - 32)       (per 16)
 #include <cstdint>
 
-#include "model/gguf.h"
+#include "formats/gguf.h"
 
 namespace osprey {
 

@@ -1,4 +1,4 @@
-#include "model/gguf_writer.h"
+#include "formats/gguf_writer.h"
 
 #include <algorithm>
 #include <cmath>
@@ -11,11 +11,12 @@
 #include "backend/ops.h"
 #include "core/error.h"
 #include "core/half.h"
-#include "model/config_reader.h"
-#include "model/convert.h"
-#include "model/gguf_blocks.h"
-#include "model/gguf_names.h"
-#include "model/safetensors.h"
+#include "formats/config_reader.h"
+#include "formats/convert.h"
+#include "formats/family_formats.h"
+#include "formats/gguf_blocks.h"
+#include "formats/gguf_names.h"
+#include "formats/safetensors.h"
 
 namespace osprey {
 namespace {
@@ -219,19 +220,6 @@ class GgufKv {
   }
 };
 
-struct Arch {
-  const char* model_type;
-  const char* arch;
-};
-const Arch kArchs[] = {{"llama", "llama"},          {"mistral", "llama"},  {"qwen2", "qwen2"},
-                       {"qwen3", "qwen3"},          {"gemma3_text", "gemma3"}, {"cohere2", "cohere2"}};
-
-std::string supported_families() {
-  std::string s;
-  for (const Arch& a : kArchs) s += (s.empty() ? "" : ", ") + std::string(a.model_type);
-  return s;
-}
-
 // convert_hf_to_gguf's permute(): each head's rows, halves (i, i + d/2), to interleaved pairs.
 Array permute_rows(const Array& w, int64_t n_head) {
   const int64_t rows = w.shape()[0], cols = w.shape()[1], d = rows / n_head;
@@ -329,8 +317,9 @@ uint32_t file_type(GgufOutType t) {
 
 // The hyperparameters llama.cpp reads for `arch` from the Hugging Face config.
 // NOTE: one function past the usual length: the keys read best in one list, arch by arch.
-void write_hparams(GgufKv& kv, const ConfigReader& c, const std::string& arch, GgufOutType t,
+void write_hparams(GgufKv& kv, const ConfigReader& c, const FamilyFormats& family, GgufOutType t,
                    const std::string& name, std::vector<float>& rope_freqs) {
+  const std::string arch = family.gguf_arch;
   const std::string A = arch + ".";
   const int64_t n_head = c.get_int("num_attention_heads"), hidden = c.get_int("hidden_size");
   const int64_t head_dim = c.get_int("head_dim", hidden / std::max<int64_t>(n_head, 1));
@@ -359,32 +348,32 @@ void write_hparams(GgufKv& kv, const ConfigReader& c, const std::string& arch, G
   kv.u32(A + "attention.key_length", uint64_t(head_dim));
   kv.u32(A + "attention.value_length", uint64_t(head_dim));
   kv.u32(A + "rope.dimension_count", uint64_t(head_dim));
-  kv.f32(A + "rope.freq_base", rope.value("rope_theta", arch == "llama" || arch == "cohere2" ? 10000.0 : 1e6));
-  if (arch == "cohere2") {
+  kv.f32(A + "rope.freq_base", rope.value("rope_theta", family.gguf_rope_theta));
+  if (family.layer_norm)
     kv.f32(A + "attention.layer_norm_epsilon", c.get_float("layer_norm_eps"));
-    kv.f32(A + "logit_scale", c.get_float("logit_scale", 1.0));
-  } else {
+  else
     kv.f32(A + "attention.layer_norm_rms_epsilon", c.get_float("rms_norm_eps"));
-  }
+  if (family.logit_scale) kv.f32(A + "logit_scale", c.get_float("logit_scale", 1.0));
   if (rope_type == "linear") {
     kv.str(A + "rope.scaling.type", "linear");
     kv.f32(A + "rope.scaling.factor", rope.at("factor").get<double>());
-  } else if (rope_type == "llama3" && arch == "llama") {
+  } else if (rope_type == "llama3" && family.rope_freqs) {
     rope_freqs = llama3_rope_factors(rope, head_dim);
   } else if (rope_type != "default") {
     throw Unsupported(c.where() + ": rope type \"" + rope_type +
                       "\" is not written to GGUF (default, linear, and llama3 for Llama are)");
   }
-  const bool sliding = arch == "gemma3" || arch == "cohere2" || c.get_string("model_type") == "mistral";
-  if (sliding && c.has("sliding_window")) kv.u32(A + "attention.sliding_window", uint64_t(c.get_int("sliding_window")));
-  if ((arch == "gemma3" || arch == "cohere2") && c.has("layer_types")) {
+  if (family.window != GgufWindow::none && c.has("sliding_window"))
+    kv.u32(A + "attention.sliding_window", uint64_t(c.get_int("sliding_window")));
+  if (family.window == GgufWindow::pattern && c.has("layer_types")) {
     std::vector<bool> pattern;
     for (const std::string& lt : c.get_string_list("layer_types")) pattern.push_back(lt == "sliding_attention");
     kv.bools(A + "attention.sliding_window_pattern", pattern);
   }
-  if (arch == "gemma3") {
+  if (family.attention_scale)
     kv.f32(A + "attention.scale", std::pow(c.get_float("query_pre_attn_scalar", double(head_dim)), -0.5));
-    kv.f32(A + "rope.freq_base_swa", local.value("rope_theta", 10000.0));
+  if (family.local_rope_base) kv.f32(A + "rope.freq_base_swa", local.value("rope_theta", 10000.0));
+  if (family.softcapping) {
     if (c.has("final_logit_softcapping"))
       kv.f32(A + "final_logit_softcapping", c.get_float("final_logit_softcapping"));
     if (c.has("attn_logit_softcapping")) kv.f32(A + "attn_logit_softcapping", c.get_float("attn_logit_softcapping"));
@@ -414,14 +403,6 @@ void write_specials(GgufKv& kv, const fs::path& src, const ConfigReader& c) {
     kv.str("tokenizer.chat_template", t.get_string("chat_template"));
 }
 
-// The pre-tokenizer name llama.cpp gives each family's byte-level BPE (tokenizer.ggml.pre).
-const char* bpe_pre(const std::string& model_type) {
-  if (model_type == "llama" || model_type == "mistral") return "llama-bpe";
-  if (model_type == "qwen2" || model_type == "qwen3") return "qwen2";
-  if (model_type == "cohere2") return "command-r";
-  return nullptr;
-}
-
 // A BPE tokenizer.json as convert_hf_to_gguf.py writes it: tokens by id, token types (special
 // added tokens control, other added tokens user-defined, ids no token holds unused), and
 //  - byte-level BPE (tokenizer.ggml.model gpt2): tokenizer.ggml.pre and the merges;
@@ -431,7 +412,7 @@ const char* bpe_pre(const std::string& model_type) {
 //    merge that forms it (0 for a piece no merge forms), so that merging by score, as
 //    llama.cpp and Osprey's GGUF reader do, applies the merges in tokenizer.json's order.
 // False when there is no tokenizer.json or the family has no byte-level pre-tokenizer name.
-bool write_bpe_vocab(GgufKv& kv, const fs::path& src, const std::string& model_type) {
+bool write_bpe_vocab(GgufKv& kv, const fs::path& src, const FamilyFormats& family) {
   const fs::path path = src / "tokenizer.json";
   std::error_code ec;
   if (!fs::exists(path, ec)) return false;
@@ -440,7 +421,7 @@ bool write_bpe_vocab(GgufKv& kv, const fs::path& src, const std::string& model_t
   if (m.value("type", std::string()) != "BPE" || !m.contains("vocab") || !m.contains("merges"))
     throw Unsupported(path.string() + ": model.type is not a BPE with vocab and merges");
   const bool spm = m.value("byte_fallback", false);
-  const char* pre = bpe_pre(model_type);
+  const char* pre = family.gguf_pre;
   if (!spm && !pre) return false;
   std::map<int64_t, std::pair<std::string, int32_t>> by_id;
   for (const auto& [text, id] : m.at("vocab").items()) by_id[id.get<int64_t>()] = {text, 1};
@@ -515,22 +496,22 @@ GgufConvertSummary convert_to_gguf(const fs::path& src, const fs::path& dst, Ggu
                                    const std::function<void(size_t, size_t)>& progress) {
   const ConfigReader config = ConfigReader::load(src / "config.json");
   const std::string model_type = config.get_string("model_type");
-  const Arch* arch = nullptr;
-  for (const Arch& a : kArchs)
-    if (model_type == a.model_type) arch = &a;
-  if (!arch)
-    throw Unsupported(config.where() + ": model_type \"" + model_type +
-                      "\" is not written to GGUF (supported: " + supported_families() + ")");
+  const FamilyFormats* family = family_formats(model_type);
+  if (!family || !family->gguf_arch)
+    throw Unsupported(config.where() + ": model_type \"" + model_type + "\" is not written to GGUF (" +
+                      (family && family->no_gguf_because ? std::string(family->no_gguf_because) + "; " : "") +
+                      "supported: " + gguf_model_types_supported() + ")");
   const SafeTensors st = SafeTensors::open(src);
   check_not_quantized(src, config, st);
-  const std::string a = arch->arch;
-  const bool llama = a == "llama", gemma = a == "gemma3";
+  const std::string a = family->gguf_arch;
+  const bool interleave_qk = family->gguf_layout.qk_rows_interleaved;
+  const bool fold_norm_offset = family->gguf_layout.norm_unit_offset_folded;
 
   GgufKv kv;
   std::vector<float> rope_freqs;
-  write_hparams(kv, config, a, type, src.filename().string(), rope_freqs);
+  write_hparams(kv, config, *family, type, src.filename().string(), rope_freqs);
   write_specials(kv, src, config);
-  const bool vocab = write_bpe_vocab(kv, src, model_type);
+  const bool vocab = write_bpe_vocab(kv, src, *family);
 
   // Tensor table first (names, types, shapes, offsets), so every tensor is encoded up front:
   // the checkpoints this writes fit in memory as their output does.
@@ -548,16 +529,16 @@ GgufConvertSummary convert_to_gguf(const fs::path& src, const fs::path& dst, Ggu
   GgufConvertSummary s;
   for (const std::string& hf : st.names()) {
     if (hf.ends_with("rotary_emb.inv_freq")) continue;
-    const std::string g = gguf_tensor_name(hf, gemma);
+    const std::string g = gguf_tensor_name(hf, family->sandwich_norms);
     if (g.empty())
       throw Unsupported(src.string() + ": tensor " + hf + " has no llama.cpp name for architecture " + a);
     Array w = ops::cast(st.get(hf), DType::f32);
     if (!is_float(st.info(hf).dtype)) throw InvalidInput(src.string() + ": tensor " + hf + " is not a float tensor");
-    if (llama && g.ends_with("attn_q.weight")) w = permute_rows(w, n_head);
-    if (llama && g.ends_with("attn_k.weight")) w = permute_rows(w, n_kv);
+    if (interleave_qk && g.ends_with("attn_q.weight")) w = permute_rows(w, n_head);
+    if (interleave_qk && g.ends_with("attn_k.weight")) w = permute_rows(w, n_kv);
     OutTensor t{hf, g, GgufType::F32, w.shape(), {}};
     if (w.shape().n == 1) {
-      if (gemma && hf.ends_with("norm.weight")) {
+      if (fold_norm_offset && hf.ends_with("norm.weight")) {
         Array c = Array::empty(w.shape(), DType::f32);
         for (int64_t i = 0; i < w.numel(); ++i) c.data<float>()[i] = w.data<float>()[i] + 1.0f;
         w = c;

@@ -1,4 +1,4 @@
-#include "model/hub_quant.h"
+#include "formats/hub_quant.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,8 +9,8 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "core/thread_pool.h"
-#include "model/config_reader.h"
-#include "model/safetensors.h"
+#include "formats/config_reader.h"
+#include "formats/safetensors.h"
 
 namespace osprey {
 namespace {

@@ -1,4 +1,4 @@
-#include "model/gguf_blocks.h"
+#include "formats/gguf_blocks.h"
 
 #include <cstring>
 #include <string>

@@ -7,7 +7,7 @@
 #include <functional>
 
 #include "core/error.h"
-#include "model/gguf.h"
+#include "formats/gguf.h"
 #include "support/gguf_bytes.h"
 #include "support/test_util.h"
 

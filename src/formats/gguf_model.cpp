@@ -1,4 +1,4 @@
-#include "model/gguf_model.h"
+#include "formats/gguf_model.h"
 
 #include <sys/mman.h>
 
@@ -14,39 +14,14 @@
 #include "core/half.h"
 #include "core/log.h"
 #include "core/mapped_file.h"
-#include "model/gguf_blocks.h"
-#include "model/gguf_names.h"
+#include "formats/family_formats.h"
+#include "formats/gguf_blocks.h"
+#include "formats/gguf_names.h"
 
 namespace osprey {
 namespace {
 
 using nlohmann::json;
-
-// What an architecture's GGUF keys become: the Hugging Face model_type whose reader parses
-// the config, and how the converter laid its tensors out.
-struct GgufArch {
-  const char* arch;        // general.architecture
-  const char* model_type;  // the family that reads it
-  TensorLayout layout;
-  double default_rope_theta;
-};
-
-// NOTE: llama.cpp's converter permutes Llama's q/k rows (its rope rotates interleaved pairs)
-// and adds one to Gemma's norm weights (its RMSNorm scales by w); the others keep the
-// Hugging Face layout. Mistral's checkpoints convert to the llama architecture.
-const GgufArch kGgufArchs[] = {
-    {"llama", "llama", {true, false}, 10000.0},
-    {"qwen2", "qwen2", {false, false}, 1e6},
-    {"qwen3", "qwen3", {false, false}, 1e6},
-    {"gemma3", "gemma3_text", {false, true}, 1e6},
-    {"cohere2", "cohere2", {false, false}, 10000.0},
-};
-
-std::string supported_archs() {
-  std::string s;
-  for (const GgufArch& a : kGgufArchs) s += (s.empty() ? "" : ", ") + std::string(a.arch);
-  return s;
-}
 
 // How each block-quantized type is held after load (docs/gguf.md, "Quantized types"):
 // repacked into Osprey's affine layout (backend/quant.h: codes as a little-endian bit stream
@@ -248,44 +223,31 @@ void copy_int(const GgufFile& g, const std::string& key, json& config, const cha
   if (g.has(key)) config[field] = g.get_uint(key);
 }
 
-}  // namespace
-
-bool is_gguf_path(const std::filesystem::path& path) {
-  return path.extension() == ".gguf" && regular_file_exists(path);
-}
-
-// NOTE: one function past 120 lines on purpose: it reads the file in one pass (tensors, then
-// the shared keys, then each architecture's few) into one config, and the per-architecture
-// branches read best beside the shared keys they complete.
-GgufCheckpoint read_gguf_checkpoint(const GgufFile& g) {
-  const std::string where = g.path().string();
-  const std::string arch_name = g.get_string("general.architecture");
-  const GgufArch* arch = nullptr;
-  for (const GgufArch& a : kGgufArchs)
-    if (arch_name == a.arch) arch = &a;
-  if (!arch)
-    throw Unsupported(where + ": general.architecture \"" + arch_name + "\" is not supported (supported: " +
-                      supported_archs() + ")");
-  const std::string A = arch_name + ".";
-  const bool sandwich = arch_name == "gemma3";
-
-  // Tensors: dense ones under their Hugging Face names (views of the mapping), the quantized
-  // ones repacked or decoded (repacked_bits); rope_freqs becomes rope factors.
+// A GGUF file's tensors as a SafeTensors source's: dense ones under their Hugging Face names
+// (views of the mapping), the quantized ones repacked (repacked_bits); rope_freqs becomes rope
+// factors.
+struct GgufReadTensors {
   std::vector<TensorInfo> infos;
-  std::vector<double> rope_factors;
   // Buffer 0: the file's mapping (dense tensors are views of it); then one per repacked matrix.
-  std::vector<std::shared_ptr<Buffer>> buffers = {g.buffer()};
+  std::vector<std::shared_ptr<Buffer>> buffers;
+  std::vector<double> rope_factors;
   std::map<std::string, std::pair<int, int>> module_quant;  // repacked modules -> bits, group size
-  std::map<std::string, int> converted;      // "Q4_K repacked to 4-bit affine" -> tensors
+  std::map<std::string, int> converted;                     // "Q4_K repacked to 4-bit affine" -> tensors
+};
+
+GgufReadTensors gguf_read_tensors(const GgufFile& g, bool sandwich) {
+  const std::string where = g.path().string();
+  GgufReadTensors out;
+  out.buffers = {g.buffer()};
   for (const GgufTensorInfo& t : g.tensors()) {
     const std::string type_name = gguf_type_name(uint32_t(t.type));
     if (repacked_bits(t.type)) {
       const std::string hf = hf_tensor_name(t.name, sandwich);
-      repack_blocks(g, t, hf, buffers, infos);
-      module_quant[hf.substr(0, hf.size() - std::min<size_t>(hf.size(), 7))] = {repacked_bits(t.type),
-                                                                                 repacked_group(t.type)};
-      ++converted[type_name + " repacked to " + std::to_string(repacked_bits(t.type)) + "-bit affine (group " +
-                  std::to_string(repacked_group(t.type)) + ")"];
+      repack_blocks(g, t, hf, out.buffers, out.infos);
+      out.module_quant[hf.substr(0, hf.size() - std::min<size_t>(hf.size(), 7))] = {repacked_bits(t.type),
+                                                                                     repacked_group(t.type)};
+      ++out.converted[type_name + " repacked to " + std::to_string(repacked_bits(t.type)) + "-bit affine (group " +
+                      std::to_string(repacked_group(t.type)) + ")"];
       continue;
     }
     const auto dtype = gguf_dense_dtype(t.type);
@@ -296,7 +258,7 @@ GgufCheckpoint read_gguf_checkpoint(const GgufFile& g) {
                         "safetensors checkpoint)");
     if (t.name == "rope_freqs.weight") {
       const Array f = ops::cast(g.tensor_array(t), DType::f32);
-      for (int64_t i = 0; i < f.numel(); ++i) rope_factors.push_back(f.data<float>()[i]);
+      for (int64_t i = 0; i < f.numel(); ++i) out.rope_factors.push_back(f.data<float>()[i]);
       continue;
     }
     TensorInfo ti;
@@ -306,8 +268,126 @@ GgufCheckpoint read_gguf_checkpoint(const GgufFile& g) {
     ti.file_index = 0;
     ti.byte_offset = t.byte_offset;
     ti.nbytes = t.nbytes;
-    infos.push_back(std::move(ti));
+    out.infos.push_back(std::move(ti));
   }
+  return out;
+}
+
+// Rotary embeddings: base, scaling by type and factor, or per-frequency factors.
+json gguf_read_rope(const GgufFile& g, const std::string& A, const FamilyFormats& family,
+                    const std::vector<double>& rope_factors) {
+  const std::string where = g.path().string();
+  json rope = json::object();
+  rope["rope_theta"] = g.has(A + "rope.freq_base") ? g.get_float(A + "rope.freq_base") : family.gguf_rope_theta;
+  rope["rope_type"] = "default";
+  const std::string scaling = g.has(A + "rope.scaling.type") ? g.get_string(A + "rope.scaling.type") : "none";
+  if (scaling == "linear") {
+    rope["rope_type"] = "linear";
+    rope["factor"] = g.get_float(A + "rope.scaling.factor");
+  } else if (scaling != "none") {
+    throw Unsupported(where + ": " + A + "rope.scaling.type \"" + scaling + "\" is not supported (none, linear are)");
+  }
+  if (!rope_factors.empty()) {
+    if (scaling != "none") throw Unsupported(where + ": both rope_freqs.weight and " + A + "rope.scaling.type are set");
+    rope["rope_type"] = "factors";
+    rope["factors"] = rope_factors;
+  }
+  return rope;
+}
+
+// Sliding-window layers: which layers slide (an array of bools, or every n-th layer full; the
+// family's period when the file states none, as llama.cpp has it).
+json gguf_layer_types(const GgufFile& g, const std::string& A, int64_t n_layers, int64_t default_pattern) {
+  const std::string where = g.path().string();
+  std::vector<bool> sliding;
+  const std::string key = A + "attention.sliding_window_pattern";
+  const GgufValue* v = g.find(key);
+  if (v && v->type == GgufValueType::array) {
+    for (int64_t b : g.get_int_array(key)) sliding.push_back(b != 0);
+    if (int64_t(sliding.size()) != n_layers)
+      throw InvalidInput(where + ": " + key + " has " + std::to_string(sliding.size()) + " entries for " +
+                         std::to_string(n_layers) + " layers");
+  } else {
+    const int64_t pattern = v ? int64_t(g.get_uint(key)) : default_pattern;
+    if (pattern < 1) throw InvalidInput(where + ": " + key + " must be at least 1");
+    for (int64_t i = 0; i < n_layers; ++i) sliding.push_back((i + 1) % pattern != 0);
+  }
+  json types = json::array();
+  for (bool s : sliding) types.push_back(s ? "sliding_attention" : "full_attention");
+  return types;
+}
+
+// The keys of the family's row beyond the shared ones (formats/family_formats.h), into `c`.
+void gguf_read_family_keys(const GgufFile& g, const std::string& A, const FamilyFormats& family, const json& rope,
+                           int64_t n_layers, json& c) {
+  const std::string where = g.path().string();
+  if (family.local_rope_base) {
+    json local = {{"rope_type", "default"},
+                  {"rope_theta", g.has(A + "rope.freq_base_swa") ? g.get_float(A + "rope.freq_base_swa") : 10000.0}};
+    c["rope_parameters"] = {{"full_attention", rope}, {"sliding_attention", local}};
+  } else {
+    c["rope_parameters"] = rope;
+  }
+  if (family.window == GgufWindow::every_layer && g.has(A + "attention.sliding_window"))
+    c["sliding_window"] = g.get_uint(A + "attention.sliding_window");
+  if (family.window == GgufWindow::pattern) {
+    c["sliding_window"] = g.get_uint(A + "attention.sliding_window");
+    c["layer_types"] = gguf_layer_types(g, A, n_layers, family.window_pattern);
+  }
+  if (family.softcapping) {
+    if (g.has(A + "final_logit_softcapping")) c["final_logit_softcapping"] = g.get_float(A + "final_logit_softcapping");
+    if (g.has(A + "attn_logit_softcapping")) c["attn_logit_softcapping"] = g.get_float(A + "attn_logit_softcapping");
+  }
+  if (family.attention_scale) {
+    // The attention scale: the file's, else llama.cpp's rule (hidden / heads for the 62-layer
+    // 27B model, the head size otherwise).
+    const int64_t hidden = c["hidden_size"].get<int64_t>(), heads = c["num_attention_heads"].get<int64_t>();
+    double scalar = c.contains("head_dim") ? c["head_dim"].get<double>() : double(hidden / std::max<int64_t>(heads, 1));
+    if (n_layers == 62 && heads > 0) scalar = double(hidden / heads);
+    if (g.has(A + "attention.scale")) {
+      const double s = g.get_float(A + "attention.scale");
+      if (!(s > 0) || !std::isfinite(s)) throw InvalidInput(where + ": " + A + "attention.scale must be positive");
+      scalar = 1.0 / (s * s);
+    }
+    c["query_pre_attn_scalar"] = scalar;
+  }
+  if (family.logit_scale && g.has(A + "logit_scale")) c["logit_scale"] = g.get_float(A + "logit_scale");
+}
+
+// Repacked weights: the most common (bits, group size) as the global setting, the others per module.
+json gguf_quantization(const std::map<std::string, std::pair<int, int>>& module_quant) {
+  std::map<std::pair<int, int>, int> count;
+  for (const auto& [module, bg] : module_quant) ++count[bg];
+  std::pair<int, int> global{0, 0};
+  for (const auto& [bg, n] : count)
+    if (global.first == 0 || n > count[global]) global = bg;
+  json q = {{"group_size", global.second}, {"bits", global.first}};
+  for (const auto& [module, bg] : module_quant)
+    if (bg != global) q[module] = {{"group_size", bg.second}, {"bits", bg.first}};
+  return q;
+}
+
+}  // namespace
+
+bool is_gguf_path(const std::filesystem::path& path) {
+  return path.extension() == ".gguf" && regular_file_exists(path);
+}
+
+// One pass over the file: the tensors, then the keys every family shares, then the keys of the
+// family's row.
+GgufCheckpoint read_gguf_checkpoint(const GgufFile& g) {
+  const std::string where = g.path().string();
+  const std::string arch_name = g.get_string("general.architecture");
+  const std::string A = arch_name + ".";
+  const FamilyFormats* family = family_formats_of_gguf_arch(arch_name, g.has(A + "attention.sliding_window"));
+  if (!family)
+    throw Unsupported(where + ": general.architecture \"" + arch_name + "\" is not supported (supported: " +
+                      gguf_archs_supported() + ")");
+  if (g.has(A + "expert_count") && g.get_uint(A + "expert_count") > 0)
+    throw Unsupported(where + ": " + A + "expert_count is " + std::to_string(g.get_uint(A + "expert_count")) +
+                      ": GGUF files of a mixture of experts are not read yet (load the safetensors checkpoint)");
+
+  GgufReadTensors tensors = gguf_read_tensors(g, family->sandwich_norms);
   const GgufTensorInfo* embd = g.tensor("token_embd.weight");
   if (!embd || embd->shape.n != 2) throw InvalidInput(where + ": missing the 2-D tensor token_embd.weight");
 
@@ -319,7 +399,7 @@ GgufCheckpoint read_gguf_checkpoint(const GgufFile& g) {
                        std::to_string(g.tensors().size()) + " tensors");
 
   json c = json::object();
-  c["model_type"] = arch->model_type;
+  c["model_type"] = family->model_type;
   c["vocab_size"] = embd->shape[0];
   c["hidden_size"] = g.get_uint(A + "embedding_length");
   c["intermediate_size"] = g.get_uint(A + "feed_forward_length");
@@ -339,79 +419,8 @@ GgufCheckpoint read_gguf_checkpoint(const GgufFile& g) {
   if (g.has(A + "attention.layer_norm_epsilon")) c["layer_norm_eps"] = g.get_float(A + "attention.layer_norm_epsilon");
   c["tie_word_embeddings"] = g.tensor("output.weight") == nullptr;
 
-  // Rotary embeddings: base, scaling by type and factor, or per-frequency factors.
-  json rope = json::object();
-  rope["rope_theta"] = g.has(A + "rope.freq_base") ? g.get_float(A + "rope.freq_base") : arch->default_rope_theta;
-  rope["rope_type"] = "default";
-  const std::string scaling = g.has(A + "rope.scaling.type") ? g.get_string(A + "rope.scaling.type") : "none";
-  if (scaling == "linear") {
-    rope["rope_type"] = "linear";
-    rope["factor"] = g.get_float(A + "rope.scaling.factor");
-  } else if (scaling != "none") {
-    throw Unsupported(where + ": " + A + "rope.scaling.type \"" + scaling + "\" is not supported (none, linear are)");
-  }
-  if (!rope_factors.empty()) {
-    if (scaling != "none") throw Unsupported(where + ": both rope_freqs.weight and " + A + "rope.scaling.type are set");
-    rope["rope_type"] = "factors";
-    rope["factors"] = rope_factors;
-  }
-
-  // Sliding-window layers: the window, and which layers slide (an array of bools, or every
-  // n-th layer full; the architecture's pattern when the file states none, as llama.cpp has it).
-  const int64_t n_layers = int64_t(block_count);
-  auto layer_types = [&](int64_t default_pattern) {
-    std::vector<bool> sliding;
-    const std::string key = A + "attention.sliding_window_pattern";
-    const GgufValue* v = g.find(key);
-    if (v && v->type == GgufValueType::array) {
-      for (int64_t b : g.get_int_array(key)) sliding.push_back(b != 0);
-      if (int64_t(sliding.size()) != n_layers)
-        throw InvalidInput(where + ": " + key + " has " + std::to_string(sliding.size()) + " entries for " +
-                           std::to_string(n_layers) + " layers");
-    } else {
-      const int64_t pattern = v ? int64_t(g.get_uint(key)) : default_pattern;
-      if (pattern < 1) throw InvalidInput(where + ": " + key + " must be at least 1");
-      for (int64_t i = 0; i < n_layers; ++i) sliding.push_back((i + 1) % pattern != 0);
-    }
-    json types = json::array();
-    for (bool s : sliding) types.push_back(s ? "sliding_attention" : "full_attention");
-    return types;
-  };
-
-  const std::string model_type = arch->model_type;
-  if (arch_name == "llama") {
-    c["rope_parameters"] = rope;
-    if (g.has(A + "attention.sliding_window")) {  // a Mistral checkpoint with a window
-      c["model_type"] = "mistral";
-      c["sliding_window"] = g.get_uint(A + "attention.sliding_window");
-    }
-  } else if (arch_name == "qwen2" || arch_name == "qwen3") {
-    c["rope_parameters"] = rope;
-  } else if (arch_name == "gemma3") {
-    c["sliding_window"] = g.get_uint(A + "attention.sliding_window");
-    c["layer_types"] = layer_types(6);
-    json local = {{"rope_type", "default"},
-                  {"rope_theta", g.has(A + "rope.freq_base_swa") ? g.get_float(A + "rope.freq_base_swa") : 10000.0}};
-    c["rope_parameters"] = {{"full_attention", rope}, {"sliding_attention", local}};
-    if (g.has(A + "final_logit_softcapping")) c["final_logit_softcapping"] = g.get_float(A + "final_logit_softcapping");
-    if (g.has(A + "attn_logit_softcapping")) c["attn_logit_softcapping"] = g.get_float(A + "attn_logit_softcapping");
-    // The attention scale: the file's, else llama.cpp's rule (hidden / heads for the 62-layer
-    // 27B model, the head size otherwise).
-    const int64_t hidden = c["hidden_size"].get<int64_t>(), heads = c["num_attention_heads"].get<int64_t>();
-    double scalar = c.contains("head_dim") ? c["head_dim"].get<double>() : double(hidden / std::max<int64_t>(heads, 1));
-    if (n_layers == 62 && heads > 0) scalar = double(hidden / heads);
-    if (g.has(A + "attention.scale")) {
-      const double s = g.get_float(A + "attention.scale");
-      if (!(s > 0) || !std::isfinite(s)) throw InvalidInput(where + ": " + A + "attention.scale must be positive");
-      scalar = 1.0 / (s * s);
-    }
-    c["query_pre_attn_scalar"] = scalar;
-  } else if (arch_name == "cohere2") {
-    c["sliding_window"] = g.get_uint(A + "attention.sliding_window");
-    c["layer_types"] = layer_types(4);
-    c["rope_parameters"] = rope;
-    if (g.has(A + "logit_scale")) c["logit_scale"] = g.get_float(A + "logit_scale");
-  }
+  const json rope = gguf_read_rope(g, A, *family, tensors.rope_factors);
+  gguf_read_family_keys(g, A, *family, rope, int64_t(block_count), c);
 
   // Special tokens: eos, and the end-of-turn token, which ends a reply too.
   json eos = json::array();
@@ -420,27 +429,17 @@ GgufCheckpoint read_gguf_checkpoint(const GgufFile& g) {
   if (!eos.empty()) c["eos_token_id"] = eos;
   if (g.has("tokenizer.ggml.bos_token_id")) c["bos_token_id"] = g.get_uint("tokenizer.ggml.bos_token_id");
 
-  // Repacked weights: the most common (bits, group size) as the global setting, the others per module.
-  if (!module_quant.empty()) {
-    std::map<std::pair<int, int>, int> count;
-    for (const auto& [module, bg] : module_quant) ++count[bg];
-    std::pair<int, int> global{0, 0};
-    for (const auto& [bg, n] : count)
-      if (global.first == 0 || n > count[global]) global = bg;
-    json q = {{"group_size", global.second}, {"bits", global.first}};
-    for (const auto& [module, bg] : module_quant)
-      if (bg != global) q[module] = {{"group_size", bg.second}, {"bits", bg.first}};
-    c["quantization"] = q;
-  }
+  if (!tensors.module_quant.empty()) c["quantization"] = gguf_quantization(tensors.module_quant);
 
-  if (!converted.empty()) {
+  if (!tensors.converted.empty()) {
     std::string what;
-    for (const auto& [how, n] : converted) what += (what.empty() ? "" : ", ") + std::to_string(n) + " " + how;
+    for (const auto& [how, n] : tensors.converted) what += (what.empty() ? "" : ", ") + std::to_string(n) + " " + how;
     log_info(where + ": quantized tensors converted at load (docs/gguf.md): " + what);
   }
 
   return GgufCheckpoint{ConfigReader(std::move(c), where + " (GGUF metadata)"),
-                        SafeTensors::adopt(g.path(), std::move(buffers), std::move(infos), arch->layout)};
+                        SafeTensors::adopt(g.path(), std::move(tensors.buffers), std::move(tensors.infos),
+                                            family->gguf_layout)};
 }
 
 }  // namespace osprey

@@ -6,9 +6,9 @@
 // safetensors (docs/gguf.md lists the architectures and keys).
 #include <filesystem>
 
-#include "model/config_reader.h"
-#include "model/gguf.h"
-#include "model/safetensors.h"
+#include "formats/config_reader.h"
+#include "formats/gguf.h"
+#include "formats/safetensors.h"
 
 namespace osprey {
 

@@ -1,4 +1,4 @@
-// The CPU affine quantizer (model/quantize.h) against an independent torch implementation of
+// The CPU affine quantizer (formats/quantize.h) against an independent torch implementation of
 // MLX's algorithm (tools/mlx_quant_reference.py -> tests/fixtures/quant/quantizer.safetensors),
 // and the dequantized round trip.
 #include <gtest/gtest.h>
@@ -10,8 +10,8 @@
 #include "backend/quant.h"
 #include "core/error.h"
 #include "core/half.h"
-#include "model/quantize.h"
-#include "model/safetensors.h"
+#include "formats/quantize.h"
+#include "formats/safetensors.h"
 #include "support/test_util.h"
 
 namespace osprey {

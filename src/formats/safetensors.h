@@ -25,12 +25,12 @@ struct TensorInfo {
   size_t byte_offset = 0;  // absolute, within the file
   size_t nbytes = 0;
   // "F8_E4M3" (float8 e4m3fn, FP8 checkpoints): no Array element type; read as its bytes,
-  // dtype u8, with this set (model/hub_quant.h decodes them).
+  // dtype u8, with this set (formats/hub_quant.h decodes them).
   bool float8_e4m3 = false;
 };
 
 // How a checkpoint's tensors differ from the Hugging Face layout that the families describe
-// (both are set for GGUF files, whose converter rewrites some tensors; model/gguf_model.h).
+// (both are set for GGUF files, whose converter rewrites some tensors; formats/gguf_model.h).
 struct TensorLayout {
   // Each head's q and k projection rows hold the rotary pairs interleaved, (2i, 2i + 1), where
   // the family's checkpoints rotate the halves (i, i + head_dim / 2): llama.cpp's converter
@@ -48,7 +48,7 @@ class SafeTensors {
   // tensor the index names but the files lack) naming the file and tensor.
   static SafeTensors open(const std::filesystem::path& model_dir);
   static SafeTensors open_file(const std::filesystem::path& file);
-  // Tensors of another container, already checked by its reader (model/gguf.h): each
+  // Tensors of another container, already checked by its reader (formats/gguf.h): each
   // TensorInfo's file_index indexes `buffers` (each over one whole mapping, keeping it alive),
   // and its bytes lie within that buffer. `source` names the container in messages.
   static SafeTensors adopt(const std::filesystem::path& source, std::vector<std::shared_ptr<Buffer>> buffers,

@@ -1,4 +1,4 @@
-#include "model/convert.h"
+#include "formats/convert.h"
 
 #include <cstdio>
 #include <fstream>
@@ -7,9 +7,9 @@
 #include "backend/ops.h"
 #include "backend/quant.h"
 #include "core/error.h"
-#include "model/config_reader.h"
-#include "model/hub_quant.h"
-#include "model/quantize.h"
+#include "formats/config_reader.h"
+#include "formats/hub_quant.h"
+#include "formats/quantize.h"
 
 namespace osprey {
 namespace {
