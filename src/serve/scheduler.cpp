@@ -401,8 +401,8 @@ bool Scheduler::speculative_step(Sequence& s) {
     if (!going) break;  // ended: end_sequence gave the unsettled rows back
     if (i == k || s.tokens.back() != draft[size_t(i)]) break;
     ++accepted;
+    ++s.n_accepted;  // before the next emit, whose end of the sequence reports it
   }
-  s.n_accepted += accepted;
   if (!s.ended && s.n_unsettled > 0) {
     try {
       backend_.rewind(s.handle, s.n_unsettled);
