@@ -27,8 +27,13 @@ std::vector<int32_t> ngram_draft(std::span<const int32_t> tokens, int ngram_min,
     // recent first.
     for (int64_t i = len - n - 1; i >= 0; --i) {
       if (!std::equal(tail.begin(), tail.end(), tokens.begin() + i)) continue;
-      const int64_t from = i + n, to = std::min<int64_t>(len, from + max_tokens);
-      draft.assign(tokens.begin() + from, tokens.begin() + to);
+      // What followed, continued past the sequence's end as a copy with overlap (LZ77's): a
+      // sequence repeating with period len - from goes on repeating, so a loop drafts in full.
+      const int64_t from = i + n;
+      for (int64_t j = 0; j < max_tokens; ++j) {
+        const int64_t src = from + j;
+        draft.push_back(src < len ? tokens[size_t(src)] : draft[size_t(src - len)]);
+      }
       return draft;
     }
   }

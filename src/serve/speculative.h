@@ -23,10 +23,11 @@ struct SpeculativeParams {
 // 1 <= draft_min <= draft_max <= 64).
 void validate(const SpeculativeParams& p);
 
-// Up to `max_tokens` drafted tokens for the sequence `tokens`: for n = ngram_max down to
-// ngram_min, the last n tokens are matched against every earlier window (the most recent match
-// first), and the tokens that follow the first match are returned (at most max_tokens, and
-// never past the sequence's end). Empty when no n-gram recurs or max_tokens <= 0.
+// `max_tokens` drafted tokens for the sequence `tokens`: for n = ngram_max down to ngram_min,
+// the last n tokens are matched against every earlier window (the most recent match first), and
+// the tokens that follow the first match are the draft; where they reach the sequence's end the
+// draft goes on as a copy with overlap (the sequence repeating with the period the match
+// found), so it always has max_tokens tokens. Empty when no n-gram recurs or max_tokens <= 0.
 std::vector<int32_t> ngram_draft(std::span<const int32_t> tokens, int ngram_min, int ngram_max, int max_tokens);
 
 }  // namespace osprey

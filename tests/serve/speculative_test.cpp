@@ -88,11 +88,15 @@ TEST(NgramDraft, ProposesWhatFollowedTheLongestRecentMatch) {
   // ... 7 8 9 | 1 2 3 4 5 | 7 8 9: the 3-gram "7 8 9" occurred before, followed by 1 2 3 4 5.
   const std::vector<int32_t> t = {7, 8, 9, 1, 2, 3, 4, 5, 7, 8, 9};
   EXPECT_EQ(ngram_draft(t, 1, 3, 8), (std::vector<int32_t>{1, 2, 3, 4, 5, 7, 8, 9}));
+  EXPECT_EQ(ngram_draft(t, 1, 3, 10), (std::vector<int32_t>{1, 2, 3, 4, 5, 7, 8, 9, 1, 2}));
   EXPECT_EQ(ngram_draft(t, 1, 3, 3), (std::vector<int32_t>{1, 2, 3}));
   EXPECT_TRUE(ngram_draft(t, 1, 3, 0).empty());
   // The most recent earlier occurrence wins: "4" is followed by 6 later than by 1.
   const std::vector<int32_t> u = {4, 1, 1, 4, 6, 6, 4};
   EXPECT_EQ(ngram_draft(u, 1, 1, 2), (std::vector<int32_t>{6, 6}));
+  // Past the sequence's end the draft repeats the period the match found.
+  EXPECT_EQ(ngram_draft(u, 1, 1, 5), (std::vector<int32_t>{6, 6, 4, 6, 6}));
+  EXPECT_EQ(ngram_draft(std::vector<int32_t>{2, 5, 5, 5}, 1, 3, 4), (std::vector<int32_t>{5, 5, 5, 5}));
   // The longer n-gram is looked for first: "9 4" occurred once, followed by 2.
   const std::vector<int32_t> w = {9, 4, 2, 5, 4, 3, 9, 4};
   EXPECT_EQ(ngram_draft(w, 1, 2, 1), (std::vector<int32_t>{2}));
