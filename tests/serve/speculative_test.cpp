@@ -8,6 +8,8 @@
 #include <cstring>
 #include <random>
 
+#include <nlohmann/json.hpp>
+
 #include "backend/cuda_available.h"
 #include "core/error.h"
 #include "kv/dense_cache.h"
@@ -395,6 +397,39 @@ TEST(SpeculativeCuda, GreedyOutputIsIdenticalToPlainDecoding) {
       EXPECT_GT(spec.stats.n_verify_steps, 0);
     }
   }
+}
+
+}  // namespace osprey
+
+namespace osprey {
+
+// The flags: generate --json reports the drafts; a sliding-window model and serve's paged
+// layout refuse --spec-ngram by name.
+TEST(SpeculativeCli, GenerateReportsDraftsAndRefusalsNameTheFlag) {
+  const std::string llama = (testing::source_dir() / "tests/fixtures/models/llama").string();
+  std::string ids;
+  for (int32_t t : spec_quoting_prompt(512, 17)) ids += (ids.empty() ? "" : ",") + std::to_string(t);
+  const auto plain = testing::run_osprey("generate -m " + llama + " --token-ids " + ids + " -n 48 --temp 0 --ignore-eos -q --json");
+  const auto spec =
+      testing::run_osprey("generate -m " + llama + " --token-ids " + ids + " -n 48 --temp 0 --ignore-eos -q --json --spec-ngram");
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  ASSERT_EQ(spec.exit_code, 0) << spec.err;
+  const auto jp = nlohmann::json::parse(plain.out), js = nlohmann::json::parse(spec.out);
+  EXPECT_EQ(js["tokens"], jp["tokens"]);
+  EXPECT_GT(js["timings"]["drafted_n"].get<int64_t>(), 0);
+  EXPECT_EQ(jp["timings"]["drafted_n"].get<int64_t>(), 0);
+  EXPECT_LE(js["timings"]["accepted_n"].get<int64_t>(), js["timings"]["drafted_n"].get<int64_t>());
+
+  const std::string gemma = (testing::source_dir() / "tests/fixtures/models/gemma3").string();
+  const auto refused = testing::run_osprey("generate -m " + gemma + " --token-ids 5,6,7 -n 4 -q --spec-ngram");
+  EXPECT_EQ(refused.exit_code, 1);
+  EXPECT_NE(refused.err.find("sliding-window layers"), std::string::npos) << refused.err;
+
+  const auto paged = testing::run_osprey("serve -m " + llama + " --port 0 --spec-ngram");
+  EXPECT_EQ(paged.exit_code, 2);
+  EXPECT_NE(paged.err.find("--kv-layout dense"), std::string::npos) << paged.err;
+  const auto bad = testing::run_osprey("generate -m " + llama + " --token-ids 5 -n 1 --draft-max 0");
+  EXPECT_EQ(bad.exit_code, 2);
 }
 
 }  // namespace osprey
