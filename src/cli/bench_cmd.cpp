@@ -52,6 +52,7 @@ struct BenchOptions {
   std::vector<int64_t> batch;
   int64_t block_size = 16;
   bool batch_invariant = false;
+  SpeculativeParams spec;  // tg tests: speculative decoding
   std::string grammar_file;  // --batch: constrain every sequence to this GBNF grammar
   std::string json_schema;   // --batch: ... or to JSON valid against this schema (text or @FILE)
   // How generated tokens are chosen (tg tests and --batch): greedy unless --temp > 0; the
@@ -140,6 +141,7 @@ nlohmann::json test_json(const BenchResult& r) {
               {"peak_reserved_bytes", r.memory.timed.reserved_bytes},
               {"peak_rss_bytes", r.memory.timed.rss_bytes}}},
             {"rss_scope", r.memory.rss_per_test ? "test" : "process"}}},
+          {"speculative", {{"drafted_n", r.n_drafted}, {"accepted_n", r.n_accepted}}},
           {"kv",
            {{"inplace_writes", r.kv.n_inplace_writes},
             {"copying_writes", r.kv.n_copying_writes},
@@ -322,6 +324,7 @@ int run_bench_cmd(const BenchOptions& o) {
   bp.cache.inplace = env.kv_inplace_write;
   bp.decode = generate_params(env);
   bp.decode.sampler = o.sampler;
+  bp.decode.spec = o.spec;
 
   std::vector<BenchResult> results;
   for (const BenchTest& t : tests) results.push_back(run_bench(*model, t, bp));
@@ -374,6 +377,7 @@ Command add_bench(CLI::App& app) {
       ->check(CLI::Range(1, 1024))
       ->capture_default_str()
       ->group("Advanced");
+  add_spec_options(app, o->spec);
   app.add_flag("--batch-invariant", o->batch_invariant, "--batch: batch-invariant kernels (docs/design.md)")
       ->group("Advanced");
   app.add_option("--grammar-file", o->grammar_file,

@@ -51,6 +51,7 @@ struct ChatOptions {
   int n_predict = 512;  // -1: until the context is full
   int ctx_size = 0;     // 0: the model's
   SamplerParams sampler;
+  SpeculativeParams spec;
   int threads = -1;
   std::string device;
   bool json = false;
@@ -194,6 +195,7 @@ class Chat {
     gp_ = generate_params(env_options());
     gp_.sampler = sampling.params;
     validate(gp_.sampler);
+    gp_.spec = o.spec;
     gp_.stop_ids = bundle_.stop_ids(model_->info().eos_ids);
     const EnvOptions& env = env_options();
     KVCacheParams co;
@@ -566,6 +568,7 @@ Command add_chat(CLI::App& app) {
                  "leave it")
       ->check(int_range(0, INT32_MAX));
   add_sampler_options(app, o->sampler, /*checkpoint_defaults=*/true);
+  add_spec_options(app, o->spec);
   add_device_option(app, o->device);
   add_threads_option(app, o->threads);
   app.add_flag("--json", o->json,

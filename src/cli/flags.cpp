@@ -199,4 +199,17 @@ grammar::Grammar read_grammar_flags(const std::string& command, const std::strin
   }
 }
 
+void add_spec_options(CLI::App& app, SpeculativeParams& p) {
+  app.add_flag("--spec-ngram", p.ngram,
+               "Speculative decoding with prompt-lookup drafts: the tokens that followed the longest recent n-gram "
+               "earlier in the prompt and reply, verified in one multi-row step (lossless: the tokens of plain "
+               "decoding)");
+  add_int_option(app, "--spec-ngram-min", p.ngram_min, "--spec-ngram: shortest n-gram looked up", 1, 16);
+  add_int_option(app, "--spec-ngram-max", p.ngram_max, "--spec-ngram: longest n-gram looked up", 1, 16);
+  add_int_option(app, "--draft-max", p.draft_max, "Speculative decoding: most tokens drafted per step", 1, 64);
+  add_int_option(app, "--draft-min", p.draft_min,
+                 "Speculative decoding: fewest drafted tokens worth a verify step (shorter drafts decode one token)",
+                 1, 64);
+}
+
 }  // namespace osprey::cli

@@ -8,6 +8,7 @@
 
 #include "sample/sampler.h"
 #include "grammar/grammar.h"
+#include "serve/speculative.h"
 
 namespace osprey::cli {
 
@@ -38,6 +39,10 @@ std::vector<std::string> given_sampler_flags(const CLI::App& app);
 // Each field of `p` whose flag is not in `given` taken from `defaults`: temperature, top-k,
 // top-p, min-p, typical-p and the repetition penalty (the seed and --repeat-last-n stay p's).
 void fill_unset_sampler_fields(SamplerParams& p, const SamplerParams& defaults, const std::vector<std::string>& given);
+
+// Speculative decoding's flags (docs/design.md, "Speculative decoding"): --spec-ngram,
+// --spec-ngram-min, --spec-ngram-max, --draft-max, --draft-min, each range-checked.
+void add_spec_options(CLI::App& app, SpeculativeParams& p);
 
 // -m/--model (a folder holding `folder_holds`, or a Hub id; empty: the embedded default model)
 // and --download (fetch a Hub model missing from the cache), in that order.

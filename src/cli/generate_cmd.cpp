@@ -93,6 +93,7 @@ struct GenerateOptions {
   int64_t ctx_size = 0;  // 0: the model's max_position_embeddings
   SamplerParams sampler;
   std::vector<std::string> sampler_flags;  // the sampler flags given (the others: the model's defaults)
+  SpeculativeParams spec;
   bool json = false;
   bool verbose = false;
   bool ignore_eos = false;
@@ -177,7 +178,11 @@ void print_json(const std::vector<int32_t>& prompt, const GenerateResult& r, con
                   {"device_sampling", s.device_sampling},
                   {"pipelined", s.pipelined},
                   {"graph_replays", s.n_graph_replays},
-                  {"graph_captures", s.n_graph_captures}};
+                  {"graph_captures", s.n_graph_captures},
+                  {"drafted_n", s.n_drafted},
+                  {"accepted_n", s.n_accepted},
+                  {"verify_steps", s.n_verify_steps},
+                  {"acceptance", s.acceptance()}};
   std::string out = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   std::printf("%s\n", out.c_str());
 }
@@ -237,6 +242,7 @@ int run_generate(const GenerateOptions& o) {
                                                       gp.stop_ids);
   }
   validate(gp.sampler);
+  gp.spec = o.spec;
   if (o.verbose) std::fprintf(stderr, "seed: %llu\n", (unsigned long long)gp.sampler.seed);
 
   const EnvOptions& env = env_options();
@@ -279,6 +285,9 @@ int run_generate(const GenerateOptions& o) {
     std::fprintf(stderr, "prompt: %lld tokens, %.1f t/s | decode: %lld tokens, %.1f t/s | kv writes: %llu in place, %llu copying\n",
                (long long)s.n_prompt, s.prompt_tps(), (long long)s.n_generated, s.decode_tps(),
                (unsigned long long)s.kv.n_inplace_writes, (unsigned long long)s.kv.n_copying_writes);
+  if (!o.quiet && gp.spec.enabled())
+    std::fprintf(stderr, "speculative: %lld drafted, %lld accepted (%.1f%%) in %lld verify steps\n",
+                 (long long)s.n_drafted, (long long)s.n_accepted, 100.0 * s.acceptance(), (long long)s.n_verify_steps);
   return 0;
 }
 
@@ -313,6 +322,7 @@ Command add_generate(CLI::App& app) {
       ->expected(1)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   add_sampler_options(app, o->sampler);
+  add_spec_options(app, o->spec);
   add_device_option(app, o->device);
   add_threads_option(app, o->threads);
   add_tensor_parallel_option(app, o->tensor_parallel);

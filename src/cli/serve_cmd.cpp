@@ -129,6 +129,9 @@ int run_serve(ServeOptions& o) {
     if (k.empty()) throw UsageError("--api-key: a key must not be empty");
   if (so.cache_salt_by_key && so.api_keys.empty())
     throw UsageError("--cache-salt-by-key needs API keys (--api-key or --api-key-file)");
+  if (so.spec.enabled() && so.kv_layout == KVLayout::paged)
+    throw UsageError("serve --spec-ngram: speculative decoding runs with the dense layout only (--kv-layout dense); "
+                     "the paged backend's batched step does not verify drafts yet");
   so.model_dir = model_folder(o.model, o.download);
   if (so.alias.empty() && !o.model.empty() && !fs::exists(o.model)) so.alias = o.model;  // a Hub id names itself
   if (!fs::exists(so.model_dir)) throw IoError("model folder " + so.model_dir.string() + " does not exist");
@@ -247,6 +250,7 @@ Command add_serve(CLI::App& app) {
                  "free memory)",
                  0, kMaxCacheMib)
       ->group("Advanced");
+  add_spec_options(app, s.spec);
   app.add_flag("--batch-invariant", s.batch_invariant,
                "Every row of a batch computed bit for bit as alone: a greedy request's tokens do not depend on "
                "what else runs (slower)")

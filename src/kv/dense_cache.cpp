@@ -22,10 +22,18 @@ bool DenseKVCache::next_write_in_place(int64_t n) const {
   return owns_current_state() && offset_ + n <= capacity();
 }
 
+bool DenseKVCache::write_in_place(int64_t n) const {
+  if (n > 1 && multirow_inplace_ && params_.inplace && keys_.defined())
+    return owns_current_state() && offset_ + n <= capacity();
+  return next_write_in_place(n);
+}
+
 KVView DenseKVCache::update_and_fetch(const Array& k, const Array& v, const Array& positions) {
   check_write(k, v, positions);
   const int64_t n = k.dim(0), pos0 = offset_;
-  if (next_write_in_place(n)) {
+  if (write_in_place(n)) {
+    // Rows [offset, offset + n) of buffers no snapshot reads past offset (the guard): a verify
+    // step's rows land here, and rewind_own_write() gives the rejected ones back.
     ops::write_kv_rows(keys_, values_, k, v, offset_, positions);
     adopt_inplace(n);
   } else {

@@ -24,6 +24,8 @@ class DenseKVCache : public GuardedKVCache {
   int64_t capacity() const override { return keys_.defined() ? keys_.dim(1) : 0; }
   void reserve(int64_t n) override { reserved_ = std::max(reserved_, n); }
   void trim(int64_t n) override;
+  bool gives_back_rows() const override { return true; }
+  void set_multirow_inplace(bool on) override { multirow_inplace_ = on; }
   KVState snapshot() const override;
   void restore(const KVState& state) override;
 
@@ -36,6 +38,10 @@ class DenseKVCache : public GuardedKVCache {
   void evict_buffers();
 
   int64_t reserved_ = 0;  // rows the next growth reaches at least (reserve)
+  bool multirow_inplace_ = false;  // set_multirow_inplace: n > 1 rows may go in place too
+  // Whether a write of n rows goes in place: the guard's rules, one row (or n while
+  // multirow_inplace_), and room in the buffers.
+  bool write_in_place(int64_t n) const;
 };
 
 }  // namespace osprey

@@ -124,6 +124,16 @@ class KVCache {
   // past a stop). The guard stays armed, so the next write may go in place at the new length.
   // The caller guarantees that no snapshot was taken since that write; otherwise this is trim().
   virtual void rewind_own_write(int64_t n) { trim(n); }
+  // Speculative decoding (docs/design.md, "Speculative decoding"): whether this cache can take
+  // a verify step's rows (the last token and the drafted ones, one multi-row write) in place
+  // under the guard and give the rejected ones back with rewind_own_write(), so that the next
+  // write goes in place at the new length. False (the default): a cache that cannot (a
+  // rotating ring of `window` rows, whose rows past the window overwrite positions a later
+  // query still sees).
+  virtual bool gives_back_rows() const { return false; }
+  // While on (the default is off), a write of n > 1 rows may go in place under the guard as a
+  // one-row write does: a verify step. Off, multi-row writes (prefill chunks) copy as before.
+  virtual void set_multirow_inplace(bool on) { (void)on; }
 
   // O(1): shares the buffers.
   virtual KVState snapshot() const = 0;
@@ -173,6 +183,9 @@ class SequenceCache {
   bool can_trim(int64_t n) const;
   void trim(int64_t n);
   void rewind_own_write(int64_t n);
+  // KVCache::gives_back_rows of every layer (false for a cache of no layers).
+  bool gives_back_rows() const;
+  void set_multirow_inplace(bool on);  // on every layer
   std::vector<KVState> snapshot() const;
   void restore(const std::vector<KVState>& states);
   KVCounters counters() const;

@@ -50,6 +50,17 @@ void SequenceCache::rewind_own_write(int64_t n) {
   for (auto& l : layers_) l->rewind_own_write(n);
 }
 
+bool SequenceCache::gives_back_rows() const {
+  if (layers_.empty()) return false;
+  for (const auto& l : layers_)
+    if (!l->gives_back_rows()) return false;
+  return true;
+}
+
+void SequenceCache::set_multirow_inplace(bool on) {
+  for (auto& l : layers_) l->set_multirow_inplace(on);
+}
+
 std::vector<KVState> SequenceCache::snapshot() const {
   std::vector<KVState> s;
   s.reserve(layers_.size());

@@ -36,6 +36,7 @@ uint64_t mix(uint64_t a, uint64_t b) {
 struct RunResult {
   double seconds = 0;
   KVCounters kv;
+  int64_t n_drafted = 0, n_accepted = 0;
 };
 
 // Peaks of the allocator of the model's device (on CUDA: the device high-water mark).
@@ -94,6 +95,8 @@ RunResult run_once(Model& model, const BenchTest& test, const BenchParams& param
     const auto t0 = Clock::now();
     GenerateResult g = generate(model, cache, input, gp);
     r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    r.n_drafted = g.stats.n_drafted;
+    r.n_accepted = g.stats.n_accepted;
     if (g.stats.n_generated != test.n_tokens)
       throw Error("bench: generated " + std::to_string(g.stats.n_generated) + " of " + std::to_string(test.n_tokens) +
                   " tokens");
@@ -179,6 +182,8 @@ BenchResult run_bench(Model& model, const BenchTest& test, const BenchParams& pa
     RunResult r = run_once(model, test, params, mix(test_seed, uint64_t(i)), result.memory);
     if (i < params.warmup) continue;
     if (i == params.warmup) result.kv = r.kv;
+    result.n_drafted += r.n_drafted;
+    result.n_accepted += r.n_accepted;
     result.seconds.push_back(r.seconds);
     result.tps.push_back(r.seconds > 0 ? double(test.n_tokens) / r.seconds : 0);
   }

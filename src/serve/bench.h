@@ -72,6 +72,7 @@ struct BenchResult {
   std::vector<double> tps;      // n_tokens / seconds, per measured run
   SampleStats stats;            // over tps
   KVCounters kv;                // cache writes during the timed phase of one run (all runs write alike)
+  int64_t n_drafted = 0, n_accepted = 0;  // tg tests, speculative decoding: over the measured runs
   BenchMemory memory;
 };
 

@@ -51,6 +51,34 @@ std::string non_finite_detail(const Array& last, uint64_t counter) {
   return non_finite_logits_message(where);
 }
 
+// Batch-invariant mode for a scope (a speculating sequence's steps), restored after.
+class DenseInvariantScope {
+ public:
+  explicit DenseInvariantScope(bool on) : was_(ops::batch_invariant()), set_(on && !was_) {
+    if (set_) ops::set_batch_invariant(true);
+  }
+  ~DenseInvariantScope() {
+    if (set_) ops::set_batch_invariant(false);
+  }
+  DenseInvariantScope(const DenseInvariantScope&) = delete;
+  DenseInvariantScope& operator=(const DenseInvariantScope&) = delete;
+
+ private:
+  bool was_, set_;
+};
+
+// Multi-row writes in place on a sequence cache for a scope (a verify step), off after.
+class MultirowInplaceScope {
+ public:
+  explicit MultirowInplaceScope(SequenceCache& c) : c_(c) { c_.set_multirow_inplace(true); }
+  ~MultirowInplaceScope() { c_.set_multirow_inplace(false); }
+  MultirowInplaceScope(const MultirowInplaceScope&) = delete;
+  MultirowInplaceScope& operator=(const MultirowInplaceScope&) = delete;
+
+ private:
+  SequenceCache& c_;
+};
+
 }  // namespace
 
 struct DenseSlotBackend::Slot {
@@ -241,6 +269,7 @@ void DenseSlotBackend::decode(std::span<const DecodeInput> inputs, std::vector<D
   for (size_t i = 0; i < inputs.size(); ++i) {
     const DecodeInput& in = inputs[i];
     Slot& s = slot(in.handle);
+    DenseInvariantScope invariant(in.invariant);
     if (!device_chooses(in)) {
       drop_ahead(s);
       check_room(s, 1);
@@ -261,6 +290,34 @@ void DenseSlotBackend::decode(std::span<const DecodeInput> inputs, std::vector<D
       outputs[i].error = e.what();
     }
   }
+}
+
+bool DenseSlotBackend::can_verify(int handle) const {
+  if (handle < 0 || size_t(handle) >= slots_.size()) return false;
+  const Slot& s = *slots_[size_t(handle)];
+  return s.busy && s.cache->gives_back_rows();
+}
+
+void DenseSlotBackend::verify(int handle, std::span<const int32_t> tokens, std::vector<float>& logits) {
+  Slot& s = slot(handle);
+  if (!s.cache->gives_back_rows())
+    throw InvalidInput("dense backend: this model's KV cache cannot give drafted rows back (sliding-window layers)");
+  drop_ahead(s);
+  check_room(s, int64_t(tokens.size()));
+  DenseInvariantScope invariant(true);
+  MultirowInplaceScope inplace(*s.cache);
+  Array out = ops::to_device(model_.forward(host_i32(tokens), *s.cache, true), Device::cpu());
+  logits.assign(out.data<float>(), out.data<float>() + out.numel());
+  ++counters_.n_verify_steps;
+  counters_.n_verify_rows += uint64_t(tokens.size());
+}
+
+void DenseSlotBackend::rewind(int handle, int64_t n) {
+  Slot& s = slot(handle);
+  if (n <= 0) return;
+  // The rows of the slot's own last write (a verify; no snapshot since): its length moves back
+  // and the guard stays armed, so the next write goes in place at the new length.
+  s.cache->rewind_own_write(n);
 }
 
 void DenseSlotBackend::end(int handle, std::span<const int32_t> tokens) {

@@ -43,6 +43,7 @@ struct DenseBackendCounters {
   uint64_t n_host_chosen = 0;    // decode outputs returned as logits
   uint64_t n_ahead = 0;          // steps enqueued ahead of the host
   uint64_t n_graph_replays = 0, n_graph_captures = 0;
+  uint64_t n_verify_steps = 0, n_verify_rows = 0;  // speculative verify steps and their rows
 };
 
 class DenseSlotBackend final : public SequenceBackend {
@@ -59,6 +60,12 @@ class DenseSlotBackend final : public SequenceBackend {
   int32_t prefill_and_choose(int handle, std::span<const int32_t> tokens, const DecodeInput& choice,
                              std::vector<float>& logits) override;
   void decode(std::span<const DecodeInput> inputs, std::vector<DecodeOutput>& outputs, const MaskFn& masks) override;
+  // Speculative decoding: a slot whose cache gives rows back (dense layers only: a model with
+  // sliding-window layers has none). verify() runs the rows in batch-invariant mode, their
+  // K/V rows in place; rewind() gives back rows of that write.
+  bool can_verify(int handle) const override;
+  void verify(int handle, std::span<const int32_t> tokens, std::vector<float>& logits) override;
+  void rewind(int handle, int64_t n) override;
   void end(int handle, std::span<const int32_t> tokens) override;
   double kv_usage() const override;
   KVCounters kv_counters() const override;

@@ -20,6 +20,13 @@ void check_request(const Model& model, const SequenceCache& cache, std::span<con
   if (prompt.empty()) throw InvalidInput("the prompt is empty");
   if (params.max_tokens < 0) throw InvalidInput("the number of tokens to generate must be >= 0");
   validate(params.sampler);
+  if (params.spec.enabled()) {
+    validate(params.spec);
+    if (!cache.gives_back_rows())
+      throw InvalidInput(
+          "--spec-ngram: speculative decoding is not supported for this model: it has sliding-window layers, whose "
+          "rotating KV cache of `window` rows cannot give drafted rows back");
+  }
   ops::check_token_ids(prompt, model.info().vocab_size, "prompt token id");
   const int64_t ctx = model.info().max_position_embeddings;
   if (ctx > 0 && cache.offset() + int64_t(prompt.size()) > ctx)
@@ -57,6 +64,7 @@ GenerateResult generate(Model& model, SequenceCache& cache, std::span<const int3
   so.engine_thread = false;
   so.max_queue = 1;
   so.prefill_chunk = std::max<int64_t>(1, params.prefill_chunk);
+  so.spec = params.spec;
   Scheduler engine(backend, so);
 
   SequenceRequest request;
@@ -95,6 +103,8 @@ GenerateResult generate(Model& model, SequenceCache& cache, std::span<const int3
       } else {
         st.stop_reason = e->finish_reason == "cancelled" ? "callback" : e->finish_reason;
       }
+      st.n_drafted = e->n_drafted;
+      st.n_accepted = e->n_accepted;
     }
   }
   engine.stop();
@@ -117,6 +127,7 @@ GenerateResult generate(Model& model, SequenceCache& cache, std::span<const int3
   st.pipelined = c.n_ahead > 0;
   st.n_graph_replays = c.n_graph_replays;
   st.n_graph_captures = c.n_graph_captures;
+  st.n_verify_steps = int64_t(c.n_verify_steps);
   return result;
 }
 

@@ -12,6 +12,7 @@
 
 #include "sample/sampler.h"
 #include "kv/kv_cache.h"
+#include "serve/speculative.h"
 
 namespace osprey {
 
@@ -34,6 +35,11 @@ struct GenerateParams {
   // the tokens are the same.
   bool pipelined = true;
   bool graphs = true;  // CUDA graph replay of the decode step (OSPREY_CUDA_GRAPHS)
+  // Speculative decoding (docs/design.md, "Speculative decoding"): n-gram drafts verified in
+  // one multi-row step; the tokens are those of plain decoding (greedy: byte for byte; sampled:
+  // the same draws). Refused (InvalidInput) for a model with sliding-window layers; off for a
+  // constrained sequence (grammar).
+  SpeculativeParams spec;
 };
 
 struct GenerateStats {
@@ -46,6 +52,9 @@ struct GenerateStats {
   bool device_sampling = false;  // tokens chosen on the device (CUDA, no penalty or logit bias)
   bool pipelined = false;        // steps enqueued one ahead of the host
   uint64_t n_graph_replays = 0, n_graph_captures = 0;
+  // Speculative decoding: tokens drafted, accepted by the target, and verify steps run.
+  int64_t n_drafted = 0, n_accepted = 0, n_verify_steps = 0;
+  double acceptance() const { return n_drafted > 0 ? double(n_accepted) / double(n_drafted) : 0; }
   double prompt_tps() const { return prompt_seconds > 0 ? double(n_prompt) / prompt_seconds : 0; }
   double decode_tps() const {
     return decode_seconds > 0 && n_generated > 1 ? double(n_generated - 1) / decode_seconds : 0;

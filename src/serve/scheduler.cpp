@@ -99,6 +99,10 @@ struct Scheduler::Sequence {
   bool greedy = false;          // the backend may choose the token (DecodeInput::greedy) ...
   bool sampled = false;         // ... or draw it (DecodeInput::sampling) ...
   bool masked = false;          // ... from the matcher's mask (DecodeInput::masked)
+  // Speculative decoding: tokens drafted and accepted, and rows a verify wrote past n_in_cache
+  // that are not given back yet (end_sequence gives them back before the backend's end()).
+  int64_t n_drafted = 0, n_accepted = 0, n_unsettled = 0;
+  bool spec_stepped = false;    // this step's token came from a speculative step
   Clock::time_point admitted{};  // first begun: the end of its queue wait
 
   Sequence(SequenceRequest r) : request(std::move(r)), sampler(request.params.sampler), tokens(request.prompt) {
@@ -330,6 +334,8 @@ SequenceEvent Scheduler::end_sequence(Sequence& s) {
   s.ended = true;
   if (s.handle >= 0) {
     try {
+      if (s.n_unsettled > 0) backend_.rewind(s.handle, s.n_unsettled);
+      s.n_unsettled = 0;
       backend_.end(s.handle, std::span<const int32_t>(s.tokens).first(size_t(s.n_in_cache)));
     } catch (const std::exception& e) {
       log_warn("request " + std::to_string(s.request.id) + ": ending the sequence failed: " + e.what());
@@ -339,7 +345,79 @@ SequenceEvent Scheduler::end_sequence(Sequence& s) {
   SequenceEvent e;
   e.n_prompt = s.n_prompt();
   e.n_cached = s.n_cached;
+  e.n_drafted = s.n_drafted;
+  e.n_accepted = s.n_accepted;
   return e;
+}
+
+bool Scheduler::speculates(const Sequence& s) const {
+  return options_.spec.enabled() && !s.matcher && s.request.params.n_top_logprobs < 0 && s.handle >= 0 &&
+         backend_.can_verify(s.handle);
+}
+
+bool Scheduler::speculative_step(Sequence& s) {
+  const SpeculativeParams& sp = options_.spec;
+  // k drafted rows and the last token's: the cache must hold them, and the step emits up to
+  // k + 1 tokens within max_tokens.
+  const int64_t room = backend_.context_size() - s.n_in_cache - 1;
+  const int64_t left = s.request.params.max_tokens - s.n_generated - 1;
+  const int64_t k_max = std::min<int64_t>({int64_t(sp.draft_max), room, left});
+  if (k_max < sp.draft_min) return false;
+  const std::vector<int32_t> draft = ngram_draft(s.tokens, sp.ngram_min, sp.ngram_max, int(k_max));
+  if (int64_t(draft.size()) < sp.draft_min) return false;
+  const int64_t k = int64_t(draft.size());
+  if (!make_room(s, k + 1)) return true;  // preempted or failed: nothing more this step
+  std::vector<int32_t> feed;
+  feed.reserve(size_t(k + 1));
+  feed.push_back(s.tokens.back());
+  feed.insert(feed.end(), draft.begin(), draft.end());
+  std::vector<float> logits;
+  const auto t0 = Clock::now();
+  try {
+    backend_.verify(s.handle, feed, logits);
+  } catch (const std::exception& e) {
+    note_device_lost(e);
+    fail(s, std::string("decode failed: ") + e.what(), std::current_exception());
+    return true;
+  }
+  const size_t vocab = logits.size() / size_t(k + 1);
+  const int64_t base = s.n_in_cache;  // rows before the verify; it wrote base .. base + k
+  s.n_drafted += k;
+  int64_t accepted = 0;
+  // Row i's logits choose the token after feed[0..i]: emitted as a one-row step's would be
+  // (the same sampler, counter and history). The draft's next token is accepted when it is the
+  // token chosen; the first that is not ends the step, whose last token is the target's own.
+  for (int64_t i = 0; i <= k; ++i) {
+    s.n_in_cache = base + 1 + i;
+    s.n_unsettled = k - i;
+    bool going = false;
+    try {
+      going = emit(s, std::span<const float>(logits).subspan(size_t(i) * vocab, vocab));
+    } catch (const std::exception& e) {
+      note_device_lost(e);
+      fail(s, std::string("decode failed: ") + e.what(), std::current_exception());
+      break;
+    }
+    if (!going) break;  // ended: end_sequence gave the unsettled rows back
+    if (i == k || s.tokens.back() != draft[size_t(i)]) break;
+    ++accepted;
+    ++s.n_accepted;  // before the next emit, whose end of the sequence reports it
+  }
+  if (!s.ended && s.n_unsettled > 0) {
+    try {
+      backend_.rewind(s.handle, s.n_unsettled);
+      s.n_unsettled = 0;
+    } catch (const std::exception& e) {
+      note_device_lost(e);
+      fail(s, std::string("decode failed: ") + e.what(), std::current_exception());
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.decode_seconds += seconds_since(t0);
+  stats_.n_drafted_tokens += uint64_t(k);
+  stats_.n_accepted_tokens += uint64_t(accepted);
+  ++stats_.n_verify_steps;
+  return true;
 }
 
 void Scheduler::finish(Sequence& s, const std::string& reason) { close(s, SequenceEvent::Kind::finished, reason); }
@@ -528,11 +606,17 @@ void Scheduler::step() {
   for (auto& s : running_)
     if (!s->ended && !s->preempted && s->decoding) make_room(*s, 1);
 
-  // Decode one token for every running sequence whose prompt is in.
+  // Speculating sequences with a draft take their multi-row step (one token or more each).
+  for (auto& s : running_) {
+    s->spec_stepped = false;
+    if (!s->ended && !s->preempted && s->decoding && speculates(*s)) s->spec_stepped = speculative_step(*s);
+  }
+
+  // Decode one token for every other running sequence whose prompt is in.
   std::vector<SequenceBackend::DecodeInput> inputs;
   std::vector<Sequence*> decoding;
   for (auto& s : running_)
-    if (!s->ended && !s->preempted && s->decoding) {
+    if (!s->ended && !s->preempted && s->decoding && !s->spec_stepped) {
       SequenceBackend::DecodeInput in;
       in.handle = s->handle;
       in.token = s->tokens.back();
@@ -543,8 +627,12 @@ void Scheduler::step() {
         in.counter = uint64_t(s->n_generated);
         in.history = s->tokens;
       }
-      // The token chosen here is fed to the next step unless it ends the sequence.
-      in.more = s->n_generated + 1 < s->request.params.max_tokens && s->n_in_cache + 2 <= backend_.context_size();
+      // The token chosen here is fed to the next step unless it ends the sequence (or a
+      // speculating sequence's next step is a verify, which no step enqueued ahead can be).
+      const bool spec = speculates(*s);
+      in.invariant = spec;
+      in.more = !spec && s->n_generated + 1 < s->request.params.max_tokens &&
+                s->n_in_cache + 2 <= backend_.context_size();
       inputs.push_back(in);
       decoding.push_back(s.get());
     }
@@ -683,7 +771,8 @@ void Scheduler::step() {
           choice.counter = 0;
           choice.history = s->tokens;
         }
-        choice.more = 1 < s->request.params.max_tokens && s->n_in_cache + n + 1 <= backend_.context_size();
+        choice.more = !speculates(*s) && 1 < s->request.params.max_tokens &&
+                      s->n_in_cache + n + 1 <= backend_.context_size();
         chosen = backend_.prefill_and_choose(s->handle, chunk, choice, logits);
       } else {
         backend_.prefill(s->handle, chunk, last && !s->resumed, logits);

@@ -32,6 +32,7 @@
 #include "sample/sampler.h"
 #include "kv/kv_cache.h"
 #include "serve/mask_worker.h"
+#include "serve/speculative.h"
 
 namespace osprey {
 
@@ -70,6 +71,9 @@ struct SequenceEvent {
   // failed: the exception that ended the sequence, where one did (a caller on the engine's
   // side, such as generate(), rethrows it with its type); null for a refusal by the engine.
   std::exception_ptr exception;
+  // On the end: the tokens drafted for the sequence (speculative decoding) and how many of
+  // them the target accepted.
+  int64_t n_drafted = 0, n_accepted = 0;
   // On the first token and on the end: the prompt's size and how many of its tokens came
   // from the prompt cache.
   int64_t n_prompt = 0, n_cached = 0;
@@ -168,6 +172,9 @@ class SequenceBackend {
     // device may enqueue that step ahead, before the host reads the token (docs/design.md,
     // "Pipelined decode"), and gives its row back if the sequence ends instead (end()).
     bool more = false;
+    // A speculating sequence (SchedulerOptions::spec): the step is computed in batch-invariant
+    // mode (ops::set_batch_invariant), the arithmetic of its verify steps' rows.
+    bool invariant = false;
   };
   struct DecodeOutput {
     int32_t token = -1;         // >= 0: the token the backend chose (greedy and sampled inputs)
@@ -209,6 +216,28 @@ class SequenceBackend {
     (void)n;
     return true;
   }
+  // Speculative decoding (docs/design.md, "Speculative decoding"). Whether verify() and
+  // rewind() work for the sequence: its cache takes a verify step's rows in place and gives
+  // rejected ones back (KVCache::gives_back_rows). False (the default): it is not drafted for.
+  virtual bool can_verify(int handle) const {
+    (void)handle;
+    return false;
+  }
+  // Appends `tokens` (the sequence's last token, then the drafted ones) in one multi-row
+  // forward pass whose rows are computed bit for bit as one-row steps in batch-invariant mode
+  // compute them (DecodeInput::invariant), their K/V rows written in place; writes each row's
+  // next-token logits into `logits` ([tokens.size() * vocab] f32 on the host).
+  virtual void verify(int handle, std::span<const int32_t> tokens, std::vector<float>& logits) {
+    (void)handle;
+    (void)tokens;
+    (void)logits;
+  }
+  // Gives back the last n rows of the sequence's cache, which its last write (a verify) wrote:
+  // its length moves back and its next write goes in place there (KVCache::rewind_own_write).
+  virtual void rewind(int handle, int64_t n) {
+    (void)handle;
+    (void)n;
+  }
   // Ends the sequence. `tokens` are the tokens its cache holds, in order (prompt and reply);
   // the backend may keep the cache under them for later prompts.
   virtual void end(int handle, std::span<const int32_t> tokens) = 0;
@@ -236,6 +265,10 @@ struct SchedulerOptions {
   // false: no engine thread; the caller runs the steps itself (Scheduler::run_step), on one
   // thread, as generate() does for one sequence.
   bool engine_thread = true;
+  // Speculative decoding for every sequence (server-wide): n-gram drafts verified in one
+  // multi-row step (serve/speculative.h). Off by default. Sequences with a grammar or logprobs,
+  // and those of a backend that cannot verify, decode without drafts.
+  SpeculativeParams spec;
 };
 
 // Counters and gauges for /metrics. Read from any thread.
@@ -247,6 +280,8 @@ struct SchedulerStats {
   double prefill_seconds = 0, decode_seconds = 0;
   uint64_t n_finished = 0, n_cancelled = 0, n_failed = 0;
   uint64_t n_preempted = 0;  // sequences sent back to the queue for want of KV blocks
+  uint64_t n_drafted_tokens = 0, n_accepted_tokens = 0;  // speculative decoding
+  uint64_t n_verify_steps = 0;
   double kv_usage = 0;
   KVCounters kv;
 };
@@ -303,6 +338,12 @@ class Scheduler {
   // Samples the next token of `s` from `logits` (or takes `chosen`, when >= 0) and emits it;
   // returns false when `s` ended.
   bool emit(Sequence& s, std::span<const float> logits, int32_t chosen = -1);
+  // Whether `s` drafts (SchedulerOptions::spec, no grammar, no logprobs, a backend that
+  // verifies), and its speculative step: drafts from its tokens, verifies them in one
+  // multi-row step and emits the accepted tokens and the target's next; false when no draft
+  // was found (the sequence then takes the ordinary decode step).
+  bool speculates(const Sequence& s) const;
+  bool speculative_step(Sequence& s);
   // The prompt of `s` is in: its forks become running sequences (or, where the backend cannot
   // share the cache, waiting ones) that emit their first token from `logits`.
   void start_forks(Sequence& s, std::span<const float> logits);

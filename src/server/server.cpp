@@ -1275,6 +1275,13 @@ void Server::load() {
   if (!m.bundle.chat_template) log_warn("chat completions are off: " + m.bundle.chat_template_error);
   m.prompt_cache = std::make_unique<PromptCache>(
       m.opt.kv_layout == KVLayout::dense ? m.opt.prompt_cache_mib << 20 : 0, m.opt.keep_prompt_cache_checksums);
+  if (m.opt.spec.enabled()) {
+    validate(m.opt.spec);
+    if (m.opt.kv_layout == KVLayout::paged)
+      throw InvalidInput(
+          "--spec-ngram: speculative decoding runs with the dense layout only (--kv-layout dense); the paged "
+          "backend's batched step does not verify drafts yet");
+  }
   // NOTE: the mode is process-wide; the server sets it for its lifetime and puts it back.
   m.invariant_before = ops::batch_invariant();
   m.set_invariant = true;
@@ -1305,6 +1312,7 @@ void Server::load() {
   SchedulerOptions so;
   so.max_queue = m.opt.max_queue;
   so.prefill_chunk = m.opt.prefill_chunk;
+  so.spec = m.opt.spec;
   so.on_device_lost = [&m](const std::string& error) {
     {
       std::lock_guard<std::mutex> lock(m.stop_mu);

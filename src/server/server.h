@@ -15,6 +15,7 @@
 #include "core/device.h"
 #include "model/model.h"
 #include "serve/prompt_cache.h"
+#include "serve/speculative.h"
 #include "server/webui.h"
 
 namespace osprey {
@@ -54,6 +55,10 @@ struct ServerOptions {
   int64_t block_size = 16;            // paged: rows per block
   int64_t kv_cache_mib = 0;           // paged: the pool's size; 0: see PagedBackendOptions
   bool batch_invariant = false;       // ops::set_batch_invariant for the server's lifetime
+  // Speculative decoding for every request (--spec-ngram): the dense layout only (load()
+  // refuses it with the paged one); sequences of a model with sliding-window layers, with a
+  // grammar or with logprobs decode without drafts.
+  SpeculativeParams spec;
   Device device = Device::cpu();
   KVCacheParams cache;
   std::function<SequenceCache()> make_cache;  // tests: see DenseBackendOptions
