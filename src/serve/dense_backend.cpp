@@ -294,7 +294,7 @@ PromptCache::Stored DenseSlotBackend::store_entry(std::vector<int32_t> tokens, s
 
 int64_t DenseSlotBackend::attach_store(PromptStore& store) {
   store_ = &store;
-  layers_ = model_kv_layers(model_);
+  layers_ = model_kv_layers(model_, options_.cache);
   if (!store.enabled() || !prompt_cache_.enabled()) return 0;
   // The most recently used files that fit the budget, put in oldest first so that the cache's
   // recency follows the files'.
@@ -330,7 +330,7 @@ std::optional<PromptFileData> DenseSlotBackend::slot_file(int slot) {
   if (tokens.empty()) return std::nullopt;
   std::shared_ptr<const PromptCache::Entry> e = prompt_cache_.find(tokens, salt);
   if (!e) return std::nullopt;
-  return dense_file_data(e->tokens, e->states, e->salt, layers_.empty() ? model_kv_layers(model_) : layers_);
+  return dense_file_data(e->tokens, e->states, e->salt, layers_.empty() ? model_kv_layers(model_, options_.cache) : layers_);
 }
 
 int64_t DenseSlotBackend::restore_slot(int slot, const PromptFileData& data) {
@@ -339,7 +339,7 @@ int64_t DenseSlotBackend::restore_slot(int slot, const PromptFileData& data) {
   const int64_t vocab = model_.info().vocab_size;
   for (int32_t t : data.tokens)
     if (t < 0 || t >= vocab) throw InvalidInput("the file holds token id " + std::to_string(t) + ", outside the vocabulary");
-  const std::vector<KVCacheParams> layers = layers_.empty() ? model_kv_layers(model_) : layers_;
+  const std::vector<KVCacheParams> layers = layers_.empty() ? model_kv_layers(model_, options_.cache) : layers_;
   PromptCache::Stored st =
       store_entry(data.tokens, dense_file_states(data, layers, model_.info().device), data.salt, false);
   last_.at(size_t(slot)) = {data.tokens, data.salt};

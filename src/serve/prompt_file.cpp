@@ -494,9 +494,9 @@ PromptFileData read_prompt_file(const fs::path& path, const CacheFingerprint& ex
   return data;
 }
 
-std::vector<KVCacheParams> model_kv_layers(const Model& model) {
+std::vector<KVCacheParams> model_kv_layers(const Model& model, const KVCacheParams& options) {
   std::vector<KVCacheParams> layers;
-  for (int64_t l = 0; l < model.info().n_layers; ++l) layers.push_back(model.kv_params(l));
+  for (int64_t l = 0; l < model.info().n_layers; ++l) layers.push_back(model.kv_params(l, options));
   return layers;
 }
 
@@ -540,6 +540,17 @@ std::vector<KVState> dense_file_states(const PromptFileData& data, const std::ve
       ops::copy_into(kv_rows_view(rv, 0, v.dim(1)), v);
       k = rk;
       v = rv;
+    }
+    if (p.window == 0 && p.step > 0 && n % p.step != 0) {
+      // Buffers of the size the cache grows to (as a stored snapshot's are), so that the copying
+      // write a restore costs is also the only one until the sequence passes them.
+      const int64_t cap = (n + p.step - 1) / p.step * p.step;
+      Array pk = Array::empty({p.n_kv_heads, cap, p.head_dim}, p.dtype, device);
+      Array pv = Array::empty({p.n_kv_heads, cap, p.head_dim}, p.dtype, device);
+      ops::copy_into(kv_rows_view(pk, 0, n), ops::to_device(k, device));
+      ops::copy_into(kv_rows_view(pv, 0, n), ops::to_device(v, device));
+      states.push_back({pk, pv, n});
+      continue;
     }
     states.push_back({ops::to_device(k, device), ops::to_device(v, device), n});
   }

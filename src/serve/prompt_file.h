@@ -129,9 +129,10 @@ PromptFileData read_prompt_file(const std::filesystem::path& path, const CacheFi
                                 const std::vector<KVCacheParams>& layers);
 
 class Model;
-// Every layer's Model::kv_params: the layout the fingerprint's kv field describes. Throws
-// Unsupported for a tensor-parallel model (its layers are split across ranks).
-std::vector<KVCacheParams> model_kv_layers(const Model& model);
+// Every layer's Model::kv_params (`options`: step and inplace, as the caches are made): the
+// layout the fingerprint's kv field describes. Throws Unsupported for a tensor-parallel model
+// (its layers are split across ranks).
+std::vector<KVCacheParams> model_kv_layers(const Model& model, const KVCacheParams& options = {});
 
 // A dense file's data for a sequence cache's snapshot `states` (each at offset tokens.size()),
 // called on the thread that owns the device's stream: rows of a CPU cache are views of the
@@ -139,10 +140,10 @@ std::vector<KVCacheParams> model_kv_layers(const Model& model);
 // the CPU.
 PromptFileData dense_file_data(std::vector<int32_t> tokens, const std::vector<KVState>& states, std::string salt,
                                const std::vector<KVCacheParams>& layers);
-// What a dense file restores, on `device`: per layer a state at offset tokens.size() whose
-// buffers hold exactly its rows (a dense layer [heads, n, head_dim], a windowed layer its ring),
-// new arrays no cache has written: restoring them is a foreign adoption, so the first write
-// after it copies (kv/kv_cache.h).
+// What a dense file restores, on `device`: per layer a state at offset tokens.size() holding its
+// rows (a dense layer's in buffers of [heads, n rounded up to the layer's step, head_dim], as the
+// cache grows them; a windowed layer its ring), new arrays no cache has written: restoring them
+// is a foreign adoption, so the first write after it copies (kv/kv_cache.h).
 std::vector<KVState> dense_file_states(const PromptFileData& data, const std::vector<KVCacheParams>& layers,
                                        Device device);
 

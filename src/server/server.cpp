@@ -1437,7 +1437,7 @@ void Server::load() {
     ps.dir = m.opt.prompt_cache_dir;
     ps.kind = m.paged ? PromptFileKind::paged : PromptFileKind::dense;
     ps.max_bytes = m.opt.prompt_cache_max_bytes;
-    ps.layers = model_kv_layers(*m.model);
+    ps.layers = model_kv_layers(*m.model, m.opt.cache);
     ps.block_size = m.paged ? m.opt.block_size : 0;
     ps.fingerprint = model_fingerprint(m.opt.model_dir, m.model->info().device);
     ps.fingerprint.kv = kv_layout_fingerprint(ps.kind, ps.layers, ps.block_size);

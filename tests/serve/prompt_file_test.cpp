@@ -27,7 +27,7 @@ std::vector<KVCacheParams> file_layers() {
   a.n_kv_heads = 2;
   a.head_dim = 4;
   a.dtype = DType::f16;
-  a.step = 8;
+  a.step = 64;
   KVCacheParams b = a;
   b.dtype = DType::bf16;
   b.window = 4;

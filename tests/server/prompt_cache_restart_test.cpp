@@ -130,7 +130,7 @@ TEST(PromptCacheRestart, UnusableFilesAreSkippedWithAWarningNamingEach) {
   std::string reply;
   {
     TestServer first(o);
-    auto [st, r] = first.post_json("/v1/completions", {{"prompt", "Emma Woodhouse, handsome, clever"}, {"max_tokens", 4}});
+    auto [st, r] = first.post_json("/v1/completions", {{"prompt", "Emma Woodhouse, handsome, clever"}, {"max_tokens", 4}, {"temperature", 0}});
     ASSERT_EQ(st, 200) << r.dump();
     reply = r["choices"][0]["text"];
   }
@@ -173,7 +173,7 @@ TEST(PromptCacheRestart, UnusableFilesAreSkippedWithAWarningNamingEach) {
   }
   EXPECT_EQ(second->metric("osprey:prompt_cache_disk_skipped_files_total"), 5);
   EXPECT_EQ(second->metric("osprey:prompt_cache_disk_restored_files_total"), 1);
-  auto [st, r] = second->post_json("/v1/completions", {{"prompt", "Emma Woodhouse, handsome, clever"}, {"max_tokens", 4}});
+  auto [st, r] = second->post_json("/v1/completions", {{"prompt", "Emma Woodhouse, handsome, clever"}, {"max_tokens", 4}, {"temperature", 0}});
   ASSERT_EQ(st, 200) << r.dump();
   EXPECT_EQ(r["choices"][0]["text"], reply);
   EXPECT_GT(r["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>(), 0);
