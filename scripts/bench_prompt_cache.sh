@@ -14,8 +14,9 @@
 #                computes one; its TTFT is timings.cache_restore_ms + timings.prompt_ms, and the
 #                restore reads F at cache_read_bytes / cache_restore_ms;
 #  4. warm:      the same again, F in the page cache.
-# The disk's sequential read rate is `dd iflag=direct bs=16M` of the largest F (dropped from the
-# page cache first; without O_DIRECT, a plain dd after the drop). Medians over the rounds go to
+# The disk's sequential read rate is `dd iflag=direct bs=16M` of a file of DISK_TEST_MIB (or the
+# largest F's size, if larger) written beside the files and dropped from the page cache first
+# (without O_DIRECT, a plain dd after the drop). Medians over the rounds go to
 # OUT_DIR/summary.md and summary.json, each run's JSON to OUT_DIR/raw/.
 #
 # Environment:
@@ -24,6 +25,7 @@
 #   LENGTHS     prompt lengths in tokens (default "1024 4096 16384"; each at most the model's context)
 #   REPS        rounds (default 3)
 #   FILES_DIR   where the cache files go: the disk being measured (default OUT_DIR/files)
+#   DISK_TEST_MIB  size of the file the disk's read rate is measured on (default 1024)
 #   THREADS     osprey's -t (default: osprey's own choice)
 #   PYTHON      python3 (default python3; the standard library only)
 set -euo pipefail
@@ -40,6 +42,7 @@ LENGTHS=${LENGTHS:-"1024 4096 16384"}
 REPS=${REPS:-3}
 FILES_DIR=${FILES_DIR:-$OUT/files}
 PYTHON=${PYTHON:-python3}
+DISK_TEST_MIB=${DISK_TEST_MIB:-1024}
 THREADS_FLAG=${THREADS:+-t $THREADS}
 mkdir -p "$OUT/raw" "$FILES_DIR"
 
@@ -78,12 +81,18 @@ for L in $LENGTHS; do
   largest=$F
 done
 
-# The disk's sequential read rate, on the largest file.
-drop_from_page_cache "$largest"
-if ! dd if="$largest" of=/dev/null bs=16M iflag=direct 2>"$OUT/raw/dd.txt"; then
-  drop_from_page_cache "$largest"
-  dd if="$largest" of=/dev/null bs=16M 2>"$OUT/raw/dd.txt"
+# The disk's sequential read rate: a file of DISK_TEST_MIB (at least the largest cache file)
+# written beside the cache files, dropped from the page cache, read back in 16 MiB blocks.
+probe="$FILES_DIR/disk-probe.bin"
+mib=$(( $(stat -c %s "$largest") >> 20 ))
+(( mib < DISK_TEST_MIB )) && mib=$DISK_TEST_MIB
+dd if=/dev/urandom of="$probe" bs=16M count=$(( (mib + 15) / 16 )) iflag=fullblock status=none
+drop_from_page_cache "$probe"
+if ! dd if="$probe" of=/dev/null bs=16M iflag=direct 2>"$OUT/raw/dd.txt"; then
+  drop_from_page_cache "$probe"
+  dd if="$probe" of=/dev/null bs=16M 2>"$OUT/raw/dd.txt"
 fi
+rm -f "$probe"
 
 "$PYTHON" - "$OUT" "$LENGTHS" "$REPS" "$FILES_DIR" "$DEVICE" <<'PY'
 import json, os, re, statistics, sys

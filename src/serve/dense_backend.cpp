@@ -288,7 +288,8 @@ PromptCache::Stored DenseSlotBackend::store_entry(std::vector<int32_t> tokens, s
   for (const auto& r : st.replaced) store_->remove(prompt_prefix_id(r->salt, r->tokens));
   // NOTE: on a device this copies the entry's rows to the host on the engine thread; the disk
   // is the writer thread's.
-  if (persist && st.entry && store_->enabled()) store_->write(dense_file_data(st.entry->tokens, st.entry->states, salt, layers_));
+  if (persist && st.entry && store_->enabled())
+    store_->write(dense_file_data(st.entry->tokens, st.entry->states, salt, layers_));
   return st;
 }
 
@@ -312,8 +313,8 @@ int64_t DenseSlotBackend::attach_store(PromptStore& store) {
       continue;
     }
     const int64_t n_tokens = int64_t(d->tokens.size());
-    PromptCache::Stored st =
-        store_entry(std::move(d->tokens), dense_file_states(*d, layers_, model_.info().device), d->salt, false);
+    std::vector<KVState> states = dense_file_states(*d, layers_, model_.info().device);
+    PromptCache::Stored st = store_entry(std::move(d->tokens), std::move(states), d->salt, false);
     if (!st.entry) continue;
     store.note_restored(n_tokens);
     ++restored;
@@ -330,7 +331,8 @@ std::optional<PromptFileData> DenseSlotBackend::slot_file(int slot) {
   if (tokens.empty()) return std::nullopt;
   std::shared_ptr<const PromptCache::Entry> e = prompt_cache_.find(tokens, salt);
   if (!e) return std::nullopt;
-  return dense_file_data(e->tokens, e->states, e->salt, layers_.empty() ? model_kv_layers(model_, options_.cache) : layers_);
+  return dense_file_data(e->tokens, e->states, e->salt,
+                         layers_.empty() ? model_kv_layers(model_, options_.cache) : layers_);
 }
 
 int64_t DenseSlotBackend::restore_slot(int slot, const PromptFileData& data) {

@@ -428,7 +428,8 @@ void PagedBackend::end(int handle, std::span<const int32_t> tokens) {
     last_[size_t(handle)] = {std::vector<int32_t>(tokens.begin(), tokens.begin() + full), s.salt};
     // NOTE: on a device this copies the run's rows to the host on the engine thread; the disk
     // is the writer thread's.
-    if (store_ && store_->enabled() && run.end > run.first) store_->write(run_file(s.id, tokens, run.first, run.end, s.salt));
+    if (store_ && store_->enabled() && run.end > run.first)
+      store_->write(run_file(s.id, tokens, run.first, run.end, s.salt));
     std::lock_guard<std::mutex> lock(stats_mu_);
     prefix_.n_stored += uint64_t(int64_t(tokens.size()) / options_.block_size);
   }

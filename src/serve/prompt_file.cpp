@@ -14,8 +14,8 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "core/checked.h"
 #include "backend/ops.h"
+#include "core/checked.h"
 #include "core/error.h"
 #include "model/model.h"
 
@@ -29,7 +29,7 @@ constexpr char kPfMagic[8] = {'O', 'S', 'P', 'K', 'V', 'C', '\r', '\n'};
 constexpr uint32_t kMaxHeaderBytes = 1u << 20;
 constexpr size_t kPfSampleBytes = 64 << 10;
 constexpr int kPfSamples = 16;
-constexpr size_t kPfChunkBytes = size_t(64) << 20;  // per write() or read(), and between stop polls
+constexpr size_t kPfChunkBytes = size_t(64) << 20;    // per write() or read(), and between stop polls
 constexpr size_t kCrcThreadBytes = size_t(16) << 20;  // a thread's share of a checksum, at least
 
 struct PfFd {
@@ -158,7 +158,8 @@ std::vector<PfPiece> pf_payload_pieces(const PromptFileData& data, const std::ve
                            std::to_string(p.head_dim) + "] " + dtype_name(p.dtype) + " on the CPU");
       const size_t head_bytes = size_t(rows * p.head_dim) * a->itemsize();
       for (int64_t h = 0; h < p.n_kv_heads && head_bytes > 0; ++h)
-        pieces.push_back({static_cast<const uint8_t*>(a->raw()) + size_t(h * a->strides()[0]) * a->itemsize(), head_bytes});
+        pieces.push_back(
+            {static_cast<const uint8_t*>(a->raw()) + size_t(h * a->strides()[0]) * a->itemsize(), head_bytes});
     }
   }
   return pieces;
@@ -170,8 +171,9 @@ uint64_t pf_payload_size(PromptFileKind kind, const std::vector<KVCacheParams>& 
   uint64_t bytes = checked_mul(uint64_t(n), sizeof(int32_t), what);
   for (const KVCacheParams& p : layers) {
     const uint64_t rows = uint64_t(prompt_file_rows(kind, p, n, first_row));
-    const uint64_t one = checked_mul(checked_mul(checked_mul(uint64_t(p.n_kv_heads), rows, what), uint64_t(p.head_dim), what),
-                                     dtype_size(p.dtype), what);
+    const uint64_t one =
+        checked_mul(checked_mul(checked_mul(uint64_t(p.n_kv_heads), rows, what), uint64_t(p.head_dim), what),
+                    dtype_size(p.dtype), what);
     bytes = checked_add(bytes, checked_mul(one, 2, what), what);
   }
   return bytes;
@@ -273,7 +275,7 @@ uint32_t whole_file_crc(const fs::path& path) {
 
 // Writes n bytes through `write`, retrying short writes; throws IoError naming `path`.
 void pf_write_all(int fd, const uint8_t* p, size_t n, const PromptFileWriteFn& write, const fs::path& path,
-               const std::function<bool()>& stop) {
+                  const std::function<bool()>& stop) {
   while (n > 0) {
     if (stop && stop()) throw IoError(path.string() + ": write abandoned (the server is stopping)");
     const size_t m = std::min(n, kPfChunkBytes);
@@ -297,7 +299,9 @@ void pf_read_all(int fd, uint8_t* p, size_t n, const fs::path& path) {
   }
 }
 
-uint32_t pf_get_u32(const uint8_t* p) { return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24; }
+uint32_t pf_get_u32(const uint8_t* p) {
+  return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24;
+}
 void pf_put_u32(uint8_t* p, uint32_t v) {
   for (int i = 0; i < 4; ++i) p[i] = uint8_t(v >> (8 * i));
 }
@@ -313,9 +317,11 @@ PromptFileInfo pf_open_and_check(const fs::path& path, PfFd& f) {
   if (!S_ISREG(st.st_mode)) throw IoError(name + ": is not a regular file");
   const uint64_t size = uint64_t(st.st_size);
   uint8_t lead[16];
-  if (size < sizeof lead) throw InvalidInput(name + ": truncated (" + std::to_string(size) + " bytes: not even a header)");
+  if (size < sizeof lead)
+    throw InvalidInput(name + ": truncated (" + std::to_string(size) + " bytes: not even a header)");
   pf_read_all(f.fd, lead, sizeof lead, path);
-  if (std::memcmp(lead, kPfMagic, sizeof kPfMagic) != 0) throw InvalidInput(name + ": not a prompt-cache file (no OSPKVC magic)");
+  if (std::memcmp(lead, kPfMagic, sizeof kPfMagic) != 0)
+    throw InvalidInput(name + ": not a prompt-cache file (no OSPKVC magic)");
   const uint32_t version = pf_get_u32(lead + 8);
   if (version != kPromptFileVersion)
     throw InvalidInput(name + ": format version " + std::to_string(version) + ", this build reads version " +
@@ -329,7 +335,8 @@ PromptFileInfo pf_open_and_check(const fs::path& path, PfFd& f) {
   pf_read_all(f.fd, header.data(), header.size(), path);
   uLong crc = crc32(0L, lead, sizeof lead);
   crc = crc32(crc, header.data(), h);
-  if (uint32_t(crc) != pf_get_u32(header.data() + h)) throw InvalidInput(name + ": corrupted (the header's checksum does not match)");
+  if (uint32_t(crc) != pf_get_u32(header.data() + h))
+    throw InvalidInput(name + ": corrupted (the header's checksum does not match)");
 
   PromptFileInfo info;
   info.path = path;
@@ -362,8 +369,8 @@ PromptFileInfo pf_open_and_check(const fs::path& path, PfFd& f) {
   } catch (const InvalidInput& e) {
     throw InvalidInput(name + ": corrupted header (" + e.what() + ")");
   }
-  if (info.n_tokens < 1 || info.n_tokens > (int64_t(1) << 31) || info.first_row < 0 || info.first_row >= info.n_tokens ||
-      (info.kind == PromptFileKind::dense && info.first_row != 0))
+  if (info.n_tokens < 1 || info.n_tokens > (int64_t(1) << 31) || info.first_row < 0 ||
+      info.first_row >= info.n_tokens || (info.kind == PromptFileKind::dense && info.first_row != 0))
     throw InvalidInput(name + ": corrupted header (" + std::to_string(info.n_tokens) + " tokens from row " +
                        std::to_string(info.first_row) + ")");
   const uint64_t want = 20 + uint64_t(h) + info.payload_bytes;
@@ -408,7 +415,8 @@ CacheFingerprint model_fingerprint(const fs::path& model_path, Device device) {
   if (!config.empty() && fs::is_regular_file(config, ec)) j["config_crc32"] = whole_file_crc(config);
   CacheFingerprint fp;
   fp.weights = j.dump();
-  fp.tokenizer = !tokenizer.empty() && fs::is_regular_file(tokenizer, ec) ? pf_hex64(whole_file_crc(tokenizer)) : "none";
+  fp.tokenizer =
+      !tokenizer.empty() && fs::is_regular_file(tokenizer, ec) ? pf_hex64(whole_file_crc(tokenizer)) : "none";
   fp.device = device.is_cpu() ? "cpu" : "cuda";
   return fp;
 }
@@ -471,12 +479,14 @@ uint64_t write_prompt_file(const fs::path& path, const PromptFileData& data, con
     for (int64_t i = 0; i < n; ++i) {
       if (i == data.first_row) header["parent"] = pf_hex64(prefix_finish(h, size_t(i)));
       h = prefix_step(h, data.tokens[size_t(i)]);
-      if (i + 1 > data.first_row && (i + 1) % block_size == 0) ends.push_back(pf_hex64(prefix_finish(h, size_t(i + 1))));
+      if (i + 1 > data.first_row && (i + 1) % block_size == 0)
+        ends.push_back(pf_hex64(prefix_finish(h, size_t(i + 1))));
     }
     header["block_ends"] = ends;
   }
   const std::string text = header.dump(-1, ' ', false, json::error_handler_t::replace);
-  if (text.size() > kMaxHeaderBytes) throw InvalidInput(name + ": a header of " + std::to_string(text.size()) + " bytes");
+  if (text.size() > kMaxHeaderBytes)
+    throw InvalidInput(name + ": a header of " + std::to_string(text.size()) + " bytes");
   std::vector<uint8_t> lead(16 + text.size() + 4);
   std::memcpy(lead.data(), kPfMagic, sizeof kPfMagic);
   pf_put_u32(lead.data() + 8, kPromptFileVersion);
@@ -486,8 +496,8 @@ uint64_t write_prompt_file(const fs::path& path, const PromptFileData& data, con
 
   static std::atomic<uint64_t> counter{0};
   const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
-  const fs::path tmp = dir / ("." + path.filename().string() + ".tmp." + std::to_string(::getpid()) + "." +
-                              std::to_string(counter++));
+  const fs::path tmp =
+      dir / ("." + path.filename().string() + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++));
   PfFd f{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600)};
   if (f.fd < 0) throw IoError(pf_errno(name + ": cannot create its temporary file " + tmp.string()));
   try {
@@ -499,7 +509,8 @@ uint64_t write_prompt_file(const fs::path& path, const PromptFileData& data, con
       throw IoError(pf_errno(name + ": close failed"));
     }
     f.fd = -1;
-    if (::rename(tmp.c_str(), path.c_str()) != 0) throw IoError(pf_errno(name + ": rename from " + tmp.string() + " failed"));
+    if (::rename(tmp.c_str(), path.c_str()) != 0)
+      throw IoError(pf_errno(name + ": rename from " + tmp.string() + " failed"));
   } catch (...) {
     ::unlink(tmp.c_str());
     throw;

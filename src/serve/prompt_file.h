@@ -17,12 +17,13 @@
 // A reader checks all of it before anything is used: magic, version, both checksums, the exact
 // size, and the fingerprint (the weights, the tokenizer, the device kind, the KV layout and,
 // for paged files, the block size). What fails is an InvalidInput naming the file and why.
+#include <sys/types.h>
+
 #include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <span>
 #include <string>
-#include <sys/types.h>
 #include <utility>
 #include <vector>
 
@@ -59,8 +60,7 @@ struct CacheFingerprint {
 // Throws IoError naming a file that cannot be read.
 CacheFingerprint model_fingerprint(const std::filesystem::path& model_path, Device device);
 // The `kv` field for these layers (Model::kv_params of each layer).
-std::string kv_layout_fingerprint(PromptFileKind kind, const std::vector<KVCacheParams>& layers,
-                                  int64_t block_size);
+std::string kv_layout_fingerprint(PromptFileKind kind, const std::vector<KVCacheParams>& layers, int64_t block_size);
 
 // The rows a layer of a file stores: a paged file's rows [first_row, n_tokens); a dense file's
 // rows [0, n_tokens), or, for a windowed layer, its ring's min(n_tokens, window) rows (position p

@@ -192,8 +192,8 @@ bool PromptStore::write(PromptFileData data) {
     ++stats_.n_dropped;
     if (store_worth_logging(stats_.n_dropped))
       log_warn("prompt cache: " + std::to_string(stats_.n_dropped) + " write(s) to " + auto_dir().string() +
-               " dropped so far; this one, " + op->name + " (" + std::to_string(op->bytes >> 10) + " KiB): " +
-               (too_large ? "larger than --prompt-cache-max-gib" : "the writer is behind"));
+               " dropped so far; this one, " + op->name + " (" + std::to_string(op->bytes >> 10) +
+               " KiB): " + (too_large ? "larger than --prompt-cache-max-gib" : "the writer is behind"));
     return false;
   }
   queued_bytes_ += op->bytes;
@@ -236,8 +236,8 @@ void PromptStore::close(std::chrono::milliseconds timeout) {
     cv_.notify_all();
     if (!idle_cv_.wait_for(lock, timeout, [&] { return queue_.empty() && !busy_; })) {
       if (!queue_.empty() || busy_)
-        log_warn("prompt cache: " + std::to_string(queue_.size() + (busy_ ? 1 : 0)) +
-                 " write(s) to " + auto_dir().string() + " abandoned at shutdown");
+        log_warn("prompt cache: " + std::to_string(queue_.size() + (busy_ ? 1 : 0)) + " write(s) to " +
+                 auto_dir().string() + " abandoned at shutdown");
       abandon_ = true;
       cv_.notify_all();
     }
@@ -297,8 +297,8 @@ void PromptStore::do_write(Op& op) {
   const fs::path path = auto_dir() / op.name;
   uint64_t written = 0;
   try {
-    written = write_prompt_file(path, op.data, options_.fingerprint, options_.layers, options_.block_size, options_.write,
-                                [this] {
+    written = write_prompt_file(path, op.data, options_.fingerprint, options_.layers, options_.block_size,
+                                options_.write, [this] {
                                   std::lock_guard<std::mutex> lock(mu_);
                                   return abandon_;
                                 });
@@ -393,9 +393,9 @@ void PromptStore::evict_past_bound(const std::string& keep) {
 
 fs::path PromptStore::user_path(const std::string& filename) const {
   const bool bad = filename.empty() || filename.size() > 255 || filename == "." || filename == ".." ||
-                   filename[0] == '.' ||
-                   std::any_of(filename.begin(), filename.end(),
-                               [](char c) { return c == '/' || c == '\\' || (unsigned char)c < 0x20 || c == 0x7f; });
+                   filename[0] == '.' || std::any_of(filename.begin(), filename.end(), [](char c) {
+                     return c == '/' || c == '\\' || (unsigned char)c < 0x20 || c == 0x7f;
+                   });
   if (bad)
     throw InvalidInput("invalid filename \"" + filename +
                        "\": a plain file name is expected (no '/', no leading '.', no control characters)");

@@ -40,14 +40,13 @@ namespace osprey {
 struct PromptStoreOptions {
   std::filesystem::path dir;  // --prompt-cache-dir
   PromptFileKind kind = PromptFileKind::dense;
-  uint64_t max_bytes = 0;                      // --prompt-cache-max-gib: DIR/auto/'s bound; 0: none
-  uint64_t queue_bytes = uint64_t(1) << 30;    // rows waiting for the writer, at most
-  CacheFingerprint fingerprint;                // the model's, with the kv field of `kind`
-  std::vector<KVCacheParams> layers;           // the model's KV layout
-  int64_t block_size = 0;                      // paged files: the pool's block size
-  PromptFileWriteFn write;                     // how bytes reach a file (a test seam); empty: ::write
+  uint64_t max_bytes = 0;                    // --prompt-cache-max-gib: DIR/auto/'s bound; 0: none
+  uint64_t queue_bytes = uint64_t(1) << 30;  // rows waiting for the writer, at most
+  CacheFingerprint fingerprint;              // the model's, with the kv field of `kind`
+  std::vector<KVCacheParams> layers;         // the model's KV layout
+  int64_t block_size = 0;                    // paged files: the pool's block size
+  PromptFileWriteFn write;                   // how bytes reach a file (a test seam); empty: ::write
 };
-
 
 class PromptStore {
  public:
@@ -102,7 +101,7 @@ class PromptStore {
   struct FileEntry {
     uint64_t bytes = 0;
     int64_t mtime_ns = 0;
-    bool linked = false;              // a paged file whose header was read: parent and block ends known
+    bool linked = false;  // a paged file whose header was read: parent and block ends known
     uint64_t parent = 0;
     std::vector<uint64_t> block_ends;
   };

@@ -18,7 +18,8 @@ CacheFingerprint session_fingerprint(const std::filesystem::path& model_path, co
 SessionRestore restore_session(const std::filesystem::path& path, const CacheFingerprint& fingerprint,
                                const Model& model, SequenceCache& cache, std::span<const int32_t> prompt) {
   SessionRestore r;
-  if (cache.offset() != 0) throw InvalidInput("restore_session: the cache already holds " + std::to_string(cache.offset()) + " rows");
+  if (cache.offset() != 0)
+    throw InvalidInput("restore_session: the cache already holds " + std::to_string(cache.offset()) + " rows");
   std::error_code ec;
   if (!std::filesystem::exists(path, ec) && !std::filesystem::is_symlink(path, ec)) return r;
   const auto t0 = std::chrono::steady_clock::now();
@@ -26,15 +27,16 @@ SessionRestore restore_session(const std::filesystem::path& path, const CacheFin
   PromptFileData data;
   try {
     data = read_prompt_file(path, fingerprint, layers);
-    if (data.kind != PromptFileKind::dense) throw InvalidInput(path.string() + ": holds paged blocks, not a sequence's cache");
+    if (data.kind != PromptFileKind::dense)
+      throw InvalidInput(path.string() + ": holds paged blocks, not a sequence's cache");
   } catch (const Error& e) {
     r.skipped = e.what();
     log_warn(std::string("prompt cache: not using ") + e.what());
     return r;
   }
   r.bytes_read = std::filesystem::file_size(path, ec);
-  const size_t common = size_t(std::mismatch(data.tokens.begin(), data.tokens.end(), prompt.begin(), prompt.end()).first -
-                               data.tokens.begin());
+  const size_t common = size_t(
+      std::mismatch(data.tokens.begin(), data.tokens.end(), prompt.begin(), prompt.end()).first - data.tokens.begin());
   // The last prompt token is computed again: its logits choose the first token.
   const int64_t use = int64_t(std::min(common, prompt.empty() ? size_t(0) : prompt.size() - 1));
   if (use == 0) {
@@ -59,7 +61,8 @@ uint64_t save_session(const std::filesystem::path& path, const CacheFingerprint&
                       const SequenceCache& cache, std::span<const int32_t> tokens) {
   const int64_t n = cache.offset();
   if (n < 1 || n > int64_t(tokens.size()))
-    throw InvalidInput("save_session: a cache of " + std::to_string(n) + " rows for " + std::to_string(tokens.size()) + " tokens");
+    throw InvalidInput("save_session: a cache of " + std::to_string(n) + " rows for " + std::to_string(tokens.size()) +
+                       " tokens");
   const std::vector<KVCacheParams> layers = model_kv_layers(model);
   const PromptFileData data =
       dense_file_data(std::vector<int32_t>(tokens.begin(), tokens.begin() + n), cache.snapshot(), "", layers);

@@ -15,7 +15,7 @@ namespace osprey {
 class Model;
 
 struct SessionRestore {
-  int64_t n_cached = 0;    // leading prompt tokens the cache now holds (at most the prompt's length - 1)
+  int64_t n_cached = 0;     // leading prompt tokens the cache now holds (at most the prompt's length - 1)
   uint64_t bytes_read = 0;  // the file's size, when it was read
   double seconds = 0;       // reading, checking and restoring it
   // Why nothing was restored from an existing file ("" when something was, or there was no file).
