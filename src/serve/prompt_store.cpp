@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -310,8 +311,7 @@ void PromptStore::do_write(Op& op) {
   }
   FileEntry e;
   e.bytes = written;
-  struct stat st {};
-  if (::stat(path.c_str(), &st) == 0) e.mtime_ns = store_mtime_ns(st);
+  e.mtime_ns = mark_used(path);
   if (options_.kind == PromptFileKind::paged) {
     try {
       const PromptFileInfo info = read_prompt_file_info(path);
@@ -347,10 +347,7 @@ void PromptStore::do_touch(uint64_t id) {
     }
     FileEntry& e = files_.at(name);
     const fs::path path = auto_dir() / name;
-    if (::utimensat(AT_FDCWD, path.c_str(), nullptr, 0) == 0) {
-      struct stat st {};
-      if (::stat(path.c_str(), &st) == 0) e.mtime_ns = store_mtime_ns(st);
-    }
+    if (const int64_t ns = mark_used(path); ns >= 0) e.mtime_ns = ns;
     if (!e.linked) return;
     // The file this run continues: the one holding the block that ends at its first row.
     auto p = by_block_end_.find(e.parent);
@@ -358,6 +355,19 @@ void PromptStore::do_touch(uint64_t id) {
     id = e.parent;
     name = p->second;
   }
+}
+
+int64_t PromptStore::mark_used(const fs::path& path) {
+  struct timespec now {};
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  const int64_t ns = std::max(int64_t(now.tv_sec) * 1000000000 + now.tv_nsec, last_use_ns_ + 1);
+  const struct timespec times[2] = {{0, UTIME_OMIT}, {time_t(ns / 1000000000), long(ns % 1000000000)}};
+  if (::utimensat(AT_FDCWD, path.c_str(), times, 0) == 0) {
+    last_use_ns_ = ns;
+    return ns;
+  }
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 ? store_mtime_ns(st) : -1;
 }
 
 void PromptStore::erase_file(const std::string& name, uint64_t& n_removed) {

@@ -109,6 +109,9 @@ class PromptStore {
   void do_write(Op& op);
   void do_touch(uint64_t id);
   void erase_file(const std::string& name, uint64_t& n_removed);  // and the files continuing it
+  // Sets the file's mtime to now, in nanoseconds and later than any this store set before (a
+  // filesystem's own clock may tick in milliseconds); returns it, or -1 when it cannot.
+  int64_t mark_used(const std::filesystem::path& path);
   void add_entry(const std::string& name, FileEntry e);
   void drop_entry(const std::string& name);
   void evict_past_bound(const std::string& keep);
@@ -128,6 +131,7 @@ class PromptStore {
   bool stopping_ = false;                  // guarded by mu_
   bool abandon_ = false;                   // guarded by mu_: close() timed out
   PromptStoreStats stats_;                 // guarded by mu_
+  int64_t last_use_ns_ = 0;                // mark_used's last (the writer thread's)
   std::thread writer_;
 };
 
