@@ -273,8 +273,8 @@ int run_generate(const GenerateOptions& o) {
       std::fflush(stdout);
     }
   };
-  GenerateResult r = generate(*model, cache, std::span<const int32_t>(prompt).subspan(size_t(cached.n_cached)), gp,
-                              [&](int32_t token) {
+  const std::span<const int32_t> rest = std::span<const int32_t>(prompt).subspan(size_t(cached.n_cached));
+  GenerateResult r = generate(*model, cache, rest, gp, [&](int32_t token) {
     if (stream) emit(stop.push(stream->push(token)));
     return !stop.stopped();
   });
@@ -302,8 +302,8 @@ int run_generate(const GenerateOptions& o) {
   }
   if (o.json) print_json(prompt, r, reply, gp.sampler.seed, cached);
   if (!o.quiet && fingerprint)
-    std::fprintf(stderr, "prompt cache: %lld of %zu prompt tokens restored from %s (%.1f ms)\n", (long long)cached.n_cached,
-                 prompt.size(), o.prompt_cache.c_str(), cached.seconds * 1e3);
+    std::fprintf(stderr, "prompt cache: %lld of %zu prompt tokens restored from %s (%.1f ms)\n",
+                 (long long)cached.n_cached, prompt.size(), o.prompt_cache.c_str(), cached.seconds * 1e3);
   if (!o.quiet)
     std::fprintf(stderr, "prompt: %lld tokens, %.1f t/s | decode: %lld tokens, %.1f t/s | kv writes: %llu in place, %llu copying\n",
                (long long)s.n_prompt, s.prompt_tps(), (long long)s.n_generated, s.decode_tps(),
