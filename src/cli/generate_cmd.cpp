@@ -23,6 +23,7 @@
 #include "core/thread_pool.h"
 #include "engine/generation_config.h"
 #include "serve/generate.h"
+#include "serve/session_file.h"
 #include "engine/sharded_model.h"
 #include "grammar/json_schema.h"
 #include "grammar/matcher.h"
@@ -102,6 +103,7 @@ struct GenerateOptions {
   int threads = -1;
   std::string device;
   int tensor_parallel = 1;
+  std::string prompt_cache;  // --prompt-cache FILE
 };
 
 // -f PATH: the whole file ("-": stdin), less one final newline (which editors add).
@@ -158,10 +160,12 @@ std::vector<int32_t> prompt_tokens(const GenerateOptions& o, const std::string& 
 
 // --json: one line with the prompt, the reply's tokens and text, the stop reason, the seed and
 // the timings.
-void print_json(const std::vector<int32_t>& prompt, const GenerateResult& r, const std::string& reply, uint64_t seed) {
+void print_json(const std::vector<int32_t>& prompt, const GenerateResult& r, const std::string& reply, uint64_t seed,
+                const SessionRestore& cached) {
   const GenerateStats& s = r.stats;
   nlohmann::json j;
   j["prompt_tokens"] = prompt;
+  j["cached_tokens"] = cached.n_cached;
   j["tokens"] = r.tokens;
   j["text"] = reply;
   j["stop_reason"] = s.stop_reason;
@@ -182,7 +186,10 @@ void print_json(const std::vector<int32_t>& prompt, const GenerateResult& r, con
                   {"drafted_n", s.n_drafted},
                   {"accepted_n", s.n_accepted},
                   {"verify_steps", s.n_verify_steps},
-                  {"acceptance", s.acceptance()}};
+                  {"acceptance", s.acceptance()},
+                  {"cache_n", cached.n_cached},
+                  {"cache_restore_ms", cached.seconds * 1e3},
+                  {"cache_read_bytes", cached.bytes_read}};
   std::string out = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   std::printf("%s\n", out.c_str());
 }
@@ -250,6 +257,14 @@ int run_generate(const GenerateOptions& o) {
   co.step = env.kv_step;
   co.inplace = env.kv_inplace_write;
   SequenceCache cache = model->make_cache(co);
+  // --prompt-cache: the prompt's longest prefix that FILE holds is restored, and only the rest
+  // is computed.
+  std::optional<CacheFingerprint> fingerprint;
+  SessionRestore cached;
+  if (!o.prompt_cache.empty()) {
+    fingerprint = session_fingerprint(dir, *model);
+    cached = restore_session(o.prompt_cache, *fingerprint, *model, cache, prompt);
+  }
 
   // The reply's text passes through the stop strings: what precedes one is printed (or, with
   // --json, kept), the stop string and what follows are not, and the generation ends there.
@@ -265,7 +280,8 @@ int run_generate(const GenerateOptions& o) {
       std::fflush(stdout);
     }
   };
-  GenerateResult r = generate(*model, cache, prompt, gp, [&](int32_t token) {
+  const std::span<const int32_t> rest = std::span<const int32_t>(prompt).subspan(size_t(cached.n_cached));
+  GenerateResult r = generate(*model, cache, rest, gp, [&](int32_t token) {
     if (stream) emit(stop.push(stream->push(token)));
     return !stop.stopped();
   });
@@ -280,7 +296,21 @@ int run_generate(const GenerateOptions& o) {
 
   GenerateStats& s = r.stats;
   if (stop.stopped()) s.stop_reason = "stop";
-  if (o.json) print_json(prompt, r, reply, gp.sampler.seed);
+  if (fingerprint) {
+    // The cache holds the prompt and the reply but its last token; a file that cannot be
+    // written is a warning, not a failed run.
+    std::vector<int32_t> all = prompt;
+    all.insert(all.end(), r.tokens.begin(), r.tokens.end());
+    try {
+      save_session(o.prompt_cache, *fingerprint, *model, cache, all);
+    } catch (const Error& e) {
+      std::fprintf(stderr, "osprey: warning: prompt cache not saved: %s\n", e.what());
+    }
+  }
+  if (o.json) print_json(prompt, r, reply, gp.sampler.seed, cached);
+  if (!o.quiet && fingerprint)
+    std::fprintf(stderr, "prompt cache: %lld of %zu prompt tokens restored from %s (%.1f ms)\n",
+                 (long long)cached.n_cached, prompt.size(), o.prompt_cache.c_str(), cached.seconds * 1e3);
   if (!o.quiet)
     std::fprintf(stderr, "prompt: %lld tokens, %.1f t/s | decode: %lld tokens, %.1f t/s | kv writes: %llu in place, %llu copying\n",
                (long long)s.n_prompt, s.prompt_tps(), (long long)s.n_generated, s.decode_tps(),
@@ -331,6 +361,10 @@ Command add_generate(CLI::App& app) {
   app.add_option("--json-schema", o->json_schema,
                  "Constrain the reply to JSON valid against this JSON Schema (the text, or @FILE)");
   app.add_flag("--json", o->json, "Print one JSON object instead of streaming text");
+  app.add_option("--prompt-cache", o->prompt_cache,
+                 "Restore the prompt's longest prefix from this file when it holds one of this model, and save the "
+                 "prompt's and the reply's cache to it after the run (llama-cli's flag; written atomically)")
+      ->type_name("FILE");
   app.add_flag("-v,--verbose", o->verbose, "Print the sampling seed on stderr");
   app.add_flag("--ignore-eos", o->ignore_eos, "Do not stop at end-of-sequence tokens");
   auto* chat = app.add_flag("--chat", o->chat, "Apply the model's chat template to the prompt as one user message");
@@ -341,6 +375,8 @@ Command add_generate(CLI::App& app) {
     if (!*p && !*f && !*t) throw UsageError("generate: give a prompt with -p TEXT, -f FILE or --token-ids 1,2,3");
     o->sampler_flags = given_sampler_flags(app);
     if (*system && !*chat) throw UsageError("generate --system: needs --chat (the system message goes through the chat template)");
+    if (!o->prompt_cache.empty() && o->tensor_parallel > 1)
+      throw UsageError("generate --prompt-cache: not with --tensor-parallel (a file holds one rank's layout)");
     return run_generate(*o);
   };
 }

@@ -48,6 +48,7 @@ struct ServeOptions {
   std::string api_key_file;
   std::string reasoning_format = "auto";
   int parallel = 0;  // -np (>= 1 when given); 0, not given: kAutoParallel* by device and layout
+  double prompt_cache_max_gib = 0;  // --prompt-cache-max-gib (0: no bound)
 };
 
 // Sequences running at once when -np is not given: a few on the CPU (its batches share the
@@ -153,6 +154,12 @@ int run_serve(ServeOptions& o) {
     throw UsageError(e.what());
   }
   so.split_reasoning = o.reasoning_format == "auto";
+  if (!so.prompt_cache_dir.empty() && so.prompt_cache_mib == 0)
+    throw UsageError("--prompt-cache-dir keeps the prompt cache on disk, and --prompt-cache-mib 0 turns the cache off: "
+                     "give one or the other");
+  if (o.prompt_cache_max_gib > 0 && so.prompt_cache_dir.empty())
+    throw UsageError("--prompt-cache-max-gib bounds --prompt-cache-dir's folder: give the folder too");
+  so.prompt_cache_max_bytes = uint64_t(o.prompt_cache_max_gib * double(uint64_t(1) << 30));
   so.system_fingerprint = std::string("osprey-") + OSPREY_VERSION + "-" + OSPREY_GIT_COMMIT;
 
   // SIGINT and SIGTERM reach a handler that writes the signal's number to a pipe, read by one
@@ -270,6 +277,15 @@ Command add_serve(CLI::App& app) {
   app.add_option("--alias", s.alias, "The model's id in the API (default: the folder's name)");
   add_int_option(app, "--prompt-cache-mib", s.prompt_cache_mib, "Prompt cache budget in MiB (0: off)", 0, kMaxCacheMib)
       ->group("Advanced");
+  app.add_option("--prompt-cache-dir", s.prompt_cache_dir,
+                 "Keep cached prompts in this folder: written in the background (DIR/auto/) and restored at start, so "
+                 "that the first requests after a restart reuse them; also where POST /slots/{id}?action=save|restore "
+                 "keep their files (llama.cpp's --slot-save-path)")
+      ->type_name("DIR");
+  app.add_option("--prompt-cache-max-gib", o->prompt_cache_max_gib,
+                 "Bound on --prompt-cache-dir's automatic files in GiB: past it the least recently used go (0: no bound)")
+      ->check(CLI::Range(0.0, double(kMaxCacheMib)))
+      ->type_name("GIB");
   add_int_option(app, "--max-queue", s.max_queue,
                  "Requests that may wait for a sequence slot; past them 429 with Retry-After", 0, kMaxQueue);
   add_int_option(app, "--max-body-mib", o->max_body_mib, "Largest request body in MiB (413 past it)", 1, kMaxBodyMib)

@@ -336,13 +336,14 @@ void PagedPool::truncate(SeqId seq, int64_t length) {
   s.length = s.reserved = length;
 }
 
-void PagedPool::cache_prefix(SeqId seq, std::span<const int32_t> tokens, const std::string& salt) {
+PagedPool::CachedRun PagedPool::cache_prefix(SeqId seq, std::span<const int32_t> tokens, const std::string& salt) {
   Impl& m = *impl_;
   const Impl::Seq& s = m.seq(seq, "cache_prefix");
   const int64_t bs = m.params.block_size;
   const int64_t n_full = std::min<int64_t>(s.length, int64_t(tokens.size())) / bs;
   uint64_t key = root_key(salt);
   int32_t parent = -1;  // the cached block the chain resolved to so far
+  CachedRun run;
   for (int64_t i = 0; i < n_full; ++i) {
     const std::span<const int32_t> t = tokens.subspan(size_t(i * bs), size_t(bs));
     key = chain_key(key, t);
@@ -357,6 +358,7 @@ void PagedPool::cache_prefix(SeqId seq, std::span<const int32_t> tokens, const s
       if (parent < 0 && blk.salt != salt) break;
       m.touch(e);
       parent = e;
+      run.first = run.end = i + 1;
       continue;
     }
     // A block cached under another key holds other tokens than the caller says: stop.
@@ -371,7 +373,37 @@ void PagedPool::cache_prefix(SeqId seq, std::span<const int32_t> tokens, const s
     if (parent >= 0) m.blocks[parent].children.push_back(b);
     m.by_key.emplace(key, b);
     parent = b;
+    run.end = i + 1;
   }
+  return run;
+}
+
+int64_t PagedPool::forget_prefix(std::span<const int32_t> tokens, const std::string& salt) {
+  Impl& m = *impl_;
+  const int64_t bs = m.params.block_size;
+  std::vector<int32_t> chain;
+  uint64_t key = root_key(salt);
+  int32_t parent = -1;
+  for (int64_t i = 0; i < int64_t(tokens.size()) / bs; ++i) {
+    const std::span<const int32_t> t = tokens.subspan(size_t(i * bs), size_t(bs));
+    key = chain_key(key, t);
+    auto it = m.by_key.find(key);
+    if (it == m.by_key.end()) break;
+    const Impl::Block& blk = m.blocks[it->second];
+    if (blk.parent != parent || !std::equal(t.begin(), t.end(), blk.tokens.begin())) break;
+    if (parent < 0 && blk.salt != salt) break;
+    chain.push_back(it->second);
+    parent = it->second;
+  }
+  int64_t n = 0;
+  while (!chain.empty()) {
+    const Impl::Block& blk = m.blocks[chain.back()];
+    if (blk.n_seq > 0 || !blk.children.empty()) break;
+    m.uncache_subtree(chain.back());
+    chain.pop_back();
+    n += bs;
+  }
+  return n;
 }
 
 void PagedPool::clear_prefix_cache() {

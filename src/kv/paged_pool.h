@@ -103,8 +103,17 @@ class PagedPool {
   void truncate(SeqId seq, int64_t length);
 
   // Puts the sequence's full blocks, whose tokens are tokens[0 .. length), in the prefix
-  // cache (blocks already there stay; the first block of each new chain key wins).
-  void cache_prefix(SeqId seq, std::span<const int32_t> tokens, const std::string& salt = "");
+  // cache (blocks already there stay; the first block of each new chain key wins). Returns the
+  // blocks it added: indexes [first, end) of the sequence's table (first == end: none), always
+  // the tail of the chain it registered.
+  struct CachedRun {
+    int64_t first = 0, end = 0;
+  };
+  CachedRun cache_prefix(SeqId seq, std::span<const int32_t> tokens, const std::string& salt = "");
+  // Takes the cached chain of tokens[0 ..) (as match_prefix finds it) out of the prefix cache
+  // from its last block back, as long as a block is held by no sequence and no other cached
+  // block continues it. Returns the number of rows (whole blocks) taken out.
+  int64_t forget_prefix(std::span<const int32_t> tokens, const std::string& salt = "");
   // Drops every cached block no sequence holds (they become free).
   void clear_prefix_cache();
 

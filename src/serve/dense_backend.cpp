@@ -7,8 +7,10 @@
 #include "backend/ops.h"
 #include "backend/readback.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "engine/decode_stepper.h"
 #include "serve/prompt_cache.h"
+#include "serve/prompt_store.h"
 
 namespace osprey {
 namespace {
@@ -121,6 +123,7 @@ DenseSlotBackend::DenseSlotBackend(Model& model, PromptCache& prompt_cache, cons
     if (!dev.is_cpu()) s->readback = std::make_unique<TokenReadback>(dev, 2);
     slots_.push_back(std::move(s));
   }
+  last_.resize(slots_.size());
 }
 
 DenseSlotBackend::~DenseSlotBackend() {
@@ -182,6 +185,7 @@ std::optional<SequenceBackend::Begun> DenseSlotBackend::begin(std::span<const in
     // At least the last prompt token is prefilled again: its logits choose the first token.
     PromptCache::Match m = prompt_cache_.lookup(prompt, prompt.size() - 1, cache_salt);
     if (m.entry) {
+      if (store_) store_->touch(prompt_prefix_id(m.entry->salt, m.entry->tokens));
       const size_t use = std::min(m.n_common, prompt.size() - 1);
       s.cache->restore(m.entry->states);
       const int64_t drop = int64_t(m.entry->tokens.size() - use);
@@ -325,9 +329,91 @@ void DenseSlotBackend::end(int handle, std::span<const int32_t> tokens) {
   drop_ahead(s);
   s.busy = false;
   if (options_.caller_cache) return;  // the caller keeps the cache, holding the sequence's rows
-  if (prompt_cache_.enabled() && !tokens.empty() && s.cache->offset() == int64_t(tokens.size()))
-    prompt_cache_.store(std::vector<int32_t>(tokens.begin(), tokens.end()), s.cache->snapshot(), s.salt);
+  if (prompt_cache_.enabled() && !tokens.empty() && s.cache->offset() == int64_t(tokens.size())) {
+    std::vector<int32_t> t(tokens.begin(), tokens.end());
+    last_[size_t(handle)] = {t, s.salt};
+    store_entry(std::move(t), s.cache->snapshot(), s.salt, /*persist=*/true);
+  }
   reset(s);
+}
+
+PromptCache::Stored DenseSlotBackend::store_entry(std::vector<int32_t> tokens, std::vector<KVState> states,
+                                                  const std::string& salt, bool persist) {
+  PromptCache::Stored st = prompt_cache_.store(std::move(tokens), std::move(states), salt);
+  if (!store_) return st;
+  // A replaced entry's prefix is in the new one's file.
+  for (const auto& r : st.replaced) store_->remove(prompt_prefix_id(r->salt, r->tokens));
+  // NOTE: on a device this copies the entry's rows to the host on the engine thread; the disk
+  // is the writer thread's.
+  if (persist && st.entry && store_->enabled())
+    store_->write(dense_file_data(st.entry->tokens, st.entry->states, salt, layers_));
+  return st;
+}
+
+int64_t DenseSlotBackend::attach_store(PromptStore& store) {
+  store_ = &store;
+  layers_ = model_kv_layers(model_, options_.cache);
+  if (!store.enabled() || !prompt_cache_.enabled()) return 0;
+  // The most recently used files that fit the budget, put in oldest first so that the cache's
+  // recency follows the files'.
+  std::vector<PromptFileInfo> files = store.usable_files();
+  uint64_t bytes = 0;
+  size_t n = 0;
+  while (n < files.size() && bytes + files[n].payload_bytes <= prompt_cache_.budget_bytes()) bytes += files[n++].payload_bytes;
+  int64_t restored = 0, tokens = 0;
+  for (size_t i = n; i-- > 0;) {
+    std::optional<PromptFileData> d = store.read(files[i].path);
+    if (!d) continue;
+    const int64_t vocab = model_.info().vocab_size;
+    if (std::any_of(d->tokens.begin(), d->tokens.end(), [&](int32_t t) { return t < 0 || t >= vocab; })) {
+      log_warn("prompt cache: skipping " + files[i].path.string() + ": a token id outside the vocabulary");
+      continue;
+    }
+    const int64_t n_tokens = int64_t(d->tokens.size());
+    std::vector<KVState> states = dense_file_states(*d, layers_, model_.info().device);
+    PromptCache::Stored st = store_entry(std::move(d->tokens), std::move(states), d->salt, false);
+    if (!st.entry) continue;
+    store.note_restored(n_tokens);
+    ++restored;
+    tokens += n_tokens;
+  }
+  if (!files.empty())
+    log_info("prompt cache: restored " + std::to_string(restored) + " of " + std::to_string(files.size()) + " entries (" +
+             std::to_string(tokens) + " tokens) from " + store.options().dir.string());
+  return restored;
+}
+
+std::optional<PromptFileData> DenseSlotBackend::slot_file(int slot) {
+  const auto& [tokens, salt] = last_.at(size_t(slot));
+  if (tokens.empty()) return std::nullopt;
+  std::shared_ptr<const PromptCache::Entry> e = prompt_cache_.find(tokens, salt);
+  if (!e) return std::nullopt;
+  return dense_file_data(e->tokens, e->states, e->salt,
+                         layers_.empty() ? model_kv_layers(model_, options_.cache) : layers_);
+}
+
+int64_t DenseSlotBackend::restore_slot(int slot, const PromptFileData& data) {
+  if (data.kind != PromptFileKind::dense)
+    throw InvalidInput("the file holds paged blocks; the dense layout restores dense snapshots (--kv-layout dense)");
+  const int64_t vocab = model_.info().vocab_size;
+  for (int32_t t : data.tokens)
+    if (t < 0 || t >= vocab) throw InvalidInput("the file holds token id " + std::to_string(t) + ", outside the vocabulary");
+  const std::vector<KVCacheParams> layers = layers_.empty() ? model_kv_layers(model_, options_.cache) : layers_;
+  PromptCache::Stored st =
+      store_entry(data.tokens, dense_file_states(data, layers, model_.info().device), data.salt, false);
+  last_.at(size_t(slot)) = {data.tokens, data.salt};
+  // Stored, or already covered by a longer entry of the same salt.
+  return st.entry || prompt_cache_.find(data.tokens, data.salt) ? int64_t(data.tokens.size()) : 0;
+}
+
+int64_t DenseSlotBackend::erase_slot(int slot) {
+  auto& [tokens, salt] = last_.at(size_t(slot));
+  if (tokens.empty()) return 0;
+  const bool erased = prompt_cache_.erase(tokens, salt);
+  if (erased && store_) store_->remove(prompt_prefix_id(salt, tokens));
+  const int64_t n = erased ? int64_t(tokens.size()) : 0;
+  tokens.clear();
+  return n;
 }
 
 double DenseSlotBackend::kv_usage() const {

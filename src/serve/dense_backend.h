@@ -14,12 +14,13 @@
 #include <memory>
 #include <vector>
 
+#include "serve/cache_files.h"
+#include "serve/prompt_cache.h"
 #include "serve/scheduler.h"
 #include "model/model.h"
 
 namespace osprey {
 
-class PromptCache;
 class DecodeStepper;
 
 struct DenseBackendOptions {
@@ -46,7 +47,11 @@ struct DenseBackendCounters {
   uint64_t n_verify_steps = 0, n_verify_rows = 0;  // speculative verify steps and their rows
 };
 
-class DenseSlotBackend final : public SequenceBackend {
+// With a prompt store attached (CacheFiles::attach_store), each entry a sequence stores in the
+// prompt cache is handed to the store to be written in the background (dense files: one per
+// entry), an entry a longer one replaces has its file removed, and a hit refreshes its file's
+// recency.
+class DenseSlotBackend final : public SequenceBackend, public CacheFiles {
  public:
   // `model` and `prompt_cache` must outlive the backend. Throws InvalidInput for a slot count
   // below 1 or a context past the model's.
@@ -70,6 +75,13 @@ class DenseSlotBackend final : public SequenceBackend {
   double kv_usage() const override;
   KVCounters kv_counters() const override;
   DenseBackendCounters counters() const;
+
+  // CacheFiles
+  int64_t attach_store(PromptStore& store) override;
+  int n_slot_ids() const override { return int(slots_.size()); }
+  std::optional<PromptFileData> slot_file(int slot) override;
+  int64_t restore_slot(int slot, const PromptFileData& data) override;
+  int64_t erase_slot(int slot) override;
 
  private:
   struct Slot;
@@ -97,6 +109,14 @@ class DenseSlotBackend final : public SequenceBackend {
   std::vector<std::unique_ptr<Slot>> slots_;
   KVCounters retired_;  // counters of the caches slots have dropped
   DenseBackendCounters counters_;
+  PromptStore* store_ = nullptr;        // attach_store's
+  std::vector<KVCacheParams> layers_;   // the model's KV layout, with a store
+  // What each slot's last finished sequence left in the prompt cache: its tokens and salt.
+  std::vector<std::pair<std::vector<int32_t>, std::string>> last_;
+  // Stores a file's or a sequence's states in the prompt cache, and has the store write
+  // (`persist`) or forget the files that follows from.
+  PromptCache::Stored store_entry(std::vector<int32_t> tokens, std::vector<KVState> states, const std::string& salt,
+                                  bool persist);
 };
 
 }  // namespace osprey

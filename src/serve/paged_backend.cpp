@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "sample/sampler.h"
+#include "serve/prompt_store.h"
 
 namespace osprey {
 namespace {
@@ -79,6 +80,7 @@ PagedBackend::PagedBackend(Model& model, const PagedBackendOptions& options) : m
   // captured: it runs every step eagerly, as on the CPU.
   if (info.device.is_cpu() || !model.supports_graph_capture()) options_.graphs = false;
   seqs_.resize(size_t(options.max_sequences));
+  last_.resize(seqs_.size());
   publish_stats();
 }
 
@@ -114,6 +116,7 @@ std::optional<SequenceBackend::Begun> PagedBackend::begin(std::span<const int32_
   free_slot->busy = true;
   free_slot->id = id;
   free_slot->salt = cache_salt;
+  if (store_ && n_cached > 0) store_->touch(prompt_prefix_id(cache_salt, prompt.first(size_t(n_cached))));
   {
     std::lock_guard<std::mutex> lock(stats_mu_);
     if (options_.prefix_cache) ++(n_cached > 0 ? prefix_.n_hits : prefix_.n_misses);
@@ -422,7 +425,13 @@ void PagedBackend::end(int handle, std::span<const int32_t> tokens) {
   Seq& s = seq(handle);
   s.busy = false;
   if (options_.prefix_cache && !tokens.empty() && pool_->length(s.id) == int64_t(tokens.size())) {
-    pool_->cache_prefix(s.id, tokens, s.salt);
+    const PagedPool::CachedRun run = pool_->cache_prefix(s.id, tokens, s.salt);
+    const int64_t full = int64_t(tokens.size()) / options_.block_size * options_.block_size;
+    last_[size_t(handle)] = {std::vector<int32_t>(tokens.begin(), tokens.begin() + full), s.salt};
+    // NOTE: on a device this copies the run's rows to the host on the engine thread; the disk
+    // is the writer thread's.
+    if (store_ && store_->enabled() && run.end > run.first)
+      store_->write(run_file(s.id, tokens, run.first, run.end, s.salt));
     std::lock_guard<std::mutex> lock(stats_mu_);
     prefix_.n_stored += uint64_t(int64_t(tokens.size()) / options_.block_size);
   }
@@ -462,6 +471,138 @@ PromptCacheStats PagedBackend::prefix_stats() const {
 PagedPoolStats PagedBackend::pool_stats() const {
   std::lock_guard<std::mutex> lock(stats_mu_);
   return pool_stats_;
+}
+
+PromptFileData PagedBackend::run_file(PagedPool::SeqId id, std::span<const int32_t> tokens, int64_t first, int64_t end,
+                                      const std::string& salt) {
+  const int64_t bs = options_.block_size;
+  const std::vector<int32_t>& table = pool_->block_table(id);
+  const Array ids = i32_array(std::vector<int32_t>(table.begin() + first, table.begin() + end), {end - first},
+                              model_.info().device);
+  PromptFileData d;
+  d.kind = PromptFileKind::paged;
+  d.salt = salt;
+  d.tokens.assign(tokens.begin(), tokens.begin() + end * bs);
+  d.first_row = first * bs;
+  for (size_t l = 0; l < pool_->n_layers(); ++l)
+    d.layers.emplace_back(ops::to_device(ops::gather_kv_blocks(pool_->keys(l), ids, (end - first) * bs), Device::cpu()),
+                          ops::to_device(ops::gather_kv_blocks(pool_->values(l), ids, (end - first) * bs), Device::cpu()));
+  return d;
+}
+
+std::optional<int64_t> PagedBackend::insert_run(const PromptFileData& data) {
+  const int64_t bs = options_.block_size, n = int64_t(data.tokens.size());
+  if (data.kind != PromptFileKind::paged)
+    throw InvalidInput("the file holds a dense snapshot; the paged layout restores paged blocks (--kv-layout paged)");
+  if (n % bs != 0 || data.first_row % bs != 0 || data.layers.size() != pool_->n_layers())
+    throw InvalidInput("the file's rows are not whole blocks of " + std::to_string(bs) + " rows of this pool");
+  const int64_t vocab = model_.info().vocab_size;
+  for (int32_t t : data.tokens)
+    if (t < 0 || t >= vocab) throw InvalidInput("the file holds token id " + std::to_string(t) + ", outside the vocabulary");
+  if (!options_.prefix_cache) return 0;
+  const PagedPool::SeqId id = pool_->create();
+  struct Freer {
+    PagedPool& pool;
+    PagedPool::SeqId id;
+    ~Freer() { pool.free(id); }
+  } freer{*pool_, id};
+  const int64_t matched = pool_->match_prefix(id, data.tokens, n, data.salt);
+  if (matched < data.first_row) return std::nullopt;
+  // The blocks after the match, taken from free ones or the least recently used cached ones
+  // (the chain itself is held by this sequence meanwhile).
+  if (matched == n || !pool_->reserve(id, n - matched)) return matched;
+  const std::vector<int32_t>& table = pool_->block_table(id);
+  const Device dev = model_.info().device;
+  for (size_t l = 0; l < pool_->n_layers(); ++l) {
+    const Array pools[2] = {pool_->keys(l), pool_->values(l)};
+    const Array rows[2] = {ops::to_device(data.layers[l].first, dev), ops::to_device(data.layers[l].second, dev)};
+    for (int kv = 0; kv < 2; ++kv) {
+      const Array& pool = pools[kv];
+      for (int64_t g = matched / bs; g < n / bs; ++g) {
+        const int32_t b = table[size_t(g)];
+        ops::copy_into(pool.slice_rows(b, b + 1).reshape({pool.dim(1), bs, pool.dim(3)}),
+                       kv_rows_view(rows[kv], g * bs - data.first_row, bs));
+      }
+    }
+  }
+  pool_->commit(id, n - matched);
+  pool_->cache_prefix(id, data.tokens, data.salt);
+  return n;
+}
+
+int64_t PagedBackend::attach_store(PromptStore& store) {
+  store_ = &store;
+  if (!store.enabled() || !options_.prefix_cache) return 0;
+  // A run's parent chain comes first (its first row is past its parent's); among runs from the
+  // same row, the most recently used first. Runs stop when the pool has no room left, so that
+  // no restored block evicts another.
+  std::vector<PromptFileInfo> files = store.usable_files();
+  std::stable_sort(files.begin(), files.end(),
+                   [](const PromptFileInfo& a, const PromptFileInfo& b) { return a.first_row < b.first_row; });
+  int64_t restored = 0, tokens = 0, n_full = 0;
+  for (const PromptFileInfo& f : files) {
+    const int64_t need = (f.n_tokens - f.first_row) / options_.block_size;
+    if (pool_->stats().n_free < need) {
+      ++n_full;
+      continue;
+    }
+    std::optional<PromptFileData> d = store.read(f.path);
+    if (!d) continue;
+    try {
+      const std::optional<int64_t> cached = insert_run(*d);
+      if (!cached) {
+        log_warn("prompt cache: skipping " + f.path.string() + ": the run it continues is not on disk (or not restored)");
+        continue;
+      }
+    } catch (const InvalidInput& e) {
+      log_warn("prompt cache: skipping " + f.path.string() + ": " + e.what());
+      continue;
+    }
+    store.note_restored(f.n_tokens - f.first_row);
+    ++restored;
+    tokens += f.n_tokens - f.first_row;
+  }
+  publish_stats();
+  if (!files.empty())
+    log_info("prompt cache: restored " + std::to_string(restored) + " of " + std::to_string(files.size()) +
+             " block runs (" + std::to_string(tokens) + " tokens) from " + store.options().dir.string() +
+             (n_full > 0 ? "; " + std::to_string(n_full) + " did not fit the KV pool" : ""));
+  return restored;
+}
+
+std::optional<PromptFileData> PagedBackend::slot_file(int slot) {
+  const auto& [tokens, salt] = last_.at(size_t(slot));
+  if (tokens.empty()) return std::nullopt;
+  const PagedPool::SeqId id = pool_->create();
+  const int64_t matched = pool_->match_prefix(id, tokens, int64_t(tokens.size()), salt);
+  std::optional<PromptFileData> d;
+  if (matched > 0) d = run_file(id, tokens, 0, matched / options_.block_size, salt);
+  pool_->free(id);
+  publish_stats();
+  return d;
+}
+
+int64_t PagedBackend::restore_slot(int slot, const PromptFileData& data) {
+  const std::optional<int64_t> cached = insert_run(data);
+  publish_stats();
+  if (!cached)
+    throw InvalidInput("the file continues a chain of " + std::to_string(data.first_row) +
+                       " tokens that is not in the prefix cache (restore the file it continues first)");
+  if (*cached > 0) last_.at(size_t(slot)) = {std::vector<int32_t>(data.tokens.begin(), data.tokens.begin() + *cached), data.salt};
+  return *cached;
+}
+
+int64_t PagedBackend::erase_slot(int slot) {
+  auto& [tokens, salt] = last_.at(size_t(slot));
+  if (tokens.empty()) return 0;
+  const int64_t n = pool_->forget_prefix(tokens, salt);
+  // The files of the runs taken out: each ends at a block end the chain had.
+  if (store_ && n > 0)
+    for (int64_t e = int64_t(tokens.size()); e > int64_t(tokens.size()) - n; e -= options_.block_size)
+      store_->remove(prompt_prefix_id(salt, std::span<const int32_t>(tokens).first(size_t(e))));
+  tokens.clear();
+  publish_stats();
+  return n;
 }
 
 }  // namespace osprey

@@ -12,6 +12,7 @@
 
 #include "backend/graph.h"
 #include "backend/kernel_args.h"
+#include "serve/cache_files.h"
 #include "serve/scheduler.h"
 #include "serve/serve_stats.h"
 #include "kv/paged_cache.h"
@@ -43,7 +44,11 @@ struct PagedBackendOptions {
   bool inplace = true;
 };
 
-class PagedBackend final : public SequenceBackend {
+// With a prompt store attached (CacheFiles::attach_store), the blocks a sequence adds to the
+// prefix cache when it ends (one run of full blocks continuing a cached chain) are handed to the
+// store to be written in the background (paged files: one per such run), and a hit refreshes
+// the recency of the files holding the blocks it used.
+class PagedBackend final : public SequenceBackend, public CacheFiles {
  public:
   // `model` must outlive the backend. Throws InvalidInput for a bad size (naming the option).
   PagedBackend(Model& model, const PagedBackendOptions& options);
@@ -74,7 +79,21 @@ class PagedBackend final : public SequenceBackend {
   uint64_t n_graph_replays() const { return n_graph_replays_; }
   uint64_t n_graph_captures() const { return n_graph_captures_; }
 
+  // CacheFiles
+  int64_t attach_store(PromptStore& store) override;
+  int n_slot_ids() const override { return int(seqs_.size()); }
+  std::optional<PromptFileData> slot_file(int slot) override;
+  int64_t restore_slot(int slot, const PromptFileData& data) override;
+  int64_t erase_slot(int slot) override;
+
  private:
+  // The rows of blocks [first, end) of the sequence's table as a paged file's data (CPU copies).
+  PromptFileData run_file(PagedPool::SeqId id, std::span<const int32_t> tokens, int64_t first, int64_t end,
+                          const std::string& salt);
+  // Puts a paged file's blocks into the prefix cache after the chain of its first rows, which
+  // must be cached already; returns the rows of the file's chain now cached (its length, or
+  // less when the pool has no room), or nullopt when the chain it continues is not cached.
+  std::optional<int64_t> insert_run(const PromptFileData& data);
   struct Seq {
     bool busy = false;
     PagedPool::SeqId id = -1;
@@ -131,6 +150,10 @@ class PagedBackend final : public SequenceBackend {
   PromptCacheStats prefix_;      // guarded by stats_mu_; the pool's counts are filled in on reading
   PagedPoolStats pool_stats_;    // guarded by stats_mu_
   KVCounters counters_;          // guarded by stats_mu_
+  PromptStore* store_ = nullptr;  // attach_store's
+  // What each sequence slot's last finished sequence left in the prefix cache: the tokens of
+  // its full blocks, and its salt.
+  std::vector<std::pair<std::vector<int32_t>, std::string>> last_;
 };
 
 }  // namespace osprey

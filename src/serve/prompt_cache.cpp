@@ -91,8 +91,9 @@ void PromptCache::unusable(size_t n_use) {
   ++stats_.n_unusable;
 }
 
-void PromptCache::store(std::vector<int32_t> tokens, std::vector<KVState> states, const std::string& salt) {
-  if (!enabled() || tokens.empty()) return;
+PromptCache::Stored PromptCache::store(std::vector<int32_t> tokens, std::vector<KVState> states, const std::string& salt) {
+  Stored out;
+  if (!enabled() || tokens.empty()) return out;
   for (const KVState& s : states)
     if (s.offset != int64_t(tokens.size()))
       throw InvalidInput("prompt cache: a snapshot of " + std::to_string(s.offset) + " rows stored under " +
@@ -113,10 +114,11 @@ void PromptCache::store(std::vector<int32_t> tokens, std::vector<KVState> states
     const size_t n = common_prefix(e.tokens, entry->tokens);
     if (n == entry->tokens.size()) {  // already covered by a longer (or equal) entry
       lru_.splice(lru_.begin(), lru_, it);
-      return;
+      return out;
     }
     if (n == e.tokens.size()) {  // the new entry extends this one
       stats_.bytes -= e.bytes;
+      out.replaced.push_back(*it);
       it = lru_.erase(it);
       continue;
     }
@@ -125,13 +127,39 @@ void PromptCache::store(std::vector<int32_t> tokens, std::vector<KVState> states
   if (entry->bytes > budget_) {
     ++stats_.n_evictions;
     stats_.n_entries = lru_.size();
-    return;
+    return out;
   }
   evict_to(budget_ - entry->bytes);
   stats_.bytes += entry->bytes;
-  lru_.push_front(std::move(entry));
+  lru_.push_front(entry);
   ++stats_.n_stored;
   stats_.n_entries = lru_.size();
+  out.entry = std::move(entry);
+  return out;
+}
+
+std::shared_ptr<const PromptCache::Entry> PromptCache::find(std::span<const int32_t> tokens, const std::string& salt) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::shared_ptr<const Entry> best;
+  for (const auto& e : lru_)
+    if (e->salt == salt && e->tokens.size() >= tokens.size() && common_prefix(e->tokens, tokens) == tokens.size() &&
+        (!best || e->tokens.size() < best->tokens.size()))
+      best = e;
+  return best;
+}
+
+bool PromptCache::erase(std::span<const int32_t> tokens, const std::string& salt) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = lru_.begin(); it != lru_.end(); ++it) {
+    const Entry& e = **it;
+    if (e.salt == salt && std::equal(e.tokens.begin(), e.tokens.end(), tokens.begin(), tokens.end())) {
+      stats_.bytes -= e.bytes;
+      lru_.erase(it);
+      stats_.n_entries = lru_.size();
+      return true;
+    }
+  }
+  return false;
 }
 
 void PromptCache::evict_to(uint64_t limit) {

@@ -40,6 +40,7 @@ class PromptCache {
   explicit PromptCache(uint64_t budget_bytes, bool keep_checksums = false);
 
   bool enabled() const { return budget_ > 0; }
+  uint64_t budget_bytes() const { return budget_; }
   // The entry sharing the longest common prefix with `tokens` (the most recently used one on
   // a tie), marked as used. Counts a hit or a miss; `n_use` (<= n_common) is what the caller
   // restores, counted as restored tokens.
@@ -50,12 +51,23 @@ class PromptCache {
   // start): that lookup counts as unusable instead of as a hit, and its `n_use` tokens are
   // no longer counted as restored.
   void unusable(size_t n_use);
+  // What store() did: the entry it keeps (null when it kept none: the tokens were covered by
+  // an entry's, or the entry was larger than the budget) and the entries it replaced.
+  struct Stored {
+    std::shared_ptr<const Entry> entry;
+    std::vector<std::shared_ptr<const Entry>> replaced;
+  };
   // Stores `states` under `tokens`. An entry whose tokens are a prefix of `tokens` is
   // replaced; when `tokens` is a prefix of an entry's (or equals one), nothing is stored.
   // Evicts the least recently used entries past the budget; an entry larger than the whole
   // budget is not kept.
   // Entries of another salt are neither replaced nor counted as covering it.
-  void store(std::vector<int32_t> tokens, std::vector<KVState> states, const std::string& salt = "");
+  Stored store(std::vector<int32_t> tokens, std::vector<KVState> states, const std::string& salt = "");
+  // The entry of this salt whose tokens begin with `tokens` (the one of exactly these tokens
+  // first, else the shortest), not marked as used; null when none does.
+  std::shared_ptr<const Entry> find(std::span<const int32_t> tokens, const std::string& salt = "") const;
+  // Drops the entry stored under exactly these tokens and salt; whether there was one.
+  bool erase(std::span<const int32_t> tokens, const std::string& salt = "");
 
   PromptCacheStats stats() const;
   // For every entry, most recently used first: its token count, the checksum of its rows when

@@ -24,10 +24,25 @@ struct PromptCacheStats {
   uint64_t budget_bytes = 0;       // dense: the cache's budget; paged: the whole pool
 };
 
+// The prompt cache's folder (--prompt-cache-dir; serve/prompt_store.h).
+struct PromptStoreStats {
+  uint64_t n_written = 0;          // files written by the writer thread
+  uint64_t bytes_written = 0;
+  uint64_t n_write_failures = 0;   // writes that failed (a full disk, an unwritable folder)
+  uint64_t n_dropped = 0;          // writes dropped: the queue was full, or a file past max_bytes
+  uint64_t n_evicted = 0;          // files removed by the size bound (with the files continuing them)
+  uint64_t n_restored = 0;         // files restored into the cache
+  uint64_t n_restored_tokens = 0;  // tokens whose rows they brought
+  uint64_t n_skipped = 0;          // files skipped: unusable (each logged with its reason)
+  uint64_t n_files = 0;            // files in DIR/auto/ now
+  uint64_t bytes = 0;              // and their size
+};
+
 struct ServeStats {
   SchedulerStats scheduler;
   PromptCacheStats prompt_cache;
   std::optional<PagedPoolStats> pool;  // the paged layout only
+  std::optional<PromptStoreStats> prompt_store;  // with --prompt-cache-dir only
 };
 
 }  // namespace osprey

@@ -149,6 +149,32 @@ std::string render_metrics(const MetricsInput& in) {
     p.metric("osprey:kv_pool_cow_copies_total", "counter", "Shared blocks copied before a write (copy-on-write).",
              double(kp.n_cow));
   }
+  if (in.serve.prompt_store) {
+    const PromptStoreStats& ps = *in.serve.prompt_store;
+    p.metric("osprey:prompt_cache_disk_files", "gauge", "Files in the prompt cache folder's auto/ (--prompt-cache-dir).",
+             double(ps.n_files));
+    p.metric("osprey:prompt_cache_disk_bytes", "gauge", "Bytes of those files (bounded by --prompt-cache-max-gib).",
+             double(ps.bytes));
+    p.metric("osprey:prompt_cache_disk_writes_total", "counter", "Cached prompts written to the folder.",
+             double(ps.n_written));
+    p.metric("osprey:prompt_cache_disk_written_bytes_total", "counter", "Bytes written to the folder.",
+             double(ps.bytes_written));
+    p.metric("osprey:prompt_cache_disk_write_failures_total", "counter",
+             "Writes that failed (a full disk, an unwritable folder; each logged naming the file).",
+             double(ps.n_write_failures));
+    p.metric("osprey:prompt_cache_disk_writes_dropped_total", "counter",
+             "Writes dropped: the writer's queue was full, or the file alone passed --prompt-cache-max-gib.",
+             double(ps.n_dropped));
+    p.metric("osprey:prompt_cache_disk_evictions_total", "counter",
+             "Files removed to stay within --prompt-cache-max-gib (least recently used first).", double(ps.n_evicted));
+    p.metric("osprey:prompt_cache_disk_restored_files_total", "counter", "Files restored into the cache at start.",
+             double(ps.n_restored));
+    p.metric("osprey:prompt_cache_disk_restored_tokens_total", "counter",
+             "Tokens whose rows the restored files brought.", double(ps.n_restored_tokens));
+    p.metric("osprey:prompt_cache_disk_skipped_files_total", "counter",
+             "Files skipped: another model, corrupted, truncated or unreadable (each logged naming the file).",
+             double(ps.n_skipped));
+  }
   // The names an inference gateway's endpoint picker scrapes by default.
   p.metric("vllm:num_requests_waiting", "gauge", "Alias of osprey:num_requests_waiting.", double(s.n_waiting));
   p.metric("vllm:kv_cache_usage_perc", "gauge", "Alias of osprey:kv_cache_usage_perc.", s.kv_usage);

@@ -27,6 +27,7 @@
 #include "model/pooling.h"
 #include "serve/dense_backend.h"
 #include "serve/paged_backend.h"
+#include "serve/prompt_store.h"
 #include "serve/scheduler.h"
 #include "server/anthropic_api.h"
 #include "server/api_error.h"
@@ -109,6 +110,7 @@ std::string route_label(const std::string& path) {
                                 "/tokenize", "/detokenize", "/apply-template", "/metrics"};
   for (const char* k : known)
     if (path == k) return k;
+  if (path.rfind("/slots/", 0) == 0) return "/slots/{id}";
   if (path.rfind("/v1/models/", 0) == 0 || path.rfind("/models/", 0) == 0) return "/v1/models/{id}";
   if (path.rfind("/v1/responses/", 0) == 0) return "/v1/responses/{id}";
   return "other";
@@ -288,9 +290,12 @@ struct Server::Impl {
   // The tokenizer, chat template, tool-call and reasoning formats and sampling defaults.
   ModelBundle bundle;
   std::unique_ptr<Model> model;
+  // --prompt-cache-dir's folder: declared before the backend, which writes through it.
+  std::unique_ptr<PromptStore> prompt_store;
   std::unique_ptr<PromptCache> prompt_cache;
   std::unique_ptr<SequenceBackend> backend;
   PagedBackend* paged = nullptr;  // backend, when the layout is paged
+  CacheFiles* cache_files = nullptr;  // backend's prompt-cache files (the slot routes, the folder)
   bool set_invariant = false, invariant_before = false;
   std::unique_ptr<Scheduler> scheduler;
   std::vector<int32_t> eos_ids;
@@ -371,9 +376,20 @@ struct Server::Impl {
 
   // The prompt-cache salt of a request: its cache_salt field, under its API key's when the
   // server salts by key. Distinct (key, field) pairs give distinct salts.
+  // A key is named by a digest of itself, not by its place in the list, so that the prompt
+  // cache's files (which keep the salt) stay with their key across restarts.
   std::string cache_salt(const HttpRequest& req, const std::string& field) const {
     if (!opt.cache_salt_by_key || opt.api_keys.empty()) return field.empty() ? "" : "f:" + field;
-    return "k" + std::to_string(key_index(req)) + (field.empty() ? "" : ":f:" + field);
+    const int k = key_index(req);
+    std::string key_id = "-1";
+    if (k >= 0) {
+      const std::string& key = opt.api_keys[size_t(k)];
+      char buf[17];
+      std::snprintf(buf, sizeof buf, "%016llx",
+                    (unsigned long long)prompt_prefix_id(key, std::span<const int32_t>()));
+      key_id = buf;
+    }
+    return "k" + key_id + (field.empty() ? "" : ":f:" + field);
   }
 
   void log_request(const HttpRequest& req, int status) {
@@ -525,6 +541,7 @@ struct Server::Impl {
     if (p == "/tokenize") return pick("POST", HttpLane::work, tokenize_);
     if (p == "/detokenize") return pick("POST", HttpLane::work, detokenize_);
     if (p == "/apply-template") return pick("POST", HttpLane::work, apply_template_);
+    if (p.rfind("/slots/", 0) == 0) return pick("POST", HttpLane::work, slots_);
     // The chat page, and every other GET (server/webui.h answers 404 for what it does not
     // serve): from memory on the IO threads; from --webui-dir's files on a worker.
     if (req.method == "GET" || req.method == "HEAD")
@@ -586,6 +603,7 @@ struct Server::Impl {
       },
       /*open=*/true);
   HttpHandler tokenize_ = wrap([this](HttpRequest& req) { return tokenize(req); });
+  HttpHandler slots_ = wrap([this](HttpRequest& req) { return slot_action(req); });
   HttpHandler detokenize_ = wrap([this](HttpRequest& req) { return detokenize(req); });
   HttpHandler apply_template_ = wrap([this](HttpRequest& req) {
     require_ready();
@@ -1211,6 +1229,103 @@ struct Server::Impl {
     return out;
   }
 
+  // ---- the slot routes: llama.cpp's POST /slots/{id}?action=save|restore|erase ----
+
+  // Runs `job` on the engine thread (between steps), rethrowing what it throws.
+  void on_engine(const std::function<void()>& job) {
+    Scheduler::Submit s = Scheduler::Submit::stopping;
+    try {
+      s = scheduler->run_job(job);
+    } catch (const DeviceLost&) {
+      throw device_lost_error();
+    }
+    if (s == Scheduler::Submit::device_lost) throw device_lost_error();
+    if (s != Scheduler::Submit::accepted)
+      throw api_error(503, "unavailable_error", "the server is shutting down", "shutting_down");
+  }
+
+  HttpResponse slot_action(const HttpRequest& req) {
+    require_ready();
+    if (!prompt_store || !prompt_store->enabled() || !cache_files)
+      throw api_error(501, "not_supported_error",
+                      prompt_store ? "the prompt cache folder is not in use (see the server's log at start)"
+                                   : "this server does not support slot actions: start it with --prompt-cache-dir DIR",
+                      "not_supported");
+    const std::string id_text = req.path.substr(std::strlen("/slots/"));
+    const int n_ids = cache_files->n_slot_ids();
+    int id = -1;
+    if (!id_text.empty() && id_text.size() <= 6 && std::all_of(id_text.begin(), id_text.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      id = std::stoi(id_text);
+    if (id < 0 || id >= n_ids)
+      throw bad_request("slot id '" + id_text + "' is not in [0, " + std::to_string(n_ids) + ") (" +
+                            (paged ? "the paged layout's sequence slots, --parallel" : "the dense layout's slots") + ")",
+                        "id_slot");
+    std::string action;
+    const size_t q = req.target.find('?');
+    if (q != std::string::npos) {
+      const std::string query = req.target.substr(q + 1);
+      for (size_t at = 0; at <= query.size();) {
+        size_t amp = query.find('&', at);
+        if (amp == std::string::npos) amp = query.size();
+        const std::string kv = query.substr(at, amp - at);
+        if (kv.rfind("action=", 0) == 0) action = kv.substr(7);
+        at = amp + 1;
+      }
+    }
+    const auto t0 = Clock::now();
+    auto ms = [&] { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); };
+    if (action == "erase") {
+      int64_t n = 0;
+      on_engine([&] { n = cache_files->erase_slot(id); });
+      return json_response(200, {{"id_slot", id}, {"n_erased", n}});
+    }
+    if (action != "save" && action != "restore")
+      throw bad_request("invalid action '" + action + "': use ?action=save, restore or erase", "action");
+    const json body = parse_body(req.body);
+    if (!body.is_object() || !body.contains("filename") || !body["filename"].is_string())
+      throw bad_request("'filename' must be a string: a file name in the prompt cache folder", "filename");
+    const std::string filename = body["filename"].get<std::string>();
+    const std::filesystem::path path = prompt_store->user_path(filename);  // InvalidInput: 400
+    if (action == "save") {
+      std::optional<PromptFileData> data;
+      on_engine([&] { data = cache_files->slot_file(id); });
+      if (!data)
+        throw bad_request("slot " + std::to_string(id) + " holds no cached prompt (no sequence ended there, or its "
+                              "rows were evicted)",
+                          "id_slot", "slot_empty");
+      uint64_t written = 0;
+      try {
+        written = prompt_store->save(filename, *data);
+      } catch (const IoError& e) {
+        throw api_error(500, "server_error", e.what(), "io_error");
+      }
+      return json_response(200, {{"id_slot", id},
+                                 {"filename", filename},
+                                 {"n_saved", data->tokens.size()},
+                                 {"n_written", written},
+                                 {"timings", {{"save_ms", ms()}}}});
+    }
+    std::error_code ec;
+    if (!std::filesystem::exists(path, ec))
+      throw api_error(404, "not_found_error", "no file '" + filename + "' in the prompt cache folder", "file_not_found");
+    PromptFileData data;
+    try {
+      data = prompt_store->load(filename);
+    } catch (const IoError& e) {
+      throw bad_request(e.what(), "filename", "unusable_file");
+    } catch (const InvalidInput& e) {
+      throw bad_request(e.what(), "filename", "unusable_file");
+    }
+    const uint64_t n_read = std::filesystem::file_size(path, ec);
+    int64_t n = 0;
+    on_engine([&] { n = cache_files->restore_slot(id, data); });
+    return json_response(200, {{"id_slot", id},
+                               {"filename", filename},
+                               {"n_restored", n},
+                               {"n_read", ec ? 0 : n_read},
+                               {"timings", {{"restore_ms", ms()}}}});
+  }
+
   std::string metrics_text() const {
     MetricsInput in;
     in.ready = ready;
@@ -1225,6 +1340,7 @@ struct Server::Impl {
       } else {
         in.serve.prompt_cache = prompt_cache->stats();
       }
+      if (prompt_store) in.serve.prompt_store = prompt_store->stats();
     }
     // Waiting requests: in the engine's queue, and admitted ones not yet there (waiting for a
     // generation thread).
@@ -1299,6 +1415,7 @@ void Server::load() {
     po.inplace = m.opt.cache.inplace;
     auto b = std::make_unique<PagedBackend>(*m.model, po);
     m.paged = b.get();
+    m.cache_files = b.get();
     m.backend = std::move(b);
   } else {
     DenseBackendOptions bo;
@@ -1307,7 +1424,26 @@ void Server::load() {
     bo.cache = m.opt.cache;
     bo.make_cache = m.opt.make_cache;
     bo.graphs = m.opt.graphs;
-    m.backend = std::make_unique<DenseSlotBackend>(*m.model, *m.prompt_cache, bo);
+    auto b = std::make_unique<DenseSlotBackend>(*m.model, *m.prompt_cache, bo);
+    m.cache_files = b.get();
+    m.backend = std::move(b);
+  }
+  if (!m.opt.prompt_cache_dir.empty()) {
+    const auto t0 = Clock::now();
+    PromptStoreOptions ps;
+    ps.dir = m.opt.prompt_cache_dir;
+    ps.kind = m.paged ? PromptFileKind::paged : PromptFileKind::dense;
+    ps.max_bytes = m.opt.prompt_cache_max_bytes;
+    ps.layers = model_kv_layers(*m.model, m.opt.cache);
+    ps.block_size = m.paged ? m.opt.block_size : 0;
+    ps.fingerprint = model_fingerprint(m.opt.model_dir, m.model->info().device);
+    ps.fingerprint.kv = kv_layout_fingerprint(ps.kind, ps.layers, ps.block_size);
+    ps.write = m.opt.prompt_cache_write;
+    m.prompt_store = std::make_unique<PromptStore>(std::move(ps));
+    m.cache_files->attach_store(*m.prompt_store);
+    log_info("prompt cache folder " + m.opt.prompt_cache_dir.string() + ": " +
+             (m.prompt_store->enabled() ? "in use" : "not in use") + " (" +
+             std::to_string(std::chrono::duration<double>(Clock::now() - t0).count()) + " s to open and restore)");
   }
   SchedulerOptions so;
   so.max_queue = m.opt.max_queue;
@@ -1344,6 +1480,8 @@ void Server::stop() {
   }
   m.http->stop_accepting();
   if (m.scheduler) m.scheduler->stop();
+  // What the engine handed the prompt cache folder's writer is written before the process goes.
+  if (m.prompt_store) m.prompt_store->close(std::chrono::seconds(30));
   // The requests the engine ended write their error; a client that does not read it within
   // the write deadline loses it.
   const auto deadline = Clock::now() + std::chrono::seconds(2);
@@ -1370,6 +1508,10 @@ std::string Server::device_lost() const {
 }
 
 std::string Server::metrics_text() const { return impl_->metrics_text(); }
+
+void Server::flush_prompt_cache_dir() {
+  if (impl_->prompt_store) impl_->prompt_store->flush();
+}
 
 std::vector<PromptCache::Checksum> Server::prompt_cache_checksums() {
   Impl& m = *impl_;

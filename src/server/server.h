@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <sys/types.h>
 #include <vector>
 
 #include "core/device.h"
@@ -68,6 +69,12 @@ struct ServerOptions {
   // reasoning_content; false (--reasoning-format none) leaves the raw text in content.
   bool split_reasoning = true;
   bool keep_prompt_cache_checksums = false;  // tests: see PromptCache
+  // --prompt-cache-dir: cached prompts are written to DIR/auto/ in the background and restored
+  // from it at load; the slot routes save and restore files in DIR (serve/prompt_store.h).
+  // Empty: nothing is kept on disk, and the slot routes answer 501.
+  std::filesystem::path prompt_cache_dir;
+  uint64_t prompt_cache_max_bytes = 0;       // --prompt-cache-max-gib: DIR/auto/'s bound; 0: none
+  std::function<ssize_t(int fd, const void* data, size_t n)> prompt_cache_write;  // tests: a full disk
   WebUiOptions webui;                 // the chat page at GET / (server/webui.h)
 };
 
@@ -100,6 +107,8 @@ class Server {
   // Every stored prompt-cache entry's checksums (tests; needs keep_prompt_cache_checksums).
   // Runs on the engine thread.
   std::vector<PromptCache::Checksum> prompt_cache_checksums();
+  // Waits until the prompt cache folder's writer has written what it was handed (tests).
+  void flush_prompt_cache_dir();
 
  private:
   struct Impl;

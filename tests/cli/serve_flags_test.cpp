@@ -91,6 +91,12 @@ TEST(CliServe, ApiKeyFileMustHoldKeys) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(CliServe, PromptCacheDirFlagsAreChecked) {
+  expect_usage_error("--prompt-cache-dir /tmp/x --prompt-cache-mib 0", "--prompt-cache-mib 0");
+  expect_usage_error("--prompt-cache-max-gib 2", "--prompt-cache-dir");
+  expect_usage_error("--prompt-cache-max-gib -1", "--prompt-cache-max-gib");
+}
+
 }  // namespace osprey
 
 namespace osprey {
@@ -377,6 +383,45 @@ TEST(CliServe, SigtermDrainsForTheShutdownTimeoutThenEndsTheRest) {
   EXPECT_GT(total_received(streams), at_signal) << "nothing was served during the drain";
   EXPECT_GE(ended, 1) << "no request outlived the shutdown timeout";
   std::filesystem::remove(p.log_path);
+}
+
+}  // namespace osprey
+
+namespace osprey {
+
+// `osprey serve --prompt-cache-dir`, stopped by SIGTERM and started again on the folder: the
+// first server's cached prompt is on disk when it exits, and the second one's first request
+// reuses it.
+TEST(CliServe, PromptCacheDirSurvivesARestart) {
+  testing::TempDir dir;
+  const std::string flags = "--device cpu --shutdown-timeout 0 --prompt-cache-dir " + dir.path().string();
+  const std::string body =
+      R"({"prompt": "It is a truth universally acknowledged, that a single man in possession of a good fortune", )"
+      R"("max_tokens": 4, "temperature": 0})";
+  for (int round = 0; round < 2; ++round) {
+    SCOPED_TRACE(round);
+    ServeProcess p = start_serve(flags, "OSPREY_THREADS=1");
+    ASSERT_GT(p.port, 0) << testing::read_file(p.log_path);
+    httplib::Client c("127.0.0.1", p.port);
+    c.set_read_timeout(30, 0);
+    auto r = c.Post("/v1/completions", body, "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    const int64_t cached = nlohmann::json::parse(r->body)["usage"]["prompt_tokens_details"]["cached_tokens"];
+    if (round == 0)
+      EXPECT_EQ(cached, 0);
+    else
+      EXPECT_GT(cached, 0) << testing::read_file(p.log_path);
+    ::kill(p.pid, SIGTERM);
+    const std::optional<int> exited = testing::wait_exit(p.pid, std::chrono::seconds(30));
+    ASSERT_TRUE(exited) << testing::read_file(p.log_path);
+    EXPECT_TRUE(WIFEXITED(*exited) && WEXITSTATUS(*exited) == 0) << testing::read_file(p.log_path);
+    bool any = false;
+    for (const auto& e : std::filesystem::directory_iterator(dir / "auto"))
+      any |= e.path().extension() == ".oskv";
+    EXPECT_TRUE(any);
+    std::filesystem::remove(p.log_path);
+  }
 }
 
 }  // namespace osprey

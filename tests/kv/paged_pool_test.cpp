@@ -380,6 +380,55 @@ TEST(PagedPoolPrefix, ExactReuse) {
   EXPECT_EQ(pool.block_table(sc), shared);
 }
 
+// cache_prefix says which blocks it added (a persistent cache writes those): the whole chain
+// first, then only the tail a longer sequence adds after a matched prefix.
+TEST(PagedPoolPrefix, CachePrefixReturnsTheRunItAdded) {
+  PagedPool pool(pool_params());
+  Tokens a;
+  const Tokens prompt = iota_tokens(13, 100);
+  const SeqId sa = pool.create();
+  ASSERT_TRUE(append(pool, sa, a, prompt));
+  PagedPool::CachedRun run = pool.cache_prefix(sa, a);
+  EXPECT_EQ(run.first, 0);
+  EXPECT_EQ(run.end, 3);
+  run = pool.cache_prefix(sa, a);  // again: nothing new
+  EXPECT_EQ(run.first, run.end);
+  const SeqId sb = pool.create();
+  Tokens b(prompt.begin(), prompt.begin() + pool.match_prefix(sb, prompt, 100));
+  ASSERT_TRUE(append(pool, sb, b, iota_tokens(9, 500)));  // 12 + 9 rows: blocks 3 and 4 are new and full
+  run = pool.cache_prefix(sb, b);
+  EXPECT_EQ(run.first, 3);
+  EXPECT_EQ(run.end, 5);
+}
+
+// forget_prefix takes a chain out from its tail while nothing else holds or continues a block.
+TEST(PagedPoolPrefix, ForgetPrefixTakesOutTheUnsharedTail) {
+  PagedPool pool(pool_params());
+  Tokens a;
+  const SeqId sa = pool.create();
+  ASSERT_TRUE(append(pool, sa, a, iota_tokens(16, 100)));
+  pool.cache_prefix(sa, a);
+  // c shares a's first two blocks and goes on differently.
+  const SeqId sc = pool.create();
+  Tokens c(a.begin(), a.begin() + pool.match_prefix(sc, a, 8));
+  ASSERT_TRUE(append(pool, sc, c, iota_tokens(8, 900)));
+  pool.cache_prefix(sc, c);
+  pool.free(sa);
+  pool.free(sc);
+  EXPECT_EQ(pool.stats().n_cached, 6);
+  // a's blocks 2 and 3 go; block 1 stays (c continues it), and so does block 0.
+  EXPECT_EQ(pool.forget_prefix(a), 8);
+  EXPECT_EQ(pool.stats().n_cached, 4);
+  const SeqId sd = pool.create();
+  EXPECT_EQ(pool.match_prefix(sd, a, 100), 8);
+  // sd holds blocks 0 and 1: only c's own tail goes, then the rest once sd lets go.
+  EXPECT_EQ(pool.forget_prefix(c), 8);
+  pool.free(sd);
+  EXPECT_EQ(pool.forget_prefix(c), 8);
+  EXPECT_EQ(pool.stats().n_cached, 0);
+  EXPECT_EQ(pool.forget_prefix(Tokens{1, 2, 3, 4}), 0);
+}
+
 TEST(PagedPoolPrefix, PartialReuseStopsAtTheFirstDifferentBlock) {
   PagedPool pool(pool_params());
   Tokens a;

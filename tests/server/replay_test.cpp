@@ -3,7 +3,8 @@
 // replayed over HTTP against three servers: prompt cache on with in-place KV writes, prompt
 // cache on with copying writes only, and prompt cache off. Every reply must be the same token
 // for token; the cache must have restored, branched and evicted; and no stored snapshot's rows
-// may change while later requests restore and extend it.
+// may change while later requests restore and extend it. The script is server/replay_script.h
+// (tests/server/prompt_cache_restart_test.cpp runs it across a restart).
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -12,96 +13,14 @@
 
 #include "kv/dense_cache.h"
 #include "server/harness.h"
+#include "server/replay_script.h"
 
 namespace osprey {
 namespace {
 
 using nlohmann::json;
 
-const char* kSystem =
-    "The following is a conversation at Hartfield between Miss Woodhouse and Mr. Knightley, "
-    "who speak plainly to each other.\n";
-
-struct Turn {
-  std::string conversation;  // the history it continues: a key of an earlier turn, or "" for a new one
-  std::string key;           // this turn's name
-  std::string user;
-};
-
-// Pairs with the same `conversation` and adjacent positions run at once (a branch).
-const std::vector<std::vector<Turn>> kScript = {
-    {{"", "a1", "What do you think of Harriet Smith?"}},
-    {{"a1", "a2", "And of Mr. Elton?"}},
-    {{"a2", "a3x", "Will you dine with us on Sunday?"}, {"a2", "a3y", "Is the weather fine at Donwell?"}},
-    {{"", "b1", "Have you seen Jane Fairfax?"}},
-    {{"", "c1", "My father fears the draught."}},
-    {{"b1", "b2", "She plays very well."}},
-    {{"", "d1", "Frank Churchill writes again."}},
-    {{"a3x", "a4", "Then we shall expect you."}},
-    {{"c1", "c2x", "Shall I close the window?"}, {"c1", "c2y", "Mr. Perry will call."}},
-    {{"a1", "a2z", "I am sure you are mistaken."}},
-};
-
-struct Reply {
-  std::string text;
-  std::vector<std::string> tokens;
-  int64_t cached = 0;
-};
-
-class Replayer {
- public:
-  explicit Replayer(testing::TestServer& s, bool check_snapshots) : s_(s), check_(check_snapshots) {}
-
-  std::map<std::string, Reply> run() {
-    for (const auto& group : kScript) {
-      std::vector<std::thread> threads;
-      std::vector<Reply> out(group.size());
-      for (size_t i = 0; i < group.size(); ++i)
-        threads.emplace_back([&, i] { out[i] = ask(prompt_of(group[i])); });
-      for (auto& t : threads) t.join();
-      for (size_t i = 0; i < group.size(); ++i) {
-        history_[group[i].key] = prompt_of(group[i]) + out[i].text;
-        replies_[group[i].key] = out[i];
-      }
-      if (check_) check_snapshots();
-    }
-    return replies_;
-  }
-
- private:
-  std::string prompt_of(const Turn& t) const {
-    const std::string before = t.conversation.empty() ? std::string(kSystem) : history_.at(t.conversation) + "\n";
-    return before + "Emma: " + t.user + "\nMr. Knightley:";
-  }
-
-  Reply ask(const std::string& prompt) {
-    auto [status, r] = s_.post_json(
-        "/v1/completions", {{"prompt", prompt}, {"max_tokens", 12}, {"temperature", 0}, {"logprobs", 0}, {"stop", "\n"}});
-    EXPECT_EQ(status, 200) << r.dump();
-    if (status != 200) return {};
-    Reply rep;
-    rep.text = r["choices"][0]["text"];
-    for (const json& t : r["choices"][0]["logprobs"]["tokens"]) rep.tokens.push_back(t);
-    rep.cached = r["usage"]["prompt_tokens_details"]["cached_tokens"];
-    return rep;
-  }
-
-  // Every stored snapshot's rows are as they were when stored.
-  void check_snapshots() {
-    for (const auto& c : s_.server().prompt_cache_checksums()) {
-      EXPECT_EQ(c.at_store, c.now) << "a snapshot of " << c.n_tokens << " tokens changed after it was stored";
-      ++n_checked_;
-    }
-  }
-
-  testing::TestServer& s_;
-  bool check_;
-  std::map<std::string, std::string> history_;
-  std::map<std::string, Reply> replies_;
-
- public:
-  size_t n_checked_ = 0;
-};
+using testing::Replayer;
 
 }  // namespace
 
