@@ -106,21 +106,8 @@ void add_sampler_options(CLI::App& app, SamplerParams& p, bool checkpoint_defaul
   const std::string from_checkpoint = " (default: the checkpoint's generation_config.json, else llama.cpp's)";
   for (const SamplerField& f : sampler_fields()) {
     const std::string help = std::string(f.help) + (checkpoint_defaults && f.from_config ? from_checkpoint : "");
-    CLI::Validator check(
-        [&f](std::string& s) -> std::string {
-          double v = 0;
-          try {
-            size_t used = 0;
-            v = std::stod(s, &used);
-            if (used != s.size()) return "\"" + s + "\" is not a number";
-          } catch (const std::exception&) {
-            return "\"" + s + "\" is not a number";
-          }
-          if (!f.accepts(v))
-            return s + " is not " + (f.integer ? "an integer" : "a number") + " in " + f.range_text();
-          return {};
-        },
-        f.range_text());
+    const CLI::Validator check =
+        f.integer ? int_range(int64_t(f.lo), int64_t(f.hi)) : real_range(f.lo, f.hi, f.lo_open, f.hi_open);
     CLI::Option* opt = f.real ? app.add_option(f.flag, p.*(f.real), help) : app.add_option(f.flag, p.*(f.whole), help);
     opt->check(check);
     if (!checkpoint_defaults || !f.from_config) opt->capture_default_str();

@@ -96,7 +96,6 @@ struct DenseSlotBackend::Slot {
   uint64_t n_enqueued = 0, n_read = 0;
   bool ahead = false;      // the step fed by `returned` is enqueued
   int32_t returned = -1;   // the token decode() or prefill_and_choose() returned last
-  uint64_t counter = 0;    // the draw of the token read back next
   Array last_logits;       // the logits the device sampler read last (an error's detail)
 };
 
@@ -216,14 +215,15 @@ void DenseSlotBackend::choose_on_device(Slot& s, const Array& logits, const Deco
 }
 
 int32_t DenseSlotBackend::finish_choice(Slot& s, const DecodeInput& in) {
-  const uint64_t counter = s.ahead ? s.counter : in.counter;
+  // The token read back now is draw in.counter (the step enqueued ahead drew it with the
+  // counter the scheduler now gives); the step ahead draws the next one.
+  const uint64_t counter = in.counter;
   s.ahead = false;
   if (options_.pipelined && in.more) {
     // The next step's input is the token just chosen, still on the device.
     check_room(s, 1);
     choose_on_device(s, s.decoder->step(), in, counter + 1);
     s.ahead = true;
-    s.counter = counter + 1;
     ++counters_.n_ahead;
   }
   const int32_t token = s.readback->wait(int(s.n_read++ % 2));
