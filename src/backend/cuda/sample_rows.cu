@@ -2,7 +2,7 @@
 // whole chain for every row, each with its own parameters, so that a batch of sampled
 // sequences costs a few launches and only token ids cross to the host.
 //
-// Every pass is one launch over a grid of (chunks of a row, rows): each block takes kChunk
+// Every pass is one launch over a grid of (chunks of a row, rows): each block takes kRowChunk
 // logits of one row. Passes that need a row-wide result use the last-block pattern per row:
 // each block publishes its part, fences, and takes a ticket of its row; the block that takes
 // the row's last ticket combines the parts and writes the outcome to the row's RowState for
@@ -32,6 +32,14 @@ namespace {
 using namespace sampling;  // backend/cuda/sample_common.cuh
 
 enum Cut : int { kTopK = 0, kTopP = 1, kTypical = 2 };
+
+// Logits per thread and per block. A block's fixed work (clearing and flushing a pass's
+// histogram of up to 2,048 bins, the last-block handshake) is paid once per chunk, so chunks
+// are large: 16 logits a thread keeps a 128k-token row at 16 blocks, and 64 rows at 1,024
+// blocks, still a few waves over the SMs. Fixed for every batch size, so that a row draws
+// the same token alone and in a batch (the typical-p sums are added chunk by chunk).
+constexpr int kRowPer = 16;
+constexpr int kRowChunk = kDrawThreads * kRowPer;
 
 // One row's state between launches, in scratch(); zeroed by the row's first block of prep.
 struct RowState {
@@ -69,7 +77,7 @@ struct RowsScratch {
 };
 
 constexpr size_t rows_align(size_t n) { return (n + 255) / 256 * 256; }
-int rows_chunks(int64_t n) { return int((n + kChunk - 1) / kChunk); }
+int rows_chunks(int64_t n) { return int((n + kRowChunk - 1) / kRowChunk); }
 
 size_t rows_scratch_bytes(int64_t rows, int64_t vocab) {
   const size_t per = size_t(rows) * size_t(rows_chunks(vocab));
@@ -106,10 +114,10 @@ __device__ __forceinline__ float rows_max(const unsigned int* __restrict__ part_
 // The chunk's logits of this block's row, NaN for an id that is not a candidate (outside the
 // row, masked out, or -inf). `fresh`: the row was written in this launch (no read-only path).
 __device__ __forceinline__ void rows_load(const float* __restrict__ x, int n, const uint32_t* __restrict__ mask,
-                                          int64_t mask_ids, float (&v)[kPerThread], bool fresh = false) {
-  const int base = blockIdx.x * kChunk + threadIdx.x;
+                                          int64_t mask_ids, float (&v)[kRowPer], bool fresh = false) {
+  const int base = blockIdx.x * kRowChunk + threadIdx.x;
 #pragma unroll
-  for (int j = 0; j < kPerThread; ++j) {
+  for (int j = 0; j < kRowPer; ++j) {
     const int i = base + j * kDrawThreads;
     float f = __int_as_float(0x7fffffff);
     if (i < n) {
@@ -175,11 +183,11 @@ __global__ void __launch_bounds__(kDrawThreads)
     unsigned int* w = reinterpret_cast<unsigned int*>(sc.state + row);
     for (int i = threadIdx.x; i < int(sizeof(RowState) / 4); i += kDrawThreads) w[i] = 0;
   }
-  const int lo = blockIdx.x * kChunk, hi = min(n, lo + kChunk);
+  const int lo = blockIdx.x * kRowChunk, hi = min(n, lo + kRowChunk);
   // The model's logits are checked before the adjustments (a ban writes -inf).
   int bad = 0;
 #pragma unroll
-  for (int j = 0; j < kPerThread; ++j) {
+  for (int j = 0; j < kRowPer; ++j) {
     const int i = lo + threadIdx.x + j * kDrawThreads;
     if (i < n) bad |= !isfinite(x[i]);
   }
@@ -199,11 +207,11 @@ __global__ void __launch_bounds__(kDrawThreads)
     x[e.id] = l;
   }
   __syncthreads();
-  float v[kPerThread];
+  float v[kRowPer];
   rows_load(x, n, allowed ? allowed + int64_t(row) * mask_words : nullptr, mask_words * 32, v, true);
   unsigned int k = 0;
 #pragma unroll
-  for (int j = 0; j < kPerThread; ++j)
+  for (int j = 0; j < kRowPer; ++j)
     if (v[j] == v[j]) k = max(k, order_key(v[j]));
   k = warp_max_u32(k);
   if ((threadIdx.x & 31) == 0) s_red[threadIdx.x >> 5] = k;
@@ -235,7 +243,7 @@ __global__ void __launch_bounds__(kDrawThreads)
   const SampleRowArgs a = args[row];
   RowState* st = sc.state + row;
   if (!rows_cut_on(a, kCut) || st->done[kCut]) return;
-  float v[kPerThread];
+  float v[kRowPer];
   rows_load(logits + int64_t(row) * n, n, allowed ? allowed + int64_t(row) * mask_words : nullptr, mask_words * 32, v);
   const unsigned int* part_key = sc.part_key + int64_t(row) * sc.nb;
   const RowView r = rows_view(a, st, part_key, sc.nb);
@@ -246,7 +254,7 @@ __global__ void __launch_bounds__(kDrawThreads)
   }
   __syncthreads();
 #pragma unroll
-  for (int j = 0; j < kPerThread; ++j) {
+  for (int j = 0; j < kRowPer; ++j) {
     if (v[j] != v[j]) continue;
     unsigned int key;
     if constexpr (kCut == kTopK) {
@@ -350,12 +358,12 @@ __global__ void __launch_bounds__(kDrawThreads)
   const SampleRowArgs a = args[row];
   RowState* st = sc.state + row;
   if (!rows_cut_on(a, kTypical)) return;
-  float v[kPerThread];
+  float v[kRowPer];
   rows_load(logits + int64_t(row) * n, n, allowed ? allowed + int64_t(row) * mask_words : nullptr, mask_words * 32, v);
   const RowView r = rows_view(a, st, sc.part_key + int64_t(row) * sc.nb, sc.nb);
   double w = 0, wx = 0;
 #pragma unroll
-  for (int j = 0; j < kPerThread; ++j) {
+  for (int j = 0; j < kRowPer; ++j) {
     if (v[j] != v[j] || !rows_kept_kpm(r, v[j])) continue;
     const float xi = (v[j] - r.m) / r.t;
     const double wi = double(expf(xi));
@@ -397,14 +405,14 @@ __global__ void __launch_bounds__(kDrawThreads)
   const int row = blockIdx.y;
   const SampleRowArgs a = args[row];
   RowState* st = sc.state + row;
-  float v[kPerThread];
+  float v[kRowPer];
   rows_load(logits + int64_t(row) * n, n, allowed ? allowed + int64_t(row) * mask_words : nullptr, mask_words * 32, v);
   const bool greedy = !(a.temperature > 0.0f);
   const RowView r = rows_view(a, st, sc.part_key + int64_t(row) * sc.nb, sc.nb);
-  bool kept[kPerThread];
+  bool kept[kRowPer];
   float best = kNegInf;
 #pragma unroll
-  for (int j = 0; j < kPerThread; ++j) {
+  for (int j = 0; j < kRowPer; ++j) {
     kept[j] = v[j] == v[j];
     if (kept[j] && !greedy) {
       kept[j] = rows_kept_kpm(r, v[j]) && (!r.typical_on || rows_typical_key(r, v[j]) >= r.t_y);
@@ -421,10 +429,10 @@ __global__ void __launch_bounds__(kDrawThreads)
 
   double bs = -__builtin_huge_val();
   int bi = INT_MAX;
-  const int base = blockIdx.x * kChunk + threadIdx.x;
+  const int base = blockIdx.x * kRowChunk + threadIdx.x;
   const float prune = kPruneSpan * a.temperature;
 #pragma unroll
-  for (int j = 0; j < kPerThread; ++j) {
+  for (int j = 0; j < kRowPer; ++j) {
     if (!kept[j]) continue;
     const int i = base + j * kDrawThreads;
     double s;
