@@ -63,6 +63,87 @@ json spm_merges(const std::vector<std::string_view>& tokens, const std::vector<i
   return out;
 }
 
+// The vocabulary (id by text) and the added tokens of the file's tokens and their types.
+struct Vocabulary {
+  json vocab = json::object();
+  json added = json::array();
+  std::optional<std::string> unk;
+};
+
+Vocabulary read_vocabulary(const std::string& where, const std::vector<std::string_view>& tokens,
+                           const std::vector<int64_t>& types, bool spm) {
+  Vocabulary v;
+  auto put = [&](const std::string& text, size_t i) {
+    if (v.vocab.contains(text))
+      throw InvalidInput(where + ": tokenizer.ggml.tokens holds " + json(text).dump() + " twice (ids " +
+                         std::to_string(v.vocab[text].get<int64_t>()) + " and " + std::to_string(i) + ")");
+    v.vocab[text] = i;
+  };
+  // SentencePiece: control and user-defined pieces are in the vocabulary too (the merges
+  // reach user-defined ones, as in Hugging Face's tokenizer.json of such a model).
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const std::string text(tokens[i]);
+    if (types[i] == kUnknown && !v.unk) v.unk = text;
+    if (spm && (types[i] == kControl || types[i] == kUserDefined)) put(text, i);
+    switch (types[i]) {
+      case kNormal: case kUnknown: case kByte:
+        put(text, i);
+        break;
+      case kControl: case kUserDefined:
+        v.added.push_back({{"id", i}, {"content", text}, {"special", types[i] == kControl}, {"normalized", false},
+                           {"lstrip", false}, {"rstrip", false}, {"single_word", false}});
+        break;
+      case kUnused:
+        break;  // no token (padding ids)
+      default:
+        throw InvalidInput(where + ": tokenizer.ggml.token_type[" + std::to_string(i) + "] is " +
+                           std::to_string(types[i]) + " (1 to 6 are token types)");
+    }
+  }
+  return v;
+}
+
+// The normalizer, pre-tokenizer and decoder: SentencePiece's U+2581 space, pieces over the
+// whole text and <0xXX> byte pieces; or byte-level BPE after the named pre-tokenizer.
+void set_pipeline(json& t, bool spm, bool space_prefix, const GgufPreTokenizer* pre) {
+  if (spm) {
+    const json space = {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\xE2\x96\x81"}};
+    t["normalizer"] = space_prefix ? json{{"type", "Sequence"},
+                                          {"normalizers", {{{"type", "Prepend"}, {"prepend", "\xE2\x96\x81"}}, space}}}
+                                   : space;
+    t["pre_tokenizer"] = json();
+    json decoders = {{{"type", "Replace"}, {"pattern", {{"String", "\xE2\x96\x81"}}}, {"content", " "}},
+                     {{"type", "ByteFallback"}},
+                     {{"type", "Fuse"}}};
+    if (space_prefix) decoders.push_back({{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}});
+    t["decoder"] = {{"type", "Sequence"}, {"decoders", decoders}};
+  } else {
+    t["normalizer"] = pre->nfc ? json{{"type", "NFC"}} : json();
+    t["pre_tokenizer"] = pre_tokenizer_of(*pre);
+    t["decoder"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}};
+  }
+}
+
+// The post-processor adding the special tokens the file says to add around a text (null when
+// it adds none).
+json post_processor(const std::string& where, const std::vector<std::string_view>& tokens, bool add_bos,
+                    const std::optional<int64_t>& bos, bool add_eos, const std::optional<int64_t>& eos) {
+  json single = json::array(), special = json::object();
+  auto add_special = [&](const std::optional<int64_t>& id, const char* key) {
+    if (!id) throw InvalidInput(where + ": the file adds " + key + ", but tokenizer.ggml." + key + "_token_id is missing");
+    const std::string text(tokens[size_t(*id)]);
+    single.push_back({{"SpecialToken", {{"id", text}, {"type_id", 0}}}});
+    special[text] = {{"id", text}, {"ids", {*id}}, {"tokens", {text}}};
+  };
+  if (add_bos) add_special(bos, "bos");
+  single.push_back({{"Sequence", {{"id", "A"}, {"type_id", 0}}}});
+  if (add_eos) add_special(eos, "eos");
+  if (!add_bos && !add_eos) return json();
+  json pair = single;
+  pair.push_back({{"Sequence", {{"id", "B"}, {"type_id", 1}}}});
+  return {{"type", "TemplateProcessing"}, {"single", single}, {"pair", pair}, {"special_tokens", special}};
+}
+
 }  // namespace
 
 GgufTokenizerJson gguf_tokenizer_json(const GgufFile& g) {
@@ -86,38 +167,7 @@ GgufTokenizerJson gguf_tokenizer_json(const GgufFile& g) {
       throw InvalidInput(where + ": tokenizer.ggml.token_type has " + std::to_string(types.size()) +
                          " entries for " + std::to_string(tokens.size()) + " tokens");
   }
-  // SentencePiece: control and user-defined pieces are in the vocabulary too (the merges
-  // reach user-defined ones, as in Hugging Face's tokenizer.json of such a model).
-  json vocab = json::object();
-  json added = json::array();
-  std::optional<std::string> unk;
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    const std::string text(tokens[i]);
-    if (types[i] == kUnknown && !unk) unk = text;
-    if (spm && (types[i] == kControl || types[i] == kUserDefined)) {
-      if (vocab.contains(text))
-        throw InvalidInput(where + ": tokenizer.ggml.tokens holds " + json(text).dump() + " twice (ids " +
-                           std::to_string(vocab[text].get<int64_t>()) + " and " + std::to_string(i) + ")");
-      vocab[text] = i;
-    }
-    switch (types[i]) {
-      case kNormal: case kUnknown: case kByte:
-        if (vocab.contains(text))
-          throw InvalidInput(where + ": tokenizer.ggml.tokens holds " + json(text).dump() + " twice (ids " +
-                             std::to_string(vocab[text].get<int64_t>()) + " and " + std::to_string(i) + ")");
-        vocab[text] = i;
-        break;
-      case kControl: case kUserDefined:
-        added.push_back({{"id", i}, {"content", text}, {"special", types[i] == kControl}, {"normalized", false},
-                         {"lstrip", false}, {"rstrip", false}, {"single_word", false}});
-        break;
-      case kUnused:
-        break;  // no token (padding ids)
-      default:
-        throw InvalidInput(where + ": tokenizer.ggml.token_type[" + std::to_string(i) + "] is " +
-                           std::to_string(types[i]) + " (1 to 6 are token types)");
-    }
-  }
+  const Vocabulary v = read_vocabulary(where, tokens, types, spm);
   json merges = json::array();
   if (spm) {
     const std::vector<float> scores = g.get_float_array("tokenizer.ggml.scores");
@@ -148,42 +198,13 @@ GgufTokenizerJson gguf_tokenizer_json(const GgufFile& g) {
 
   json t = json::object();
   t["version"] = "1.0";
-  t["model"] = {{"type", "BPE"},   {"vocab", vocab},  {"merges", merges}, {"byte_fallback", spm},
+  t["model"] = {{"type", "BPE"},   {"vocab", v.vocab},  {"merges", merges}, {"byte_fallback", spm},
                 {"ignore_merges", pre && pre->ignore_merges}, {"fuse_unk", spm}};
-  if (spm && unk) t["model"]["unk_token"] = *unk;
-  t["added_tokens"] = added;
-  if (spm) {
-    // The U+2581 space of SentencePiece, pieces over the whole text, <0xXX> byte pieces.
-    const json space = {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\xE2\x96\x81"}};
-    t["normalizer"] = space_prefix ? json{{"type", "Sequence"},
-                                          {"normalizers", {{{"type", "Prepend"}, {"prepend", "\xE2\x96\x81"}}, space}}}
-                                   : space;
-    t["pre_tokenizer"] = json();
-    json decoders = {{{"type", "Replace"}, {"pattern", {{"String", "\xE2\x96\x81"}}}, {"content", " "}},
-                     {{"type", "ByteFallback"}},
-                     {{"type", "Fuse"}}};
-    if (space_prefix) decoders.push_back({{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}});
-    t["decoder"] = {{"type", "Sequence"}, {"decoders", decoders}};
-  } else {
-    t["normalizer"] = pre->nfc ? json{{"type", "NFC"}} : json();
-    t["pre_tokenizer"] = pre_tokenizer_of(*pre);
-    t["decoder"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}};
-  }
-  // The special tokens the file says to add around a text.
-  json single = json::array(), special = json::object();
-  auto add_special = [&](const std::optional<int64_t>& id, const char* key) {
-    if (!id) throw InvalidInput(where + ": the file adds " + key + ", but tokenizer.ggml." + key + "_token_id is missing");
-    const std::string text(tokens[size_t(*id)]);
-    single.push_back({{"SpecialToken", {{"id", text}, {"type_id", 0}}}});
-    special[text] = {{"id", text}, {"ids", {*id}}, {"tokens", {text}}};
-  };
-  if (add_bos) add_special(bos, "bos");
-  single.push_back({{"Sequence", {{"id", "A"}, {"type_id", 0}}}});
-  if (add_eos) add_special(eos, "eos");
-  json pair = single;
-  pair.push_back({{"Sequence", {{"id", "B"}, {"type_id", 1}}}});
-  if (add_bos || add_eos)
-    t["post_processor"] = {{"type", "TemplateProcessing"}, {"single", single}, {"pair", pair}, {"special_tokens", special}};
+  if (spm && v.unk) t["model"]["unk_token"] = *v.unk;
+  t["added_tokens"] = v.added;
+  set_pipeline(t, spm, space_prefix, pre);
+  json post = post_processor(where, tokens, add_bos, bos, add_eos, eos);
+  if (!post.is_null()) t["post_processor"] = std::move(post);
 
   json c = json::object();
   if (bos) c["bos_token"] = std::string(tokens[size_t(*bos)]);

@@ -55,6 +55,116 @@ std::span<const uint64_t> device_mask(grammar::Matcher& m, const std::shared_ptr
   throw InvalidInput("batched bench: the grammar allows no token of the vocabulary at its start");
 }
 
+// The sequences of one run and how each chooses its tokens: greedy, sampled (each its own
+// seed and history, for the penalties) or constrained by the grammar, as the server does.
+class BenchBatch {
+ public:
+  BenchBatch(const BatchedBenchParams& p, const ModelInfo& info, size_t nb)
+      : p_(p), nb_(nb), inputs_(nb), seq_params_(nb, p.sampler) {
+    if (p.grammar) {
+      if (!p.trie || p.trie->vocab_size() > info.vocab_size)
+        throw InvalidInput("batched bench: the grammar's vocabulary is missing or larger than the model's");
+      automaton_ = std::make_shared<grammar::Automaton>(*p.grammar, p.trie, p.end_ids);
+      matchers_.assign(nb, grammar::Matcher(automaton_));
+      for (grammar::Matcher& m : matchers_) batch_matchers_.push_back(&m);
+      mask_bufs_.resize(nb);
+    }
+    sampled_ = !constrained() && p.sampler.temperature > 0.0f;
+    for (size_t i = 0; i < nb; ++i) seq_params_[i].seed = p.sampler.seed + i;
+    if (sampled_) {
+      history_.resize(nb);
+      for (size_t i = 0; i < nb; ++i) samplers_.emplace_back(seq_params_[i]);
+    }
+  }
+
+  // Admits and prefills every sequence, choosing its first token.
+  void start(PagedBackend& backend, const std::vector<std::vector<int32_t>>& prompts) {
+    std::vector<float> logits;
+    for (size_t k = 0; k < nb_; ++k) {
+      auto begun = backend.begin(prompts[k], "");
+      if (!begun) throw InvalidInput("batched bench: the KV pool cannot hold " + std::to_string(nb_) + " sequences");
+      SequenceBackend::DecodeInput& in = inputs_[k];
+      in.handle = begun->handle;
+      if (constrained()) {
+        backend.prefill(begun->handle, prompts[k], true, logits);
+        logits.resize(size_t(p_.trie->vocab_size()));  // tokens past the tokenizer's vocabulary are never chosen
+        in.token = choose_constrained(logits, matchers_[k], automaton_);
+        in.greedy = in.masked = true;
+      } else if (sampled_) {
+        history_[k] = prompts[k];
+        in.sampling = &seq_params_[k];
+        in.history = history_[k];
+        // The first token as the server chooses it: on the device where the backend draws.
+        const int32_t chosen = backend.prefill_and_choose(begun->handle, prompts[k], in, logits);
+        in.token = chosen >= 0 ? chosen : samplers_[k].sample_at(logits, history_[k], {}, 0);
+        history_[k].push_back(in.token);
+      } else {
+        in.greedy = true;
+        const int32_t chosen = backend.prefill_and_choose(begun->handle, prompts[k], in, logits);
+        in.token = chosen >= 0 ? chosen : argmax(logits);
+      }
+    }
+  }
+
+  // One decode step of every sequence, and each one's next token.
+  void step(PagedBackend& backend, int64_t step) {
+    if (sampled_)
+      for (size_t i = 0; i < nb_; ++i) {
+        inputs_[i].counter = uint64_t(step) + 1;
+        inputs_[i].history = history_[i];
+      }
+    // A backend that chooses the tokens asks for the masks while the step runs (as the
+    // server's scheduler does); one that returns logits leaves them to choose_constrained.
+    auto masks = [&](std::vector<std::span<const uint64_t>>& out) {
+      worker_.wait();
+      for (size_t i = 0; i < nb_; ++i) out[i] = device_mask(matchers_[i], automaton_, p_.end_ids, mask_bufs_[i]);
+    };
+    if (constrained()) worker_.start(batch_matchers_);
+    try {
+      backend.decode(inputs_, outputs_, constrained() ? SequenceBackend::MaskFn(masks) : SequenceBackend::MaskFn());
+    } catch (...) {
+      if (constrained()) worker_.wait();
+      throw;
+    }
+    if (constrained()) worker_.wait();
+    for (size_t i = 0; i < nb_; ++i) inputs_[i].token = next_token(i, outputs_[i], step);
+  }
+
+ private:
+  bool constrained() const { return automaton_ != nullptr; }
+
+  int32_t next_token(size_t i, const SequenceBackend::DecodeOutput& out, int64_t step) {
+    if (!out.error.empty()) throw InvalidInput("batched bench: " + out.error);
+    if (constrained() && out.token >= 0) {  // chosen by the backend from the mask
+      if (!matchers_[i].accept(out.token))
+        throw Error("batched bench: the backend chose token " + std::to_string(out.token) +
+                    ", which the grammar's mask does not allow");
+      return out.token;
+    }
+    if (constrained())
+      return choose_constrained(std::span<const float>(out.logits).first(size_t(p_.trie->vocab_size())), matchers_[i],
+                                automaton_);
+    if (!sampled_) return out.token >= 0 ? out.token : argmax(out.logits);
+    const int32_t t = out.token >= 0 ? out.token : samplers_[i].sample_at(out.logits, history_[i], {}, uint64_t(step) + 1);
+    history_[i].push_back(t);
+    return t;
+  }
+
+  const BatchedBenchParams& p_;
+  size_t nb_;
+  std::vector<SequenceBackend::DecodeInput> inputs_;
+  std::vector<SequenceBackend::DecodeOutput> outputs_;
+  std::vector<SamplerParams> seq_params_;
+  bool sampled_ = false;
+  std::vector<Sampler> samplers_;
+  std::vector<std::vector<int32_t>> history_;
+  std::shared_ptr<grammar::Automaton> automaton_;
+  std::vector<grammar::Matcher> matchers_;
+  std::vector<grammar::Matcher*> batch_matchers_;
+  std::vector<std::vector<uint64_t>> mask_bufs_;
+  MaskWorker worker_;
+};
+
 BatchedBenchResult run_one(Model& model, const BatchedBenchParams& p, int batch, std::mt19937_64& rng) {
   const ModelInfo& info = model.info();
   PagedBackendOptions o;
@@ -83,98 +193,12 @@ BatchedBenchResult run_one(Model& model, const BatchedBenchParams& p, int batch,
     for (auto& t : pr) t = token(rng);
   }
 
-  const bool constrained = p.grammar != nullptr;
-  std::shared_ptr<grammar::Automaton> automaton;
-  std::vector<grammar::Matcher> matchers;
-  if (constrained) {
-    if (!p.trie || p.trie->vocab_size() > info.vocab_size)
-      throw InvalidInput("batched bench: the grammar's vocabulary is missing or larger than the model's");
-    automaton = std::make_shared<grammar::Automaton>(*p.grammar, p.trie, p.end_ids);
-    matchers.assign(nb, grammar::Matcher(automaton));
-  }
-  MaskWorker worker;
-  std::vector<SequenceBackend::DecodeInput> inputs(nb);
-  std::vector<float> logits;
-  // Sampled: each sequence its own seed, its history (prompt and output) for the penalties.
-  const bool sampled = !constrained && p.sampler.temperature > 0.0f;
-  std::vector<SamplerParams> seq_params(nb, p.sampler);
-  std::vector<Sampler> samplers;
-  std::vector<std::vector<int32_t>> history(sampled ? nb : 0);
-  for (size_t i = 0; i < nb; ++i) seq_params[i].seed = p.sampler.seed + i;
-  if (sampled)
-    for (size_t i = 0; i < nb; ++i) samplers.emplace_back(seq_params[i]);
+  BenchBatch seqs(p, info, nb);
   const auto t0 = Clock::now();
-  for (int i = 0; i < batch; ++i) {
-    auto begun = backend.begin(prompts[size_t(i)], "");
-    if (!begun) throw InvalidInput("batched bench: the KV pool cannot hold " + std::to_string(batch) + " sequences");
-    if (constrained) {
-      backend.prefill(begun->handle, prompts[size_t(i)], true, logits);
-      logits.resize(size_t(p.trie->vocab_size()));  // tokens past the tokenizer's vocabulary are never chosen
-      inputs[size_t(i)].handle = begun->handle;
-      inputs[size_t(i)].token = choose_constrained(logits, matchers[size_t(i)], automaton);
-      inputs[size_t(i)].greedy = inputs[size_t(i)].masked = true;
-    } else if (sampled) {
-      const size_t k = size_t(i);
-      history[k] = prompts[k];
-      inputs[k].handle = begun->handle;
-      inputs[k].sampling = &seq_params[k];
-      inputs[k].history = history[k];
-      // The first token as the server chooses it: on the device where the backend draws.
-      const int32_t chosen = backend.prefill_and_choose(begun->handle, prompts[k], inputs[k], logits);
-      inputs[k].token = chosen >= 0 ? chosen : samplers[k].sample_at(logits, history[k], {}, 0);
-      history[k].push_back(inputs[k].token);
-    } else {
-      inputs[size_t(i)].handle = begun->handle;
-      inputs[size_t(i)].greedy = true;
-      const int32_t chosen = backend.prefill_and_choose(begun->handle, prompts[size_t(i)], inputs[size_t(i)], logits);
-      inputs[size_t(i)].token = chosen >= 0 ? chosen : argmax(logits);
-    }
-  }
+  seqs.start(backend, prompts);
   ops::synchronize(info.device);
   const auto t1 = Clock::now();
-  std::vector<SequenceBackend::DecodeOutput> outputs;
-  std::vector<grammar::Matcher*> batch_matchers;
-  for (grammar::Matcher& m : matchers) batch_matchers.push_back(&m);
-  // A backend that chooses the tokens asks for the masks while the step runs (as the server's
-  // scheduler does); one that returns logits leaves them to choose_constrained below.
-  std::vector<std::vector<uint64_t>> mask_bufs(nb);
-  auto masks = [&](std::vector<std::span<const uint64_t>>& out) {
-    worker.wait();
-    for (size_t i = 0; i < nb; ++i) out[i] = device_mask(matchers[i], automaton, p.end_ids, mask_bufs[i]);
-  };
-  for (int64_t step = 0; step < p.n_gen; ++step) {
-    if (sampled)
-      for (size_t i = 0; i < nb; ++i) {
-        inputs[i].counter = uint64_t(step) + 1;
-        inputs[i].history = history[i];
-      }
-    if (constrained) worker.start(batch_matchers);
-    try {
-      backend.decode(inputs, outputs, constrained ? SequenceBackend::MaskFn(masks) : SequenceBackend::MaskFn());
-    } catch (...) {
-      if (constrained) worker.wait();
-      throw;
-    }
-    if (constrained) worker.wait();
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      const auto& out = outputs[i];
-      if (!out.error.empty()) throw InvalidInput("batched bench: " + out.error);
-      if (constrained && out.token >= 0) {  // chosen by the backend from the mask
-        if (!matchers[i].accept(out.token))
-          throw Error("batched bench: the backend chose token " + std::to_string(out.token) +
-                      ", which the grammar's mask does not allow");
-        inputs[i].token = out.token;
-      } else if (constrained)
-        inputs[i].token = choose_constrained(std::span<const float>(out.logits).first(size_t(p.trie->vocab_size())),
-                                             matchers[i], automaton);
-      else if (sampled)
-        inputs[i].token = out.token >= 0 ? out.token
-                                         : samplers[i].sample_at(out.logits, history[i], {}, uint64_t(step) + 1);
-      else
-        inputs[i].token = out.token >= 0 ? out.token : argmax(out.logits);
-      if (sampled) history[i].push_back(inputs[i].token);
-    }
-  }
+  for (int64_t step = 0; step < p.n_gen; ++step) seqs.step(backend, step);
   ops::synchronize(info.device);
   const auto t2 = Clock::now();
   r.t_prompt = std::chrono::duration<double>(t1 - t0).count();
