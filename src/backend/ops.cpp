@@ -129,7 +129,10 @@ Array paged_attention(const Array& q, const Array& k, const Array& v, const Atte
             "seq_lens[" + std::to_string(i) + "] = " + std::to_string(len) + " is outside [0, " +
                 std::to_string(max_blocks * bs) + "] (max_blocks " + std::to_string(max_blocks) + " x block_size " +
                 std::to_string(bs) + ")");
-    for (int64_t b = 0; b * bs < len; ++b) checked_block(op, "block_tables", a.block_tables, i * max_blocks + b, n_blocks);
+    // A sliding window reads no block before the one holding its first visible key (a windowed
+    // pool has given those back: -1).
+    const int64_t lo = ap.window > 0 ? std::max<int64_t>(0, len - ap.window) : 0;
+    for (int64_t b = lo / bs; b * bs < len; ++b) checked_block(op, "block_tables", a.block_tables, i * max_blocks + b, n_blocks);
   }
   cpu::kernels().paged_attention(a, cpu_pool());
   return out;

@@ -7,30 +7,33 @@ namespace {
 
 class PagedLayerView final : public KVCache {
  public:
-  PagedLayerView(PagedPool& pool, size_t layer, const PagedStep& step) : pool_(pool), layer_(layer), step_(step) {}
+  PagedLayerView(PagedPools& pools, size_t layer, const PagedStep& step)
+      : pools_(pools), layer_(layer), group_(pools.group_of(layer)), step_(step) {}
 
   KVView update_and_fetch(const Array& k, const Array& v, const Array& positions) override {
-    const Array& keys = pool_.keys(layer_);
-    const Array& values = pool_.values(layer_);
-    ops::write_kv_paged(keys, values, k, v, step_.slots);
+    const Array& keys = pools_.keys(layer_);
+    const Array& values = pools_.values(layer_);
+    const PagedGroupStep& g = step_.groups.at(group_);
+    ops::write_kv_paged(keys, values, k, v, g.slots);
     KVView view;
     view.positions = positions;
     if (step_.decode) {
       view.keys = keys;
       view.values = values;
-      view.layout = ops::PagedKeys{step_.block_tables, step_.seq_lens, step_.split_keys};
-      view.max_keys = step_.block_tables.dim(1) * pool_.block_size();
+      view.layout = ops::PagedKeys{g.block_tables, step_.seq_lens, step_.split_keys};
+      view.max_keys = g.block_tables.dim(1) * pools_.block_size();
       return view;
     }
-    view.keys = ops::gather_kv_blocks(keys, step_.block_ids, step_.n_rows);
-    view.values = ops::gather_kv_blocks(values, step_.block_ids, step_.n_rows);
+    view.keys = ops::gather_kv_blocks(keys, g.block_ids, step_.n_rows - g.key_pos0);
+    view.values = ops::gather_kv_blocks(values, g.block_ids, step_.n_rows - g.key_pos0);
     view.pos0 = step_.pos0;
-    view.max_keys = step_.n_rows;
+    view.layout = ops::LinearKeys{g.key_pos0};
+    view.max_keys = step_.n_rows - g.key_pos0;
     return view;
   }
 
   int64_t offset() const override { return step_.decode ? 0 : step_.pos0; }
-  int64_t capacity() const override { return pool_.n_blocks() * pool_.block_size(); }
+  int64_t capacity() const override { return pools_.group(group_).n_blocks() * pools_.block_size(); }
   void trim(int64_t) override { unsupported("trim"); }
   KVState snapshot() const override { unsupported("snapshot"); }
   void restore(const KVState&) override { unsupported("restore"); }
@@ -39,19 +42,20 @@ class PagedLayerView final : public KVCache {
 
  private:
   [[noreturn]] static void unsupported(const char* what) {
-    throw Unsupported(std::string("paged step cache: ") + what + " belongs to the pool (kv/paged_pool.h)");
+    throw Unsupported(std::string("paged step cache: ") + what + " belongs to the pools (kv/paged_pools.h)");
   }
 
-  PagedPool& pool_;
+  PagedPools& pools_;
   size_t layer_;
+  size_t group_;
   const PagedStep& step_;
 };
 
 }  // namespace
 
-SequenceCache make_paged_step_cache(PagedPool& pool, const PagedStep& step) {
+SequenceCache make_paged_step_cache(PagedPools& pools, const PagedStep& step) {
   std::vector<std::unique_ptr<KVCache>> layers;
-  for (size_t l = 0; l < pool.n_layers(); ++l) layers.push_back(std::make_unique<PagedLayerView>(pool, l, step));
+  for (size_t l = 0; l < pools.n_layers(); ++l) layers.push_back(std::make_unique<PagedLayerView>(pools, l, step));
   return SequenceCache(std::move(layers));
 }
 

@@ -31,6 +31,7 @@ void validate(const PagedPoolParams& params) {
     throw InvalidInput("paged pool: n_blocks " + std::to_string(params.n_blocks) + " * block_size " +
                        std::to_string(params.block_size) + " slots do not fit int32 slot ids");
   if (params.layers.empty()) throw InvalidInput("paged pool: no layers");
+  if (params.window < 0) throw InvalidInput("paged pool: window " + std::to_string(params.window) + " must be >= 0");
   for (size_t i = 0; i < params.layers.size(); ++i) {
     const KVCacheParams& l = params.layers[i];
     if (l.n_kv_heads <= 0 || l.head_dim <= 0)
@@ -64,9 +65,17 @@ struct PagedPool::Impl {
     std::string salt;               // a chain's first block: the salt it was cached under
   };
   struct Seq {
-    std::vector<int32_t> table;
+    std::vector<int32_t> table;  // -1: a block release_behind() gave back
     int64_t length = 0;
     int64_t reserved = 0;  // rows [length, reserved) are reserved for writing
+    int64_t released = 0;  // rows [0, released) were given back (whole blocks)
+    // The chain release_behind() has put in the prefix cache so far: its first chain_blocks
+    // blocks, the last one's key and cached block (-1: none yet); `broken` once it cannot go on.
+    bool chain_started = false;
+    bool chain_broken = false;
+    int64_t chain_blocks = 0;
+    uint64_t chain_key = 0;
+    int32_t chain_parent = -1;
   };
 
   PagedPoolParams params;
@@ -94,6 +103,15 @@ struct PagedPool::Impl {
   Seq& seq(SeqId id, const char* what) { return const_cast<Seq&>(std::as_const(*this).seq(id, what)); }
 
   int64_t blocks_for(int64_t rows) const { return (rows + params.block_size - 1) / params.block_size; }
+
+  // Whether reserving past the sequence's length copies its partial last block first: the
+  // block holding row `length` holds committed rows when the length is not on a block
+  // boundary; any other block the new rows land in is the sequence's own (fork and the prefix
+  // cache share committed blocks only).
+  bool needs_copy(const PagedPool& pool, SeqId id, const Seq& s) const {
+    const int64_t bs = params.block_size;
+    return s.length % bs != 0 && (!params.inplace || !pool.writable_in_place(id, s.table[size_t(s.length / bs)]));
+  }
 
   void touch(int32_t b) {
     Block& blk = blocks[b];
@@ -208,17 +226,19 @@ void PagedPool::free(SeqId seq) {
   Impl::Seq& s = m.seq(seq, "free");
   // Released last block first, so that a chain's tail is evicted before its head (the head
   // is the part other prompts share).
-  for (auto it = s.table.rbegin(); it != s.table.rend(); ++it) m.release(*it);
+  for (auto it = s.table.rbegin(); it != s.table.rend(); ++it)
+    if (*it >= 0) m.release(*it);
   m.seqs.erase(seq);
 }
 
 PagedPool::SeqId PagedPool::fork(SeqId seq) {
   Impl& m = *impl_;
   Impl::Seq& s = m.seq(seq, "fork");
-  Impl::Seq child;
+  Impl::Seq child = s;
   child.length = child.reserved = s.length;
   child.table.assign(s.table.begin(), s.table.begin() + m.blocks_for(s.length));
-  for (int32_t b : child.table) m.acquire(b);
+  for (int32_t b : child.table)
+    if (b >= 0) m.acquire(b);
   // The partial last block is shared now: a write into it must go through reserve() again.
   s.reserved = s.length;
   const SeqId id = m.next_seq++;
@@ -229,6 +249,13 @@ PagedPool::SeqId PagedPool::fork(SeqId seq) {
 int64_t PagedPool::length(SeqId seq) const { return impl_->seq(seq, "length").length; }
 
 const std::vector<int32_t>& PagedPool::block_table(SeqId seq) const { return impl_->seq(seq, "block_table").table; }
+
+int64_t PagedPool::released_rows(SeqId seq) const { return impl_->seq(seq, "released_rows").released; }
+
+int64_t PagedPool::first_needed_row(int64_t length) const {
+  const int64_t w = impl_->params.window;
+  return w > 0 ? std::max<int64_t>(0, length - w + 1) : 0;
+}
 
 int64_t PagedPool::match_prefix(SeqId seq, std::span<const int32_t> tokens, int64_t max_tokens,
                                 const std::string& salt) {
@@ -241,11 +268,11 @@ int64_t PagedPool::match_prefix(SeqId seq, std::span<const int32_t> tokens, int6
   const int64_t bs = m.params.block_size;
   const int64_t n_full = std::min<int64_t>(int64_t(tokens.size()), max_tokens) / bs;
   m.stats.n_prefix_queries += uint64_t(n_full);
-  uint64_t key = root_key(salt);
+  uint64_t matched_key = root_key(salt);
   int32_t parent = -1;
   for (int64_t i = 0; i < n_full; ++i) {
     const std::span<const int32_t> t = tokens.subspan(size_t(i * bs), size_t(bs));
-    key = chain_key(key, t);
+    const uint64_t key = chain_key(matched_key, t);
     auto it = m.by_key.find(key);
     if (it == m.by_key.end()) break;
     const int32_t b = it->second;
@@ -257,10 +284,24 @@ int64_t PagedPool::match_prefix(SeqId seq, std::span<const int32_t> tokens, int6
     m.touch(b);
     s.table.push_back(b);
     parent = b;
+    matched_key = key;
     ++m.stats.n_prefix_hits;
   }
   s.length = s.reserved = int64_t(s.table.size()) * bs;
+  // A windowed sequence caches its blocks as it gives them back: its chain goes on from here.
+  s.chain_started = true;
+  s.chain_blocks = int64_t(s.table.size());
+  s.chain_key = matched_key;
+  s.chain_parent = parent;
   return s.length;
+}
+
+int64_t PagedPool::blocks_to_reserve(SeqId seq, int64_t n) const {
+  const Impl& m = *impl_;
+  const Impl::Seq& s = m.seq(seq, "blocks_to_reserve");
+  if (n <= 0) return 0;
+  const int64_t grow = std::max<int64_t>(0, m.blocks_for(s.length + n) - int64_t(s.table.size()));
+  return grow + (m.needs_copy(*this, seq, s) ? 1 : 0);
 }
 
 bool PagedPool::reserve(SeqId seq, int64_t n) {
@@ -269,12 +310,8 @@ bool PagedPool::reserve(SeqId seq, int64_t n) {
   if (n < 0) throw InvalidInput("paged pool reserve: n " + std::to_string(n) + " < 0");
   if (n == 0) return true;
   const int64_t bs = m.params.block_size;
-  // The block holding row `length` holds committed rows when the length is not on a block
-  // boundary; any other block the new rows land in is this sequence's own (fork and the
-  // prefix cache share committed blocks only).
-  const bool partial = s.length % bs != 0;
   const size_t last = size_t(s.length / bs);
-  const bool copy = partial && (!m.params.inplace || !writable_in_place(seq, s.table[last]));
+  const bool copy = m.needs_copy(*this, seq, s);
   const int64_t grow = std::max<int64_t>(0, m.blocks_for(s.length + n) - int64_t(s.table.size()));
   if (grow + (copy ? 1 : 0) > n_available()) return false;
 
@@ -328,12 +365,50 @@ void PagedPool::truncate(SeqId seq, int64_t length) {
   if (length < 0 || length > s.length)
     throw InvalidInput("paged pool truncate: sequence " + std::to_string(seq) + " to " + std::to_string(length) +
                        " rows (it holds " + std::to_string(s.length) + ")");
+  if (s.released > first_needed_row(length))
+    throw InvalidInput("paged pool truncate: sequence " + std::to_string(seq) + " to " + std::to_string(length) +
+                       " rows needs rows from " + std::to_string(first_needed_row(length)) +
+                       ", but its window's rows before " + std::to_string(s.released) + " were given back");
   const size_t keep = size_t(m.blocks_for(length));
   while (s.table.size() > keep) {
     m.release(s.table.back());
     s.table.pop_back();
   }
   s.length = s.reserved = length;
+}
+
+PagedPool::ChainStep PagedPool::cache_block(uint64_t& key, int32_t& parent, std::span<const int32_t> t, int32_t b,
+                                            const std::string& salt) {
+  Impl& m = *impl_;
+  const uint64_t k = chain_key(key, t);
+  auto it = m.by_key.find(k);
+  if (it != m.by_key.end()) {
+    const int32_t e = it->second;
+    const Impl::Block& blk = m.blocks[e];
+    // The block already there stays (it may be this one): the chain goes on through it when it
+    // holds these tokens after this parent, and stops at a key collision.
+    if (blk.parent != parent || !std::equal(t.begin(), t.end(), blk.tokens.begin())) return ChainStep::stop;
+    if (parent < 0 && blk.salt != salt) return ChainStep::stop;
+    m.touch(e);
+    key = k;
+    parent = e;
+    return ChainStep::found;
+  }
+  // A block given back, or cached under another key (it holds other tokens than the caller
+  // says): stop.
+  if (b < 0 || m.blocks[b].cached) return ChainStep::stop;
+  Impl::Block& blk = m.blocks[b];
+  blk.cached = true;
+  blk.key = k;
+  blk.parent = parent;
+  blk.tokens.assign(t.begin(), t.end());
+  blk.salt = parent < 0 ? salt : std::string();
+  blk.last_use = ++m.clock;
+  if (parent >= 0) m.blocks[parent].children.push_back(b);
+  m.by_key.emplace(k, b);
+  key = k;
+  parent = b;
+  return ChainStep::added;
 }
 
 PagedPool::CachedRun PagedPool::cache_prefix(SeqId seq, std::span<const int32_t> tokens, const std::string& salt) {
@@ -345,46 +420,57 @@ PagedPool::CachedRun PagedPool::cache_prefix(SeqId seq, std::span<const int32_t>
   int32_t parent = -1;  // the cached block the chain resolved to so far
   CachedRun run;
   for (int64_t i = 0; i < n_full; ++i) {
-    const std::span<const int32_t> t = tokens.subspan(size_t(i * bs), size_t(bs));
-    key = chain_key(key, t);
-    const int32_t b = s.table[size_t(i)];
-    auto it = m.by_key.find(key);
-    if (it != m.by_key.end()) {
-      const int32_t e = it->second;
-      const Impl::Block& blk = m.blocks[e];
-      // The block already there stays (it may be this one): the chain goes on through it when
-      // it holds these tokens after this parent, and stops at a key collision.
-      if (blk.parent != parent || !std::equal(t.begin(), t.end(), blk.tokens.begin())) break;
-      if (parent < 0 && blk.salt != salt) break;
-      m.touch(e);
-      parent = e;
-      run.first = run.end = i + 1;
-      continue;
-    }
-    // A block cached under another key holds other tokens than the caller says: stop.
-    if (m.blocks[b].cached) break;
-    Impl::Block& blk = m.blocks[b];
-    blk.cached = true;
-    blk.key = key;
-    blk.parent = parent;
-    blk.tokens.assign(t.begin(), t.end());
-    blk.salt = parent < 0 ? salt : std::string();
-    blk.last_use = ++m.clock;
-    if (parent >= 0) m.blocks[parent].children.push_back(b);
-    m.by_key.emplace(key, b);
-    parent = b;
+    const ChainStep step = cache_block(key, parent, tokens.subspan(size_t(i * bs), size_t(bs)), s.table[size_t(i)], salt);
+    if (step == ChainStep::stop) break;
+    if (step == ChainStep::found) run.first = i + 1;
     run.end = i + 1;
   }
   return run;
 }
 
-int64_t PagedPool::forget_prefix(std::span<const int32_t> tokens, const std::string& salt) {
+int64_t PagedPool::release_behind(SeqId seq, std::span<const int32_t> tokens, bool cache, const std::string& salt) {
   Impl& m = *impl_;
+  Impl::Seq& s = m.seq(seq, "release_behind");
+  const int64_t bs = m.params.block_size;
+  if (m.params.window <= 0) return 0;
+  const int64_t done = s.released / bs, target = first_needed_row(s.length) / bs;
+  if (target <= done) return 0;
+  if (cache && !s.chain_broken) {
+    if (int64_t(tokens.size()) < target * bs)
+      throw InvalidInput("paged pool release_behind: " + std::to_string(tokens.size()) + " tokens for the " +
+                         std::to_string(target * bs) + " rows to cache of sequence " + std::to_string(seq));
+    if (!s.chain_started) {
+      s.chain_started = true;
+      s.chain_key = root_key(salt);
+      s.chain_parent = -1;
+    }
+    // The chain's last block must still be cached under its key (an eviction may have let it go).
+    if (s.chain_parent >= 0 && !(m.blocks[s.chain_parent].cached && m.blocks[s.chain_parent].key == s.chain_key))
+      s.chain_broken = true;
+    for (int64_t i = s.chain_blocks; i < target && !s.chain_broken; ++i) {
+      if (cache_block(s.chain_key, s.chain_parent, tokens.subspan(size_t(i * bs), size_t(bs)), s.table[size_t(i)],
+                      salt) == ChainStep::stop)
+        s.chain_broken = true;
+      else
+        s.chain_blocks = i + 1;
+    }
+  }
+  for (int64_t i = done; i < target; ++i) {
+    m.release(s.table[size_t(i)]);
+    s.table[size_t(i)] = -1;
+  }
+  s.released = target * bs;
+  return (target - done) * bs;
+}
+
+std::vector<int32_t> PagedPool::find_chain(std::span<const int32_t> tokens, int64_t n_blocks,
+                                           const std::string& salt) const {
+  const Impl& m = *impl_;
   const int64_t bs = m.params.block_size;
   std::vector<int32_t> chain;
   uint64_t key = root_key(salt);
   int32_t parent = -1;
-  for (int64_t i = 0; i < int64_t(tokens.size()) / bs; ++i) {
+  for (int64_t i = 0; i < std::min<int64_t>(n_blocks, int64_t(tokens.size()) / bs); ++i) {
     const std::span<const int32_t> t = tokens.subspan(size_t(i * bs), size_t(bs));
     key = chain_key(key, t);
     auto it = m.by_key.find(key);
@@ -395,6 +481,13 @@ int64_t PagedPool::forget_prefix(std::span<const int32_t> tokens, const std::str
     chain.push_back(it->second);
     parent = it->second;
   }
+  return chain;
+}
+
+int64_t PagedPool::forget_prefix(std::span<const int32_t> tokens, const std::string& salt) {
+  Impl& m = *impl_;
+  const int64_t bs = m.params.block_size;
+  std::vector<int32_t> chain = find_chain(tokens, int64_t(tokens.size()) / bs, salt);
   int64_t n = 0;
   while (!chain.empty()) {
     const Impl::Block& blk = m.blocks[chain.back()];

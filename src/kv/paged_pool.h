@@ -21,9 +21,13 @@
 namespace osprey {
 
 struct PagedPoolParams {
-  // One entry per layer: n_kv_heads, head_dim, dtype and device are read (a window is ignored:
-  // a paged sliding-window layer keeps every row and attention masks the old ones).
+  // One entry per layer: n_kv_heads, head_dim, dtype and device are read (the pool's window is
+  // `window`, not the layers').
   std::vector<KVCacheParams> layers;
+  // 0: the layers attend to every earlier position. > 0: sliding-window layers, whose query at
+  // position p sees positions (p - window, p]: release_behind() gives back the blocks that fall
+  // out of every later query's window (kv/paged_pools.h keeps such layers in a pool of their own).
+  int64_t window = 0;
   int64_t block_size = 16;  // rows per block
   int64_t n_blocks = 0;     // blocks in the pool (each holds block_size rows of every layer)
   // OSPREY_KV_INPLACE_WRITE. Off: every write is a copying write, as on the dense path: a write
@@ -75,8 +79,26 @@ class PagedPool {
 
   int64_t length(SeqId seq) const;
   // Block ids of the sequence, in order (ceil(length / block_size) of them after reserve()'s
-  // rows are committed; reserve() may add blocks ahead of the length).
+  // rows are committed; reserve() may add blocks ahead of the length). A windowed pool's table
+  // starts with -1 for each block release_behind() gave back (released_rows() / block_size).
   const std::vector<int32_t>& block_table(SeqId seq) const;
+  // Rows [0, released_rows) of the sequence were given back (whole blocks; 0 unless windowed).
+  int64_t released_rows(SeqId seq) const;
+  // A windowed pool: the first row that a query at position `length` (or later) still sees,
+  // max(0, length - window + 1); 0 for a pool without a window.
+  int64_t first_needed_row(int64_t length) const;
+  // A windowed pool: gives back the sequence's blocks that no query at its length or later
+  // sees (their last row before first_needed_row(length)), leaving -1 in their table entries.
+  // With `cache`, each full block is first put in the prefix cache after the chain of
+  // tokens[0 ..) (the sequence's tokens, at least up to those blocks' rows; `salt` as for
+  // cache_prefix), continuing from where the last call stopped, so that a later prompt can
+  // find them again until they are evicted. Returns the rows given back by this call.
+  int64_t release_behind(SeqId seq, std::span<const int32_t> tokens, bool cache, const std::string& salt = "");
+  // The cached blocks of the chain of tokens[0 .. n_blocks * block_size), as match_prefix
+  // finds them (nothing is held or touched); fewer when the chain is cached for fewer blocks.
+  std::vector<int32_t> find_chain(std::span<const int32_t> tokens, int64_t n_blocks, const std::string& salt = "") const;
+  // The blocks reserve(seq, n) would take (0 when it needs none); n_available() must cover it.
+  int64_t blocks_to_reserve(SeqId seq, int64_t n) const;
 
   // Attaches to an empty sequence the longest run of cached full blocks whose tokens equal
   // tokens[0 ..), looking them up by a chain key over (parent block, the block's token ids) and
@@ -99,7 +121,8 @@ class PagedPool {
   // Advances the length by n rows (written through slots()) and counts the writes: each row
   // in every layer is one in-place write (one copying write with `inplace` off).
   void commit(SeqId seq, int64_t n);
-  // Rewinds the sequence to `length` rows, freeing its blocks past the new end.
+  // Rewinds the sequence to `length` rows, freeing its blocks past the new end. Throws
+  // InvalidInput when release_behind() gave back rows that a query at `length` sees.
   void truncate(SeqId seq, int64_t length);
 
   // Puts the sequence's full blocks, whose tokens are tokens[0 .. length), in the prefix
@@ -138,6 +161,11 @@ class PagedPool {
  private:
   // The chain key a sequence's first block starts from: kRootChainKey without a salt.
   static uint64_t root_key(const std::string& salt);
+  // One step of a chain being cached: block `b` of a sequence (-1: given back) holding tokens
+  // `t` after the chain settled so far (`key`, `parent`: its last block's key and cached block,
+  // -1 before the first). Advances key and parent and says how the block was settled.
+  enum class ChainStep { found, added, stop };
+  ChainStep cache_block(uint64_t& key, int32_t& parent, std::span<const int32_t> t, int32_t b, const std::string& salt);
   struct Impl;
   std::shared_ptr<Impl> impl_;
 };

@@ -175,6 +175,7 @@ BatchedBenchResult run_one(Model& model, const BatchedBenchParams& p, int batch,
   o.graphs = p.graphs;
   o.split_keys = p.split_keys;
   o.inplace = p.inplace;
+  o.prefill_chunk = std::max<int64_t>(1, p.n_prompt);  // each prompt is one chunk
   Allocator& alloc = allocator_for(info.device);
   ops::synchronize(info.device);
   alloc.reset_peak();

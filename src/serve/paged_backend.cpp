@@ -37,45 +37,13 @@ PagedBackend::PagedBackend(Model& model, const PagedBackendOptions& options) : m
     throw InvalidInput("the paged attention's split size must be a multiple of 64, got " + std::to_string(options.split_keys));
   if (!(options.kv_memory_fraction > 0 && options.kv_memory_fraction <= 1))
     throw InvalidInput("the KV memory fraction must be in (0, 1]");
+  if (options.prefill_chunk < 1) throw InvalidInput("the prefill chunk must be >= 1, got " + std::to_string(options.prefill_chunk));
   const ModelInfo& info = model.info();
   context_ = sequence_context(options.context_size, info.max_position_embeddings);
-
-  PagedPoolParams pp;
-  for (int64_t l = 0; l < info.n_layers; ++l) pp.layers.push_back(model.kv_params(l));
-  pp.block_size = options.block_size;
-  pp.inplace = options.inplace;
-  const int64_t block_bytes = paged_block_bytes(pp);
-  block_bytes_ = block_bytes;
-  int64_t bytes = options.kv_cache_bytes;
-  const char* sized_by = "--kv-cache-mib";
-  if (bytes == 0) {
-    bytes = int64_t(options.max_sequences) * ceil_div(context_, options.block_size) * block_bytes;
-    sized_by = "room for every sequence's full context";
-    if (!info.device.is_cpu()) {
-      const int64_t cap = int64_t(double(cuda_free_memory(info.device.index)) * options.kv_memory_fraction);
-      if (bytes > cap) {
-        bytes = cap;
-        sized_by = "a fraction of the free device memory";
-      }
-    } else if (bytes > kCpuDefaultPoolBytes) {
-      bytes = kCpuDefaultPoolBytes;
-      sized_by = "the CPU default of 4 GiB";
-    }
-  }
-  pp.n_blocks = bytes / block_bytes;
-  if (pp.n_blocks < 1)
-    throw InvalidInput("the KV pool (" + std::to_string(bytes >> 20) + " MiB) cannot hold one block of " +
-                       std::to_string(block_bytes) + " bytes");
-  pool_ = std::make_unique<PagedPool>(pp);
-  const int64_t rows = pp.n_blocks * pp.block_size;
-  log_info("KV pool: " + std::to_string(pp.n_blocks) + " blocks of " + std::to_string(pp.block_size) + " rows (" +
-           std::to_string((pp.n_blocks * block_bytes) >> 20) + " MiB, " + std::to_string(rows) + " tokens; " +
-           sized_by + ")");
-  if (rows < context_)
-    log_warn("the KV pool holds " + std::to_string(rows) + " tokens, fewer than one full context of " +
-             std::to_string(context_) + ": longer sequences fail");
-  step_cache_ = make_paged_step_cache(*pool_, step_);
-  table_width_ = ceil_div(context_, pp.block_size);
+  pools_ = std::make_unique<PagedPools>(size_pools());
+  step_.groups.resize(pools_->n_groups());
+  step_cache_ = make_paged_step_cache(*pools_, step_);
+  table_width_ = ceil_div(context_, options.block_size);
   // A model whose step reads values back to the host (a mixture of experts' routing) cannot be
   // captured: it runs every step eagerly, as on the CPU.
   if (info.device.is_cpu() || !model.supports_graph_capture()) options_.graphs = false;
@@ -86,7 +54,82 @@ PagedBackend::PagedBackend(Model& model, const PagedBackendOptions& options) : m
 
 PagedBackend::~PagedBackend() = default;
 
-int64_t PagedBackend::n_blocks() const { return pool_->n_blocks(); }
+int64_t PagedBackend::seq_blocks(size_t g, int64_t rows) const {
+  const int64_t bs = options_.block_size, full = ceil_div(rows, bs), w = windows_.at(g);
+  // A window's rows, the chunk being written, and the partial blocks at both ends.
+  return w > 0 ? std::min(full, ceil_div(w - 1 + options_.prefill_chunk, bs) + 2) : full;
+}
+
+PagedPoolsParams PagedBackend::size_pools() {
+  const ModelInfo& info = model_.info();
+  PagedPoolsParams pp;
+  for (int64_t l = 0; l < info.n_layers; ++l) pp.layers.push_back(model_.kv_params(l));
+  pp.block_size = options_.block_size;
+  pp.inplace = options_.inplace;
+  windows_ = paged_group_windows(pp.layers);
+  const size_t n_groups = windows_.size();
+  std::vector<int64_t> bb(n_groups), per_seq(n_groups);
+  int64_t all_bytes = 0;  // one block of every group
+  for (size_t g = 0; g < n_groups; ++g) {
+    bb[g] = paged_group_block_bytes(pp.layers, options_.block_size, windows_[g]);
+    per_seq[g] = seq_blocks(g, context_);
+    all_bytes += bb[g];
+  }
+  int64_t bytes = options_.kv_cache_bytes;
+  const char* sized_by = "--kv-cache-mib";
+  bool budget = bytes > 0;
+  if (bytes == 0) {
+    for (size_t g = 0; g < n_groups; ++g) bytes += int64_t(options_.max_sequences) * per_seq[g] * bb[g];
+    sized_by = "room for every sequence's full context";
+    if (!info.device.is_cpu()) {
+      const int64_t cap = int64_t(double(cuda_free_memory(info.device.index)) * options_.kv_memory_fraction);
+      if (bytes > cap) {
+        bytes = cap;
+        sized_by = "a fraction of the free device memory";
+        budget = true;
+      }
+    } else if (bytes > kCpuDefaultPoolBytes) {
+      bytes = kCpuDefaultPoolBytes;
+      sized_by = "the CPU default of 4 GiB";
+      budget = true;
+    }
+  }
+  pp.n_blocks.assign(n_groups, 0);
+  if (!budget) {
+    for (size_t g = 0; g < n_groups; ++g) pp.n_blocks[g] = int64_t(options_.max_sequences) * per_seq[g];
+  } else {
+    // A budget: as many blocks of each group as one pool of whole-model blocks would have, but
+    // a windowed group beside a full-attention one takes only what its sequences hold at most
+    // (and as much again for the prefix cache), leaving the rest to the full-attention group.
+    const int64_t even = bytes / all_bytes;
+    int64_t left = bytes;
+    for (size_t g = 0; g < n_groups; ++g) {
+      if (windows_[g] == 0) continue;
+      pp.n_blocks[g] = windows_[0] == 0 ? std::min(even, 2 * int64_t(options_.max_sequences) * per_seq[g]) : even;
+      left -= pp.n_blocks[g] * bb[g];
+    }
+    if (windows_[0] == 0) pp.n_blocks[0] = left / bb[0];
+  }
+  for (size_t g = 0; g < n_groups; ++g)
+    if (pp.n_blocks[g] < 1)
+      throw InvalidInput("the KV pool (" + std::to_string(bytes >> 20) + " MiB) cannot hold one block of " +
+                         std::to_string(all_bytes) + " bytes");
+  std::string groups;
+  int64_t total = 0;
+  for (size_t g = 0; g < n_groups; ++g) {
+    total += pp.n_blocks[g] * bb[g];
+    groups += (g ? "; " : "") + std::to_string(pp.n_blocks[g]) + " blocks of " +
+              (windows_[g] > 0 ? "the layers of window " + std::to_string(windows_[g])
+                               : std::string(n_groups > 1 ? "the full-attention layers" : "every layer"));
+  }
+  log_info("KV pool: " + groups + ", " + std::to_string(options_.block_size) + " rows a block (" +
+           std::to_string(total >> 20) + " MiB; " + sized_by + ")");
+  const int64_t rows = pp.n_blocks[0] * options_.block_size;
+  if (windows_[0] == 0 && rows < context_)
+    log_warn("the KV pool holds " + std::to_string(rows) + " tokens, fewer than one full context of " +
+             std::to_string(context_) + ": longer sequences fail");
+  return pp;
+}
 
 PagedBackend::Seq& PagedBackend::seq(int handle) {
   if (handle < 0 || size_t(handle) >= seqs_.size() || !seqs_[size_t(handle)].busy)
@@ -96,26 +139,29 @@ PagedBackend::Seq& PagedBackend::seq(int handle) {
 
 std::optional<SequenceBackend::Begun> PagedBackend::begin(std::span<const int32_t> prompt, const std::string& cache_salt) {
   check_prompt(prompt, context_, model_.info().vocab_size);
-  const int64_t bs = options_.block_size;
-  if (ceil_div(int64_t(prompt.size()), bs) > pool_->n_blocks())
-    throw InvalidInput("the prompt (" + std::to_string(prompt.size()) + " tokens) needs more KV blocks than the pool has (" +
-                       std::to_string(pool_->n_blocks()) + " of " + std::to_string(bs) + " rows)");
+  const int64_t bs = options_.block_size, n_prompt = int64_t(prompt.size());
+  for (size_t g = 0; g < pools_->n_groups(); ++g)
+    if (seq_blocks(g, n_prompt) > pools_->group(g).n_blocks())
+      throw InvalidInput("the prompt (" + std::to_string(prompt.size()) + " tokens) needs more KV blocks than the pool has (" +
+                         std::to_string(pools_->group(g).n_blocks()) + " of " + std::to_string(bs) + " rows" +
+                         (pools_->n_groups() > 1 ? " for the layers of window " + std::to_string(windows_[g]) : "") + ")");
   auto free_slot = std::find_if(seqs_.begin(), seqs_.end(), [](const Seq& s) { return !s.busy; });
   if (free_slot == seqs_.end()) return std::nullopt;
 
-  const PagedPool::SeqId id = pool_->create();
+  const PagedPool::SeqId id = pools_->create();
   // At least the last prompt token is computed again: its logits choose the next token.
-  const int64_t n_cached = options_.prefix_cache ? pool_->match_prefix(id, prompt, int64_t(prompt.size()) - 1, cache_salt) : 0;
+  const int64_t n_cached = options_.prefix_cache ? pools_->match_prefix(id, prompt, n_prompt - 1, cache_salt) : 0;
   // Admit only when the rest of the prompt fits now, so that prefill rarely preempts.
-  const int64_t need = ceil_div(int64_t(prompt.size()), bs) - n_cached / bs;
-  if (need > pool_->n_available()) {
-    pool_->free(id);
+  if (!pools_->has_room([&](size_t g) { return seq_blocks(g, n_prompt) - seq_blocks(g, n_cached); })) {
+    pools_->free(id);
     publish_stats();
     return std::nullopt;
   }
   free_slot->busy = true;
   free_slot->id = id;
   free_slot->salt = cache_salt;
+  free_slot->tokens.clear();
+  advance(*free_slot, prompt.first(size_t(n_cached)));
   if (store_ && n_cached > 0) store_->touch(prompt_prefix_id(cache_salt, prompt.first(size_t(n_cached))));
   {
     std::lock_guard<std::mutex> lock(stats_mu_);
@@ -126,13 +172,19 @@ std::optional<SequenceBackend::Begun> PagedBackend::begin(std::span<const int32_
   return Begun{int(free_slot - seqs_.begin()), n_cached};
 }
 
+void PagedBackend::advance(Seq& s, std::span<const int32_t> tokens) {
+  s.tokens.insert(s.tokens.end(), tokens.begin(), tokens.end());
+  pools_->release_behind(s.id, s.tokens, options_.prefix_cache, s.salt);
+}
+
 std::optional<int> PagedBackend::fork(int handle) {
   const Seq& source = seq(handle);
   auto free_slot = std::find_if(seqs_.begin(), seqs_.end(), [](const Seq& s) { return !s.busy; });
   if (free_slot == seqs_.end()) return std::nullopt;
   free_slot->busy = true;
-  free_slot->id = pool_->fork(source.id);
+  free_slot->id = pools_->fork(source.id);
   free_slot->salt = source.salt;
+  free_slot->tokens = source.tokens;
   publish_stats();
   return int(free_slot - seqs_.begin());
 }
@@ -140,29 +192,36 @@ std::optional<int> PagedBackend::fork(int handle) {
 bool PagedBackend::reserve(int handle, int64_t n) {
   // NOTE: no publish_stats(): the scheduler reserves for every sequence of every step, and the
   // decode or prefill that follows publishes.
-  return pool_->reserve(seq(handle).id, n);
+  return pools_->reserve(seq(handle).id, n);
 }
 
 Array PagedBackend::run_prefill(int handle, std::span<const int32_t> tokens) {
-  const Seq& s = seq(handle);
-  const int64_t n = int64_t(tokens.size()), pos0 = pool_->length(s.id);
-  if (n < 1) throw InvalidInput("paged backend: an empty prefill chunk");
+  Seq& s = seq(handle);
+  const int64_t n = int64_t(tokens.size()), pos0 = pools_->length(s.id), bs = options_.block_size;
   if (pos0 + n > context_) throw InvalidInput("the sequence would exceed the context of " + std::to_string(context_));
-  if (!pool_->reserve(s.id, n)) throw InvalidInput("the KV pool has no room for " + std::to_string(n) + " more rows");
+  if (!pools_->reserve(s.id, n)) throw InvalidInput("the KV pool has no room for " + std::to_string(n) + " more rows");
   const Device dev = model_.info().device;
   std::vector<int32_t> host(static_cast<size_t>(n), 0);
-  pool_->slots(s.id, pos0, n, host.data());
-  step_.slots = i32_array(host, {n}, dev);
+  for (size_t g = 0; g < pools_->n_groups(); ++g) {
+    PagedGroupStep& gs = step_.groups[g];
+    pools_->slots(s.id, g, pos0, n, host.data());
+    gs.slots = i32_array(host, {n}, dev);
+    // The blocks from the one holding the first key the chunk's first query sees.
+    const int64_t first = pools_->first_needed_row(g, pos0) / bs;
+    const std::vector<int32_t>& table = pools_->block_table(s.id, g);
+    const int64_t end = ceil_div(pos0 + n, bs);
+    gs.block_ids = i32_array(std::vector<int32_t>(table.begin() + first, table.begin() + end), {end - first}, dev);
+    gs.key_pos0 = first * bs;
+  }
   step_.decode = false;
-  const std::vector<int32_t>& table = pool_->block_table(s.id);
-  step_.block_ids = i32_array(table, {int64_t(table.size())}, dev);
   step_.pos0 = pos0;
   step_.n_rows = pos0 + n;
   for (int64_t i = 0; i < n; ++i) host[size_t(i)] = int32_t(pos0 + i);
   Array positions = i32_array(host, {n}, dev);
   Array ids = i32_array(std::vector<int32_t>(tokens.begin(), tokens.end()), {n}, dev);
   Array out = model_.forward(ids, positions, step_cache_, false);
-  pool_->commit(s.id, n);
+  pools_->commit(s.id, n);
+  advance(s, tokens);
   publish_stats();
   return out;
 }
@@ -244,15 +303,18 @@ PagedBackend::Bucket& PagedBackend::bucket_for(int64_t b, int64_t blocks) {
   auto bk = std::make_unique<Bucket>();
   bk->size = size;
   bk->width = width;
-  const int64_t n = 4 * size + size * width;
+  const int64_t per_group = size + size * width, n = 3 * size + int64_t(pools_->n_groups()) * per_group;
   const Device dev = model_.info().device;
   bk->host = Array::empty({n}, DType::i32);
   bk->device = dev.is_cpu() ? bk->host : Array::empty({n}, DType::i32, dev);
   bk->tokens = bk->device.slice_rows(0, size);
   bk->positions = bk->device.slice_rows(size, 2 * size);
-  bk->slots = bk->device.slice_rows(2 * size, 3 * size);
-  bk->lens = bk->device.slice_rows(3 * size, 4 * size);
-  bk->tables = bk->device.slice_rows(4 * size, n).reshape({size, width});
+  bk->lens = bk->device.slice_rows(2 * size, 3 * size);
+  for (size_t g = 0; g < pools_->n_groups(); ++g) {
+    const int64_t at = 3 * size + int64_t(g) * per_group;
+    bk->slots.push_back(bk->device.slice_rows(at, at + size));
+    bk->tables.push_back(bk->device.slice_rows(at + size, at + per_group).reshape({size, width}));
+  }
   buckets_.push_back(std::move(bk));
   return *buckets_.back();
 }
@@ -266,27 +328,32 @@ void PagedBackend::decode(std::span<const DecodeInput> inputs, std::vector<Decod
   // Padded to the bucket's size: a padded row writes nothing (slot -1) and reads one key of
   // block 0; its output is not looked at.
   int64_t need = 1;
-  for (const DecodeInput& in : inputs) need = std::max(need, ceil_div(pool_->length(seq(in.handle).id) + 1, options_.block_size));
+  for (const DecodeInput& in : inputs) need = std::max(need, ceil_div(pools_->length(seq(in.handle).id) + 1, options_.block_size));
   Bucket& bk = bucket_for(b, need);
-  const int64_t size = bk.size, width = bk.width;
+  const int64_t size = bk.size, width = bk.width, per_group = size + size * width;
+  const size_t n_groups = pools_->n_groups();
   int32_t* h = bk.host.data<int32_t>();
   std::fill(h, h + bk.host.numel(), 0);
-  int32_t *tok = h, *pos = h + size, *slot = h + 2 * size, *len = h + 3 * size, *table = h + 4 * size;
+  int32_t *tok = h, *pos = h + size, *len = h + 2 * size;
+  auto slot = [&](size_t g) { return h + 3 * size + int64_t(g) * per_group; };
+  auto table = [&](size_t g) { return slot(g) + size; };
   for (int64_t i = 0; i < size; ++i) {
-    slot[i] = -1;
+    for (size_t g = 0; g < n_groups; ++g) slot(g)[i] = -1;
     len[i] = 1;
   }
   for (int64_t i = 0; i < b; ++i) {
     const Seq& s = seq(inputs[size_t(i)].handle);
-    const int64_t n = pool_->length(s.id);
+    const int64_t n = pools_->length(s.id);
     if (n + 1 > context_) throw InvalidInput("the sequence would exceed the context of " + std::to_string(context_));
-    if (!pool_->reserve(s.id, 1)) throw InvalidInput("the KV pool has no room for the next row");
+    if (!pools_->reserve(s.id, 1)) throw InvalidInput("the KV pool has no room for the next row");
     tok[i] = inputs[size_t(i)].token;
     pos[i] = int32_t(n);
     len[i] = int32_t(n + 1);
-    pool_->slots(s.id, n, 1, &slot[i]);
-    const std::vector<int32_t>& t = pool_->block_table(s.id);
-    std::copy_n(t.begin(), std::min<int64_t>(width, int64_t(t.size())), table + i * width);
+    for (size_t g = 0; g < n_groups; ++g) {
+      pools_->slots(s.id, g, n, 1, &slot(g)[i]);
+      const std::vector<int32_t>& t = pools_->block_table(s.id, g);
+      std::copy_n(t.begin(), std::min<int64_t>(width, int64_t(t.size())), table(g) + i * width);
+    }
   }
   ops::check_token_ids(std::span<const int32_t>(tok, size_t(b)), model_.info().vocab_size);
   if (!dev.is_cpu()) ops::copy_into(bk.device, bk.host);
@@ -302,8 +369,10 @@ void PagedBackend::decode(std::span<const DecodeInput> inputs, std::vector<Decod
   bk.invariant = invariant;
   step_.split_keys = split;
   step_.decode = true;
-  step_.slots = bk.slots;
-  step_.block_tables = bk.tables;
+  for (size_t g = 0; g < n_groups; ++g) {
+    step_.groups[g].slots = bk.slots[g];
+    step_.groups[g].block_tables = bk.tables[g];
+  }
   step_.seq_lens = bk.lens;
 
   Array logits;
@@ -322,7 +391,11 @@ void PagedBackend::decode(std::span<const DecodeInput> inputs, std::vector<Decod
     logits = model_.forward(bk.tokens, bk.positions, step_cache_, true);
     bk.warm = true;
   }
-  for (int64_t i = 0; i < b; ++i) pool_->commit(seq(inputs[size_t(i)].handle).id, 1);
+  for (int64_t i = 0; i < b; ++i) {
+    Seq& s = seq(inputs[size_t(i)].handle);
+    pools_->commit(s.id, 1);
+    advance(s, std::span<const int32_t>(&inputs[size_t(i)].token, 1));
+  }
   publish_stats();
   if (size > b) logits = logits.slice_rows(0, b);
 
@@ -424,33 +497,48 @@ Array PagedBackend::device_masks(std::span<const DecodeInput> inputs, int64_t vo
 void PagedBackend::end(int handle, std::span<const int32_t> tokens) {
   Seq& s = seq(handle);
   s.busy = false;
-  if (options_.prefix_cache && !tokens.empty() && pool_->length(s.id) == int64_t(tokens.size())) {
-    const PagedPool::CachedRun run = pool_->cache_prefix(s.id, tokens, s.salt);
+  if (options_.prefix_cache && !tokens.empty() && pools_->length(s.id) == int64_t(tokens.size())) {
+    const PagedPool::CachedRun run = pools_->cache_prefix(s.id, tokens, s.salt);
     const int64_t full = int64_t(tokens.size()) / options_.block_size * options_.block_size;
     last_[size_t(handle)] = {std::vector<int32_t>(tokens.begin(), tokens.begin() + full), s.salt};
     // NOTE: on a device this copies the run's rows to the host on the engine thread; the disk
     // is the writer thread's.
     if (store_ && store_->enabled() && run.end > run.first)
-      store_->write(run_file(s.id, tokens, run.first, run.end, s.salt));
+      if (std::optional<PromptFileData> d = run_file(s.id, tokens, run.first, run.end, s.salt)) store_->write(std::move(*d));
     std::lock_guard<std::mutex> lock(stats_mu_);
     prefix_.n_stored += uint64_t(int64_t(tokens.size()) / options_.block_size);
   }
-  pool_->free(s.id);
+  pools_->free(s.id);
   s.id = -1;
+  s.tokens.clear();
   publish_stats();
 }
 
 void PagedBackend::publish_stats() {
-  PagedPoolStats ps = pool_->stats();
-  KVCounters c = pool_->counters();
+  PagedPoolStats ps;
+  for (size_t g = 0; g < pools_->n_groups(); ++g) {
+    const PagedPoolStats st = pools_->stats(g);
+    ps.n_blocks += st.n_blocks;
+    ps.n_free += st.n_free;
+    ps.n_cached += st.n_cached;
+    ps.n_in_use += st.n_in_use;
+    ps.n_cow += st.n_cow;
+    ps.n_evicted += st.n_evicted;
+    ps.n_prefix_hits += st.n_prefix_hits;
+    ps.n_prefix_queries += st.n_prefix_queries;
+  }
+  const int64_t in_use = pools_->bytes_in_use(), cached = pools_->bytes_cached();
+  KVCounters c = pools_->counters();
   std::lock_guard<std::mutex> lock(stats_mu_);
   pool_stats_ = ps;
+  bytes_in_use_ = in_use;
+  bytes_cached_ = cached;
   counters_ = c;
 }
 
 double PagedBackend::kv_usage() const {
   std::lock_guard<std::mutex> lock(stats_mu_);
-  return pool_stats_.n_blocks > 0 ? double(pool_stats_.n_in_use) / double(pool_stats_.n_blocks) : 0.0;
+  return double(bytes_in_use_) / double(pools_->total_bytes());
 }
 
 KVCounters PagedBackend::kv_counters() const {
@@ -463,8 +551,8 @@ PromptCacheStats PagedBackend::prefix_stats() const {
   PromptCacheStats s = prefix_;
   s.n_evictions = pool_stats_.n_evicted;
   s.n_entries = uint64_t(pool_stats_.n_cached);
-  s.bytes = uint64_t(pool_stats_.n_cached * block_bytes_);
-  s.budget_bytes = uint64_t(pool_stats_.n_blocks * block_bytes_);
+  s.bytes = uint64_t(bytes_cached_);
+  s.budget_bytes = uint64_t(pools_->total_bytes());
   return s;
 }
 
@@ -473,20 +561,25 @@ PagedPoolStats PagedBackend::pool_stats() const {
   return pool_stats_;
 }
 
-PromptFileData PagedBackend::run_file(PagedPool::SeqId id, std::span<const int32_t> tokens, int64_t first, int64_t end,
-                                      const std::string& salt) {
+std::optional<PromptFileData> PagedBackend::run_file(PagedPool::SeqId id, std::span<const int32_t> tokens,
+                                                     int64_t first, int64_t end, const std::string& salt) {
   const int64_t bs = options_.block_size;
-  const std::vector<int32_t>& table = pool_->block_table(id);
-  const Array ids = i32_array(std::vector<int32_t>(table.begin() + first, table.begin() + end), {end - first},
-                              model_.info().device);
+  std::vector<Array> ids;
+  for (size_t g = 0; g < pools_->n_groups(); ++g) {
+    const std::vector<int32_t> blocks = pools_->run_blocks(id, g, tokens, first, end, salt);
+    if (blocks.empty()) return std::nullopt;
+    ids.push_back(i32_array(blocks, {end - first}, model_.info().device));
+  }
   PromptFileData d;
   d.kind = PromptFileKind::paged;
   d.salt = salt;
   d.tokens.assign(tokens.begin(), tokens.begin() + end * bs);
   d.first_row = first * bs;
-  for (size_t l = 0; l < pool_->n_layers(); ++l)
-    d.layers.emplace_back(ops::to_device(ops::gather_kv_blocks(pool_->keys(l), ids, (end - first) * bs), Device::cpu()),
-                          ops::to_device(ops::gather_kv_blocks(pool_->values(l), ids, (end - first) * bs), Device::cpu()));
+  for (size_t l = 0; l < pools_->n_layers(); ++l) {
+    const Array& g = ids[pools_->group_of(l)];
+    d.layers.emplace_back(ops::to_device(ops::gather_kv_blocks(pools_->keys(l), g, (end - first) * bs), Device::cpu()),
+                          ops::to_device(ops::gather_kv_blocks(pools_->values(l), g, (end - first) * bs), Device::cpu()));
+  }
   return d;
 }
 
@@ -494,27 +587,27 @@ std::optional<int64_t> PagedBackend::insert_run(const PromptFileData& data) {
   const int64_t bs = options_.block_size, n = int64_t(data.tokens.size());
   if (data.kind != PromptFileKind::paged)
     throw InvalidInput("the file holds a dense snapshot; the paged layout restores paged blocks (--kv-layout paged)");
-  if (n % bs != 0 || data.first_row % bs != 0 || data.layers.size() != pool_->n_layers())
+  if (n % bs != 0 || data.first_row % bs != 0 || data.layers.size() != pools_->n_layers())
     throw InvalidInput("the file's rows are not whole blocks of " + std::to_string(bs) + " rows of this pool");
   const int64_t vocab = model_.info().vocab_size;
   for (int32_t t : data.tokens)
     if (t < 0 || t >= vocab) throw InvalidInput("the file holds token id " + std::to_string(t) + ", outside the vocabulary");
   if (!options_.prefix_cache) return 0;
-  const PagedPool::SeqId id = pool_->create();
+  const PagedPool::SeqId id = pools_->create();
   struct Freer {
-    PagedPool& pool;
+    PagedPools& pools;
     PagedPool::SeqId id;
-    ~Freer() { pool.free(id); }
-  } freer{*pool_, id};
-  const int64_t matched = pool_->match_prefix(id, data.tokens, n, data.salt);
+    ~Freer() { pools.free(id); }
+  } freer{*pools_, id};
+  const int64_t matched = pools_->match_prefix(id, data.tokens, n, data.salt);
   if (matched < data.first_row) return std::nullopt;
   // The blocks after the match, taken from free ones or the least recently used cached ones
   // (the chain itself is held by this sequence meanwhile).
-  if (matched == n || !pool_->reserve(id, n - matched)) return matched;
-  const std::vector<int32_t>& table = pool_->block_table(id);
+  if (matched == n || !pools_->reserve(id, n - matched)) return matched;
   const Device dev = model_.info().device;
-  for (size_t l = 0; l < pool_->n_layers(); ++l) {
-    const Array pools[2] = {pool_->keys(l), pool_->values(l)};
+  for (size_t l = 0; l < pools_->n_layers(); ++l) {
+    const std::vector<int32_t>& table = pools_->block_table(id, pools_->group_of(l));
+    const Array pools[2] = {pools_->keys(l), pools_->values(l)};
     const Array rows[2] = {ops::to_device(data.layers[l].first, dev), ops::to_device(data.layers[l].second, dev)};
     for (int kv = 0; kv < 2; ++kv) {
       const Array& pool = pools[kv];
@@ -525,8 +618,8 @@ std::optional<int64_t> PagedBackend::insert_run(const PromptFileData& data) {
       }
     }
   }
-  pool_->commit(id, n - matched);
-  pool_->cache_prefix(id, data.tokens, data.salt);
+  pools_->commit(id, n - matched);
+  pools_->cache_prefix(id, data.tokens, data.salt);
   return n;
 }
 
@@ -542,7 +635,9 @@ int64_t PagedBackend::attach_store(PromptStore& store) {
   int64_t restored = 0, tokens = 0, n_full = 0;
   for (const PromptFileInfo& f : files) {
     const int64_t need = (f.n_tokens - f.first_row) / options_.block_size;
-    if (pool_->stats().n_free < need) {
+    bool fits = true;  // in free blocks of every group
+    for (size_t g = 0; g < pools_->n_groups(); ++g) fits = fits && pools_->stats(g).n_free >= need;
+    if (!fits) {
       ++n_full;
       continue;
     }
@@ -573,11 +668,11 @@ int64_t PagedBackend::attach_store(PromptStore& store) {
 std::optional<PromptFileData> PagedBackend::slot_file(int slot) {
   const auto& [tokens, salt] = last_.at(size_t(slot));
   if (tokens.empty()) return std::nullopt;
-  const PagedPool::SeqId id = pool_->create();
-  const int64_t matched = pool_->match_prefix(id, tokens, int64_t(tokens.size()), salt);
+  const PagedPool::SeqId id = pools_->create();
+  const int64_t matched = pools_->match_prefix(id, tokens, int64_t(tokens.size()), salt);
   std::optional<PromptFileData> d;
   if (matched > 0) d = run_file(id, tokens, 0, matched / options_.block_size, salt);
-  pool_->free(id);
+  pools_->free(id);
   publish_stats();
   return d;
 }
@@ -595,7 +690,7 @@ int64_t PagedBackend::restore_slot(int slot, const PromptFileData& data) {
 int64_t PagedBackend::erase_slot(int slot) {
   auto& [tokens, salt] = last_.at(size_t(slot));
   if (tokens.empty()) return 0;
-  const int64_t n = pool_->forget_prefix(tokens, salt);
+  const int64_t n = pools_->forget_prefix(tokens, salt);
   // The files of the runs taken out: each ends at a block end the chain had.
   if (store_ && n > 0)
     for (int64_t e = int64_t(tokens.size()); e > int64_t(tokens.size()) - n; e -= options_.block_size)

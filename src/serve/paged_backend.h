@@ -17,6 +17,7 @@
 #include "serve/serve_stats.h"
 #include "kv/paged_cache.h"
 #include "kv/paged_pool.h"
+#include "kv/paged_pools.h"
 #include "model/model.h"
 
 namespace osprey {
@@ -42,6 +43,9 @@ struct PagedBackendOptions {
   int64_t split_keys = 0;
   // OSPREY_KV_INPLACE_WRITE: off, every K/V write is a copying write (PagedPoolParams::inplace).
   bool inplace = true;
+  // The most prompt rows one prefill chunk writes (the scheduler's prefill_chunk). A
+  // sliding-window group holds about a window plus one chunk per sequence (kv/paged_pools.h).
+  int64_t prefill_chunk = 512;
 };
 
 // With a prompt store attached (CacheFiles::attach_store), the blocks a sequence adds to the
@@ -73,9 +77,10 @@ class PagedBackend final : public SequenceBackend, public CacheFiles {
   // Thread-safe.
   // The prefix cache as the prompt cache of this layout (serve/serve_stats.h).
   PromptCacheStats prefix_stats() const;
+  // Every group's counts added up (blocks of different groups differ in size).
   PagedPoolStats pool_stats() const;
   int64_t block_size() const { return options_.block_size; }
-  int64_t n_blocks() const;
+  const PagedPools& pools() const { return *pools_; }
   uint64_t n_graph_replays() const { return n_graph_replays_; }
   uint64_t n_graph_captures() const { return n_graph_captures_; }
 
@@ -87,9 +92,11 @@ class PagedBackend final : public SequenceBackend, public CacheFiles {
   int64_t erase_slot(int slot) override;
 
  private:
-  // The rows of blocks [first, end) of the sequence's table as a paged file's data (CPU copies).
-  PromptFileData run_file(PagedPool::SeqId id, std::span<const int32_t> tokens, int64_t first, int64_t end,
-                          const std::string& salt);
+  // The rows of blocks [first, end) of the chain of `tokens` as a paged file's data (CPU
+  // copies): the sequence's blocks, or a windowed group's cached ones; nullopt when a windowed
+  // group holds some of them no more.
+  std::optional<PromptFileData> run_file(PagedPool::SeqId id, std::span<const int32_t> tokens, int64_t first,
+                                         int64_t end, const std::string& salt);
   // Puts a paged file's blocks into the prefix cache after the chain of its first rows, which
   // must be cached already; returns the rows of the file's chain now cached (its length, or
   // less when the pool has no room), or nullopt when the chain it continues is not cached.
@@ -98,15 +105,21 @@ class PagedBackend final : public SequenceBackend, public CacheFiles {
     bool busy = false;
     PagedPool::SeqId id = -1;
     std::string salt;  // its prompt-cache salt
+    // The token of each row written so far: a windowed group caches its blocks by them before
+    // it gives them back.
+    std::vector<int32_t> tokens;
   };
   // A decode step's inputs for batches of up to `size` sequences, in device arrays that stay
   // put (views of one buffer uploaded per step), and the step captured over them.
   struct Bucket {
     int64_t size = 0;
     int64_t width = 0;  // blocks per table row
-    Array host;  // i32 [4 * size + size * width] on the CPU: tokens, positions, slots, lens, tables
+    // i32 [3 * size + groups * (size + size * width)] on the CPU: tokens, positions, lens, then
+    // each group's slots and tables.
+    Array host;
     Array device;
-    Array tokens, positions, slots, lens, tables;  // views of `device`
+    Array tokens, positions, lens;  // views of `device`
+    std::vector<Array> slots, tables;  // per group, views of `device`
     std::unique_ptr<CapturedGraph> graph;
     uint64_t memory_generation = 0;
     Array logits;  // [size, vocab], what the graph writes
@@ -116,6 +129,14 @@ class PagedBackend final : public SequenceBackend, public CacheFiles {
   };
   // The bucket for b sequences whose longest needs `blocks` blocks.
   Bucket& bucket_for(int64_t b, int64_t blocks);
+  // Sizes the pools' groups from the options (kv_cache_bytes, or every sequence's full context
+  // capped by the device's free memory) and logs them.
+  PagedPoolsParams size_pools();
+  // Blocks one sequence holds at most in group g (a windowed group: its window and a chunk).
+  int64_t seq_blocks(size_t g, int64_t rows) const;
+  // After rows were committed: the tokens they hold appended, and the windowed groups' blocks
+  // that no later query sees given back (cached first when the prefix cache is on).
+  void advance(Seq& s, std::span<const int32_t> tokens);
   Seq& seq(int handle);
   void publish_stats();
   // The masked inputs' token masks (asked of `masks`) as u32 [inputs, ceil(vocab / 32)] on the
@@ -135,10 +156,10 @@ class PagedBackend final : public SequenceBackend, public CacheFiles {
   Model& model_;
   PagedBackendOptions options_;
   int64_t context_ = 0;
-  int64_t block_bytes_ = 0;
-  std::unique_ptr<PagedPool> pool_;
+  std::vector<int64_t> windows_;  // per group of layers (paged_group_windows)
+  std::unique_ptr<PagedPools> pools_;
   PagedStep step_;
-  SequenceCache step_cache_;  // views of pool_ reading step_
+  SequenceCache step_cache_;  // views of pools_ reading step_
   std::vector<Seq> seqs_;
   std::vector<std::unique_ptr<Bucket>> buckets_;
   int64_t table_width_ = 0;  // blocks of one full context: every bucket's table row
@@ -148,7 +169,8 @@ class PagedBackend final : public SequenceBackend, public CacheFiles {
   std::vector<LogitAdjust> row_adjust_;
   mutable std::mutex stats_mu_;
   PromptCacheStats prefix_;      // guarded by stats_mu_; the pool's counts are filled in on reading
-  PagedPoolStats pool_stats_;    // guarded by stats_mu_
+  PagedPoolStats pool_stats_;    // guarded by stats_mu_: every group's counts added up
+  int64_t bytes_in_use_ = 0, bytes_cached_ = 0;  // guarded by stats_mu_
   KVCounters counters_;          // guarded by stats_mu_
   PromptStore* store_ = nullptr;  // attach_store's
   // What each sequence slot's last finished sequence left in the prefix cache: the tokens of

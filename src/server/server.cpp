@@ -1413,6 +1413,7 @@ void Server::load() {
     po.device_sampling = env_options().cuda_sample_rows;
     po.split_keys = env_options().paged_split_keys;
     po.inplace = m.opt.cache.inplace;
+    po.prefill_chunk = m.opt.prefill_chunk;
     auto b = std::make_unique<PagedBackend>(*m.model, po);
     m.paged = b.get();
     m.cache_files = b.get();

@@ -206,7 +206,7 @@ TEST_P(MistralWindow, CudaDecodeEqualsTheCpuAtEveryStep) {
 }
 
 TEST_P(MistralWindow, PagedDecodePastTheWindowMatchesTheDefinitionAloneAndInABatch) {
-  // The paged pool keeps every row and attention masks those before the window: blocks of 16
+  // The paged pool gives back the blocks behind the window (kv/paged_pools.h): blocks of 16
   // rows (not a multiple of 12), the windowed sequence decoded alone, then beside two others
   // (one still inside its window, one far past it), with in-place writes on and off. On CUDA
   // the paged step's logits also equal the dense ring's on the same device.

@@ -156,6 +156,34 @@ TEST_P(PagedBackendTest, ABatchComputesWhatEachSequenceComputesAlone) {
   EXPECT_EQ(backend.kv_counters().n_copying_writes, 0u);
 }
 
+TEST_P(PagedBackendTest, SlidingWindowLayersHoldOnlyTheirWindow) {
+  // Sequences past the fixtures' window of 16 rows, in blocks of 4, still running: a windowed
+  // group holds, per sequence of length L, the blocks of rows [first seen row, L) where a query
+  // at L sees (L - 16, L] (its first row rounded down to a block); a full-attention group holds
+  // every row. The expected counts are the window's definition, written out here.
+  std::mt19937 rng(5);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int64_t n : {40, 3, 29}) prompts.push_back(random_prompt(rng, n, vocab_));
+  PagedBackend backend(*model_, options(4));
+  const PagedPools& pools = backend.pools();
+  const BatchRun run = run_batch(backend, prompts, 21, false);
+  bool windowed = false;
+  for (size_t g = 0; g < pools.n_groups(); ++g) {
+    const int64_t w = pools.window(g), bs = backend.block_size();
+    windowed = windowed || w > 0;
+    int64_t want = 0;
+    for (const auto& t : run.tokens) {
+      const int64_t len = int64_t(t.size()) - 1;  // the last token's row is not written yet
+      const int64_t first = w > 0 ? std::max<int64_t>(0, len - w + 1) / bs : 0;
+      want += (len + bs - 1) / bs - first;
+    }
+    EXPECT_EQ(pools.stats(g).n_in_use, want) << "group of window " << w;
+  }
+  bool model_windowed = false;
+  for (int64_t l = 0; l < model_->info().n_layers; ++l) model_windowed = model_windowed || model_->kv_params(l).window > 0;
+  EXPECT_EQ(windowed, model_windowed);
+}
+
 TEST_P(PagedBackendTest, GreedyOutputIsTheSameAloneInABatchAndFromThePrefixCache) {
   InvariantScope invariant(true);
   std::mt19937 rng(11);
@@ -187,13 +215,25 @@ TEST_P(PagedBackendTest, GreedyOutputIsTheSameAloneInABatchAndFromThePrefixCache
   const BatchRun restored = run_batch(cached_backend, {random_prompt(rng, 13, vocab_), target}, kSteps);
   ASSERT_EQ(restored.n_cached[1], 20) << "five blocks of 4 of the 21 shared tokens";
 
+  // The same from the prefix cache with copying writes only (OSPREY_KV_INPLACE_WRITE=0).
+  PagedBackendOptions copying = options(4);
+  copying.inplace = false;
+  PagedBackend copying_backend(*model_, copying);
+  run_batch(copying_backend, {other}, 3);
+  const BatchRun restored_copying = run_batch(copying_backend, {random_prompt(rng, 13, vocab_), target}, kSteps);
+  ASSERT_EQ(restored_copying.n_cached[1], 20);
+  EXPECT_EQ(copying_backend.kv_counters().n_inplace_writes, 0u);
+
   EXPECT_EQ(batched.tokens[3], alone.tokens[0]);
   EXPECT_EQ(restored.tokens[1], alone.tokens[0]);
+  EXPECT_EQ(restored_copying.tokens[1], alone.tokens[0]);
   for (size_t i = 0; i < alone.logits[0].size(); ++i) {
     ASSERT_EQ(std::memcmp(batched.logits[3][i].data(), alone.logits[0][i].data(), size_t(vocab_) * 4), 0)
         << "batched logits differ at step " << i;
     ASSERT_EQ(std::memcmp(restored.logits[1][i].data(), alone.logits[0][i].data(), size_t(vocab_) * 4), 0)
         << "restored logits differ at step " << i;
+    ASSERT_EQ(std::memcmp(restored_copying.logits[1][i].data(), alone.logits[0][i].data(), size_t(vocab_) * 4), 0)
+        << "restored logits with copying writes differ at step " << i;
   }
 }
 
