@@ -8,6 +8,8 @@
 // [32 j, 32 j + 32), low bits first). For bits 2, 4 and 8 that is 32 / bits codes per word,
 // low bits first; for 3 and 6 a code may straddle two words. packed_in * 32 == bits * in.
 #include <cstdint>
+#include <optional>
+#include <string>
 
 #include "core/array.h"
 
@@ -96,6 +98,16 @@ Array linear(const Array& x, const Fp8Matrix& w, const Array& bias = {});
 // `device`'s FP8 tensor cores for 2 rows of x and more (W8A8: a CUDA device of compute
 // capability 8.9 or later, OSPREY_CUDA_FP8_MMA on). False on the CPU.
 bool fp8_tensor_cores(Device device);
+// The device policy for FP8 checkpoints (docs/design.md, "FP8"): whether weights with
+// `n_groups` scale groups per row stay FP8 on `device` (false: the loader dequantizes them). The
+// CPU dequantizes always; elsewhere `want` decides (LoadOptions::keep_fp8), else
+// OSPREY_CUDA_FP8_WEIGHTS, else they stay where they run on the FP8 tensor cores (one group per
+// row) and are dequantized otherwise (block scales run faster dequantized; older GPUs).
+bool keep_fp8_weights(Device device, std::optional<bool> want, int64_t n_groups);
+// For the load log: how kept FP8 weights run on `device` (activations_declared: the checkpoint
+// declares FP8 activations), and what dequantized ones cost.
+std::string fp8_kept_note(Device device, int64_t n_groups, bool activations_declared);
+std::string fp8_dequantized_note(Device device);
 // Dispatches to the dense, the quantized or the FP8 linear.
 Array linear(const Array& x, const LinearWeight& w, const Array& bias = {});
 
@@ -122,6 +134,9 @@ bool keep_tiles_only(QuantizedMatrix& w);
 // mapped checkpoint file (their repacked tiles being what linear reads; an embedding lookup
 // reads its rows back from the file): resident memory only, w is unchanged.
 void release_mapped_source(const QuantizedMatrix& w);
+// The same for a dense array: releases its resident pages where it is a contiguous view of a
+// mapped file in host memory; does nothing for an array on a device or of the heap.
+void release_mapped_source(const Array& a);
 
 }  // namespace ops
 }  // namespace osprey

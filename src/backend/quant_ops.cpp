@@ -18,6 +18,25 @@
 namespace osprey::ops {
 bool fp8_tensor_cores(Device device) { return !device.is_cpu() && cuda_ops::fp8_tensor_cores(); }
 
+bool keep_fp8_weights(Device device, std::optional<bool> want, int64_t n_groups) {
+  if (device.is_cpu()) return false;
+  if (!want) want = env_options().cuda_fp8_weights;
+  return want ? *want : fp8_tensor_cores(device) && n_groups == 1;
+}
+
+std::string fp8_kept_note(Device device, int64_t n_groups, bool activations_declared) {
+  const bool w8a8 = activations_declared || env_options().cuda_fp8_activations;
+  if (!(fp8_tensor_cores(device) && n_groups == 1 && w8a8)) return "activations are not quantized";
+  return std::string("2 rows and more (prompts, batches) run on the FP8 tensor cores with activations quantized to "
+                     "e4m3 per token") +
+         (activations_declared ? "" : " (OSPREY_CUDA_FP8_ACTIVATIONS: the checkpoint declares none; faster prompts, less accurate)") +
+         ", one row with unquantized activations";
+}
+
+std::string fp8_dequantized_note(Device device) {
+  return device.is_cpu() ? "" : " (OSPREY_CUDA_FP8_WEIGHTS=1 keeps them FP8, at half the memory and slower)";
+}
+
 namespace {
 
 using detail::on_cuda;
@@ -286,6 +305,8 @@ void release_pages_of(const Array& a) {
   if (a.defined() && a.device().is_cpu() && a.is_contiguous()) release_mapped_pages(a.raw(), a.nbytes());
 }
 }  // namespace
+
+void release_mapped_source(const Array& a) { release_pages_of(a); }
 
 void release_mapped_source(const QuantizedMatrix& w) {
   if (!w.cpu_tiles.defined()) return;  // without tiles, linear reads these pages

@@ -15,7 +15,7 @@ DecodeStepper::DecodeStepper(Model& model, SequenceCache& cache, const DecodeSte
   position_ = Array::empty({1}, DType::i32, dev);
   ops::fill_i32_(token_, 0);
   ops::fill_i32_(position_, 0);
-  if (dev.is_cpu() || !model.supports_graph_capture()) options_.graphs = false;
+  if (dev.is_cpu() || !model.replayable_step()) options_.graphs = false;
 }
 
 DecodeStepper::~DecodeStepper() = default;

@@ -152,7 +152,7 @@ class ShardedModel final : public Model {
 
   // The step runs on several threads and devices: one captured graph on rank 0's stream would
   // miss the others' work.
-  bool supports_graph_capture() const override { return false; }
+  bool replayable_step() const override { return false; }
 
  protected:
   Array forward_tokens(const Array& tokens, const Array& positions, SequenceCache& cache, bool all_logits) override {

@@ -6,7 +6,8 @@
 //     the MLX affine layout of backend/quant.h (scale = s, bias = -s * z rounded to the
 //     scales' dtype), so that the 4-bit kernels serve them;
 //   - FP8 e4m3 weights (compressed-tensors, fbgemm_fp8, fp8 with block scales, ModelOpt) are
-//     dequantized to bfloat16 on the CPU and kept as FP8 on CUDA (load_fp8).
+//     read as FP8 (load_fp8) or dequantized to bfloat16 (dequantize_fp8); which one, per device,
+//     is the backend's policy (ops::keep_fp8_weights).
 #include <filesystem>
 #include <optional>
 #include <string>

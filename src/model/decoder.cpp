@@ -6,7 +6,6 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "core/log.h"
-#include "core/mapped_file.h"
 #include "formats/safetensors.h"
 #include "model/blocks.h"
 #include "model/layer_types.h"
@@ -107,9 +106,8 @@ class Decoder final : public Model {
       lm_head_ = w.linear(spec.lm_head, spec.vocab_size, h, dt, rows(vocab));
     // An untied dense table is read a few rows a step: where it is a view of the mapped file, the
     // pages that loading brought in go back (a lookup reads its rows from the file again).
-    if (!(lm_head_.dense.defined() && lm_head_.dense.raw() == embed_.dense.raw()) && embed_.dense.defined() &&
-        embed_.dense.device().is_cpu() && embed_.dense.is_contiguous())
-      release_mapped_pages(embed_.dense.raw(), embed_.dense.nbytes());
+    if (!(lm_head_.dense.defined() && lm_head_.dense.raw() == embed_.dense.raw()) && embed_.dense.defined())
+      ops::release_mapped_source(embed_.dense);
     inv_freq_full_ = inv_freq(w, spec.rope);
     inv_freq_sliding_ = spec.has_rope_sliding ? inv_freq(w, spec.rope_sliding) : inv_freq_full_;
     if (spec.require_all_read) w.require_all_read(spec.model_type);
@@ -125,9 +123,9 @@ class Decoder final : public Model {
   }
 
  public:
-  bool supports_graph_capture() const override {
+  bool replayable_step() const override {
     for (const DecoderLayer& L : layers_)
-      if (L.ffn && !L.ffn->capturable()) return false;
+      if (L.ffn && !L.ffn->replayable()) return false;
     return true;
   }
 

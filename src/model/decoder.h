@@ -86,8 +86,8 @@ struct DecoderSpec : DecoderDims {
   bool mlp_bias = false;
   // A layer's feed-forward block other than the gated MLP of intermediate_size (a family's
   // mixture of experts): called for each layer while loading; a null block (or no loader)
-  // leaves that layer the gated MLP. A model with such blocks is not captured in device graphs
-  // unless every block is capturable, and not sharded for tensor parallelism.
+  // leaves that layer the gated MLP. A model with such blocks has a replayable step only when
+  // every block is (FeedForward::replayable), and is not sharded for tensor parallelism.
   FeedForwardLoader feed_forward;
   bool tie_word_embeddings = false;  // the embedding table is the head unless the file has lm_head
   // K/V rows in bf16 for a bf16 checkpoint (activations that may pass float16's range), else f16.

@@ -20,10 +20,10 @@ class FeedForward {
   // h [n, hidden] f32 (the layer's normed input) on the model's device -> [n, hidden] f32 on
   // the same device: what the layer adds to its residual stream.
   virtual Array forward(const Array& h) const = 0;
-  // Whether a step that runs forward() may be captured and replayed as one device graph:
-  // false for a block that reads values back to the host to decide what to run (which
-  // experts a token goes to).
-  virtual bool capturable() const = 0;
+  // Whether a step that runs forward() can be recorded once and replayed (Model::
+  // replayable_step): false for a block that reads values back to the host to decide what to
+  // run (which experts a token goes to).
+  virtual bool replayable() const = 0;
 };
 
 // What a block's loader gets for one layer.

@@ -47,10 +47,9 @@ struct LoadOptions {
   // through `comm` in every forward pass. Not owned; it outlives the model. Null: the whole
   // model.
   Communicator* comm = nullptr;
-  // FP8 checkpoints on CUDA: true keeps the e4m3 weights (half the memory of bf16, through
-  // backend/cuda/fp8_linear.cu), false dequantizes them to bf16 at load (docs/design.md, "FP8").
-  // Unset: OSPREY_CUDA_FP8_WEIGHTS; unset too: kept where they run on the FP8 tensor cores (one
-  // scale per row, ops::fp8_tensor_cores), dequantized otherwise (block scales, older GPUs).
+  // FP8 checkpoints: true keeps the e4m3 weights where the device runs them (half the memory of
+  // bf16), false dequantizes them to bf16 at load; unset, the backend's policy decides
+  // (ops::keep_fp8_weights; docs/design.md, "FP8").
   std::optional<bool> keep_fp8;
   // CPU, 4- and 8-bit weights with tiles (ops::repack_for_cpu) that only linear() reads: true
   // keeps the tiles alone (ops::keep_tiles_only: resident memory about the weights' size once,
@@ -91,9 +90,11 @@ class Model {
   // What layer `layer`'s cache holds (K/V heads, head size, row type, window), for caches made
   // outside make_cache (the paged pool).
   KVCacheParams kv_params(int64_t layer, const KVCacheParams& options = {}) const;
-  // Whether a decode step may be captured as one CUDA graph on the model's device (not when
-  // the step runs on several devices' threads).
-  virtual bool supports_graph_capture() const { return true; }
+  // Whether a forward pass's work can be recorded once and replayed for later steps of the same
+  // shape: the same work in the same order, decided without reading values back to the host
+  // (a mixture of experts' routing does), issued from one thread (not a tensor-parallel model's
+  // ranks). The engine records decode steps only then.
+  virtual bool replayable_step() const { return true; }
 
  protected:
   // The family's forward pass: tokens [n] i32 and positions [n] i32 (cache.offset() + i), both

@@ -6,8 +6,8 @@
 //
 // The routing is decided on the host: the router logits come back from the device, and only
 // the chosen experts' weights are read (a decode step reads top_k experts of each layer).
-// NOTE: that readback is a synchronisation per layer on a device, and the block cannot be
-// captured in a graph (FeedForward::capturable); a grouped kernel that reads the choices on
+// NOTE: that readback is a synchronisation per layer on a device, and the block's step cannot be
+// recorded and replayed (FeedForward::replayable); a grouped kernel that reads the choices on
 // the device is the way past both.
 #include <cstdint>
 #include <memory>
@@ -86,7 +86,7 @@ class MoeBlock final : public FeedForward {
   // order, so a token's output does not depend on the other tokens of the batch where the
   // linear layers are batch-invariant (ops::set_batch_invariant).
   Array forward(const Array& h) const override;
-  bool capturable() const override { return false; }
+  bool replayable() const override { return false; }
 
   const MoeConfig& config() const { return config_; }
 

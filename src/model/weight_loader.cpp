@@ -261,14 +261,12 @@ LinearWeight WeightLoader::hub_linear(const std::string& prefix, int64_t out, in
                        hq.name + "\"");
   // Static activation scales (W8A8 checkpoints): the weights run against unquantized activations.
   if (weights_.contains(prefix + ".input_scale")) read_.insert(prefix + ".input_scale");
-  // FP8 stays FP8 on CUDA when asked to (LoadOptions::keep_fp8, else OSPREY_CUDA_FP8_WEIGHTS), or,
-  // unasked, where it runs on the FP8 tensor cores (one scale per row); block scales run faster
-  // dequantized (docs/design.md, "FP8").
-  const std::optional<bool> want = options_.keep_fp8 ? options_.keep_fp8 : env_options().cuda_fp8_weights;
+  // FP8 stays FP8 where the backend's policy says (ops::keep_fp8_weights, from LoadOptions::
+  // keep_fp8 and the scale groups); an embedding table is dequantized.
   std::optional<LoadedFp8> kept;
-  if (!options_.device.is_cpu() && !loading_table_ && want.value_or(ops::fp8_tensor_cores(options_.device))) {
+  if (!loading_table_ && ops::keep_fp8_weights(options_.device, options_.keep_fp8, 1)) {
     kept = load_fp8(weights_, hq, prefix, out, in);
-    if (!want && kept->m.scales.dim(1) > 1) kept.reset();
+    if (!ops::keep_fp8_weights(options_.device, options_.keep_fp8, kept->m.scales.dim(1))) kept.reset();
   }
   if (kept) {
     const LoadedFp8& f = *kept;
@@ -278,18 +276,10 @@ LinearWeight WeightLoader::hub_linear(const std::string& prefix, int64_t out, in
       throw InvalidInput("tensor " + prefix + ".weight has FP8 block scales over groups of " + std::to_string(group) +
                          " inputs: a tensor-parallel rank's columns " + range_str(s.col0, s.cols) + " of its " +
                          std::to_string(in) + " inputs do not fall on whole groups (use fewer ranks)");
-    const bool w8a8 = hq.fp8_activations || env_options().cuda_fp8_activations;
     if (!fp8_logged_) {
       log_info(weights_.source().string() + ": FP8 (" + hq.name + ", " +
                (hq.fp8_activations ? "FP8 activations declared" : "weights only") + ") weights stay FP8 on " +
-               options_.device.str() +
-               (ops::fp8_tensor_cores(options_.device) && groups == 1 && w8a8
-                    ? "; 2 rows and more (prompts, batches) run on the FP8 tensor cores with activations quantized "
-                      "to e4m3 per token" +
-                          std::string(hq.fp8_activations ? "" : " (OSPREY_CUDA_FP8_ACTIVATIONS: the checkpoint declares "
-                                                              "none; faster prompts, less accurate)") +
-                          ", one row with unquantized activations"
-                    : "; activations are not quantized") +
+               options_.device.str() + "; " + ops::fp8_kept_note(options_.device, groups, hq.fp8_activations) +
                (hq.fp8_activation_note.empty() ? "" : " (" + hq.fp8_activation_note + ")"));
       fp8_logged_ = true;
     }
@@ -311,7 +301,7 @@ LinearWeight WeightLoader::hub_linear(const std::string& prefix, int64_t out, in
   if (!fp8_logged_) {
     log_info(weights_.source().string() + ": FP8 (" + hq.name + ") weights are dequantized to " +
              dtype_name(dtype.value_or(DType::bf16)) + " at load" +
-             (options_.device.is_cpu() ? "" : " (OSPREY_CUDA_FP8_WEIGHTS=1 keeps them FP8, at half the memory and slower)") +
+             ops::fp8_dequantized_note(options_.device) +
              "; activations are not quantized");
     fp8_logged_ = true;
   }

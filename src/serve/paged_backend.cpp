@@ -46,7 +46,7 @@ PagedBackend::PagedBackend(Model& model, const PagedBackendOptions& options) : m
   table_width_ = ceil_div(context_, options.block_size);
   // A model whose step reads values back to the host (a mixture of experts' routing) cannot be
   // captured: it runs every step eagerly, as on the CPU.
-  if (info.device.is_cpu() || !model.supports_graph_capture()) options_.graphs = false;
+  if (info.device.is_cpu() || !model.replayable_step()) options_.graphs = false;
   seqs_.resize(size_t(options.max_sequences));
   last_.resize(seqs_.size());
   publish_stats();

@@ -442,10 +442,10 @@ TEST(MoeFamilies, AreRegisteredAndDecodeOnlyOnTheHost) {
   EXPECT_NE(std::find(families.begin(), families.end(), "mixtral"), families.end());
   for (const MoeFixture& f : kMoeFixtures) {
     auto m = load_model(fixture_dir(f.name));
-    EXPECT_FALSE(m->supports_graph_capture()) << f.name << ": the routing is read back to the host every layer";
+    EXPECT_FALSE(m->replayable_step()) << f.name << ": the routing is read back to the host every layer";
   }
   // A dense family is still captured.
-  EXPECT_TRUE(load_model(fixture_dir("qwen3"))->supports_graph_capture());
+  EXPECT_TRUE(load_model(fixture_dir("qwen3"))->replayable_step());
 }
 
 // ---- CUDA against the CPU ---------------------------------------------------------------------

@@ -31,7 +31,7 @@ class ScriptedModel : public Model {
     eos_ = c.get_int_list("eos_token_id").at(0);
     device_lost_at_ = c.get_int("device_lost_at", -1);
   }
-  bool supports_graph_capture() const override { return false; }
+  bool replayable_step() const override { return false; }
 
  protected:
   KVCacheParams layer_cache_params(int64_t, const KVCacheParams& params) const override {
