@@ -403,6 +403,15 @@ TEST(DraftModel, IncompatibleDraftsAreRefusedByName) {
   const std::filesystem::path demo = testing::source_dir() / "models/demo";
   const Tokenizer t = Tokenizer::load(demo);
   EXPECT_NO_THROW(check_draft_compatible(*llama, &t, *llama, &t, "d"));
+  // Without tokenizer_config.json the eos id (its eos_token) is gone.
+  {
+    testing::TempDir d;
+    testing::write_file(d / "tokenizer.json", testing::read_file(demo / "tokenizer.json"));
+    const Tokenizer no_config = Tokenizer::load(d.path());
+    EXPECT_NE(testing::error_of<InvalidInput>([&] { check_draft_compatible(*llama, &t, *llama, &no_config, "d"); })
+                  .find("eos ids differ"),
+              std::string::npos);
+  }
   EXPECT_NE(testing::error_of<InvalidInput>([&] { check_draft_compatible(*llama, &t, *llama, nullptr, "d"); })
                 .find("the draft model carries no tokenizer"),
             std::string::npos);
@@ -412,6 +421,7 @@ TEST(DraftModel, IncompatibleDraftsAreRefusedByName) {
     nlohmann::json j = base;
     change(j);
     testing::write_file(d / "tokenizer.json", j.dump());
+    testing::write_file(d / "tokenizer_config.json", testing::read_file(demo / "tokenizer_config.json"));
     return Tokenizer::load(d.path());
   };
   // Two vocabulary entries' ids swapped.
