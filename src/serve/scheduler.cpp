@@ -7,9 +7,9 @@
 #include <optional>
 
 #include "backend/ops.h"
+#include "backend/sample_noise.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "backend/sample_noise.h"
 #include "grammar/matcher.h"
 #include "serve/draft_model.h"
 
