@@ -41,7 +41,8 @@ runs on the same text with the tokenizer of models/demo reused as is (not traine
 that every id is the demo's) and the DRAFT_ARCH shape (2 layers, hidden 128: about an eighth
 of the demo's parameters); outputs demo_draft_model.tar (demo-draft/...) instead:
   PYTHONUNBUFFERED=1 python3 tools/train_demo_model.py --data .demo_data/text --out OUT_DRAFT \
-      --arch draft --tokenizer models/demo --work /tmp/demo_draft_work
+      --arch draft --tokenizer models/demo --work /tmp/demo_draft_work --train-until 245
+  tar -xf OUT_DRAFT/demo_draft_model.tar -C models/    # models/demo-draft/
 """
 
 import argparse
