@@ -35,6 +35,14 @@ Outputs under --out:
 
 Usage:
   PYTHONUNBUFFERED=1 python3 tools/train_demo_model.py --data .demo_data/text --out OUT
+
+The draft model for speculative decoding (models/demo-draft, osprey --model-draft): the same
+runs on the same text with the tokenizer of models/demo reused as is (not trained again, so
+that every id is the demo's) and the DRAFT_ARCH shape (2 layers, hidden 128: about an eighth
+of the demo's parameters); outputs demo_draft_model.tar (demo-draft/...) instead:
+  PYTHONUNBUFFERED=1 python3 tools/train_demo_model.py --data .demo_data/text --out OUT_DRAFT \
+      --arch draft --tokenizer models/demo --work /tmp/demo_draft_work --train-until 245
+  tar -xf OUT_DRAFT/demo_draft_model.tar -C models/    # models/demo-draft/
 """
 
 import argparse
@@ -71,6 +79,20 @@ ARCH = {
     "rms_norm_eps": 1e-5,
     "rope_theta": 10000.0,
 }
+
+# --arch draft: the draft model of speculative decoding, of the demo's tokenizer.
+DRAFT_ARCH = {
+    "hidden_size": 128,
+    "intermediate_size": 352,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 64,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+}
+# The folder (and tar member) and model_dir each --arch ships as.
+ARCH_NAMES = {"demo": "demo", "draft": "demo-draft"}
 
 # Runs trained side by side; the one with the lowest val loss is shipped.
 RUNS = {
@@ -433,9 +455,16 @@ def prepare(args, report):
     report["data_meta"].pop("copyright_file", None)
     log("paragraphs: train %d, val %d, test %d" % (len(train), len(val), len(test)))
 
-    tok = train_tokenizer(train, args.vocab)
     tok_dir = os.path.join(args.work, "tokenizer")
-    write_tokenizer_files(tok, tok_dir, args.ctx)
+    if args.tokenizer:
+        # Reused as is (a draft model's ids must be the target's).
+        os.makedirs(tok_dir, exist_ok=True)
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(os.path.join(args.tokenizer, name), os.path.join(tok_dir, name))
+        log("tokenizer: reused from %s" % args.tokenizer)
+    else:
+        tok = train_tokenizer(train, args.vocab)
+        write_tokenizer_files(tok, tok_dir, args.ctx)
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(os.path.join(tok_dir, "tokenizer.json"))  # as saved
@@ -615,7 +644,7 @@ def run_workers(args, deadline, report):
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", name, "--deadline", repr(deadline)]
         for key in ("data", "out", "work"):
             cmd += ["--" + key, getattr(args, key)]
-        cmd += ["--ctx", str(args.ctx), "--batch", str(args.batch), "--vocab", str(args.vocab)]
+        cmd += ["--ctx", str(args.ctx), "--batch", str(args.batch), "--vocab", str(args.vocab), "--arch", args.arch]
         procs[name] = subprocess.Popen(cmd, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     log("started runs %s, training until +%.0f s" % (",".join(procs), deadline - T0))
     hard_stop = deadline + 60
@@ -686,7 +715,7 @@ def finish(args, tok, meta, results, report):
     report["chosen_run"] = chosen
     log("shipping run %s (best val %.4f at step %d of %d)" % (chosen, r["best_val_loss"], r["best_step"], r["steps"]))
     state = torch.load(os.path.join(args.work, "runs", chosen, "best.pt"))
-    folder = os.path.join(args.work, "demo")
+    folder = os.path.join(args.work, ARCH_NAMES[args.arch])
     model, written_config = export_and_reload(args, state, meta, folder)
     report["config_json"] = written_config
     report["n_params"] = sum(p.numel() for p in model.parameters())
@@ -727,7 +756,7 @@ def finish(args, tok, meta, results, report):
     fixture = {
         "description": "Greedy continuations of models/demo by Hugging Face transformers, the reference "
                        "for tests/model/demo_model_test.cpp. Made by tools/train_demo_model.py.",
-        "model_dir": "models/demo",
+        "model_dir": "models/" + ARCH_NAMES[args.arch],
         "n_tokens": N_GREEDY,
         "margin_threshold": 0.05,
         "compute": "from_pretrained(models/demo, dtype=float32, attn_implementation=eager) on CUDA, TF32 off; "
@@ -753,7 +782,7 @@ def finish(args, tok, meta, results, report):
     report["samples"] = samples
     report["chat_template_rendered"] = render_chat(hf_tok)
 
-    title = "demo model (%.1fM parameters): test perplexity %.1f" % (report["n_params"] / 1e6,
+    title = "%s model (%.1fM parameters): test perplexity %.1f" % (ARCH_NAMES[args.arch], report["n_params"] / 1e6,
                                                                    ppl["test"]["perplexity"])
     png = os.path.join(folder, "loss_curve.png")
     try:
@@ -799,8 +828,9 @@ def main_process(args):
         folder, fixture = finish(args, tok, meta, results, report)
         with open(os.path.join(out, "reference.json"), "w") as f:
             json.dump(fixture, f, indent=1)
-        with tarfile.open(os.path.join(out, "demo_model.tar"), "w") as tar:
-            tar.add(folder, arcname="demo")
+        name = ARCH_NAMES[args.arch]
+        with tarfile.open(os.path.join(out, name.replace("-", "_") + "_model.tar"), "w") as tar:
+            tar.add(folder, arcname=name)
         report["status"] = "ok"
     except Exception:  # noqa: BLE001
         report["status"] = "failed"
@@ -823,12 +853,24 @@ def main():
     ap.add_argument("--runs", default=",".join(RUNS), help="comma-separated subset of " + ",".join(RUNS))
     ap.add_argument("--train-until", type=float, default=300.0,
                     help="seconds after the start at which every run stops training")
+    ap.add_argument("--arch", choices=sorted(ARCH_NAMES), default="demo",
+                    help="demo: the demo model's shape; draft: DRAFT_ARCH, the draft model of speculative decoding "
+                         "(needs --tokenizer models/demo)")
+    ap.add_argument("--tokenizer", default=None,
+                    help="folder whose tokenizer.json and tokenizer_config.json are reused instead of training one")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--deadline", type=float, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     for name in args.runs.split(","):
         if name not in RUNS:
             ap.error("unknown run %r" % name)
+    if args.arch == "draft" and not args.tokenizer:
+        ap.error("--arch draft: give --tokenizer models/demo (the draft must have the demo's token ids)")
+    if args.tokenizer and not os.path.exists(os.path.join(args.tokenizer, "tokenizer.json")):
+        ap.error("--tokenizer %s: no tokenizer.json there" % args.tokenizer)
+    if args.arch == "draft":
+        ARCH.clear()
+        ARCH.update(DRAFT_ARCH)
     if args.worker:
         train_one(args, args.worker, args.deadline, save_dir=os.path.join(args.work, "runs", args.worker))
         return 0

@@ -256,6 +256,9 @@ int run_bench_cmd(const BenchOptions& o) {
   if (!o.batch.empty() && (o.n_prompt.size() != 1 || o.n_gen.size() != 1 || o.n_prompt[0] < 1 || o.n_gen[0] < 1 ||
                            o.depths.size() != 1 || o.depths[0] != 0))
     throw UsageError("bench --batch: give one prompt size (-p) and one generation length (-n), both >= 1, and no depth");
+  if (!o.batch.empty() && o.spec.enabled())
+    throw UsageError(std::string("bench --batch with ") + o.spec.flag() +
+                     ": --batch runs on the paged KV pool, whose batched step does not verify drafts");
   if (o.threads >= 0) set_cpu_threads(o.threads);
   const std::string dir = model_folder(o.model, o.download);
   if (!fs::exists(dir)) throw IoError("model folder " + dir + " does not exist");
@@ -325,6 +328,11 @@ int run_bench_cmd(const BenchOptions& o) {
   bp.decode = generate_params(env);
   bp.decode.sampler = o.sampler;
   bp.decode.spec = o.spec;
+  std::optional<Tokenizer> tokenizer;
+  if (!o.spec.model_draft.empty() && model_has_tokenizer(dir)) tokenizer = load_model_tokenizer(dir);
+  std::unique_ptr<Model> draft =
+      load_draft_model(o.spec, *model, tokenizer ? &*tokenizer : nullptr, info.device, o.output != "md");
+  bp.decode.draft_model = draft.get();
 
   std::vector<BenchResult> results;
   for (const BenchTest& t : tests) results.push_back(run_bench(*model, t, bp));

@@ -196,6 +196,9 @@ class Chat {
     gp_.sampler = sampling.params;
     validate(gp_.sampler);
     gp_.spec = o.spec;
+    // The draft's cache lives for one turn: each turn's first draft feeds it the conversation.
+    draft_ = load_draft_model(o.spec, *model_, &tok_, model_->info().device, false);
+    gp_.draft_model = draft_.get();
     gp_.stop_ids = bundle_.stop_ids(model_->info().eos_ids);
     const EnvOptions& env = env_options();
     KVCacheParams co;
@@ -374,6 +377,7 @@ class Chat {
   const Tokenizer& tok_;
   const ChatTemplate& tpl_;
   std::unique_ptr<Model> model_;
+  std::unique_ptr<Model> draft_;  // --model-draft
   int64_t ctx_ = 0;
   GenerateParams gp_;
   SequenceCache cache_;

@@ -2,6 +2,7 @@
 // Subcommands of the `osprey` CLI. Each registers its options on the app and returns the
 // function that runs it; errors propagate as osprey exceptions to main().
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "core/device.h"
@@ -11,6 +12,10 @@
 
 namespace CLI {
 class App;
+}
+namespace osprey {
+class Model;
+class Tokenizer;
 }
 
 namespace osprey::cli {
@@ -53,5 +58,12 @@ void print_banner(const std::string& dir, const Device& device, const std::strin
 
 // GenerateParams with the environment's decode switches (OSPREY_FORCE_SYNC, OSPREY_CUDA_GRAPHS).
 GenerateParams generate_params(const EnvOptions& env);
+
+// --model-draft: the draft model `spec` names (a folder or a Hub id in the cache), loaded on
+// `device` and checked against the target (check_draft_compatible: its tokenizer, or the
+// vocabulary size when neither model carries one); null when spec names none. Throws
+// UsageError for --spec-ngram given with it, InvalidInput for a draft that does not fit.
+std::unique_ptr<Model> load_draft_model(const SpeculativeParams& spec, const Model& target,
+                                        const Tokenizer* target_tokenizer, const Device& device, bool quiet);
 
 }  // namespace osprey::cli

@@ -193,6 +193,17 @@ void add_spec_options(CLI::App& app, SpeculativeParams& p) {
                "decoding)");
   add_int_option(app, "--spec-ngram-min", p.ngram_min, "--spec-ngram: shortest n-gram looked up", 1, 16);
   add_int_option(app, "--spec-ngram-max", p.ngram_max, "--spec-ngram: longest n-gram looked up", 1, 16);
+  app.add_option("--model-draft", p.model_draft,
+                 "Speculative decoding with a draft model (-md; a folder or Hub id): a smaller model of the same "
+                 "tokenizer drafts greedily (sampled requests: from its own distribution, accepted by rejection "
+                 "sampling), verified in one multi-row step. A draft whose tokenizer differs is refused. Not with "
+                 "--spec-ngram")
+      ->type_name("DIR");
+  app.add_option("--draft-p-min", p.draft_p_min,
+                 "--model-draft: stop drafting when the draft's most likely token has a probability below this "
+                 "(0: always draft --draft-max tokens)")
+      ->check(real_range(0, 1))
+      ->capture_default_str();
   add_int_option(app, "--draft-max", p.draft_max, "Speculative decoding: most tokens drafted per step", 1, 64);
   add_int_option(app, "--draft-min", p.draft_min,
                  "Speculative decoding: fewest drafted tokens worth a verify step (shorter drafts decode one token)",

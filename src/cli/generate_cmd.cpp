@@ -32,6 +32,7 @@
 #include "tokenizer/tokenizer.h"
 #include "bundle/model_bundle.h"
 #include "bundle/model_files.h"
+#include "serve/draft_model.h"
 
 namespace osprey::cli {
 namespace fs = std::filesystem;
@@ -250,6 +251,8 @@ int run_generate(const GenerateOptions& o) {
   }
   validate(gp.sampler);
   gp.spec = o.spec;
+  std::unique_ptr<Model> draft = load_draft_model(o.spec, *model, tokenizer ? &*tokenizer : nullptr, model->info().device, o.quiet);
+  gp.draft_model = draft.get();
   if (o.verbose) std::fprintf(stderr, "seed: %llu\n", (unsigned long long)gp.sampler.seed);
 
   const EnvOptions& env = env_options();
@@ -327,7 +330,22 @@ GenerateParams generate_params(const EnvOptions& env) {
   GenerateParams p;
   p.pipelined = !env.force_sync;
   p.graphs = env.cuda_graphs;
+  p.draft_cache.step = env.kv_step;
+  p.draft_cache.inplace = env.kv_inplace_write;
   return p;
+}
+
+std::unique_ptr<Model> load_draft_model(const SpeculativeParams& spec, const Model& target,
+                                        const Tokenizer* target_tokenizer, const Device& device, bool quiet) {
+  if (spec.model_draft.empty()) return nullptr;
+  if (spec.ngram)
+    throw UsageError("--spec-ngram and --model-draft are two draft sources; give one of them");
+  const std::string dir = model_folder(spec.model_draft, false);
+  ProgressBar bar("loading draft " + model_name(dir));
+  LoadOptions lo;
+  lo.device = device;
+  if (!quiet) lo.progress = [&](size_t done, size_t total) { bar.update(done, total); };
+  return osprey::load_draft_model(dir, target, target_tokenizer, lo);
 }
 
 Command add_generate(CLI::App& app) {

@@ -190,6 +190,13 @@ int main(int argc, char** argv) {
       if (args[i] == "-tp" && before != "-p" && before != "--prompt" && before != "--stop" && before != "--system")
         args[i] = "--tensor-parallel";
     }
+  // llama.cpp's -md for --model-draft, the same way (generate, chat, bench, serve).
+  if (!args.empty() && (args[0] == "generate" || args[0] == "chat" || args[0] == "bench" || args[0] == "serve"))
+    for (size_t i = 1; i < args.size(); ++i) {
+      const std::string& before = args[i - 1];
+      if (args[i] == "-md" && before != "-p" && before != "--prompt" && before != "--stop" && before != "--system")
+        args[i] = "--model-draft";
+    }
   std::reverse(args.begin(), args.end());
   try {
     app.parse(args);

@@ -131,8 +131,12 @@ int run_serve(ServeOptions& o) {
   if (so.cache_salt_by_key && so.api_keys.empty())
     throw UsageError("--cache-salt-by-key needs API keys (--api-key or --api-key-file)");
   if (so.spec.enabled() && so.kv_layout == KVLayout::paged)
-    throw UsageError("serve --spec-ngram: speculative decoding runs with the dense layout only (--kv-layout dense); "
+    throw UsageError(std::string("serve ") + so.spec.flag() +
+                     ": speculative decoding runs with the dense layout only (--kv-layout dense); "
                      "the paged backend's batched step does not verify drafts yet");
+  if (so.spec.ngram && !so.spec.model_draft.empty())
+    throw UsageError("--spec-ngram and --model-draft are two draft sources; give one of them");
+  if (!so.spec.model_draft.empty()) so.spec.model_draft = model_folder(so.spec.model_draft, false);
   so.model_dir = model_folder(o.model, o.download);
   if (so.alias.empty() && !o.model.empty() && !fs::exists(o.model)) so.alias = o.model;  // a Hub id names itself
   if (!fs::exists(so.model_dir)) throw IoError("model folder " + so.model_dir.string() + " does not exist");

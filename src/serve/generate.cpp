@@ -23,9 +23,11 @@ void check_request(const Model& model, const SequenceCache& cache, std::span<con
   if (params.spec.enabled()) {
     validate(params.spec);
     if (!cache.gives_back_rows())
-      throw InvalidInput(
-          "--spec-ngram: speculative decoding is not supported for this model: it has sliding-window layers, whose "
-          "rotating KV cache of `window` rows cannot give drafted rows back");
+      throw InvalidInput(std::string(params.spec.flag()) +
+                         ": speculative decoding is not supported for this model: it has sliding-window layers, whose "
+                         "rotating KV cache of `window` rows cannot give drafted rows back");
+    if (!params.spec.model_draft.empty() && !params.draft_model)
+      throw InvalidInput("--model-draft " + params.spec.model_draft + ": the draft model is not loaded");
   }
   ops::check_token_ids(prompt, model.info().vocab_size, "prompt token id");
   const int64_t ctx = model.info().max_position_embeddings;
@@ -65,6 +67,9 @@ GenerateResult generate(Model& model, SequenceCache& cache, std::span<const int3
   so.max_queue = 1;
   so.prefill_chunk = std::max<int64_t>(1, params.prefill_chunk);
   so.spec = params.spec;
+  so.draft_model = params.draft_model;
+  so.draft_cache = params.draft_cache;
+  so.draft_graphs = params.graphs;
   Scheduler engine(backend, so);
 
   SequenceRequest request;

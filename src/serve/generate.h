@@ -35,11 +35,17 @@ struct GenerateParams {
   // the tokens are the same.
   bool pipelined = true;
   bool graphs = true;  // CUDA graph replay of the decode step (OSPREY_CUDA_GRAPHS)
-  // Speculative decoding (docs/design.md, "Speculative decoding"): n-gram drafts verified in
-  // one multi-row step; the tokens are those of plain decoding (greedy: byte for byte; sampled:
-  // the same draws). Refused (InvalidInput) for a model with sliding-window layers; off for a
+  // Speculative decoding (docs/design.md, "Speculative decoding"): n-gram or draft-model
+  // drafts verified in one multi-row step. Greedy: the tokens of plain decoding, byte for byte.
+  // Sampled: n-gram drafts give the same draws as plain decoding; a draft model's sampled drafts
+  // are accepted by rejection sampling, whose tokens follow the target's distribution (not the
+  // same draws). Refused (InvalidInput) for a model with sliding-window layers; off for a
   // constrained sequence (grammar).
   SpeculativeParams spec;
+  // spec.model_draft's loaded model (check_draft_compatible passed), on the model's device; not
+  // owned. Required when spec.model_draft is set.
+  Model* draft_model = nullptr;
+  KVCacheParams draft_cache;  // step and inplace of its caches (the target cache's)
 };
 
 struct GenerateStats {

@@ -7,9 +7,11 @@
 #include <optional>
 
 #include "backend/ops.h"
+#include "backend/sample_noise.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "grammar/matcher.h"
+#include "serve/draft_model.h"
 
 namespace osprey {
 namespace {
@@ -103,6 +105,7 @@ struct Scheduler::Sequence {
   // that are not given back yet (end_sequence gives them back before the backend's end()).
   int64_t n_drafted = 0, n_accepted = 0, n_unsettled = 0;
   bool spec_stepped = false;    // this step's token came from a speculative step
+  int draft_handle = -1;        // the draft model's cache of the sequence (ModelDrafter)
   Clock::time_point admitted{};  // first begun: the end of its queue wait
 
   Sequence(SequenceRequest r) : request(std::move(r)), sampler(request.params.sampler), tokens(request.prompt) {
@@ -125,6 +128,17 @@ struct Scheduler::Sequence {
 Scheduler::Scheduler(SequenceBackend& backend, const SchedulerOptions& options) : backend_(backend), options_(options) {
   if (options_.max_queue < 0) throw InvalidInput("scheduler: max_queue must be >= 0");
   if (options_.prefill_chunk < 1) throw InvalidInput("scheduler: prefill_chunk must be >= 1");
+  if (options_.spec.enabled()) validate(options_.spec);
+  if (!options_.spec.model_draft.empty()) {
+    if (!options_.draft_model) throw InvalidInput("--model-draft " + options_.spec.model_draft + ": the draft model is not loaded");
+    DraftModelOptions d;
+    d.cache = options_.draft_cache;
+    d.graphs = options_.draft_graphs;
+    d.p_min = options_.spec.draft_p_min;
+    // target_vocab left 0: a draft id past the target's vocabulary is never accepted (the
+    // target's row gives it no mass), and check_draft_compatible has compared the two.
+    drafter_ = std::make_unique<ModelDrafter>(*options_.draft_model, d);
+  }
   if (options_.engine_thread) thread_ = std::thread([this] { loop(); });
 }
 
@@ -330,8 +344,19 @@ void Scheduler::drop_cancelled_waiting() {
   for (auto& s : dropped) finish(*s, "cancelled");
 }
 
+void Scheduler::end_draft(Sequence& s) {
+  if (s.draft_handle < 0) return;
+  try {
+    drafter_->end(s.draft_handle);
+  } catch (const std::exception& e) {
+    log_warn("request " + std::to_string(s.request.id) + ": ending the draft failed: " + e.what());
+  }
+  s.draft_handle = -1;
+}
+
 SequenceEvent Scheduler::end_sequence(Sequence& s) {
   s.ended = true;
+  end_draft(s);
   if (s.handle >= 0) {
     try {
       if (s.n_unsettled > 0) backend_.rewind(s.handle, s.n_unsettled);
@@ -363,7 +388,22 @@ bool Scheduler::speculative_step(Sequence& s) {
   const int64_t left = s.request.params.max_tokens - s.n_generated - 1;
   const int64_t k_max = std::min<int64_t>({int64_t(sp.draft_max), room, left});
   if (k_max < sp.draft_min) return false;
-  const std::vector<int32_t> draft = ngram_draft(s.tokens, sp.ngram_min, sp.ngram_max, int(k_max));
+  const SamplerParams& sampler = s.request.params.sampler;
+  DraftProposal proposal;
+  const auto t0 = Clock::now();
+  if (drafter_) {
+    try {
+      if (s.draft_handle < 0) s.draft_handle = drafter_->begin();
+      proposal = drafter_->draft(s.draft_handle, s.tokens, int(k_max), sampler, uint64_t(s.n_generated));
+    } catch (const std::exception& e) {
+      note_device_lost(e);
+      fail(s, std::string("drafting failed: ") + e.what(), std::current_exception());
+      return true;
+    }
+  } else {
+    proposal.tokens = ngram_draft(s.tokens, sp.ngram_min, sp.ngram_max, int(k_max));
+  }
+  const std::vector<int32_t>& draft = proposal.tokens;
   if (int64_t(draft.size()) < sp.draft_min) return false;
   const int64_t k = int64_t(draft.size());
   if (!make_room(s, k + 1)) return true;  // preempted or failed: nothing more this step
@@ -372,7 +412,6 @@ bool Scheduler::speculative_step(Sequence& s) {
   feed.push_back(s.tokens.back());
   feed.insert(feed.end(), draft.begin(), draft.end());
   std::vector<float> logits;
-  const auto t0 = Clock::now();
   try {
     backend_.verify(s.handle, feed, logits);
   } catch (const std::exception& e) {
@@ -384,22 +423,39 @@ bool Scheduler::speculative_step(Sequence& s) {
   const int64_t base = s.n_in_cache;  // rows before the verify; it wrote base .. base + k
   s.n_drafted += k;
   int64_t accepted = 0;
-  // Row i's logits choose the token after feed[0..i]: emitted as a one-row step's would be
-  // (the same sampler, counter and history). The draft's next token is accepted when it is the
-  // token chosen; the first that is not ends the step, whose last token is the target's own.
+  // Row i's logits choose the token after feed[0..i]. A point-mass draft (n-grams, a greedy
+  // request's draft model): the row's token is emitted as a one-row step's would be (the same
+  // sampler, counter and history) and the draft's is accepted when it is that token. A sampled
+  // draft (proposal.q): the draft's token x is accepted with probability min(1, p(x) / q(x)),
+  // else the emitted token is drawn from max(0, p - q) (speculative_accept), with noise of
+  // the verify stream at the token's counter. The first rejection ends the step; with every
+  // draft accepted, the last row's token is the target's own draw.
+  const bool sampled_draft = !proposal.q.empty();
+  const uint64_t verify_seed = verify_noise_seed(sampler.seed);
   for (int64_t i = 0; i <= k; ++i) {
     s.n_in_cache = base + 1 + i;
     s.n_unsettled = k - i;
-    bool going = false;
+    bool going = false, accept = false;
     try {
-      going = emit(s, std::span<const float>(logits).subspan(size_t(i) * vocab, vocab));
+      const std::span<const float> row = std::span<const float>(logits).subspan(size_t(i) * vocab, vocab);
+      if (sampled_draft && i < k) {
+        const uint64_t c = uint64_t(s.n_generated);
+        const TokenDistribution p = s.sampler.distribution(row, s.tokens);
+        const SpeculativeVerdict v = speculative_accept(p, proposal.q[size_t(i)], draft[size_t(i)],
+                                                        noise_uniform(verify_seed, c, 0), noise_uniform(verify_seed, c, 1));
+        accept = v.accepted;
+        going = emit(s, row, v.token);
+      } else {
+        going = emit(s, row);
+        accept = going && i < k && s.tokens.back() == draft[size_t(i)];
+      }
     } catch (const std::exception& e) {
       note_device_lost(e);
       fail(s, std::string("decode failed: ") + e.what(), std::current_exception());
       break;
     }
     if (!going) break;  // ended: end_sequence gave the unsettled rows back
-    if (i == k || s.tokens.back() != draft[size_t(i)]) break;
+    if (i == k || !accept) break;
     ++accepted;
     ++s.n_accepted;  // before the next emit, whose end of the sequence reports it
   }
@@ -550,6 +606,7 @@ bool Scheduler::emit(Sequence& s, std::span<const float> logits, int32_t chosen)
 }
 
 void Scheduler::preempt(Sequence& s) {
+  end_draft(s);
   try {
     backend_.end(s.handle, std::span<const int32_t>(s.tokens).first(size_t(s.n_in_cache)));
   } catch (const std::exception& e) {

@@ -39,6 +39,8 @@ namespace osprey {
 namespace grammar {
 class Automaton;
 }
+class Model;
+class ModelDrafter;
 
 // What one sequence asks for.
 struct SequenceParams {
@@ -265,10 +267,16 @@ struct SchedulerOptions {
   // false: no engine thread; the caller runs the steps itself (Scheduler::run_step), on one
   // thread, as generate() does for one sequence.
   bool engine_thread = true;
-  // Speculative decoding for every sequence (server-wide): n-gram drafts verified in one
-  // multi-row step (serve/speculative.h). Off by default. Sequences with a grammar or logprobs,
-  // and those of a backend that cannot verify, decode without drafts.
+  // Speculative decoding for every sequence (server-wide): n-gram or draft-model drafts
+  // verified in one multi-row step (serve/speculative.h). Off by default. Sequences with a
+  // grammar or logprobs, and those of a backend that cannot verify, decode without drafts.
   SpeculativeParams spec;
+  // spec.model_draft's loaded model (serve/draft_model.h), on the target's device, checked
+  // against the target (check_draft_compatible); not owned, it outlives the scheduler.
+  // Required when spec.model_draft is set. Its caches take draft_cache's step and inplace.
+  Model* draft_model = nullptr;
+  KVCacheParams draft_cache;
+  bool draft_graphs = true;
 };
 
 // Counters and gauges for /metrics. Read from any thread.
@@ -339,9 +347,9 @@ class Scheduler {
   // returns false when `s` ended.
   bool emit(Sequence& s, std::span<const float> logits, int32_t chosen = -1);
   // Whether `s` drafts (SchedulerOptions::spec, no grammar, no logprobs, a backend that
-  // verifies), and its speculative step: drafts from its tokens, verifies them in one
-  // multi-row step and emits the accepted tokens and the target's next; false when no draft
-  // was found (the sequence then takes the ordinary decode step).
+  // verifies), and its speculative step: drafts from its tokens (n-grams or the draft model),
+  // verifies them in one multi-row step and emits the accepted tokens and the target's next;
+  // false when no draft was found (the sequence then takes the ordinary decode step).
   bool speculates(const Sequence& s) const;
   bool speculative_step(Sequence& s);
   // The prompt of `s` is in: its forks become running sequences (or, where the backend cannot
@@ -351,6 +359,8 @@ class Scheduler {
   // cannot; false when `s` itself was preempted or failed.
   bool make_room(Sequence& s, int64_t n);
   void preempt(Sequence& s);
+  // Drops the draft model's cache of `s` (its end or preemption).
+  void end_draft(Sequence& s);
   // Moves the sequences preempted during this step back to the front of the queue.
   void requeue_preempted();
   void wake();
@@ -369,6 +379,7 @@ class Scheduler {
   std::vector<std::unique_ptr<Sequence>> running_;          // engine thread only
   SchedulerStats stats_;                                    // guarded by mu_ (engine writes)
   MaskWorker mask_worker_;                                  // driven by the engine thread
+  std::unique_ptr<ModelDrafter> drafter_;                   // spec.model_draft; engine thread only
   std::thread thread_;
 };
 

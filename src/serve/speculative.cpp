@@ -15,6 +15,69 @@ void validate(const SpeculativeParams& p) {
     throw InvalidInput("--draft-max must be in [1, 64], got " + std::to_string(p.draft_max));
   if (p.draft_min < 1 || p.draft_min > p.draft_max)
     throw InvalidInput("--draft-min must be in [1, --draft-max], got " + std::to_string(p.draft_min));
+  if (!(p.draft_p_min >= 0 && p.draft_p_min <= 1))
+    throw InvalidInput("--draft-p-min must be in [0, 1], got " + std::to_string(p.draft_p_min));
+  if (p.ngram && !p.model_draft.empty())
+    throw InvalidInput("--spec-ngram and --model-draft are two draft sources; give one of them");
+}
+
+int32_t draw_from(const TokenDistribution& d, double u) {
+  if (d.empty()) return -1;
+  double c = 0;
+  for (const auto& [id, pr] : d) {
+    c += double(pr);
+    if (u < c) return id;
+  }
+  return d.back().first;
+}
+
+namespace {
+
+double prob_of(const TokenDistribution& d, int32_t id) {
+  auto it = std::lower_bound(d.begin(), d.end(), id, [](const std::pair<int32_t, float>& e, int32_t v) { return e.first < v; });
+  return it != d.end() && it->first == id ? double(it->second) : 0.0;
+}
+
+}  // namespace
+
+SpeculativeVerdict speculative_accept(const TokenDistribution& p, const TokenDistribution& q, int32_t x,
+                                      double u_accept, double u_resample) {
+  SpeculativeVerdict v;
+  const double px = prob_of(p, x), qx = prob_of(q, x);
+  // q(x) > 0 for a token drawn from q; a zero is read as "never proposed": p(x) / q(x) = inf
+  // would accept a token p may give no mass, so it is rejected instead.
+  if (qx > 0 && u_accept * qx < px) {
+    v.accepted = true;
+    v.token = x;
+    return v;
+  }
+  // The residual max(0, p - q) over p's support (q's tokens outside it contribute nothing).
+  std::vector<std::pair<int32_t, double>> r;
+  r.reserve(p.size());
+  double mass = 0;
+  for (const auto& [id, pr] : p) {
+    const double w = std::max(0.0, double(pr) - prob_of(q, id));
+    if (w > 0) {
+      r.push_back({id, w});
+      mass += w;
+    }
+  }
+  if (!(mass > 0)) {
+    v.token = draw_from(p, u_resample);
+    return v;
+  }
+  // Inverse CDF over the unnormalised residual, in double.
+  const double target = u_resample * mass;
+  double c = 0;
+  v.token = r.back().first;
+  for (const auto& [id, w] : r) {
+    c += w;
+    if (target < c) {
+      v.token = id;
+      break;
+    }
+  }
+  return v;
 }
 
 std::vector<int32_t> ngram_draft(std::span<const int32_t> tokens, int ngram_min, int ngram_max, int max_tokens) {

@@ -134,7 +134,7 @@ std::string render_metrics(const MetricsInput& in) {
            "Running sequences sent back to the queue because the KV pool was full (computed again on admission).",
            double(s.n_preempted));
   p.metric("osprey:spec_drafted_tokens_total", "counter",
-           "Tokens drafted by speculative decoding (--spec-ngram) and verified.", double(s.n_drafted_tokens));
+           "Tokens drafted by speculative decoding (--spec-ngram or --model-draft) and verified.", double(s.n_drafted_tokens));
   p.metric("osprey:spec_accepted_tokens_total", "counter", "Drafted tokens the model accepted.",
            double(s.n_accepted_tokens));
   p.metric("osprey:spec_verify_steps_total", "counter", "Speculative verify steps (one multi-row forward each).",

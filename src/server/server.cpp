@@ -26,6 +26,7 @@
 #include "grammar/matcher.h"
 #include "model/pooling.h"
 #include "serve/dense_backend.h"
+#include "serve/draft_model.h"
 #include "serve/paged_backend.h"
 #include "serve/prompt_store.h"
 #include "serve/scheduler.h"
@@ -290,6 +291,7 @@ struct Server::Impl {
   // The tokenizer, chat template, tool-call and reasoning formats and sampling defaults.
   ModelBundle bundle;
   std::unique_ptr<Model> model;
+  std::unique_ptr<Model> draft_model;  // --model-draft
   // --prompt-cache-dir's folder: declared before the backend, which writes through it.
   std::unique_ptr<PromptStore> prompt_store;
   std::unique_ptr<PromptCache> prompt_cache;
@@ -1394,9 +1396,12 @@ void Server::load() {
   if (m.opt.spec.enabled()) {
     validate(m.opt.spec);
     if (m.opt.kv_layout == KVLayout::paged)
-      throw InvalidInput(
-          "--spec-ngram: speculative decoding runs with the dense layout only (--kv-layout dense); the paged "
-          "backend's batched step does not verify drafts yet");
+      throw InvalidInput(std::string(m.opt.spec.flag()) +
+                         ": speculative decoding runs with the dense layout only (--kv-layout dense); the paged "
+                         "backend's batched step does not verify drafts yet");
+    if (!m.opt.spec.model_draft.empty())
+      m.draft_model = load_draft_model(m.opt.spec.model_draft, *m.model,
+                                       m.bundle.tokenizer ? &*m.bundle.tokenizer : nullptr, lo);
   }
   // NOTE: the mode is process-wide; the server sets it for its lifetime and puts it back.
   m.invariant_before = ops::batch_invariant();
@@ -1450,6 +1455,9 @@ void Server::load() {
   so.max_queue = m.opt.max_queue;
   so.prefill_chunk = m.opt.prefill_chunk;
   so.spec = m.opt.spec;
+  so.draft_model = m.draft_model.get();
+  so.draft_cache = m.opt.cache;
+  so.draft_graphs = m.opt.graphs;
   so.on_device_lost = [&m](const std::string& error) {
     {
       std::lock_guard<std::mutex> lock(m.stop_mu);

@@ -56,9 +56,10 @@ struct ServerOptions {
   int64_t block_size = 16;            // paged: rows per block
   int64_t kv_cache_mib = 0;           // paged: the pool's size; 0: see PagedBackendOptions
   bool batch_invariant = false;       // ops::set_batch_invariant for the server's lifetime
-  // Speculative decoding for every request (--spec-ngram): the dense layout only (load()
-  // refuses it with the paged one); sequences of a model with sliding-window layers, with a
-  // grammar or with logprobs decode without drafts.
+  // Speculative decoding for every request (--spec-ngram, or --model-draft: spec.model_draft is
+  // then the draft's folder, loaded on `device` and refused unless its tokenizer is the
+  // target's): the dense layout only (load() refuses it with the paged one); sequences of a
+  // model with sliding-window layers, with a grammar or with logprobs decode without drafts.
   SpeculativeParams spec;
   Device device = Device::cpu();
   KVCacheParams cache;
