@@ -112,6 +112,10 @@ void refuse_unsupported(const json& body, bool chat) {
            "the sampler order is fixed: penalties, temperature, top-k, top-p, min-p, typical-p (docs/server.md)");
   for (const char* name : {"bad_words", "stop_token_ids"})
     if (auto v = field(body, name); v && !(v->is_array() && v->empty())) refuse(name, "not implemented (use 'stop' or 'logit_bias')");
+  // llama.cpp's per-request speculative settings: here they are server-wide.
+  for (const char* name : {"speculative.n_max", "speculative.n_min", "speculative.p_min"})
+    if (set(name))
+      refuse(name, "speculative decoding is set for the whole server (--draft-max, --draft-min, --draft-p-min)");
 }
 
 // tools, tool_choice, parallel_tool_calls.

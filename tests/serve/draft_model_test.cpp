@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backend/cuda_available.h"
 #include "backend/ops.h"
 #include "core/error.h"
 #include "model/model.h"
@@ -387,6 +388,27 @@ TEST(DraftModel, SchedulerSequencesMatchPlainDecoding) {
   so.draft_model = qwen3.get();
   EXPECT_NE(testing::error_of<InvalidInput>([&] { Scheduler s(backend, so); }).find("two draft sources"),
             std::string::npos);
+}
+
+// CUDA: greedy output with a draft model (another family, and the target itself) equals plain
+// decoding on the device, in both KV arms (GTEST_SKIP without one).
+TEST(DraftModelCuda, GreedyOutputIsIdenticalToPlainDecoding) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device: " << cuda_description();
+  LoadOptions lo;
+  lo.device = Device::cuda(0);
+  auto target = load_model(draft_fixture("llama"), lo);
+  auto qwen3 = load_model(draft_fixture("qwen3"), lo);
+  const std::vector<int32_t> prompt = draft_prompt(512, 17);
+  for (bool inplace : {true, false}) {
+    SCOPED_TRACE(inplace ? "in place" : "copying");
+    const GenerateResult plain = draft_generate(*target, nullptr, prompt, 64, inplace);
+    for (Model* d : {qwen3.get(), target.get()}) {
+      const GenerateResult spec = draft_generate(*target, d, prompt, 64, inplace);
+      EXPECT_EQ(spec.tokens, plain.tokens);
+      EXPECT_GT(spec.stats.n_verify_steps, 0);
+      if (d == target.get()) EXPECT_EQ(spec.stats.n_accepted, spec.stats.n_drafted);
+    }
+  }
 }
 
 // A draft with sliding-window layers, or another tokenizer, is refused by name.

@@ -342,6 +342,7 @@ TEST(Server, UnimplementedSamplingFieldsAreRefusedByName) {
       {"min_tokens", 3},        {"use_beam_search", true}, {"samplers", json::array({"top_k"})},
       {"bad_words", json::array({"the"})}, {"stop_token_ids", json::array({5})}, {"length_penalty", 0.5},
       {"n_probs", 3},           {"min_keep", 5},         {"penalize_nl", true},
+      {"speculative.n_max", 4}, {"speculative.n_min", 1}, {"speculative.p_min", 0.5},
   };
   for (const auto& [name, value] : refused) {
     json b = base;
