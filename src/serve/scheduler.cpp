@@ -669,7 +669,22 @@ void Scheduler::step() {
     if (!s->ended && !s->preempted && s->decoding && speculates(*s)) s->spec_stepped = speculative_step(*s);
   }
 
-  // Decode one token for every other running sequence whose prompt is in.
+  decode_running();
+
+  // Admit waiting prompts in chunks while the step's budget allows.
+  int64_t budget = options_.prefill_chunk;
+  std::vector<float> logits;
+  while (budget > 0) {
+    bool retry = false;
+    Sequence* s = next_to_prefill(retry);
+    if (retry) continue;
+    if (!s || !prefill_chunk(*s, budget, logits)) break;
+  }
+  requeue_preempted();
+  std::erase_if(running_, [](const auto& s) { return s->ended; });
+}
+
+void Scheduler::decode_running() {
   std::vector<SequenceBackend::DecodeInput> inputs;
   std::vector<Sequence*> decoding;
   for (auto& s : running_)
@@ -752,108 +767,105 @@ void Scheduler::step() {
     stats_.decode_seconds += seconds_since(t0);
   }
 
-  // Admit waiting prompts in chunks while the step's budget allows.
-  int64_t budget = options_.prefill_chunk;
-  std::vector<float> logits;
-  while (budget > 0) {
-    Sequence* s = nullptr;
-    for (auto& r : running_)
-      if (!r->ended && !r->preempted && !r->decoding) {
-        s = r.get();
-        break;
-      }
-    if (!s) {
-      std::unique_ptr<Sequence> next;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        int64_t n_live = 0;
-        // A sequence whose prompt is not in yet holds places for its forks too.
-        for (auto& r : running_) n_live += r->ended || r->preempted ? 0 : 1 + int64_t(r->request.forks.size());
-        // A request of several choices waits until all of them can run at once.
-        if (waiting_.empty() || n_live + 1 + int64_t(waiting_.front()->request.forks.size()) > backend_.max_running())
-          break;
-        next = std::move(waiting_.front());
-        waiting_.pop_front();
-      }
-      try {
-        // A resumed sequence hands over every token: the backend reuses at most all but the
-        // last, which the next decode step feeds.
-        auto begun = backend_.begin(next->resumed ? std::span<const int32_t>(next->tokens)
-                                                  : std::span<const int32_t>(next->request.prompt),
-                                    next->request.cache_salt);
-        if (!begun) {
-          std::lock_guard<std::mutex> lock(mu_);
-          waiting_.push_front(std::move(next));
-          break;
-        }
-        next->handle = begun->handle;
-        next->n_in_cache = begun->n_cached;
-        if (!next->resumed) {
-          next->n_cached = begun->n_cached;
-          next->admitted = Clock::now();
-        }
-      } catch (const std::exception& e) {
-        note_device_lost(e);
-        fail(*next, e.what(), std::current_exception());
-        continue;
-      }
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        stats_.n_cached_tokens += uint64_t(next->resumed ? 0 : next->n_cached);
-      }
-      running_.push_back(std::move(next));
-      s = running_.back().get();
-      if (s->resumed && s->n_in_cache == s->n_target()) {
-        s->decoding = true;
-        continue;
-      }
-    }
-    const int64_t remaining = s->n_target() - s->n_in_cache;
-    const int64_t n = std::min(budget, remaining);
-    const bool last = n == remaining;
-    if (!make_room(*s, n)) break;
-    const auto t0 = Clock::now();
-    try {
-      const std::span<const int32_t> all = s->resumed ? std::span<const int32_t>(s->tokens)
-                                                      : std::span<const int32_t>(s->request.prompt);
-      const std::span<const int32_t> chunk = all.subspan(size_t(s->n_in_cache), size_t(n));
-      int32_t chosen = -1;
-      // The first token of a prompt without forks (which need its logits) or a token mask may be
-      // chosen by the backend, as a decode step's are.
-      if (last && !s->resumed && s->request.forks.empty() && (s->greedy || s->sampled) && !s->masked) {
-        SequenceBackend::DecodeInput choice;
-        choice.greedy = s->greedy;
-        if (s->sampled) {
-          choice.sampling = &s->request.params.sampler;
-          choice.counter = 0;
-          choice.history = s->tokens;
-        }
-        choice.more = !speculates(*s) && 1 < s->request.params.max_tokens &&
-                      s->n_in_cache + n + 1 <= backend_.context_size();
-        chosen = backend_.prefill_and_choose(s->handle, chunk, choice, logits);
-      } else {
-        backend_.prefill(s->handle, chunk, last && !s->resumed, logits);
-      }
-      s->n_in_cache += n;
-      budget -= n;
-      if (last) {
-        s->decoding = true;
-        if (!s->resumed) {
-          start_forks(*s, logits);
-          emit(*s, logits, chosen);
-        }
-      }
-    } catch (const std::exception& e) {
-      const bool lost = note_device_lost(e);
-      fail(*s, std::string("prefill failed: ") + e.what(), std::current_exception());
-      if (lost) break;
-    }
+}
+
+Scheduler::Sequence* Scheduler::next_to_prefill(bool& retry) {
+  for (auto& r : running_)
+    if (!r->ended && !r->preempted && !r->decoding) return r.get();
+  std::unique_ptr<Sequence> next;
+  {
     std::lock_guard<std::mutex> lock(mu_);
-    stats_.prefill_seconds += seconds_since(t0);
-    stats_.n_prompt_tokens += uint64_t(n);
+    int64_t n_live = 0;
+    // A sequence whose prompt is not in yet holds places for its forks too.
+    for (auto& r : running_) n_live += r->ended || r->preempted ? 0 : 1 + int64_t(r->request.forks.size());
+    // A request of several choices waits until all of them can run at once.
+    if (waiting_.empty() || n_live + 1 + int64_t(waiting_.front()->request.forks.size()) > backend_.max_running())
+      return nullptr;
+    next = std::move(waiting_.front());
+    waiting_.pop_front();
   }
-  requeue_preempted();
-  std::erase_if(running_, [](const auto& s) { return s->ended; });
+  try {
+    // A resumed sequence hands over every token: the backend reuses at most all but the last,
+    // which the next decode step feeds.
+    auto begun = backend_.begin(next->resumed ? std::span<const int32_t>(next->tokens)
+                                              : std::span<const int32_t>(next->request.prompt),
+                                next->request.cache_salt);
+    if (!begun) {
+      std::lock_guard<std::mutex> lock(mu_);
+      waiting_.push_front(std::move(next));
+      return nullptr;
+    }
+    next->handle = begun->handle;
+    next->n_in_cache = begun->n_cached;
+    if (!next->resumed) {
+      next->n_cached = begun->n_cached;
+      next->admitted = Clock::now();
+    }
+  } catch (const std::exception& e) {
+    note_device_lost(e);
+    fail(*next, e.what(), std::current_exception());
+    retry = true;
+    return nullptr;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.n_cached_tokens += uint64_t(next->resumed ? 0 : next->n_cached);
+  }
+  running_.push_back(std::move(next));
+  Sequence* s = running_.back().get();
+  if (s->resumed && s->n_in_cache == s->n_target()) {
+    s->decoding = true;
+    retry = true;
+    return nullptr;
+  }
+  return s;
+}
+
+bool Scheduler::prefill_chunk(Sequence& s, int64_t& budget, std::vector<float>& logits) {
+  const int64_t remaining = s.n_target() - s.n_in_cache;
+  const int64_t n = std::min(budget, remaining);
+  const bool last = n == remaining;
+  if (!make_room(s, n)) return false;
+  const auto t0 = Clock::now();
+  try {
+    const std::span<const int32_t> all =
+        s.resumed ? std::span<const int32_t>(s.tokens) : std::span<const int32_t>(s.request.prompt);
+    const std::span<const int32_t> chunk = all.subspan(size_t(s.n_in_cache), size_t(n));
+    int32_t chosen = -1;
+    // The first token of a prompt without forks (which need its logits) or a token mask may be
+    // chosen by the backend, as a decode step's are.
+    if (last && !s.resumed && s.request.forks.empty() && (s.greedy || s.sampled) && !s.masked) {
+      SequenceBackend::DecodeInput choice;
+      choice.greedy = s.greedy;
+      if (s.sampled) {
+        choice.sampling = &s.request.params.sampler;
+        choice.counter = 0;
+        choice.history = s.tokens;
+      }
+      choice.more = !speculates(s) && 1 < s.request.params.max_tokens &&
+                    s.n_in_cache + n + 1 <= backend_.context_size();
+      chosen = backend_.prefill_and_choose(s.handle, chunk, choice, logits);
+    } else {
+      backend_.prefill(s.handle, chunk, last && !s.resumed, logits);
+    }
+    s.n_in_cache += n;
+    budget -= n;
+    if (last) {
+      s.decoding = true;
+      if (!s.resumed) {
+        start_forks(s, logits);
+        emit(s, logits, chosen);
+      }
+    }
+  } catch (const std::exception& e) {
+    const bool lost = note_device_lost(e);
+    fail(s, std::string("prefill failed: ") + e.what(), std::current_exception());
+    if (lost) return false;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.prefill_seconds += seconds_since(t0);
+  stats_.n_prompt_tokens += uint64_t(n);
+  return true;
 }
 
 }  // namespace osprey

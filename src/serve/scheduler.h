@@ -335,6 +335,16 @@ class Scheduler {
   // Ends every waiting and running sequence with `error` and runs the tasks still queued.
   void shut_down(const std::string& error);
   void step();
+  // The step's one-token decode of every running sequence whose prompt is in and that did not
+  // take a speculative step: one batch through the backend, masks computed meanwhile.
+  void decode_running();
+  // The next sequence whose prompt is not all in: a running one, else the first waiting one
+  // admitted now; nullptr when none can go on this step. `retry`: set when the admitted one
+  // failed, ended or needs no prefill (ask again).
+  Sequence* next_to_prefill(bool& retry);
+  // One prefill chunk of `s` within `budget` (spent by it); false when the step's prefill must
+  // stop (no room, or the device was lost).
+  bool prefill_chunk(Sequence& s, int64_t& budget, std::vector<float>& logits);
   void drop_cancelled_waiting();
   // Marks s ended and gives its cache back (a failure to do so is logged); the event to send,
   // with the prompt counts filled in.
