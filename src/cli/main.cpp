@@ -190,6 +190,15 @@ int main(int argc, char** argv) {
       if (args[i] == "-tp" && before != "-p" && before != "--prompt" && before != "--stop" && before != "--system")
         args[i] = "--tensor-parallel";
     }
+  // llama.cpp's -ctk and -ctv, the same way (generate, chat, bench, serve, perplexity).
+  if (!args.empty() && (args[0] == "generate" || args[0] == "chat" || args[0] == "bench" || args[0] == "serve" ||
+                         args[0] == "perplexity"))
+    for (size_t i = 1; i < args.size(); ++i) {
+      const std::string& before = args[i - 1];
+      if (before == "-p" || before == "--prompt" || before == "--stop" || before == "--system") continue;
+      if (args[i] == "-ctk") args[i] = "--cache-type-k";
+      if (args[i] == "-ctv") args[i] = "--cache-type-v";
+    }
   std::reverse(args.begin(), args.end());
   try {
     app.parse(args);

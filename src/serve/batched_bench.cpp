@@ -65,6 +65,8 @@ BatchedBenchResult run_one(Model& model, const BatchedBenchParams& p, int batch,
   o.graphs = p.graphs;
   o.split_keys = p.split_keys;
   o.inplace = p.inplace;
+  o.k_type = p.k_type;
+  o.v_type = p.v_type;
   Allocator& alloc = allocator_for(info.device);
   ops::synchronize(info.device);
   alloc.reset_peak();

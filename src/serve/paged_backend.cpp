@@ -41,7 +41,10 @@ PagedBackend::PagedBackend(Model& model, const PagedBackendOptions& options) : m
   context_ = sequence_context(options.context_size, info.max_position_embeddings);
 
   PagedPoolParams pp;
-  for (int64_t l = 0; l < info.n_layers; ++l) pp.layers.push_back(model.kv_params(l));
+  KVCacheParams types;
+  types.k_type = options.k_type;
+  types.v_type = options.v_type;
+  for (int64_t l = 0; l < info.n_layers; ++l) pp.layers.push_back(model.kv_params(l, types));
   pp.block_size = options.block_size;
   pp.inplace = options.inplace;
   const int64_t block_bytes = paged_block_bytes(pp);

@@ -42,6 +42,9 @@ struct PagedBackendOptions {
   int64_t split_keys = 0;
   // OSPREY_KV_INPLACE_WRITE: off, every K/V write is a copying write (PagedPoolParams::inplace).
   bool inplace = true;
+  // --cache-type-k / --cache-type-v: the pool's key and value types (KVCacheParams::k_type,
+  // v_type); unset: the model's.
+  std::optional<DType> k_type, v_type;
 };
 
 // With a prompt store attached (CacheFiles::attach_store), the blocks a sequence adds to the

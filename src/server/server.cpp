@@ -1413,6 +1413,8 @@ void Server::load() {
     po.device_sampling = env_options().cuda_sample_rows;
     po.split_keys = env_options().paged_split_keys;
     po.inplace = m.opt.cache.inplace;
+    po.k_type = m.opt.cache.k_type;
+    po.v_type = m.opt.cache.v_type;
     auto b = std::make_unique<PagedBackend>(*m.model, po);
     m.paged = b.get();
     m.cache_files = b.get();
