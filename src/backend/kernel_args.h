@@ -42,7 +42,8 @@ struct AttentionArgs {
   int64_t key_pos0 = 0;
   bool bf16 = false;  // k and v hold bf16 (else f16)
   // The CPU kernel's formats of k and v, each its own (CUDA reads `bf16` alone: both 16-bit,
-  // one type). For a packed format the pointer is the rows' byte address and its strides count
+  // one type). With `bf16` set, a side left at f16 reads bf16, so a caller that sets `bf16` only
+  // means both. For a packed format the pointer is the rows' byte address and its strides count
   // bytes.
   KVElem k_elem = KVElem::f16, v_elem = KVElem::f16;
   // ops::batch_invariant(): each query row's result must not depend on the other rows or on
@@ -81,7 +82,7 @@ struct PagedAttentionArgs {
   float* out;      // [n, n_heads * head_dim] contiguous
   bool bf16 = false;  // the pool holds bf16 (else f16)
   // The CPU kernel's formats of the keys and values pools, each its own (CUDA reads `bf16`
-  // alone). For a packed format the pointer is the pool's byte address and a row is
+  // alone; with it set, a side left at f16 reads bf16, as above). For a packed format the pointer is the pool's byte address and a row is
   // packed_row_width(format, head_dim) bytes instead of head_dim elements.
   KVElem k_elem = KVElem::f16, v_elem = KVElem::f16;
   // Keys per split: split s covers key positions [s * split_keys, (s + 1) * split_keys). A

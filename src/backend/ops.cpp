@@ -157,7 +157,7 @@ Array paged_attention(const Array& q, const Array& k, const Array& v, const Atte
   a.window = ap.window;
   a.softcap = ap.softcap;
   a.out = out.data<float>();
-  a.bf16 = k.dtype() == DType::bf16;
+  a.bf16 = k.dtype() == DType::bf16 && v.dtype() == DType::bf16;
   a.k_elem = kv_elem(k.dtype());
   a.v_elem = kv_elem(v.dtype());
   if (p.split_keys != 0) a.split_keys = p.split_keys;
@@ -678,7 +678,7 @@ Array attention(const Array& q, const Array& k, const Array& v, const AttentionP
   a.head_dim = q.dim(2);
   a.k = k.data<uint16_t>();
   a.v = v.data<uint16_t>();
-  a.bf16 = k.dtype() == DType::bf16;
+  a.bf16 = k.dtype() == DType::bf16 && v.dtype() == DType::bf16;
   a.k_elem = kv_elem(k.dtype());
   a.v_elem = kv_elem(v.dtype());
   a.n_kv_heads = k.dim(0);

@@ -36,6 +36,10 @@ void validate(const PagedPoolParams& params) {
     if (l.n_kv_heads <= 0 || l.head_dim <= 0)
       throw InvalidInput("paged pool: layer " + std::to_string(i) + " has n_kv_heads " + std::to_string(l.n_kv_heads) +
                          " and head_dim " + std::to_string(l.head_dim) + " (both must be positive)");
+    for (DType dt : {l.key_dtype(), l.value_dtype()})
+      if (dt != DType::f16 && dt != DType::bf16 && !is_packed_rows(dt))
+        throw InvalidInput("paged pool: layer " + std::to_string(i) + " stores " + dtype_name(dt) +
+                           " (float16, bfloat16, q8_0 or fp8_e4m3 only)");
     check_kv_cache_types(l);
   }
 }

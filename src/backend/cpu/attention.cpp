@@ -14,9 +14,9 @@
 //    item; scores are then kBlockKeys-wide vector FMAs with no horizontal sums.
 // When kv heads x row blocks alone leave threads idle (decode), the keys are split into ranges
 // whose partial results are merged at the end. Every kernel is templated on the stored element
-// of K and of V, each its own (simd::F16, simd::BF16, or Packed: q8_0 or fp8_e4m3 rows, read
-// through the blocked path only: each block of rows is dequantized once into the f32 scratch,
-// so no more than a block is ever dequantized at a time). A ring of rows (a rotating cache) is
+// of K and of V, each its own (simd::F16, simd::BF16, or Packed: q8_0 or fp8_e4m3 rows: each
+// block of rows is dequantized once into the f32 scratch, where decode reads the keys' scores
+// and a prefill transposes them as above, so no more than a block is dequantized at a time). A ring of rows (a rotating cache) is
 // read as two linear runs: blocks end where the ring's rows wrap.
 #include <algorithm>
 #include <atomic>
@@ -275,7 +275,7 @@ Plan make_plan(const AttentionArgs& a, int n_threads) {
 // s[t][j] = sum_d q[t][d] * k[j][d]. Lanes j >= nb of s are left undefined.
 // q: [NQ][head_dim]; s: [NQ][kBlockKeys].
 template <class L, int NQ>
-void direct_scores(const float* q, const uint16_t* k, int64_t row_stride, int64_t nb, int64_t head_dim, float* s) {
+void direct_scores(const float* q, const typename L::T* k, int64_t row_stride, int64_t nb, int64_t head_dim, float* s) {
   // Keys per step: enough independent accumulator chains (NQ * KS) to cover FMA latency.
   constexpr int KS = std::min(kWidth, NQ >= 4 ? 2 : 4);
   const int64_t d_vec = head_dim - head_dim % kWidth;
@@ -283,7 +283,7 @@ void direct_scores(const float* q, const uint16_t* k, int64_t row_stride, int64_
     const int nk = int(std::min<int64_t>(kWidth, nb - j0));
     Vec dots[NQ][kWidth];  // per query vector, one partial-sum vector per key
     for (int e0 = 0; e0 < nk; e0 += KS) {
-      const uint16_t* kr[KS];  // keys past nk repeat the last one; their sums are dropped
+      const typename L::T* kr[KS];  // keys past nk repeat the last one; their sums are dropped
 #pragma GCC unroll 4
       for (int u = 0; u < KS; ++u) kr[u] = k + (j0 + std::min(e0 + u, nk - 1)) * row_stride;
       Vec acc[NQ][KS];
@@ -445,7 +445,9 @@ void run_item(const AttentionArgs& a, const Plan& pl, int64_t hk, int64_t rb, in
     if (!direct_k) {
       if constexpr (kPacked<LK>) {
         for (int64_t j = 0; j < nb; ++j) dequantize_row(a.k_elem, kb + j * a.k_row_stride, D, sc.kq.data() + j * D);
-        convert_k_block<F32>(sc.kq.data(), D, nb, D, sc.kt.data());
+        // Few query vectors (decode): their scores straight from the dequantized rows. Many: K
+        // transposed once for all of them.
+        if (nq > kDirectMaxQueries) convert_k_block<F32>(sc.kq.data(), D, nb, D, sc.kt.data());
       } else {
         convert_k_block<LK>(kb, a.k_row_stride, nb, D, sc.kt.data());
       }
@@ -475,6 +477,11 @@ void run_item(const AttentionArgs& a, const Plan& pl, int64_t hk, int64_t rb, in
         if constexpr (!kPacked<LK>) {
           if (direct_k) {
             direct_scores<LK, NQ>(q, kb, a.k_row_stride, nb, D, s);
+            return;
+          }
+        } else {
+          if (nq <= kDirectMaxQueries) {
+            direct_scores<F32, NQ>(q, sc.kq.data(), D, nb, D, s);
             return;
           }
         }
@@ -532,6 +539,9 @@ inline void run_for_elems(KVElem k, KVElem v, Fn&& fn) {
 void attention(const AttentionArgs& a, ThreadPool& pool) {
   if (a.n <= 0 || a.n_heads <= 0) return;
   const Plan pl = make_plan(a, pool.n_threads());
+  // `bf16` alone means both sides (kernel_args.h).
+  const KVElem k_elem = a.bf16 && a.k_elem == KVElem::f16 ? KVElem::bf16 : a.k_elem;
+  const KVElem v_elem = a.bf16 && a.v_elem == KVElem::f16 ? KVElem::bf16 : a.v_elem;
   const int64_t per_item = pl.rows_per_item * pl.group * (pl.dv + 2);
   // NOTE: thread_local of the calling thread; workers reach it through `part_base` only.
   thread_local std::vector<float> partials;
@@ -548,7 +558,7 @@ void attention(const AttentionArgs& a, ThreadPool& pool) {
       const int64_t hk = (item / pl.n_splits) % a.n_kv_heads;
       const int64_t rb = pl.n_row_blocks - 1 - item / (pl.n_splits * a.n_kv_heads);
       float* partial = pl.n_splits > 1 ? part_base + item * per_item : nullptr;
-      run_for_elems(a.k_elem, a.v_elem, [&]<class LK, class LV>() { run_item<LK, LV>(a, pl, hk, rb, split, sc, partial); });
+      run_for_elems(k_elem, v_elem, [&]<class LK, class LV>() { run_item<LK, LV>(a, pl, hk, rb, split, sc, partial); });
     }
   };
   // NOTE: passed through std::ref so that std::function does not allocate (decode path).

@@ -172,13 +172,16 @@ void paged_attention(const PagedAttentionArgs& a, ThreadPool& pool) {
 
   // Items of splits past a sequence's length return at once; a sequence's items are adjacent,
   // so threads take the live ones of all sequences in turn.
+  // `bf16` alone means both sides (kernel_args.h).
+  const KVElem k_elem = a.bf16 && a.k_elem == KVElem::f16 ? KVElem::bf16 : a.k_elem;
+  const KVElem v_elem = a.bf16 && a.v_elem == KVElem::f16 ? KVElem::bf16 : a.v_elem;
   std::atomic<int64_t> next{0};
   auto work = [&](int64_t, int64_t, int) {
     thread_local std::vector<float> qs;
     for (int64_t item = next.fetch_add(1); item < n_items; item = next.fetch_add(1)) {
       const int64_t split = item % n_splits, hk = (item / n_splits) % a.n_kv_heads, i = item / (n_splits * a.n_kv_heads);
       float* partial = part_base + item * G * P;
-      run_for_elems(a.k_elem, a.v_elem,
+      run_for_elems(k_elem, v_elem,
                     [&]<class LK, class LV>() { run_item<LK, LV>(a, i, hk, split, qs, partial); });
     }
   };
