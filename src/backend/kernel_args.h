@@ -5,6 +5,10 @@
 
 namespace osprey {
 
+// The element format of cached K or V rows as the CPU kernels read them: f16 or bf16 elements,
+// or packed rows of bytes (core/dtype.h: q8_0 blocks, fp8_e4m3 with a float32 scale per row).
+enum class KVElem : uint8_t { f16, bf16, q8_0, fp8_e4m3 };
+
 // Causal grouped-query attention of n query rows against n_keys cached rows.
 struct AttentionArgs {
   const float* q;  // [n, n_heads, head_dim] contiguous
@@ -37,6 +41,11 @@ struct AttentionArgs {
   int64_t ring_rows = 0, ring_base = 0;
   int64_t key_pos0 = 0;
   bool bf16 = false;  // k and v hold bf16 (else f16)
+  // The CPU kernel's formats of k and v, each its own (CUDA reads `bf16` alone: both 16-bit,
+  // one type). With `bf16` set, a side left at f16 reads bf16, so a caller that sets `bf16` only
+  // means both. For a packed format the pointer is the rows' byte address and its strides count
+  // bytes.
+  KVElem k_elem = KVElem::f16, v_elem = KVElem::f16;
   // ops::batch_invariant(): each query row's result must not depend on the other rows or on
   // where its chunk starts, so the kernels neither split the keys by the work at hand nor
   // change their arithmetic with the number of rows.
@@ -72,6 +81,10 @@ struct PagedAttentionArgs {
   float softcap;   // > 0: logit = softcap * tanh(logit / softcap) (applied after scale)
   float* out;      // [n, n_heads * head_dim] contiguous
   bool bf16 = false;  // the pool holds bf16 (else f16)
+  // The CPU kernel's formats of the keys and values pools, each its own (CUDA reads `bf16`
+  // alone; with it set, a side left at f16 reads bf16, as above). For a packed format the pointer is the pool's byte address and a row is
+  // packed_row_width(format, head_dim) bytes instead of head_dim elements.
+  KVElem k_elem = KVElem::f16, v_elem = KVElem::f16;
   // Keys per split: split s covers key positions [s * split_keys, (s + 1) * split_keys). A
   // positive multiple of 64 (kPagedSplitKeys by default).
   int64_t split_keys = kPagedSplitKeys;

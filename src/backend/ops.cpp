@@ -11,6 +11,7 @@
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/kernel_table.h"
 #include "backend/cuda/cuda_ops.h"
+#include "backend/kv_quant.h"
 #include "backend/op_checks.h"
 #include "core/buffer.h"
 #include "core/error.h"
@@ -44,9 +45,51 @@ std::atomic<bool> g_batch_invariant{false};
 // A pool array of the paged KV cache: contiguous f16 or bf16 [n_blocks, n_kv_heads,
 // block_size, head_dim].
 void require_pool(const char* op, const char* name, const Array& a) {
-  require(a.defined() && a.ndim() == 4 && (a.dtype() == DType::f16 || a.dtype() == DType::bf16) && a.is_contiguous(),
-          op, std::string(name) + " must be a contiguous float16 or bfloat16 pool [n_blocks, n_kv_heads, block_size, "
-                                  "head_dim], got " + describe(a));
+  require(a.defined() && a.ndim() == 4 &&
+              (a.dtype() == DType::f16 || a.dtype() == DType::bf16 || is_packed_rows(a.dtype())) && a.is_contiguous(),
+          op, std::string(name) + " must be a contiguous float16, bfloat16, q8_0 or fp8_e4m3 pool [n_blocks, n_kv_heads, "
+                                  "block_size, row], got " + describe(a));
+}
+
+// A pool's rows hold head_dim elements (q8_0: a multiple of 32).
+void require_pool_rows(const char* op, const char* name, const Array& a, int64_t head_dim) {
+  require(a.dim(3) == packed_row_width(a.dtype(), head_dim) && (a.dtype() != DType::q8_0 || head_dim % 32 == 0), op,
+          std::string(name) + " " + describe(a) + " does not hold rows of head_dim " + std::to_string(head_dim));
+}
+
+// A dense KV cache buffer: contiguous [n_kv_heads, capacity, packed_row_width(type, head_dim)]
+// of f16, bf16 or a packed row format (q8_0 needs head_dim % 32 == 0).
+void require_kv_buffer(const char* op, const char* name, const Array& a, int64_t head_dim) {
+  const DType dt = a.defined() ? a.dtype() : DType::f32;
+  require(a.defined() && a.ndim() == 3 && (dt == DType::f16 || dt == DType::bf16 || is_packed_rows(dt)) &&
+              a.is_contiguous() && (dt != DType::q8_0 || head_dim % 32 == 0) &&
+              a.dim(2) == packed_row_width(dt, head_dim),
+          op, std::string(name) + " must be a contiguous float16, bfloat16, q8_0 or fp8_e4m3 buffer [n_kv_heads, capacity, " +
+                  "row] for head_dim " + std::to_string(head_dim) + " (q8_0: a multiple of 32), got " + describe(a));
+}
+
+// CUDA stores and reads f16 or bf16 rows, one type for keys and values.
+void require_cuda_kv_pair(const char* op, const Array& keys, const Array& values) {
+  require((keys.dtype() == DType::f16 || keys.dtype() == DType::bf16) && values.dtype() == keys.dtype(), op,
+          std::string("a ") + dtype_name(keys.dtype()) + " key and " + dtype_name(values.dtype()) +
+              " value cache is not supported on cuda yet (float16 or bfloat16, the same for both)");
+}
+
+// One head's row of head_dim floats quantized into `out` (packed_row_width(dt, head_dim) bytes).
+void quantize_kv_row(DType dt, const float* x, int64_t head_dim, uint8_t* out) {
+  if (dt == DType::q8_0)
+    kvq::quantize_row_q8_0(x, head_dim, out);
+  else
+    kvq::quantize_row_fp8(x, head_dim, out);
+}
+
+KVElem kv_elem(DType dt) {
+  switch (dt) {
+    case DType::bf16: return KVElem::bf16;
+    case DType::q8_0: return KVElem::q8_0;
+    case DType::fp8_e4m3: return KVElem::fp8_e4m3;
+    default: return KVElem::f16;
+  }
 }
 
 // An int32 array of `ndim` dimensions, contiguous, whose first dimension is n (n < 0: any).
@@ -80,10 +123,11 @@ Array paged_attention(const Array& q, const Array& k, const Array& v, const Atte
   require(strided_rows(q, n_heads, hd), op, "q must have contiguous heads (rows may be strided), got " + describe(q));
   require_pool(op, "k", k);
   require_pool(op, "v", v);
-  require(v.shape() == k.shape() && v.dtype() == k.dtype(), op,
+  require(v.dim(0) == k.dim(0) && v.dim(1) == k.dim(1) && v.dim(2) == k.dim(2), op,
           "k and v pools differ: " + describe(k) + " and " + describe(v));
   const int64_t n_blocks = k.dim(0), n_kv = k.dim(1), bs = k.dim(2);
-  require(k.dim(3) == hd, op, "q " + describe(q) + " and the pool " + describe(k) + " disagree on head_dim");
+  require_pool_rows(op, "k", k, hd);
+  require_pool_rows(op, "v", v, hd);
   require(n_kv > 0 && bs > 0 && n_heads % n_kv == 0, op,
           "n_heads " + std::to_string(n_heads) + " must be a multiple of the pool's n_kv_heads " + std::to_string(n_kv) +
               " (and block_size > 0)");
@@ -113,11 +157,14 @@ Array paged_attention(const Array& q, const Array& k, const Array& v, const Atte
   a.window = ap.window;
   a.softcap = ap.softcap;
   a.out = out.data<float>();
-  a.bf16 = k.dtype() == DType::bf16;
+  a.bf16 = k.dtype() == DType::bf16 && v.dtype() == DType::bf16;
+  a.k_elem = kv_elem(k.dtype());
+  a.v_elem = kv_elem(v.dtype());
   if (p.split_keys != 0) a.split_keys = p.split_keys;
   require(a.split_keys >= 64 && a.split_keys % 64 == 0 && a.split_keys <= (int64_t(1) << 24), op,
           "split_keys " + std::to_string(a.split_keys) + " must be a positive multiple of 64");
   if (gpu) {
+    require_cuda_kv_pair(op, k, v);
     // NOTE: the tables and lengths stay on the device (a captured step replays with new
     // ones); the kernel reads no block outside the pool and clamps lengths to the table.
     cuda_ops::paged_attention(a);
@@ -330,11 +377,13 @@ void softcap_(Array& x, float cap) {
 void write_kv_rows(const Array& keys, const Array& values, const Array& k, const Array& v, int64_t row0,
                    const Array& positions, int64_t ring_rows) {
   const bool gpu = on_cuda("write_kv_rows", {&keys, &values, &k, &v, &positions});
-  require(keys.ndim() == 3 && (keys.dtype() == DType::f16 || keys.dtype() == DType::bf16) && keys.is_contiguous() &&
-              values.shape() == keys.shape() && values.dtype() == keys.dtype() && values.is_contiguous(),
-          "write_kv_rows", "keys and values must be contiguous float16 or bfloat16 [n_kv_heads, capacity, head_dim], got " +
-                               describe(keys) + " and " + describe(values));
-  const int64_t n_kv = keys.dim(0), cap = keys.dim(1), hd = keys.dim(2);
+  require(k.ndim() == 3, "write_kv_rows", "k must be float32 [n, n_kv_heads, head_dim], got " + describe(k));
+  const int64_t hd = k.dim(2);
+  require_kv_buffer("write_kv_rows", "keys", keys, hd);
+  require_kv_buffer("write_kv_rows", "values", values, hd);
+  require(keys.dim(0) == values.dim(0) && keys.dim(1) == values.dim(1), "write_kv_rows",
+          "keys " + describe(keys) + " and values " + describe(values) + " differ in heads or capacity");
+  const int64_t n_kv = keys.dim(0), cap = keys.dim(1);
   auto check_rows = [&](const char* name, const Array& a) {
     require(a.ndim() == 3 && a.dtype() == DType::f32 && a.dim(1) == n_kv && a.dim(2) == hd && a.strides()[2] == 1 &&
                 (n_kv == 1 || a.strides()[1] == hd),
@@ -359,6 +408,7 @@ void write_kv_rows(const Array& keys, const Array& values, const Array& k, const
     require(positions.dtype() == DType::i32 && positions.numel() >= 1, "write_kv_rows",
             "positions must be int32 [n], got " + describe(positions));
   if (gpu) {
+    require_cuda_kv_pair("write_kv_rows", keys, values);
     KVWriteArgs a;
     a.kbuf = keys.data<uint16_t>();
     a.vbuf = values.data<uint16_t>();
@@ -377,27 +427,37 @@ void write_kv_rows(const Array& keys, const Array& values, const Array& k, const
     cuda_ops::kv_write(a);
     return;
   }
-  // [n, n_kv, hd] rows -> the buffers' [n_kv, row .. row + m, hd] (a transposing copy), in at
-  // most two runs when a ring wraps.
-  auto write_run = [&](int64_t src0, int64_t dst_row, int64_t m) {
+  // [n, n_kv, hd] rows -> the buffer's [n_kv, row .. row + m, width] (a transposing copy, or
+  // each head's row quantized where it lands), in at most two runs when a ring wraps.
+  auto write_run = [&](const Array& buf, const Array& src, int64_t src0, int64_t dst_row, int64_t m) {
+    const int64_t width = buf.dim(2);
+    if (is_packed_rows(buf.dtype())) {
+      uint8_t* base = static_cast<uint8_t*>(buf.raw());
+      const int64_t rs = n == 1 ? n_kv * hd : src.strides()[0];
+      const float* sp = src.data<float>() + src0 * rs;
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t h = 0; h < n_kv; ++h)
+          quantize_kv_row(buf.dtype(), sp + i * rs + h * hd, hd, base + (h * cap + dst_row + i) * width);
+      return;
+    }
     const Shape dst_shape{m, n_kv, hd}, dst_strides{hd, cap * hd, 1};
     const size_t off = size_t(dst_row * hd) * 2;
-    auto src_rows = [&](const Array& a) {
-      return Array::strided(a.buffer(), a.byte_offset() + size_t(src0 * a.strides()[0]) * 4, {m, n_kv, hd},
-                            a.strides(), DType::f32);
-    };
     cpu::kernels().copy_into(
-        Array::strided(keys.buffer(), keys.byte_offset() + off, dst_shape, dst_strides, keys.dtype()), src_rows(k));
-    cpu::kernels().copy_into(
-        Array::strided(values.buffer(), values.byte_offset() + off, dst_shape, dst_strides, keys.dtype()), src_rows(v));
+        Array::strided(buf.buffer(), buf.byte_offset() + off, dst_shape, dst_strides, buf.dtype()),
+        Array::strided(src.buffer(), src.byte_offset() + size_t(src0 * src.strides()[0]) * 4, {m, n_kv, hd},
+                       src.strides(), DType::f32));
+  };
+  auto write_both = [&](int64_t src0, int64_t dst_row, int64_t m) {
+    write_run(keys, k, src0, dst_row, m);
+    write_run(values, v, src0, dst_row, m);
   };
   if (ring_rows == 0) {
-    write_run(0, row0, n);
+    write_both(0, row0, n);
     return;
   }
   const int64_t first = row0 % ring_rows, m0 = std::min(n, ring_rows - first);
-  write_run(0, first, m0);
-  if (m0 < n) write_run(m0, 0, n - m0);
+  write_both(0, first, m0);
+  if (m0 < n) write_both(m0, 0, n - m0);
 }
 
 void write_kv_paged(const Array& keys, const Array& values, const Array& k, const Array& v, const Array& slots) {
@@ -405,9 +465,12 @@ void write_kv_paged(const Array& keys, const Array& values, const Array& k, cons
   const bool gpu = on_cuda(op, {&keys, &values, &k, &v, &slots});
   require_pool(op, "keys", keys);
   require_pool(op, "values", values);
-  require(values.shape() == keys.shape() && values.dtype() == keys.dtype(), op,
+  require(values.dim(0) == keys.dim(0) && values.dim(1) == keys.dim(1) && values.dim(2) == keys.dim(2), op,
           "keys and values differ: " + describe(keys) + " and " + describe(values));
-  const int64_t n_blocks = keys.dim(0), n_kv = keys.dim(1), bs = keys.dim(2), hd = keys.dim(3);
+  require(k.ndim() == 3, op, "k must be float32 [n, n_kv_heads, head_dim], got " + describe(k));
+  const int64_t n_blocks = keys.dim(0), n_kv = keys.dim(1), bs = keys.dim(2), hd = k.dim(2);
+  require_pool_rows(op, "keys", keys, hd);
+  require_pool_rows(op, "values", values, hd);
   auto check_rows = [&](const char* name, const Array& a) {
     require(strided_rows(a, n_kv, hd), op,
             std::string(name) + " must be float32 [n, " + std::to_string(n_kv) + ", " + std::to_string(hd) +
@@ -434,6 +497,7 @@ void write_kv_paged(const Array& keys, const Array& values, const Array& k, cons
   a.n = n;
   a.bf16 = keys.dtype() == DType::bf16;
   if (gpu) {
+    require_cuda_kv_pair(op, keys, values);
     // NOTE: slots stay on the device; the kernel skips a slot outside the pool like a negative one.
     cuda_ops::kv_write_paged(a);
     return;
@@ -448,19 +512,25 @@ void write_kv_paged(const Array& keys, const Array& values, const Array& k, cons
   // Row i: [n_kv, hd] of the source -> [n_kv, hd] at stride block_size * hd in its block,
   // through the element conversion that write_kv_rows uses.
   const Shape dst_shape{n_kv, hd}, dst_strides{bs * hd, 1}, src_shape{n_kv, hd}, src_strides{hd, 1};
+  auto write_row = [&](const Array& pool, const Array& x, int64_t stride, int64_t i, int64_t slot) {
+    const int64_t row0 = (slot / bs) * n_kv * bs + slot % bs;  // head 0's row in the pool
+    if (is_packed_rows(pool.dtype())) {
+      // Each head's row quantized where it lands.
+      const int64_t width = pool.dim(3);
+      uint8_t* base = static_cast<uint8_t*>(pool.raw());
+      const float* src = x.data<float>() + i * stride;
+      for (int64_t h = 0; h < n_kv; ++h) quantize_kv_row(pool.dtype(), src + h * hd, hd, base + (row0 + h * bs) * width);
+      return;
+    }
+    cpu::kernels().copy_into(
+        Array::strided(pool.buffer(), pool.byte_offset() + size_t(row0 * hd) * 2, dst_shape, dst_strides, pool.dtype()),
+        Array::strided(x.buffer(), x.byte_offset() + size_t(i * stride) * 4, src_shape, src_strides, DType::f32));
+  };
   for (int64_t i = 0; i < n; ++i) {
     const int64_t slot = a.slots[i];
     if (slot < 0) continue;
-    const size_t off = size_t(((slot / bs) * n_kv * bs + slot % bs) * hd) * 2;
-    auto src_row = [&](const Array& x, int64_t stride) {
-      return Array::strided(x.buffer(), x.byte_offset() + size_t(i * stride) * 4, src_shape, src_strides, DType::f32);
-    };
-    cpu::kernels().copy_into(
-        Array::strided(keys.buffer(), keys.byte_offset() + off, dst_shape, dst_strides, keys.dtype()),
-        src_row(k, a.k_row_stride));
-    cpu::kernels().copy_into(
-        Array::strided(values.buffer(), values.byte_offset() + off, dst_shape, dst_strides, keys.dtype()),
-        src_row(v, a.v_row_stride));
+    write_row(keys, k, a.k_row_stride, i, slot);
+    write_row(values, v, a.v_row_stride, i, slot);
   }
 }
 
@@ -468,6 +538,7 @@ Array gather_kv_blocks(const Array& pool, const Array& block_ids, int64_t n_rows
   const char* op = "gather_kv_blocks";
   const bool gpu = on_cuda(op, {&pool, &block_ids});
   require_pool(op, "pool", pool);
+  // hd: the row's width (elements, or bytes of a packed row).
   const int64_t n_blocks = pool.dim(0), n_kv = pool.dim(1), bs = pool.dim(2), hd = pool.dim(3);
   require(n_rows >= 0 && bs > 0, op, "n_rows " + std::to_string(n_rows) + " must be >= 0");
   const int64_t need = (n_rows + bs - 1) / bs;
@@ -478,6 +549,8 @@ Array gather_kv_blocks(const Array& pool, const Array& block_ids, int64_t n_rows
   Array out = Array::empty({n_kv, n_rows, hd}, pool.dtype(), pool.device());
   if (n_rows == 0 || n_kv == 0 || hd == 0) return out;
   if (gpu) {
+    require(pool.dtype() == DType::f16 || pool.dtype() == DType::bf16, op,
+            std::string("a ") + dtype_name(pool.dtype()) + " pool is not supported on cuda yet");
     PagedGatherArgs a;
     a.pool = pool.data<uint16_t>();
     a.n_blocks = n_blocks;
@@ -494,9 +567,10 @@ Array gather_kv_blocks(const Array& pool, const Array& block_ids, int64_t n_rows
   for (int64_t jb = 0; jb < need; ++jb) {
     const int64_t b = checked_block(op, "block_ids", ids, jb, n_blocks), m = std::min(bs, n_rows - jb * bs);
     const Shape shape{n_kv, m, hd};
-    cpu::kernels().copy_into(Array::strided(out.buffer(), out.byte_offset() + size_t(jb * bs * hd) * 2, shape,
+    const size_t item = pool.itemsize();
+    cpu::kernels().copy_into(Array::strided(out.buffer(), out.byte_offset() + size_t(jb * bs * hd) * item, shape,
                                             {n_rows * hd, hd, 1}, pool.dtype()),
-                             Array::strided(pool.buffer(), pool.byte_offset() + size_t(b * n_kv * bs * hd) * 2, shape,
+                             Array::strided(pool.buffer(), pool.byte_offset() + size_t(b * n_kv * bs * hd) * item, shape,
                                             {bs * hd, hd, 1}, pool.dtype()));
   }
   return out;
@@ -558,13 +632,15 @@ Array attention(const Array& q, const Array& k, const Array& v, const AttentionP
   const bool gpu = on_cuda("attention", {&q, &k, &v});
   require_f32_contiguous("attention", "q", q);
   require(q.ndim() == 3, "attention", "q must be [n, n_heads, head_dim], got " + describe(q));
-  require(k.ndim() == 3 && v.ndim() == 3 && (k.dtype() == DType::f16 || k.dtype() == DType::bf16) &&
-              v.dtype() == k.dtype(),
-          "attention",
-          "k and v must be both float16 or both bfloat16 [n_kv_heads, L, head_dim], got " + describe(k) + " and " +
+  auto kv_type = [](DType dt) { return dt == DType::f16 || dt == DType::bf16 || is_packed_rows(dt); };
+  require(k.ndim() == 3 && v.ndim() == 3 && kv_type(k.dtype()) && kv_type(v.dtype()), "attention",
+          "k and v must be float16, bfloat16, q8_0 or fp8_e4m3 [n_kv_heads, L, row], got " + describe(k) + " and " +
               describe(v));
-  require(k.shape() == v.shape() && k.dim(2) == q.dim(2), "attention",
-          "k " + describe(k) + ", v " + describe(v) + " and q " + describe(q) + " disagree");
+  const int64_t hd = q.dim(2);
+  require(k.dim(0) == v.dim(0) && k.dim(1) == v.dim(1) && k.dim(2) == packed_row_width(k.dtype(), hd) &&
+              v.dim(2) == packed_row_width(v.dtype(), hd) &&
+              ((k.dtype() != DType::q8_0 && v.dtype() != DType::q8_0) || hd % 32 == 0),
+          "attention", "k " + describe(k) + ", v " + describe(v) + " and q " + describe(q) + " disagree");
   require(k.strides()[2] == 1 && v.strides()[2] == 1, "attention", "k and v rows must be contiguous");
   require(k.dim(0) > 0 && q.dim(1) % k.dim(0) == 0, "attention", "n_heads must be a multiple of n_kv_heads");
   const int64_t n = q.dim(0);
@@ -605,7 +681,9 @@ Array attention(const Array& q, const Array& k, const Array& v, const AttentionP
   a.head_dim = q.dim(2);
   a.k = k.data<uint16_t>();
   a.v = v.data<uint16_t>();
-  a.bf16 = k.dtype() == DType::bf16;
+  a.bf16 = k.dtype() == DType::bf16 && v.dtype() == DType::bf16;
+  a.k_elem = kv_elem(k.dtype());
+  a.v_elem = kv_elem(v.dtype());
   a.n_kv_heads = k.dim(0);
   a.n_keys = n_keys;
   a.k_head_stride = k.strides()[0];
@@ -622,6 +700,7 @@ Array attention(const Array& q, const Array& k, const Array& v, const AttentionP
   a.out = out.data<float>();
   a.batch_invariant = batch_invariant();
   if (gpu) {
+    require_cuda_kv_pair("attention", k, v);
     if (p.positions.defined()) {
       a.q_pos_dev = p.positions.data<int32_t>();
       a.max_keys = p.max_keys;

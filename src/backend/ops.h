@@ -58,7 +58,9 @@ void softcap_(Array& x, float cap);
 
 // Writes k, v [n, n_kv_heads, head_dim] f32 (rows may be strided, heads contiguous), rounded
 // to nearest even in the buffers' type, into rows row0 .. row0 + n - 1 of keys, values
-// [n_kv_heads, capacity, head_dim] (f16 or bf16, contiguous buffers). ring_rows > 0 (==
+// [n_kv_heads, capacity, packed_row_width(type, head_dim)] (contiguous buffers, each f16, bf16,
+// or on the CPU a packed row format: q8_0 blocks or fp8_e4m3 rows, quantized here from the f32
+// row, so a row's bytes depend on that row alone). ring_rows > 0 (==
 // capacity): row0 is a position and row p goes to p % ring_rows (n <= ring_rows; the run may
 // wrap). When `positions` (i32 [n], on the arrays' device) is defined, a CUDA kernel takes row0
 // from positions[0] on the device instead, so a captured graph writes at the current position;
@@ -119,7 +121,8 @@ using KeyLayout = std::variant<LinearKeys, RingKeys, PagedKeys>;
 
 // Causal grouped-query attention of n query rows against the cached keys.
 //   q [n, n_heads, head_dim] f32; k, v both f16 or both bf16 (strided views allowed) laid out as
-//   `keys` says; query row i sits at absolute position q_pos0 + i and sees the key at position
+//   `keys` says; on the CPU each of k and v may also be another of f16, bf16, q8_0 and fp8_e4m3
+//   (packed rows [.., packed_row_width(type, head_dim)], dequantized block by block as read); query row i sits at absolute position q_pos0 + i and sees the key at position
 //   j iff j <= q_pos0 + i and, when window > 0, j > q_pos0 + i - window. Returns
 //   [n, n_heads * head_dim] f32. Errors name a violation of the layout's conditions.
 struct AttentionParams {
@@ -139,7 +142,8 @@ Array attention(const Array& q, const Array& k, const Array& v, const AttentionP
 
 // Paged KV rows: k, v [n, n_kv_heads, head_dim] f32 (rows may be strided, heads contiguous),
 // rounded to nearest even in the pool's type, written into the pool's keys, values
-// [n_blocks, n_kv_heads, block_size, head_dim] (f16 or bf16, contiguous): row i goes to block
+// [n_blocks, n_kv_heads, block_size, packed_row_width(type, head_dim)] (f16 or bf16, on the
+// CPU also q8_0 or fp8_e4m3, keys and values each their own; contiguous): row i goes to block
 // slots[i] / block_size, row slots[i] % block_size. slots i32 [n] on the pool's device; a slot
 // below 0 skips its row (a padded batch entry). A slot past the pool throws InvalidInput on the
 // CPU and writes nothing on CUDA (read on the device).

@@ -46,6 +46,7 @@ struct BenchOptions {
   std::string output = "md";
   int threads = -1;
   std::string device;
+  std::string cache_type_k, cache_type_v;  // --cache-type-k, --cache-type-v
   int tensor_parallel = 1;
   uint64_t seed = 1234;
   std::string batch_arg;  // --batch: batch sizes of the batched test ("" : the llama-bench tests)
@@ -72,6 +73,10 @@ struct Header {
   uint64_t n_params = 0;
   bool kv_inplace = true;
   int kv_step = 256;
+  // The KV cache's key and value types (--cache-type-k/-v, else the model's) and the bytes one
+  // position takes over all layers (keys and values).
+  std::string kv_type_k, kv_type_v;
+  uint64_t kv_token_bytes = 0;
   std::string constraint;  // --batch: the grammar every sequence is held to ("" : none)
   std::string sampling;    // sampling_label() ("" : greedy)
 };
@@ -117,7 +122,7 @@ std::string human_count(double n) {
   return fmt("%.2f K", n / 1e3);
 }
 
-nlohmann::json test_json(const BenchResult& r) {
+nlohmann::json test_json(const BenchResult& r, uint64_t kv_token_bytes) {
   std::vector<int64_t> ns;
   for (double s : r.seconds) ns.push_back(int64_t(s * 1e9 + 0.5));
   const bool pp = r.test.kind == BenchTest::Kind::prompt;
@@ -143,7 +148,8 @@ nlohmann::json test_json(const BenchResult& r) {
             {"rss_scope", r.memory.rss_per_test ? "test" : "process"}}},
           {"speculative", {{"drafted_n", r.n_drafted}, {"accepted_n", r.n_accepted}}},
           {"kv",
-           {{"inplace_writes", r.kv.n_inplace_writes},
+           {{"cache_bytes", kv_token_bytes * uint64_t(r.test.depth + r.test.n_tokens)},
+            {"inplace_writes", r.kv.n_inplace_writes},
             {"copying_writes", r.kv.n_copying_writes},
             {"bytes_copied", r.kv.bytes_copied}}}};
 }
@@ -154,11 +160,15 @@ void print_json(const Header& h, const BenchOptions& o, const std::vector<BenchR
   j["machine"] = {{"cpu", h.cpu}, {"n_threads", h.n_threads}, {"backend", h.backend}, {"gpu", nullptr}};
   j["model"] = {{"path", h.model_path},       {"name", h.model_name},       {"model_type", h.model_type},
                 {"weight_dtype", h.weight_dtype}, {"weight_bytes", h.weight_bytes}, {"n_params", h.n_params}};
-  j["kv"] = {{"inplace_write", h.kv_inplace}, {"step", h.kv_step}};
+  j["kv"] = {{"inplace_write", h.kv_inplace},
+             {"step", h.kv_step},
+             {"type_k", h.kv_type_k},
+             {"type_v", h.kv_type_v},
+             {"bytes_per_token", h.kv_token_bytes}};
   j["params"] = {{"repetitions", o.repetitions}, {"warmup", o.warmup}, {"seed", o.seed}};
   if (!h.sampling.empty()) j["params"]["sampling"] = h.sampling;
   j["tests"] = nlohmann::json::array();
-  for (const BenchResult& r : results) j["tests"].push_back(test_json(r));
+  for (const BenchResult& r : results) j["tests"].push_back(test_json(r, h.kv_token_bytes));
   std::printf("%s\n", j.dump(2).c_str());
 }
 
@@ -195,6 +205,12 @@ void print_md(const Header& h, const BenchOptions& o, const std::vector<BenchRes
               h.model_path.c_str(), h.model_type.c_str(), h.weight_dtype.c_str(), h.weight_bytes,
               (unsigned long long)h.n_params, o.repetitions, o.warmup);
   if (!h.sampling.empty()) std::printf("tg tokens sampled: %s\n", h.sampling.c_str());
+  std::printf("KV cache: %s keys, %s values, %llu bytes a token (%.2f MiB at the deepest test)\n", h.kv_type_k.c_str(),
+              h.kv_type_v.c_str(), (unsigned long long)h.kv_token_bytes, [&] {
+                int64_t rows = 0;
+                for (const BenchResult& r : results) rows = std::max(rows, r.test.depth + r.test.n_tokens);
+                return double(h.kv_token_bytes * uint64_t(rows)) / (1 << 20);
+              }());
   std::printf("\n");
   std::printf(
       "| model | size | params | backend | threads | test | t/s | median t/s | peak alloc (test / timed) | "
@@ -288,6 +304,23 @@ int run_bench_cmd(const BenchOptions& o) {
   h.n_params = info.n_params;
   h.kv_inplace = env.kv_inplace_write;
   h.kv_step = env.kv_step;
+  {
+    KVCacheParams types;
+    types.k_type = cache_type(o.cache_type_k, "--cache-type-k");
+    types.v_type = cache_type(o.cache_type_v, "--cache-type-v");
+    // A tensor-parallel model's layers are split across ranks (kv_params throws): the types as
+    // given, no byte count.
+    h.kv_type_k = o.cache_type_k.empty() ? "model" : o.cache_type_k;
+    h.kv_type_v = o.cache_type_v.empty() ? "model" : o.cache_type_v;
+    for (int64_t l = 0; l < (o.tensor_parallel > 1 ? 0 : info.n_layers); ++l) {
+      const KVCacheParams p = model->kv_params(l, types);
+      h.kv_token_bytes += p.row_bytes(1);
+      if (l == 0) {
+        h.kv_type_k = kv_cache_type_name(p.key_dtype());
+        h.kv_type_v = kv_cache_type_name(p.value_dtype());
+      }
+    }
+  }
   if (!(o.sampler.temperature > 0.0f) && (o.sampler.top_k > 0 || o.sampler.top_p < 1.0f || o.sampler.min_p > 0.0f))
     throw UsageError("bench --top-k/--top-p/--min-p: need --temp > 0 (the generated tokens are greedy without it)");
   if (o.sampler.temperature > 0.0f && (!o.grammar_file.empty() || !o.json_schema.empty()))
@@ -304,6 +337,8 @@ int run_bench_cmd(const BenchOptions& o) {
     bb.seed = o.seed;
     bb.graphs = env.cuda_graphs;
     bb.inplace = env.kv_inplace_write;
+    bb.k_type = cache_type(o.cache_type_k, "--cache-type-k");
+    bb.v_type = cache_type(o.cache_type_v, "--cache-type-v");
     bb.split_keys = env.paged_split_keys;
     bb.sampler = o.sampler;
     if (!o.grammar_file.empty() || !o.json_schema.empty()) {
@@ -325,6 +360,8 @@ int run_bench_cmd(const BenchOptions& o) {
   bp.seed = o.seed;
   bp.cache.step = env.kv_step;
   bp.cache.inplace = env.kv_inplace_write;
+  bp.cache.k_type = cache_type(o.cache_type_k, "--cache-type-k");
+  bp.cache.v_type = cache_type(o.cache_type_v, "--cache-type-v");
   bp.decode = generate_params(env);
   bp.decode.sampler = o.sampler;
   bp.decode.spec = o.spec;
@@ -368,6 +405,7 @@ Command add_bench(CLI::App& app) {
       ->check(CLI::IsMember({"md", "json", "csv"}))
       ->capture_default_str();
   add_device_option(app, o->device);
+  add_cache_type_options(app, o->cache_type_k, o->cache_type_v);
   add_threads_option(app, o->threads);
   add_tensor_parallel_option(app, o->tensor_parallel);
   app.add_option("--seed", o->seed, "Seed of the random prompt tokens")->check(unsigned_u64())->capture_default_str();

@@ -54,6 +54,7 @@ struct ChatOptions {
   SpeculativeParams spec;
   int threads = -1;
   std::string device;
+  std::string cache_type_k, cache_type_v;  // --cache-type-k, --cache-type-v
   bool json = false;
   bool verbose = false;
 };
@@ -204,6 +205,8 @@ class Chat {
     KVCacheParams co;
     co.step = env.kv_step;
     co.inplace = env.kv_inplace_write;
+    co.k_type = cache_type(o.cache_type_k, "--cache-type-k");
+    co.v_type = cache_type(o.cache_type_v, "--cache-type-v");
     cache_ = model_->make_cache(co);
     reset();
   }
@@ -574,6 +577,7 @@ Command add_chat(CLI::App& app) {
   add_sampler_options(app, o->sampler, /*checkpoint_defaults=*/true);
   add_spec_options(app, o->spec);
   add_device_option(app, o->device);
+  add_cache_type_options(app, o->cache_type_k, o->cache_type_v);
   add_threads_option(app, o->threads);
   app.add_flag("--json", o->json,
                "Print one JSON object per reply (text, tokens, seed, sampler settings, cache counters) instead of "

@@ -8,10 +8,13 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "core/error.h"
+#include "kv/kv_cache.h"
 #include "core/thread_pool.h"
 #include "grammar/json_schema.h"
 #include "sample/sampler_fields.h"
@@ -156,6 +159,35 @@ CLI::Option* add_tensor_parallel_option(CLI::App& app, int& ranks) {
       ->check(int_range(1, kMaxTensorParallel))
       ->capture_default_str()
       ->group("Advanced");
+}
+
+void add_cache_type_options(CLI::App& app, std::string& k, std::string& v) {
+  for (auto [flag, value, what] : {std::tuple{"--cache-type-k", &k, "keys"}, std::tuple{"--cache-type-v", &v, "values"}})
+    app.add_option(flag, *value,
+                   std::string(flag == std::string("--cache-type-k") ? "-ctk" : "-ctv") + " TYPE: the KV cache's " +
+                       what + ": f16, bf16, q8_0 (blocks of 32 int8 with an f16 scale, 1.06 bytes an element) or "
+                       "fp8 (e4m3 with a float32 scale per head and row, 1.03 bytes an element at head_dim 128); q8_0 "
+                       "and fp8 on the CPU only for now (default: the model's 16-bit type)")
+        ->check(CLI::Validator(
+            [flag](std::string& s) -> std::string {
+              try {
+                parse_kv_cache_type(s, flag);
+              } catch (const Error& e) {
+                // CLI11 names the flag itself.
+                std::string m = e.what();
+                const std::string prefix = std::string(flag) + ": ";
+                if (m.rfind(prefix, 0) == 0) m.erase(0, prefix.size());
+                return m;
+              }
+              return "";
+            },
+            "TYPE"))
+        ->group("Advanced");
+}
+
+std::optional<DType> cache_type(const std::string& value, const char* flag) {
+  if (value.empty()) return std::nullopt;
+  return parse_kv_cache_type(value, flag);
 }
 
 // The grammar of --grammar-file or --json-schema; a usage error names the flag at fault.

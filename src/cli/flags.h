@@ -3,9 +3,11 @@
 // message names the flag, the value and the range; CLI11 reports it before the command runs.
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
 #include "sample/sampler.h"
 #include "grammar/grammar.h"
 #include "serve/speculative.h"
@@ -50,6 +52,12 @@ void add_spec_options(CLI::App& app, SpeculativeParams& p);
 void add_model_options(CLI::App& app, std::string& model, bool& download, const std::string& folder_holds = "");
 // --template-name: which of the folder's named chat templates.
 CLI::Option* add_template_name_option(CLI::App& app, std::string& name);
+// --cache-type-k and --cache-type-v (-ctk, -ctv, rewritten in main, as llama.cpp spells them):
+// the KV cache's key and value types, f16, bf16, q8_0 or fp8, each checked at parse (a usage
+// error lists the accepted ones). Empty (not given): the model's 16-bit type.
+void add_cache_type_options(CLI::App& app, std::string& k, std::string& v);
+// The DType of a value add_cache_type_options accepted; nullopt for an empty one.
+std::optional<DType> cache_type(const std::string& value, const char* flag);
 // --device: cpu, cuda or cuda:N.
 CLI::Option* add_device_option(CLI::App& app, std::string& device);
 

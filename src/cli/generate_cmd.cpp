@@ -103,6 +103,7 @@ struct GenerateOptions {
   bool quiet = false;
   int threads = -1;
   std::string device;
+  std::string cache_type_k, cache_type_v;  // --cache-type-k, --cache-type-v
   int tensor_parallel = 1;
   std::string prompt_cache;  // --prompt-cache FILE
 };
@@ -159,10 +160,30 @@ std::vector<int32_t> prompt_tokens(const GenerateOptions& o, const std::string& 
   return text ? tokenizer->encode(*text, true) : parse_token_ids(o.token_ids);
 }
 
-// --json: one line with the prompt, the reply's tokens and text, the stop reason, the seed and
-// the timings.
+// The KV cache's key and value types and bytes: the rows it holds (a sliding-window layer at most
+// its ring) and its buffers, over all layers.
+nlohmann::json kv_cache_json(const SequenceCache& cache) {
+  uint64_t live = 0, held = 0;
+  std::string type_k, type_v;
+  for (const KVState& st : cache.snapshot()) {
+    if (!st.keys.defined()) continue;
+    if (type_k.empty()) {
+      type_k = kv_cache_type_name(st.keys.dtype());
+      type_v = kv_cache_type_name(st.values.dtype());
+    }
+    const int64_t rows = std::min(st.offset, st.keys.dim(1));
+    for (const Array* a : {&st.keys, &st.values}) {
+      live += uint64_t(a->nbytes() / size_t(a->dim(1))) * uint64_t(rows);
+      held += a->nbytes();
+    }
+  }
+  return {{"type_k", type_k}, {"type_v", type_v}, {"bytes", live}, {"buffer_bytes", held}};
+}
+
+// --json: one line with the prompt, the reply's tokens and text, the stop reason, the seed,
+// the timings and the KV cache's types and bytes.
 void print_json(const std::vector<int32_t>& prompt, const GenerateResult& r, const std::string& reply, uint64_t seed,
-                const SessionRestore& cached) {
+                const SessionRestore& cached, const SequenceCache& cache) {
   const GenerateStats& s = r.stats;
   nlohmann::json j;
   j["prompt_tokens"] = prompt;
@@ -191,6 +212,7 @@ void print_json(const std::vector<int32_t>& prompt, const GenerateResult& r, con
                   {"cache_n", cached.n_cached},
                   {"cache_restore_ms", cached.seconds * 1e3},
                   {"cache_read_bytes", cached.bytes_read}};
+  j["kv_cache"] = kv_cache_json(cache);
   std::string out = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   std::printf("%s\n", out.c_str());
 }
@@ -259,14 +281,16 @@ int run_generate(const GenerateOptions& o) {
   KVCacheParams co;
   co.step = env.kv_step;
   co.inplace = env.kv_inplace_write;
+  co.k_type = cache_type(o.cache_type_k, "--cache-type-k");
+  co.v_type = cache_type(o.cache_type_v, "--cache-type-v");
   SequenceCache cache = model->make_cache(co);
   // --prompt-cache: the prompt's longest prefix that FILE holds is restored, and only the rest
   // is computed.
   std::optional<CacheFingerprint> fingerprint;
   SessionRestore cached;
   if (!o.prompt_cache.empty()) {
-    fingerprint = session_fingerprint(dir, *model);
-    cached = restore_session(o.prompt_cache, *fingerprint, *model, cache, prompt);
+    fingerprint = session_fingerprint(dir, *model, co);
+    cached = restore_session(o.prompt_cache, *fingerprint, *model, cache, prompt, co);
   }
 
   // The reply's text passes through the stop strings: what precedes one is printed (or, with
@@ -305,12 +329,12 @@ int run_generate(const GenerateOptions& o) {
     std::vector<int32_t> all = prompt;
     all.insert(all.end(), r.tokens.begin(), r.tokens.end());
     try {
-      save_session(o.prompt_cache, *fingerprint, *model, cache, all);
+      save_session(o.prompt_cache, *fingerprint, *model, cache, all, co);
     } catch (const Error& e) {
       std::fprintf(stderr, "osprey: warning: prompt cache not saved: %s\n", e.what());
     }
   }
-  if (o.json) print_json(prompt, r, reply, gp.sampler.seed, cached);
+  if (o.json) print_json(prompt, r, reply, gp.sampler.seed, cached, cache);
   if (!o.quiet && fingerprint)
     std::fprintf(stderr, "prompt cache: %lld of %zu prompt tokens restored from %s (%.1f ms)\n",
                  (long long)cached.n_cached, prompt.size(), o.prompt_cache.c_str(), cached.seconds * 1e3);
@@ -372,6 +396,7 @@ Command add_generate(CLI::App& app) {
   add_sampler_options(app, o->sampler);
   add_spec_options(app, o->spec);
   add_device_option(app, o->device);
+  add_cache_type_options(app, o->cache_type_k, o->cache_type_v);
   add_threads_option(app, o->threads);
   add_tensor_parallel_option(app, o->tensor_parallel);
   app.add_option("--grammar-file", o->grammar_file,

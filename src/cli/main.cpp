@@ -190,12 +190,16 @@ int main(int argc, char** argv) {
       if (args[i] == "-tp" && before != "-p" && before != "--prompt" && before != "--stop" && before != "--system")
         args[i] = "--tensor-parallel";
     }
-  // llama.cpp's -md for --model-draft, the same way (generate, chat, bench, serve).
-  if (!args.empty() && (args[0] == "generate" || args[0] == "chat" || args[0] == "bench" || args[0] == "serve"))
+  // llama.cpp's -md for --model-draft, -ctk and -ctv for --cache-type-k and --cache-type-v, the
+  // same way (-md: generate, chat, bench, serve; -ctk, -ctv: those and perplexity).
+  if (!args.empty() && (args[0] == "generate" || args[0] == "chat" || args[0] == "bench" || args[0] == "serve" ||
+                        args[0] == "perplexity"))
     for (size_t i = 1; i < args.size(); ++i) {
       const std::string& before = args[i - 1];
-      if (args[i] == "-md" && before != "-p" && before != "--prompt" && before != "--stop" && before != "--system")
-        args[i] = "--model-draft";
+      if (before == "-p" || before == "--prompt" || before == "--stop" || before == "--system") continue;
+      if (args[i] == "-md" && args[0] != "perplexity") args[i] = "--model-draft";
+      if (args[i] == "-ctk") args[i] = "--cache-type-k";
+      if (args[i] == "-ctv") args[i] = "--cache-type-v";
     }
   std::reverse(args.begin(), args.end());
   try {

@@ -54,6 +54,7 @@ struct PerplexityOptions {
   int64_t ctx = 0;  // 0: 512, or the model's context when smaller
   int64_t chunks = -1;
   std::string device;
+  std::string cache_type_k, cache_type_v;  // --cache-type-k, --cache-type-v
   int threads = -1;
   std::string output = "text";
   std::string kl_base;
@@ -313,10 +314,13 @@ int run_perplexity(const PerplexityOptions& o) {
   KlStats kl;
   std::vector<double> chunk_ppl;
   std::vector<float> lp, blp;
+  KVCacheParams co;
+  co.k_type = cache_type(o.cache_type_k, "--cache-type-k");
+  co.v_type = cache_type(o.cache_type_v, "--cache-type-v");
   for (int64_t c = 0; c < n_chunks; ++c) {
     std::vector<int32_t> in(tokens.begin() + c * ctx, tokens.begin() + (c + 1) * ctx);
     if (add_bos) in[0] = *bos;
-    SequenceCache cache = model->make_cache(KVCacheParams{});
+    SequenceCache cache = model->make_cache(co);
     cache.reserve(ctx);
     Array logits = ops::to_device(model->forward(host_i32(in), cache, true), Device::cpu());
     const float* l = logits.data<float>();
@@ -367,6 +371,7 @@ Command add_perplexity(CLI::App& app) {
                  "Base log-probs file: written by a run without --kl-divergence, read by one with it");
   app.add_flag("--kl-divergence", o->kl, "Report the KL divergence from the --kl-divergence-base file's model");
   add_device_option(app, o->device);
+  add_cache_type_options(app, o->cache_type_k, o->cache_type_v);
   add_threads_option(app, o->threads);
   return [o] { return run_perplexity(*o); };
 }

@@ -41,6 +41,7 @@ struct ServeOptions {
   std::string model;
   bool download = false;
   std::string device;
+  std::string cache_type_k, cache_type_v;  // --cache-type-k, --cache-type-v
   int threads = -1;
   int64_t max_body_mib = 8;
   bool no_webui = false;
@@ -148,6 +149,8 @@ int run_serve(ServeOptions& o) {
   const EnvOptions& env = env_options();
   so.cache.step = env.kv_step;
   so.cache.inplace = env.kv_inplace_write;
+  so.cache.k_type = cache_type(o.cache_type_k, "--cache-type-k");
+  so.cache.v_type = cache_type(o.cache_type_v, "--cache-type-v");
   so.graphs = env.cuda_graphs;
   so.max_body_bytes = size_t(o.max_body_mib) << 20;
   so.webui.enabled = !o.no_webui;
@@ -317,6 +320,7 @@ Command add_serve(CLI::App& app) {
   app.add_option("--webui-dir", s.webui.dir, "Serve the chat page from this folder (its index.html) instead of the built-in one")
       ->group("Advanced");
   add_device_option(app, o->device);
+  add_cache_type_options(app, o->cache_type_k, o->cache_type_v);
   add_threads_option(app, o->threads);
   return [o] { return run_serve(*o); };
 }

@@ -31,8 +31,10 @@ std::string safetensors_dtype_name(DType dt) {
     case DType::i8: return "I8";
     case DType::u8: return "U8";
     case DType::boolean: return "BOOL";
+    case DType::q8_0:
+    case DType::fp8_e4m3: break;  // the KV cache's packed rows: no safetensors dtype
   }
-  return "?";
+  throw Unsupported(std::string("safetensors has no dtype for ") + dtype_name(dt));
 }
 
 // Parses a JSON object, refusing a key that appears twice in the top-level object (the

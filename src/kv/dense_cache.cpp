@@ -63,9 +63,8 @@ void DenseKVCache::copying_write(const Array& k, const Array& v, int64_t n) {
   // The buffers this write replaces: at the same capacity the next layer's write takes them
   // up; after a growth nothing asks for their size again.
   evict_buffers();
-  const Shape shape{params_.n_kv_heads, cap, params_.head_dim};
-  Array nk = Array::empty(shape, params_.dtype, params_.device);
-  Array nv = Array::empty(shape, params_.dtype, params_.device);
+  Array nk = Array::empty(buffer_shape(params_.key_dtype(), cap), params_.key_dtype(), params_.device);
+  Array nv = Array::empty(buffer_shape(params_.value_dtype(), cap), params_.value_dtype(), params_.device);
   if (offset_ > 0) {
     ops::copy_into(kv_rows_view(nk, 0, offset_), kv_rows_view(keys_, 0, offset_));
     ops::copy_into(kv_rows_view(nv, 0, offset_), kv_rows_view(values_, 0, offset_));
@@ -83,11 +82,7 @@ void DenseKVCache::trim(int64_t n) { offset_ = std::max<int64_t>(0, offset_ - st
 KVState DenseKVCache::snapshot() const { return {keys_, values_, offset_}; }
 
 void DenseKVCache::restore(const KVState& state) {
-  if (state.keys.defined() &&
-      (state.keys.ndim() != 3 || state.keys.dim(0) != params_.n_kv_heads || state.keys.dim(2) != params_.head_dim ||
-       state.keys.dtype() != params_.dtype || state.values.dtype() != params_.dtype ||
-       !(state.keys.shape() == state.values.shape()) ||
-       state.offset > state.keys.dim(1)))
+  if (state.keys.defined() && (!fits_state(state) || state.offset > state.keys.dim(1)))
     throw InvalidInput("KV cache restore: state " + describe(state.keys) + " at offset " +
                        std::to_string(state.offset) + " does not fit this cache");
   keys_ = state.keys;

@@ -4,9 +4,19 @@
 
 namespace osprey {
 
-GuardedKVCache::GuardedKVCache(const KVCacheParams& params) : params_(params) {
-  if (params.dtype != DType::f16 && params.dtype != DType::bf16)
-    throw Unsupported(std::string("a ") + dtype_name(params.dtype) + " KV cache is not supported (f16 or bf16)");
+GuardedKVCache::GuardedKVCache(const KVCacheParams& params) : params_(params) { check_kv_cache_types(params); }
+
+Shape GuardedKVCache::buffer_shape(DType dt, int64_t rows) const {
+  return {params_.n_kv_heads, rows, packed_row_width(dt, params_.head_dim)};
+}
+
+bool GuardedKVCache::fits_state(const KVState& state) const {
+  auto fits = [&](const Array& a, DType dt) {
+    return a.ndim() == 3 && a.dtype() == dt && a.dim(0) == params_.n_kv_heads &&
+           a.dim(2) == packed_row_width(dt, params_.head_dim);
+  };
+  return fits(state.keys, params_.key_dtype()) && fits(state.values, params_.value_dtype()) &&
+         state.keys.dim(1) == state.values.dim(1);
 }
 
 bool GuardedKVCache::owns_current_state() const {
@@ -37,9 +47,7 @@ void GuardedKVCache::check_write(const Array& k, const Array& v, const Array& po
                        "]");
 }
 
-uint64_t GuardedKVCache::row_bytes(int64_t n) const {
-  return 2 * uint64_t(n * params_.n_kv_heads * params_.head_dim) * dtype_size(params_.dtype);
-}
+uint64_t GuardedKVCache::row_bytes(int64_t n) const { return params_.row_bytes(n); }
 
 std::pair<const void*, const void*> GuardedKVCache::buffers() const {
   return {keys_.defined() ? keys_.buffer().get() : nullptr, values_.defined() ? values_.buffer().get() : nullptr};

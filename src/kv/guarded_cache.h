@@ -20,8 +20,13 @@ class GuardedKVCache : public KVCache, public ReplayableCache {
   std::pair<const void*, const void*> buffers() const override;
 
  protected:
-  // Throws Unsupported for a row type other than f16 and bf16.
+  // Throws Unsupported for key and value types the device cannot store (check_kv_cache_types).
   explicit GuardedKVCache(const KVCacheParams& params);
+  // [n_kv_heads, rows, packed_row_width(dt, head_dim)]: a buffer of `rows` rows of type dt.
+  Shape buffer_shape(DType dt, int64_t rows) const;
+  // Whether a defined state's keys and values have this cache's types, heads and row width, and
+  // one row count.
+  bool fits_state(const KVState& state) const;
 
   // The guard's identity and length rules: whether the current buffers are the ones this
   // cache's last write produced, at the length that write left. Nothing else may be written

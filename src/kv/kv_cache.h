@@ -5,6 +5,8 @@
 // ReplayableCache (kv/replay.h).
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -43,8 +45,10 @@ struct KVCounters {
 // A shared view of a cache's state at some length. Holding it costs nothing (the buffers
 // are shared); no later write by anyone changes rows [0, offset) of it.
 struct KVState {
-  Array keys;    // [n_kv_heads, capacity, head_dim] f16 or bf16 (a rotating cache: its ring)
-  Array values;  // [n_kv_heads, capacity, head_dim]
+  // [n_kv_heads, capacity, packed_row_width(type, head_dim)] in the cache's key type (a
+  // rotating cache: its ring)
+  Array keys;
+  Array values;  // likewise, in the cache's value type
   int64_t offset = 0;
 };
 
@@ -56,8 +60,20 @@ struct KVCacheParams {
   int64_t n_kv_heads = 0;
   int64_t head_dim = 0;
   Device device = Device::cpu();
-  // Element type of the stored rows: f16, or bf16 where activations may pass f16's range.
+  // Element type of the stored rows as the model picks it (layer_cache_params): f16, or bf16
+  // where activations may pass f16's range.
   DType dtype = DType::f16;
+  // The types of the stored keys and values as the user chose them (--cache-type-k,
+  // --cache-type-v), each independently: f16, bf16, or a packed row format (q8_0, fp8_e4m3;
+  // core/dtype.h), quantized once where the row lands. Unset: `dtype`.
+  std::optional<DType> k_type, v_type;
+  DType key_dtype() const { return k_type.value_or(dtype); }
+  DType value_dtype() const { return v_type.value_or(dtype); }
+  // The bytes of n positions' keys and values (all heads).
+  uint64_t row_bytes(int64_t n) const {
+    auto one = [&](DType dt) { return uint64_t(packed_row_width(dt, head_dim)) * dtype_size(dt); };
+    return uint64_t(n * n_kv_heads) * (one(key_dtype()) + one(value_dtype()));
+  }
   // 0: the layer attends to every earlier position (a dense cache). > 0: a sliding-window
   // layer that attends to the last `window` positions only, so its cache may keep a bounded
   // ring of rows (see make_kv_cache).
@@ -67,8 +83,10 @@ struct KVCacheParams {
 // What attention reads after a write: the live keys and values, and the facts about them
 // that the attention op needs, on every device.
 struct KVView {
-  Array keys;    // [n_kv_heads, n_keys, head_dim] f16 or bf16, a view of the cache's buffers
-  Array values;  // [n_kv_heads, n_keys, head_dim]
+  // [n_kv_heads, n_keys, packed_row_width(type, head_dim)], a view of the cache's buffers (f16,
+  // bf16, or packed rows), keys and values each in their own type
+  Array keys;
+  Array values;
   int64_t pos0 = 0;  // absolute position of the first row just written (the first query's)
   // i32 [n] on the cache's device: the absolute positions of the rows just written, as the
   // caller passed them (undefined when it passed none). A step that reads them from device
@@ -153,6 +171,17 @@ class KVCache {
 // params.window == 0; for a sliding-window layer, the rotating cache (kv/rotating_cache.h),
 // which holds only the rows its window still sees. Model::make_cache calls it with what the family's layer_cache_params says.
 std::unique_ptr<KVCache> make_kv_cache(const KVCacheParams& params);
+
+// A cache type as --cache-type-k / --cache-type-v spell it: f16, bf16, q8_0 or fp8 (e4m3 with a
+// float32 scale per head and row). Throws InvalidInput naming `flag`, the value and the accepted
+// ones otherwise.
+DType parse_kv_cache_type(std::string_view value, std::string_view flag);
+// The flag's spelling of a cache type (f16, bf16, q8_0, fp8).
+const char* kv_cache_type_name(DType dt);
+// Throws Unsupported, naming the flag and the device, unless `params`' key and value types can
+// be stored and attended on its device: the CPU takes every type and any K/V pair; CUDA takes
+// f16 or bf16, the same for keys and values.
+void check_kv_cache_types(const KVCacheParams& params);
 
 // All layers' caches of one sequence.
 class SequenceCache {

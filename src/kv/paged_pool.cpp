@@ -37,9 +37,11 @@ void validate(const PagedPoolParams& params) {
     if (l.n_kv_heads <= 0 || l.head_dim <= 0)
       throw InvalidInput("paged pool: layer " + std::to_string(i) + " has n_kv_heads " + std::to_string(l.n_kv_heads) +
                          " and head_dim " + std::to_string(l.head_dim) + " (both must be positive)");
-    if (l.dtype != DType::f16 && l.dtype != DType::bf16)
-      throw InvalidInput("paged pool: layer " + std::to_string(i) + " stores " + dtype_name(l.dtype) +
-                         " (float16 or bfloat16 only)");
+    for (DType dt : {l.key_dtype(), l.value_dtype()})
+      if (dt != DType::f16 && dt != DType::bf16 && !is_packed_rows(dt))
+        throw InvalidInput("paged pool: layer " + std::to_string(i) + " stores " + dtype_name(dt) +
+                           " (float16, bfloat16, q8_0 or fp8_e4m3 only)");
+    check_kv_cache_types(l);
   }
 }
 
@@ -47,8 +49,7 @@ void validate(const PagedPoolParams& params) {
 
 int64_t paged_block_bytes(const PagedPoolParams& params) {
   int64_t bytes = 0;
-  for (const KVCacheParams& l : params.layers)
-    bytes += 2 * l.n_kv_heads * params.block_size * l.head_dim * int64_t(dtype_size(l.dtype));
+  for (const KVCacheParams& l : params.layers) bytes += int64_t(l.row_bytes(params.block_size));
   return bytes;
 }
 
@@ -199,9 +200,13 @@ PagedPool::PagedPool(const PagedPoolParams& params) : impl_(std::make_shared<Imp
   m.params = params;
   m.block_bytes = paged_block_bytes(params);
   for (const KVCacheParams& l : params.layers) {
-    const Shape shape{params.n_blocks, l.n_kv_heads, params.block_size, l.head_dim};
-    m.keys.push_back(Array::empty(shape, l.dtype, l.device));
-    m.values.push_back(Array::empty(shape, l.dtype, l.device));
+    // [n_blocks, n_kv_heads, block_size, packed_row_width(type, head_dim)], keys and values each
+    // in their own type.
+    auto shape = [&](DType dt) {
+      return Shape{params.n_blocks, l.n_kv_heads, params.block_size, packed_row_width(dt, l.head_dim)};
+    };
+    m.keys.push_back(Array::empty(shape(l.key_dtype()), l.key_dtype(), l.device));
+    m.values.push_back(Array::empty(shape(l.value_dtype()), l.value_dtype(), l.device));
   }
   m.blocks.resize(size_t(params.n_blocks));
   // Taken from the back: block 0 first.

@@ -76,9 +76,8 @@ void RotatingKVCache::copy_positions(const Array& dst, int64_t dst_row0, const A
 void RotatingKVCache::copying_write_row(const Array& k, const Array& v) {
   // The positions the new row's query sees before it, into a new ring at the same rows.
   const int64_t keep_lo = std::max<int64_t>(0, offset_ - rows_ + 1), keep = offset_ - keep_lo;
-  const Shape shape{params_.n_kv_heads, rows_, params_.head_dim};
-  Array nk = Array::empty(shape, params_.dtype, params_.device);
-  Array nv = Array::empty(shape, params_.dtype, params_.device);
+  Array nk = Array::empty(buffer_shape(params_.key_dtype(), rows_), params_.key_dtype(), params_.device);
+  Array nv = Array::empty(buffer_shape(params_.value_dtype(), rows_), params_.value_dtype(), params_.device);
   if (keep > 0) {
     const int64_t r0 = keep_lo % rows_;
     const int64_t first = std::min(keep, rows_ - r0);
@@ -102,9 +101,8 @@ KVView RotatingKVCache::copying_write_chunk(const Array& k, const Array& v, cons
   const int64_t n = k.dim(0), L = offset_;
   // [m old positions | n new ones]: the first query (at L) sees L - window + 1 .. L.
   const int64_t m = std::min(L, rows_ - 1), lin_pos0 = L - m;
-  const Shape lin_shape{params_.n_kv_heads, m + n, params_.head_dim};
-  Array lk = Array::empty(lin_shape, params_.dtype, params_.device);
-  Array lv = Array::empty(lin_shape, params_.dtype, params_.device);
+  Array lk = Array::empty(buffer_shape(params_.key_dtype(), m + n), params_.key_dtype(), params_.device);
+  Array lv = Array::empty(buffer_shape(params_.value_dtype(), m + n), params_.value_dtype(), params_.device);
   if (m > 0) {
     copy_positions(lk, 0, keys_, lin_pos0, m);
     copy_positions(lv, 0, values_, lin_pos0, m);
@@ -114,9 +112,8 @@ KVView RotatingKVCache::copying_write_chunk(const Array& k, const Array& v, cons
 
   // The new ring: the last R positions, each at row p % R.
   const int64_t end = L + n, ring_lo = std::max<int64_t>(0, end - rows_);
-  const Shape shape{params_.n_kv_heads, rows_, params_.head_dim};
-  Array nk = Array::empty(shape, params_.dtype, params_.device);
-  Array nv = Array::empty(shape, params_.dtype, params_.device);
+  Array nk = Array::empty(buffer_shape(params_.key_dtype(), rows_), params_.key_dtype(), params_.device);
+  Array nv = Array::empty(buffer_shape(params_.value_dtype(), rows_), params_.value_dtype(), params_.device);
   for (int64_t p = ring_lo; p < end;) {
     const int64_t r = p % rows_, run = std::min(end - p, rows_ - r);
     ops::copy_into(kv_rows_view(nk, r, run), kv_rows_view(lk, p - lin_pos0, run));
@@ -161,9 +158,7 @@ KVState RotatingKVCache::snapshot() const {
 
 void RotatingKVCache::restore(const KVState& state) {
   if (state.keys.defined() &&
-      (state.keys.ndim() != 3 || state.keys.dim(0) != params_.n_kv_heads || state.keys.dim(1) != rows_ ||
-       state.keys.dim(2) != params_.head_dim || state.keys.dtype() != params_.dtype ||
-       !(state.keys.shape() == state.values.shape()) || state.values.dtype() != params_.dtype || state.offset < 0))
+      (!fits_state(state) || state.keys.dim(1) != rows_ || state.offset < 0))
     throw InvalidInput("rotating KV cache restore: state " + describe(state.keys) + " at offset " +
                        std::to_string(state.offset) + " does not fit a ring of " + std::to_string(rows_) + " rows");
   keys_ = state.keys;

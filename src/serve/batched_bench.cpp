@@ -176,6 +176,8 @@ BatchedBenchResult run_one(Model& model, const BatchedBenchParams& p, int batch,
   o.split_keys = p.split_keys;
   o.inplace = p.inplace;
   o.prefill_chunk = std::max<int64_t>(1, p.n_prompt);  // each prompt is one chunk
+  o.k_type = p.k_type;
+  o.v_type = p.v_type;
   Allocator& alloc = allocator_for(info.device);
   ops::synchronize(info.device);
   alloc.reset_peak();

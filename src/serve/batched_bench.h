@@ -28,6 +28,7 @@ struct BatchedBenchParams {
   bool graphs = true;       // PagedBackendOptions::graphs
   int64_t split_keys = 0;   // PagedBackendOptions::split_keys
   bool inplace = true;      // PagedBackendOptions::inplace
+  std::optional<DType> k_type, v_type;  // PagedBackendOptions::k_type, v_type
   // When set, every sequence is constrained by `grammar` over `trie` (the model's vocabulary):
   // each token is the allowed non-end token of highest logit, the step's masks are computed
   // by a mask worker while the backend runs the step (as the scheduler does), and a sequence

@@ -63,7 +63,10 @@ int64_t PagedBackend::seq_blocks(size_t g, int64_t rows) const {
 PagedPoolsParams PagedBackend::size_pools() {
   const ModelInfo& info = model_.info();
   PagedPoolsParams pp;
-  for (int64_t l = 0; l < info.n_layers; ++l) pp.layers.push_back(model_.kv_params(l));
+  KVCacheParams types;  // --cache-type-k / --cache-type-v, else the model's
+  types.k_type = options_.k_type;
+  types.v_type = options_.v_type;
+  for (int64_t l = 0; l < info.n_layers; ++l) pp.layers.push_back(model_.kv_params(l, types));
   pp.block_size = options_.block_size;
   pp.inplace = options_.inplace;
   windows_ = paged_group_windows(pp.layers);

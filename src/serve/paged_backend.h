@@ -46,6 +46,9 @@ struct PagedBackendOptions {
   // The most prompt rows one prefill chunk writes (the scheduler's prefill_chunk). A
   // sliding-window group holds about a window plus one chunk per sequence (kv/paged_pools.h).
   int64_t prefill_chunk = 512;
+  // --cache-type-k / --cache-type-v: the pool's key and value types (KVCacheParams::k_type,
+  // v_type); unset: the model's.
+  std::optional<DType> k_type, v_type;
 };
 
 // With a prompt store attached (CacheFiles::attach_store), the blocks a sequence adds to the

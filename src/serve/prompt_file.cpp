@@ -149,14 +149,16 @@ std::vector<PfPiece> pf_payload_pieces(const PromptFileData& data, const std::ve
   for (size_t l = 0; l < layers.size(); ++l) {
     const KVCacheParams& p = layers[l];
     const int64_t rows = prompt_file_rows(data.kind, p, n, data.first_row);
-    for (const Array* a : {&data.layers[l].first, &data.layers[l].second}) {
+    for (const auto& [a, dt] : {std::pair{&data.layers[l].first, p.key_dtype()},
+                                std::pair{&data.layers[l].second, p.value_dtype()}}) {
+      const int64_t width = packed_row_width(dt, p.head_dim);
       if (!a->defined() || !a->device().is_cpu() || a->ndim() != 3 || a->dim(0) != p.n_kv_heads || a->dim(1) != rows ||
-          a->dim(2) != p.head_dim || a->dtype() != p.dtype || a->strides()[2] != 1 || a->strides()[1] != p.head_dim)
+          a->dim(2) != width || a->dtype() != dt || a->strides()[2] != 1 || a->strides()[1] != width)
         throw InvalidInput("prompt-cache file: layer " + std::to_string(l) + "'s rows " +
                            (a->defined() ? describe(*a) : std::string("(none)")) + " are not [" +
                            std::to_string(p.n_kv_heads) + ", " + std::to_string(rows) + ", " +
-                           std::to_string(p.head_dim) + "] " + dtype_name(p.dtype) + " on the CPU");
-      const size_t head_bytes = size_t(rows * p.head_dim) * a->itemsize();
+                           std::to_string(width) + "] " + dtype_name(dt) + " on the CPU");
+      const size_t head_bytes = size_t(rows * width) * a->itemsize();
       for (int64_t h = 0; h < p.n_kv_heads && head_bytes > 0; ++h)
         pieces.push_back(
             {static_cast<const uint8_t*>(a->raw()) + size_t(h * a->strides()[0]) * a->itemsize(), head_bytes});
@@ -171,10 +173,12 @@ uint64_t pf_payload_size(PromptFileKind kind, const std::vector<KVCacheParams>& 
   uint64_t bytes = checked_mul(uint64_t(n), sizeof(int32_t), what);
   for (const KVCacheParams& p : layers) {
     const uint64_t rows = uint64_t(prompt_file_rows(kind, p, n, first_row));
-    const uint64_t one =
-        checked_mul(checked_mul(checked_mul(uint64_t(p.n_kv_heads), rows, what), uint64_t(p.head_dim), what),
-                    dtype_size(p.dtype), what);
-    bytes = checked_add(bytes, checked_mul(one, 2, what), what);
+    for (DType dt : {p.key_dtype(), p.value_dtype()}) {
+      const uint64_t one = checked_mul(
+          checked_mul(checked_mul(uint64_t(p.n_kv_heads), rows, what), uint64_t(packed_row_width(dt, p.head_dim)), what),
+          dtype_size(dt), what);
+      bytes = checked_add(bytes, one, what);
+    }
   }
   return bytes;
 }
@@ -423,8 +427,13 @@ CacheFingerprint model_fingerprint(const fs::path& model_path, Device device) {
 
 std::string kv_layout_fingerprint(PromptFileKind kind, const std::vector<KVCacheParams>& layers, int64_t block_size) {
   json l = json::array();
-  for (const KVCacheParams& p : layers)
-    l.push_back({p.n_kv_heads, p.head_dim, dtype_name(p.dtype), kind == PromptFileKind::paged ? 0 : p.window});
+  // The rows' type: one name when keys and values share it (as files before the cache types
+  // were written), else "keys/values".
+  for (const KVCacheParams& p : layers) {
+    const DType k = p.key_dtype(), v = p.value_dtype();
+    const std::string type = k == v ? dtype_name(k) : std::string(dtype_name(k)) + "/" + dtype_name(v);
+    l.push_back({p.n_kv_heads, p.head_dim, type, kind == PromptFileKind::paged ? 0 : p.window});
+  }
   return json{{"kind", prompt_file_kind_name(kind)},
               {"block_size", kind == PromptFileKind::paged ? block_size : 0},
               {"layers", l}}
@@ -548,8 +557,8 @@ PromptFileData read_prompt_file(const fs::path& path, const CacheFingerprint& ex
   pieces.push_back({reinterpret_cast<const uint8_t*>(data.tokens.data()), data.tokens.size() * sizeof(int32_t)});
   for (const KVCacheParams& p : layers) {
     const int64_t rows = prompt_file_rows(info.kind, p, info.n_tokens, info.first_row);
-    Array k = Array::empty({p.n_kv_heads, rows, p.head_dim}, p.dtype);
-    Array v = Array::empty({p.n_kv_heads, rows, p.head_dim}, p.dtype);
+    Array k = Array::empty({p.n_kv_heads, rows, packed_row_width(p.key_dtype(), p.head_dim)}, p.key_dtype());
+    Array v = Array::empty({p.n_kv_heads, rows, packed_row_width(p.value_dtype(), p.head_dim)}, p.value_dtype());
     for (const Array* a : {&k, &v}) pieces.push_back({static_cast<const uint8_t*>(a->raw()), a->nbytes()});
     data.layers.emplace_back(std::move(k), std::move(v));
   }
@@ -598,8 +607,8 @@ std::vector<KVState> dense_file_states(const PromptFileData& data, const std::ve
     Array k = data.layers[l].first, v = data.layers[l].second;
     if (p.window > 0 && k.dim(1) < p.window) {
       // A ring not yet wrapped: its rows [0, n) hold positions [0, n); the rest is never read.
-      Array rk = Array::zeros({p.n_kv_heads, p.window, p.head_dim}, p.dtype);
-      Array rv = Array::zeros({p.n_kv_heads, p.window, p.head_dim}, p.dtype);
+      Array rk = Array::zeros({p.n_kv_heads, p.window, k.dim(2)}, k.dtype());
+      Array rv = Array::zeros({p.n_kv_heads, p.window, v.dim(2)}, v.dtype());
       ops::copy_into(kv_rows_view(rk, 0, k.dim(1)), k);
       ops::copy_into(kv_rows_view(rv, 0, v.dim(1)), v);
       k = rk;
@@ -609,8 +618,8 @@ std::vector<KVState> dense_file_states(const PromptFileData& data, const std::ve
       // Buffers of the size the cache grows to (as a stored snapshot's are), so that the copying
       // write a restore costs is also the only one until the sequence passes them.
       const int64_t cap = (n + p.step - 1) / p.step * p.step;
-      Array pk = Array::empty({p.n_kv_heads, cap, p.head_dim}, p.dtype, device);
-      Array pv = Array::empty({p.n_kv_heads, cap, p.head_dim}, p.dtype, device);
+      Array pk = Array::empty({p.n_kv_heads, cap, k.dim(2)}, k.dtype(), device);
+      Array pv = Array::empty({p.n_kv_heads, cap, v.dim(2)}, v.dtype(), device);
       ops::copy_into(kv_rows_view(pk, 0, n), ops::to_device(k, device));
       ops::copy_into(kv_rows_view(pv, 0, n), ops::to_device(v, device));
       states.push_back({pk, pv, n});

@@ -9,21 +9,23 @@
 
 namespace osprey {
 
-CacheFingerprint session_fingerprint(const std::filesystem::path& model_path, const Model& model) {
+CacheFingerprint session_fingerprint(const std::filesystem::path& model_path, const Model& model,
+                                     const KVCacheParams& options) {
   CacheFingerprint fp = model_fingerprint(model_path, model.info().device);
-  fp.kv = kv_layout_fingerprint(PromptFileKind::dense, model_kv_layers(model), 0);
+  fp.kv = kv_layout_fingerprint(PromptFileKind::dense, model_kv_layers(model, options), 0);
   return fp;
 }
 
 SessionRestore restore_session(const std::filesystem::path& path, const CacheFingerprint& fingerprint,
-                               const Model& model, SequenceCache& cache, std::span<const int32_t> prompt) {
+                               const Model& model, SequenceCache& cache, std::span<const int32_t> prompt,
+                               const KVCacheParams& options) {
   SessionRestore r;
   if (cache.offset() != 0)
     throw InvalidInput("restore_session: the cache already holds " + std::to_string(cache.offset()) + " rows");
   std::error_code ec;
   if (!std::filesystem::exists(path, ec) && !std::filesystem::is_symlink(path, ec)) return r;
   const auto t0 = std::chrono::steady_clock::now();
-  const std::vector<KVCacheParams> layers = model_kv_layers(model);
+  const std::vector<KVCacheParams> layers = model_kv_layers(model, options);
   PromptFileData data;
   try {
     data = read_prompt_file(path, fingerprint, layers);
@@ -58,12 +60,12 @@ SessionRestore restore_session(const std::filesystem::path& path, const CacheFin
 }
 
 uint64_t save_session(const std::filesystem::path& path, const CacheFingerprint& fingerprint, const Model& model,
-                      const SequenceCache& cache, std::span<const int32_t> tokens) {
+                      const SequenceCache& cache, std::span<const int32_t> tokens, const KVCacheParams& options) {
   const int64_t n = cache.offset();
   if (n < 1 || n > int64_t(tokens.size()))
     throw InvalidInput("save_session: a cache of " + std::to_string(n) + " rows for " + std::to_string(tokens.size()) +
                        " tokens");
-  const std::vector<KVCacheParams> layers = model_kv_layers(model);
+  const std::vector<KVCacheParams> layers = model_kv_layers(model, options);
   const PromptFileData data =
       dense_file_data(std::vector<int32_t>(tokens.begin(), tokens.begin() + n), cache.snapshot(), "", layers);
   return write_prompt_file(path, data, fingerprint, layers, 0);

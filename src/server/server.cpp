@@ -1419,6 +1419,8 @@ void Server::load() {
     po.split_keys = env_options().paged_split_keys;
     po.inplace = m.opt.cache.inplace;
     po.prefill_chunk = m.opt.prefill_chunk;
+    po.k_type = m.opt.cache.k_type;
+    po.v_type = m.opt.cache.v_type;
     auto b = std::make_unique<PagedBackend>(*m.model, po);
     m.paged = b.get();
     m.cache_files = b.get();

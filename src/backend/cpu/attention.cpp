@@ -14,18 +14,22 @@
 //    item; scores are then kBlockKeys-wide vector FMAs with no horizontal sums.
 // When kv heads x row blocks alone leave threads idle (decode), the keys are split into ranges
 // whose partial results are merged at the end. Every kernel is templated on the stored element
-// (simd::F16 or simd::BF16). A ring of rows (a rotating cache) is read as two linear runs:
-// blocks end where the ring's rows wrap.
+// of K and of V, each its own (simd::F16, simd::BF16, or Packed: q8_0 or fp8_e4m3 rows: each
+// block of rows is dequantized once into the f32 scratch, where decode reads the keys' scores
+// and a prefill transposes them as above, so no more than a block is dequantized at a time). A ring of rows (a rotating cache) is
+// read as two linear runs: blocks end where the ring's rows wrap.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/gemm_simd.h"
 #include "backend/cpu/split_merge.h"
+#include "backend/kv_quant.h"
 
 namespace osprey::cpu {
 OSPREY_CPU_LEVEL_BEGIN
@@ -43,9 +47,25 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
+// The stored element of packed rows (KVElem q8_0 or fp8_e4m3, a runtime choice): rows of bytes.
+struct Packed {
+  using T = uint8_t;
+};
+template <class L>
+constexpr bool kPacked = std::is_same_v<L, Packed>;
+
+// One head's packed row (packed_row_width(elem, head_dim) bytes) -> out[0:head_dim].
+inline void dequantize_row(KVElem elem, const uint8_t* row, int64_t head_dim, float* out) {
+  if (elem == KVElem::q8_0)
+    kvq::dequantize_row_q8_0(row, head_dim, out);
+  else
+    kvq::dequantize_row_fp8(row, head_dim, out);
+}
+
 // Per-thread buffers of one work item; grown once, reused across calls.
 struct Scratch {
   std::vector<float> kt;      // [head_dim][kBlockKeys]
+  std::vector<float> kq;      // [kBlockKeys][head_dim]: a block of packed keys, dequantized
   std::vector<float> vf;      // [kBlockKeys][dv], dv = head_dim rounded up to kWidth, zero padded
   std::vector<float> qs;      // [nq][head_dim], query vectors times scale
   std::vector<float> acc;     // [nq][dv]
@@ -57,6 +77,7 @@ struct Scratch {
       if (int64_t(v.size()) < n) v.resize(size_t(n));
     };
     grow(kt, head_dim * kBlockKeys);
+    grow(kq, kBlockKeys * head_dim);
     grow(vf, kBlockKeys * dv);
     grow(qs, nq * head_dim);
     grow(acc, nq * dv);
@@ -69,7 +90,7 @@ struct Scratch {
 
 // kt[d][j0 + t] = k[t][d] for t < kWidth, d < d_vec (rows t >= valid read as zero).
 template <class L, bool kFull>
-inline void convert_k_columns(const uint16_t* k, int64_t row_stride, int valid, int64_t d_vec, float* kt) {
+inline void convert_k_columns(const typename L::T* k, int64_t row_stride, int valid, int64_t d_vec, float* kt) {
   for (int64_t d0 = 0; d0 < d_vec; d0 += kWidth) {
     Vec r[kWidth];
 #pragma GCC unroll 16
@@ -83,7 +104,7 @@ inline void convert_k_columns(const uint16_t* k, int64_t row_stride, int valid, 
 // kt[d][j] = k[j][d] for j < nb (rows of k at stride row_stride); lanes j >= nb are left as
 // they are and must be masked by the caller.
 template <class L>
-void convert_k_block(const uint16_t* k, int64_t row_stride, int64_t nb, int64_t head_dim, float* kt) {
+void convert_k_block(const typename L::T* k, int64_t row_stride, int64_t nb, int64_t head_dim, float* kt) {
   const int64_t d_vec = head_dim - head_dim % kWidth;
   for (int64_t j0 = 0; j0 < nb; j0 += kWidth) {
     const int valid = int(std::min<int64_t>(kWidth, nb - j0));
@@ -254,7 +275,7 @@ Plan make_plan(const AttentionArgs& a, int n_threads) {
 // s[t][j] = sum_d q[t][d] * k[j][d]. Lanes j >= nb of s are left undefined.
 // q: [NQ][head_dim]; s: [NQ][kBlockKeys].
 template <class L, int NQ>
-void direct_scores(const float* q, const uint16_t* k, int64_t row_stride, int64_t nb, int64_t head_dim, float* s) {
+void direct_scores(const float* q, const typename L::T* k, int64_t row_stride, int64_t nb, int64_t head_dim, float* s) {
   // Keys per step: enough independent accumulator chains (NQ * KS) to cover FMA latency.
   constexpr int KS = std::min(kWidth, NQ >= 4 ? 2 : 4);
   const int64_t d_vec = head_dim - head_dim % kWidth;
@@ -262,7 +283,7 @@ void direct_scores(const float* q, const uint16_t* k, int64_t row_stride, int64_
     const int nk = int(std::min<int64_t>(kWidth, nb - j0));
     Vec dots[NQ][kWidth];  // per query vector, one partial-sum vector per key
     for (int e0 = 0; e0 < nk; e0 += KS) {
-      const uint16_t* kr[KS];  // keys past nk repeat the last one; their sums are dropped
+      const typename L::T* kr[KS];  // keys past nk repeat the last one; their sums are dropped
 #pragma GCC unroll 4
       for (int u = 0; u < KS; ++u) kr[u] = k + (j0 + std::min(e0 + u, nk - 1)) * row_stride;
       Vec acc[NQ][KS];
@@ -358,7 +379,7 @@ inline void softmax_step(const AttentionArgs& a, Scratch& sc, int64_t t, int64_t
 
 // Runs one item; writes normalised rows to a.out when the keys are not split, else the
 // unnormalised partial (acc[dv], m, l per query vector) to `partial`.
-template <class L>
+template <class LK, class LV>
 void run_item(const AttentionArgs& a, const Plan& pl, int64_t hk, int64_t rb, int64_t split, Scratch& sc,
               float* partial) {
   const int64_t D = a.head_dim, dv = pl.dv, G = pl.group;
@@ -389,11 +410,18 @@ void run_item(const AttentionArgs& a, const Plan& pl, int64_t hk, int64_t rb, in
     }
   }
 
-  // Few query vectors (decode): read K and V straight from the cache. Many: convert each block
-  // once into f32 scratch (K transposed) shared by all of them.
-  const bool direct = nq <= kDirectMaxQueries;
-  const uint16_t* kh = a.k + hk * a.k_head_stride;
-  const uint16_t* vh = a.v + hk * a.v_head_stride;
+  // Few query vectors (decode): read 16-bit K and V straight from the cache. Many, or packed
+  // rows: convert each block once into f32 scratch (K transposed) shared by all of them.
+  const bool direct_k = !kPacked<LK> && nq <= kDirectMaxQueries;
+  const bool direct_v = !kPacked<LV> && nq <= kDirectMaxQueries;
+  // Element sizes: strides count elements (bytes for packed rows).
+  constexpr int64_t kes = kPacked<LK> ? 1 : 2, ves = kPacked<LV> ? 1 : 2;
+  const char* kh = reinterpret_cast<const char*>(a.k) + hk * a.k_head_stride * kes;
+  const char* vh = reinterpret_cast<const char*>(a.v) + hk * a.v_head_stride * ves;
+  const int64_t k_row_bytes = kPacked<LK> ? packed_row_width(a.k_elem == KVElem::q8_0 ? DType::q8_0 : DType::fp8_e4m3, D)
+                                          : D * 2;
+  const int64_t v_row_bytes = kPacked<LV> ? packed_row_width(a.v_elem == KVElem::q8_0 ? DType::q8_0 : DType::fp8_e4m3, D)
+                                          : D * 2;
   // Key j sits at row(j); in a ring, keys [0, wrap) are rows [ring_base, ring_rows) and keys
   // [wrap, ..) rows [0, ..), so no block crosses `wrap`.
   const int64_t R = a.ring_rows, wrap = R > 0 ? R - a.ring_base : k_end;
@@ -407,18 +435,33 @@ void run_item(const AttentionArgs& a, const Plan& pl, int64_t hk, int64_t rb, in
     const int64_t nb_next = b0 + nb < k_end ? block_keys(b0 + nb) : 0;
     const int64_t next_row = row(b0 + nb);
     for (int64_t j = 0; j < nb_next; ++j) {
-      const char* kr = reinterpret_cast<const char*>(kh + (next_row + j) * a.k_row_stride);
-      const char* vr = reinterpret_cast<const char*>(vh + (next_row + j) * a.v_row_stride);
-      for (int64_t byte = 0; byte < D * 2; byte += 64) {
-        __builtin_prefetch(kr + byte, 0, 2);
-        __builtin_prefetch(vr + byte, 0, 2);
+      const char* kr = kh + (next_row + j) * a.k_row_stride * kes;
+      const char* vr = vh + (next_row + j) * a.v_row_stride * ves;
+      for (int64_t byte = 0; byte < k_row_bytes; byte += 64) __builtin_prefetch(kr + byte, 0, 2);
+      for (int64_t byte = 0; byte < v_row_bytes; byte += 64) __builtin_prefetch(vr + byte, 0, 2);
+    }
+    const auto* kb = reinterpret_cast<const typename LK::T*>(kh + row(b0) * a.k_row_stride * kes);
+    const auto* vb = reinterpret_cast<const typename LV::T*>(vh + row(b0) * a.v_row_stride * ves);
+    if (!direct_k) {
+      if constexpr (kPacked<LK>) {
+        for (int64_t j = 0; j < nb; ++j) dequantize_row(a.k_elem, kb + j * a.k_row_stride, D, sc.kq.data() + j * D);
+        // Few query vectors (decode): their scores straight from the dequantized rows. Many: K
+        // transposed once for all of them.
+        if (nq > kDirectMaxQueries) convert_k_block<F32>(sc.kq.data(), D, nb, D, sc.kt.data());
+      } else {
+        convert_k_block<LK>(kb, a.k_row_stride, nb, D, sc.kt.data());
       }
     }
-    const uint16_t* kb = kh + row(b0) * a.k_row_stride;
-    const uint16_t* vb = vh + row(b0) * a.v_row_stride;
-    if (!direct) {
-      convert_k_block<L>(kb, a.k_row_stride, nb, D, sc.kt.data());
-      convert_v_block<L>(vb, a.v_row_stride, nb, D, dv, sc.vf.data());
+    if (!direct_v) {
+      if constexpr (kPacked<LV>) {
+        for (int64_t j = 0; j < nb; ++j) {
+          float* dst = sc.vf.data() + j * dv;
+          dequantize_row(a.v_elem, vb + j * a.v_row_stride, D, dst);
+          std::fill(dst + D, dst + dv, 0.0f);
+        }
+      } else {
+        convert_v_block<LV>(vb, a.v_row_stride, nb, D, dv, sc.vf.data());
+      }
     }
     for (int64_t t0 = 0; t0 < nq; t0 += kQBlock) {
       const int nqb = int(std::min<int64_t>(kQBlock, nq - t0));
@@ -431,18 +474,29 @@ void run_item(const AttentionArgs& a, const Plan& pl, int64_t hk, int64_t rb, in
       const float* q = sc.qs.data() + t0 * D;
       float* acc = sc.acc.data() + t0 * dv;
       with_nq(nqb, [&]<int NQ>() {
-        if (direct)
-          direct_scores<L, NQ>(q, kb, a.k_row_stride, nb, D, s);
-        else
-          block_scores<NQ>(q, sc.kt.data(), D, s);
+        if constexpr (!kPacked<LK>) {
+          if (direct_k) {
+            direct_scores<LK, NQ>(q, kb, a.k_row_stride, nb, D, s);
+            return;
+          }
+        } else {
+          if (nq <= kDirectMaxQueries) {
+            direct_scores<F32, NQ>(q, sc.kq.data(), D, nb, D, s);
+            return;
+          }
+        }
+        block_scores<NQ>(q, sc.kt.data(), D, s);
       });
       for (int u = 0; u < nqb; ++u)
         softmax_step(a, sc, t0 + u, dv, sc.lo[t0 + u] - b0, std::min(sc.hi[t0 + u] - b0, nb), s + u * kBlockKeys);
       with_nq(nqb, [&]<int NQ>() {
-        if (direct)
-          direct_pv_all<L, NQ>(s, vb, a.v_row_stride, ulo, uhi, D, acc, dv);
-        else
-          accumulate_pv_all<NQ>(s, sc.vf.data(), dv, ulo, uhi, acc);
+        if constexpr (!kPacked<LV>) {
+          if (direct_v) {
+            direct_pv_all<LV, NQ>(s, vb, a.v_row_stride, ulo, uhi, D, acc, dv);
+            return;
+          }
+        }
+        accumulate_pv_all<NQ>(s, sc.vf.data(), dv, ulo, uhi, acc);
       });
     }
   }
@@ -463,11 +517,31 @@ void run_item(const AttentionArgs& a, const Plan& pl, int64_t hk, int64_t rb, in
   }
 }
 
+// Calls fn.template operator()<LK, LV>() with the element formats of k and v.
+template <class Fn>
+inline void run_for_elems(KVElem k, KVElem v, Fn&& fn) {
+  auto with_v = [&]<class LK>() {
+    switch (v) {
+      case KVElem::f16: fn.template operator()<LK, F16>(); break;
+      case KVElem::bf16: fn.template operator()<LK, BF16>(); break;
+      default: fn.template operator()<LK, Packed>(); break;
+    }
+  };
+  switch (k) {
+    case KVElem::f16: with_v.template operator()<F16>(); break;
+    case KVElem::bf16: with_v.template operator()<BF16>(); break;
+    default: with_v.template operator()<Packed>(); break;
+  }
+}
+
 }  // namespace
 
 void attention(const AttentionArgs& a, ThreadPool& pool) {
   if (a.n <= 0 || a.n_heads <= 0) return;
   const Plan pl = make_plan(a, pool.n_threads());
+  // `bf16` alone means both sides (kernel_args.h).
+  const KVElem k_elem = a.bf16 && a.k_elem == KVElem::f16 ? KVElem::bf16 : a.k_elem;
+  const KVElem v_elem = a.bf16 && a.v_elem == KVElem::f16 ? KVElem::bf16 : a.v_elem;
   const int64_t per_item = pl.rows_per_item * pl.group * (pl.dv + 2);
   // NOTE: thread_local of the calling thread; workers reach it through `part_base` only.
   thread_local std::vector<float> partials;
@@ -484,10 +558,7 @@ void attention(const AttentionArgs& a, ThreadPool& pool) {
       const int64_t hk = (item / pl.n_splits) % a.n_kv_heads;
       const int64_t rb = pl.n_row_blocks - 1 - item / (pl.n_splits * a.n_kv_heads);
       float* partial = pl.n_splits > 1 ? part_base + item * per_item : nullptr;
-      if (a.bf16)
-        run_item<BF16>(a, pl, hk, rb, split, sc, partial);
-      else
-        run_item<F16>(a, pl, hk, rb, split, sc, partial);
+      run_for_elems(k_elem, v_elem, [&]<class LK, class LV>() { run_item<LK, LV>(a, pl, hk, rb, split, sc, partial); });
     }
   };
   // NOTE: passed through std::ref so that std::function does not allocate (decode path).

@@ -1,4 +1,6 @@
-// paged_attention(): one decode query per sequence against its keys in a paged f16 or bf16 pool.
+// paged_attention(): one decode query per sequence against its keys in a paged pool: f16, bf16,
+// or packed rows (q8_0, fp8_e4m3; each row dequantized once into f32 as it is read), keys and
+// values each in their own format.
 //
 // A work item is (sequence, kv head, split of kPagedSplitKeys key positions). Its query vectors
 // are the G query heads that read the kv head, pre-scaled by `scale`; each keeps a running max,
@@ -12,11 +14,13 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/gemm_simd.h"
 #include "backend/cpu/split_merge.h"
+#include "backend/kv_quant.h"
 
 namespace osprey::cpu {
 OSPREY_CPU_LEVEL_BEGIN
@@ -35,7 +39,7 @@ inline void visible_keys(const PagedAttentionArgs& a, int64_t i, int64_t* lo, in
 
 // sum_d q[d] * row[d]
 template <class L>
-inline float dot_row(const float* q, const uint16_t* row, int64_t head_dim) {
+inline float dot_row(const float* q, const typename L::T* row, int64_t head_dim) {
   const int64_t d_vec = head_dim - head_dim % kWidth;
   Vec acc = zero();
   for (int64_t d = 0; d < d_vec; d += kWidth) acc = fma(load(q + d), L::load(row + d), acc);
@@ -46,15 +50,47 @@ inline float dot_row(const float* q, const uint16_t* row, int64_t head_dim) {
 
 // acc[d] = acc[d] * c + p * row[d]
 template <class L>
-inline void scale_add_row(float* acc, float c, float p, const uint16_t* row, int64_t head_dim) {
+inline void scale_add_row(float* acc, float c, float p, const typename L::T* row, int64_t head_dim) {
   const int64_t d_vec = head_dim - head_dim % kWidth;
   const Vec cv = set1(c), pv = set1(p);
   for (int64_t d = 0; d < d_vec; d += kWidth) store(acc + d, fma(pv, L::load(row + d), mul(load(acc + d), cv)));
   for (int64_t d = d_vec; d < head_dim; ++d) acc[d] = acc[d] * c + p * L::scalar(row[d]);
 }
 
-// One item. partial: [G][head_dim + 2] = acc, m, l per query vector (m = -inf: nothing seen).
+// Packed rows (KVElem q8_0 or fp8_e4m3): read through dequantize_row.
+struct Packed {};
+
+inline void dequantize_row(KVElem elem, const uint8_t* row, int64_t head_dim, float* out) {
+  if (elem == KVElem::q8_0)
+    kvq::dequantize_row_q8_0(row, head_dim, out);
+  else
+    kvq::dequantize_row_fp8(row, head_dim, out);
+}
+
+inline int64_t row_width(KVElem elem, int64_t head_dim) {
+  switch (elem) {
+    case KVElem::q8_0: return packed_row_width(DType::q8_0, head_dim);
+    case KVElem::fp8_e4m3: return packed_row_width(DType::fp8_e4m3, head_dim);
+    default: return head_dim;
+  }
+}
+
+// A row of the pool in format L at element (byte, when packed) offset `at` of `base`, as the
+// 16-bit row itself or dequantized into `tmp`; returns what dot_row / scale_add_row read.
 template <class L>
+inline const auto* pool_row(const uint16_t* base, int64_t at, KVElem elem, int64_t head_dim, float* tmp) {
+  if constexpr (std::is_same_v<L, Packed>) {
+    dequantize_row(elem, reinterpret_cast<const uint8_t*>(base) + at, head_dim, tmp);
+    return static_cast<const float*>(tmp);
+  } else {
+    return base + at;
+  }
+}
+template <class L>
+using ReadAs = std::conditional_t<std::is_same_v<L, Packed>, F32, L>;
+
+// One item. partial: [G][head_dim + 2] = acc, m, l per query vector (m = -inf: nothing seen).
+template <class LK, class LV>
 void run_item(const PagedAttentionArgs& a, int64_t i, int64_t hk, int64_t split, std::vector<float>& qs,
               float* partial) {
   const int64_t D = a.head_dim, G = a.n_heads / a.n_kv_heads, P = D + 2;
@@ -70,28 +106,49 @@ void run_item(const PagedAttentionArgs& a, int64_t i, int64_t hk, int64_t split,
   }
   if (lo >= hi) return;
 
-  if (int64_t(qs.size()) < G * D) qs.resize(size_t(G * D));
+  // qs: [G][D] scaled queries, then a dequantized key row and value row [D] each.
+  if (int64_t(qs.size()) < (G + 2) * D) qs.resize(size_t((G + 2) * D));
+  float* kf = qs.data() + G * D;
+  float* vf = kf + D;
   for (int64_t g = 0; g < G; ++g) {
     const float* q = a.q + i * a.q_row_stride + (hk * G + g) * D;
     for (int64_t d = 0; d < D; ++d) qs[size_t(g * D + d)] = q[d] * a.scale;
   }
   const int32_t* table = a.block_tables + i * a.max_blocks;
-  const int64_t bs = a.block_size, row_stride_block = a.n_kv_heads * bs * D;
+  const int64_t bs = a.block_size, kw = row_width(a.k_elem, D), vw = row_width(a.v_elem, D);
   for (int64_t j = lo; j < hi; ++j) {
-    const int64_t row = int64_t(table[j / bs]) * row_stride_block + (hk * bs + j % bs) * D;
-    const uint16_t* kr = a.k + row;
-    const uint16_t* vr = a.v + row;
+    // Row index of (block, head, row in block); times the row width in elements (bytes).
+    const int64_t r = (int64_t(table[j / bs]) * a.n_kv_heads + hk) * bs + j % bs;
+    const auto* kr = pool_row<LK>(a.k, r * kw, a.k_elem, D, kf);
+    const auto* vr = pool_row<LV>(a.v, r * vw, a.v_elem, D, vf);
     for (int64_t g = 0; g < G; ++g) {
       float* part = partial + g * P;
-      float s = dot_row<L>(qs.data() + g * D, kr, D);
+      float s = dot_row<ReadAs<LK>>(qs.data() + g * D, kr, D);
       if (a.softcap > 0.0f) s = a.softcap * std::tanh(s / a.softcap);
       const float m_old = part[D], m_new = std::max(m_old, s);
       const float c = std::exp(m_old - m_new);  // 0 when m_old is -inf
       const float p = std::exp(s - m_new);
       part[D] = m_new;
       part[D + 1] = part[D + 1] * c + p;
-      scale_add_row<L>(part, c, p, vr, D);
+      scale_add_row<ReadAs<LV>>(part, c, p, vr, D);
     }
+  }
+}
+
+// Calls fn.template operator()<LK, LV>() with the element formats of k and v.
+template <class Fn>
+inline void run_for_elems(KVElem k, KVElem v, Fn&& fn) {
+  auto with_v = [&]<class LK>() {
+    switch (v) {
+      case KVElem::f16: fn.template operator()<LK, F16>(); break;
+      case KVElem::bf16: fn.template operator()<LK, BF16>(); break;
+      default: fn.template operator()<LK, Packed>(); break;
+    }
+  };
+  switch (k) {
+    case KVElem::f16: with_v.template operator()<F16>(); break;
+    case KVElem::bf16: with_v.template operator()<BF16>(); break;
+    default: with_v.template operator()<Packed>(); break;
   }
 }
 
@@ -115,16 +172,17 @@ void paged_attention(const PagedAttentionArgs& a, ThreadPool& pool) {
 
   // Items of splits past a sequence's length return at once; a sequence's items are adjacent,
   // so threads take the live ones of all sequences in turn.
+  // `bf16` alone means both sides (kernel_args.h).
+  const KVElem k_elem = a.bf16 && a.k_elem == KVElem::f16 ? KVElem::bf16 : a.k_elem;
+  const KVElem v_elem = a.bf16 && a.v_elem == KVElem::f16 ? KVElem::bf16 : a.v_elem;
   std::atomic<int64_t> next{0};
   auto work = [&](int64_t, int64_t, int) {
     thread_local std::vector<float> qs;
     for (int64_t item = next.fetch_add(1); item < n_items; item = next.fetch_add(1)) {
       const int64_t split = item % n_splits, hk = (item / n_splits) % a.n_kv_heads, i = item / (n_splits * a.n_kv_heads);
       float* partial = part_base + item * G * P;
-      if (a.bf16)
-        run_item<BF16>(a, i, hk, split, qs, partial);
-      else
-        run_item<F16>(a, i, hk, split, qs, partial);
+      run_for_elems(k_elem, v_elem,
+                    [&]<class LK, class LV>() { run_item<LK, LV>(a, i, hk, split, qs, partial); });
     }
   };
   // NOTE: passed through std::ref so that std::function does not allocate (decode path).

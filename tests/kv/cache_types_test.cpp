@@ -1,0 +1,241 @@
+// The KV cache types (--cache-type-k, --cache-type-v) through the caches: keys and values keep
+// their own types; the in-place arm and the copying arm (OSPREY_KV_INPLACE_WRITE=0) store the same
+// bytes for every type; a snapshot keeps its rows while the cache writes on in place; a state of
+// another type is refused; the paged pool's copy-on-write keeps the type; the names are parsed
+// and CUDA refuses what it cannot store, by name.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/ops.h"
+#include "core/error.h"
+#include "kv/dense_cache.h"
+#include "kv/paged_pool.h"
+#include "kv/rotating_cache.h"
+
+namespace osprey {
+namespace {
+
+constexpr int64_t kHeads = 2, kDim = 64;
+
+struct Types {
+  DType k, v;
+};
+// Both packed formats, each with a 16-bit partner, and the two 16-bit types mixed.
+constexpr Types kPairs[] = {{DType::q8_0, DType::q8_0},     {DType::fp8_e4m3, DType::fp8_e4m3},
+                            {DType::q8_0, DType::f16},      {DType::bf16, DType::fp8_e4m3},
+                            {DType::f16, DType::bf16},      {DType::fp8_e4m3, DType::q8_0}};
+
+std::string label(const Types& t) { return std::string(dtype_name(t.k)) + "/" + dtype_name(t.v); }
+
+KVCacheParams params(const Types& t, bool inplace, int64_t window = 0) {
+  KVCacheParams p;
+  p.n_kv_heads = kHeads;
+  p.head_dim = kDim;
+  p.step = 8;
+  p.inplace = inplace;
+  p.k_type = t.k;
+  p.v_type = t.v;
+  p.window = window;
+  return p;
+}
+
+Array rows(int64_t n, std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+  Array a = Array::empty({n, kHeads, kDim}, DType::f32);
+  for (int64_t i = 0; i < a.numel(); ++i) a.data<float>()[i] = u(rng);
+  return a;
+}
+
+// The bytes of rows [r0, r0 + n) of every head of a [heads, cap, width] array.
+std::vector<uint8_t> bytes_of(const Array& a, int64_t r0, int64_t n) {
+  std::vector<uint8_t> out;
+  const size_t row = size_t(a.dim(2)) * a.itemsize();
+  for (int64_t h = 0; h < a.dim(0); ++h) {
+    const uint8_t* p = static_cast<const uint8_t*>(a.raw()) + size_t(h * a.strides()[0]) * a.itemsize() + size_t(r0) * row;
+    out.insert(out.end(), p, p + size_t(n) * row);
+  }
+  return out;
+}
+
+// Prefill chunks and single-row decode steps, the same rows in both arms.
+void script(KVCache& c, uint32_t seed, int64_t n_steps) {
+  std::mt19937 rng(seed);
+  c.update_and_fetch(rows(5, rng), rows(5, rng));
+  for (int64_t i = 0; i < n_steps; ++i) c.update_and_fetch(rows(1, rng), rows(1, rng));
+  c.update_and_fetch(rows(3, rng), rows(3, rng));
+  for (int64_t i = 0; i < 4; ++i) c.update_and_fetch(rows(1, rng), rows(1, rng));
+}
+
+}  // namespace
+
+TEST(KVCacheTypes, DenseArmsStoreTheSameBytesForEveryType) {
+  for (const Types& t : kPairs) {
+    DenseKVCache on(params(t, true)), off(params(t, false));
+    script(on, 11, 30);
+    script(off, 11, 30);
+    const KVState a = on.snapshot(), b = off.snapshot();
+    ASSERT_EQ(a.offset, 42);
+    ASSERT_EQ(b.offset, 42);
+    EXPECT_EQ(a.keys.dtype(), t.k) << label(t);
+    EXPECT_EQ(a.values.dtype(), t.v) << label(t);
+    EXPECT_EQ(a.keys.dim(2), packed_row_width(t.k, kDim)) << label(t);
+    EXPECT_EQ(bytes_of(a.keys, 0, 42), bytes_of(b.keys, 0, 42)) << label(t);
+    EXPECT_EQ(bytes_of(a.values, 0, 42), bytes_of(b.values, 0, 42)) << label(t);
+    // 34 single rows, of which 5 grow the buffers (step 8: at rows 8, 16, 24, 32, 40).
+    EXPECT_EQ(on.counters().n_inplace_writes, 29u) << label(t);
+    EXPECT_EQ(off.counters().n_inplace_writes, 0u) << label(t);
+  }
+}
+
+TEST(KVCacheTypes, RotatingArmsStoreTheSameBytesForEveryType) {
+  for (const Types& t : kPairs) {
+    RotatingKVCache on(params(t, true, 8)), off(params(t, false, 8));
+    script(on, 12, 21);  // past two wraps of the ring of 8
+    script(off, 12, 21);
+    const KVState a = on.snapshot(), b = off.snapshot();
+    EXPECT_EQ(a.keys.dtype(), t.k) << label(t);
+    EXPECT_EQ(bytes_of(a.keys, 0, 8), bytes_of(b.keys, 0, 8)) << label(t);
+    EXPECT_EQ(bytes_of(a.values, 0, 8), bytes_of(b.values, 0, 8)) << label(t);
+    EXPECT_GT(on.counters().n_inplace_writes, 0u) << label(t);
+    EXPECT_EQ(off.counters().n_inplace_writes, 0u) << label(t);
+  }
+}
+
+TEST(KVCacheTypes, ASnapshotKeepsItsRowsWhileTheCacheWritesOnInPlace) {
+  for (const Types& t : kPairs) {
+    DenseKVCache c(params(t, true));
+    std::mt19937 rng(5);
+    c.update_and_fetch(rows(4, rng), rows(4, rng));
+    for (int i = 0; i < 8; ++i) c.update_and_fetch(rows(1, rng), rows(1, rng));
+    const KVState s = c.snapshot();
+    const std::vector<uint8_t> k0 = bytes_of(s.keys, 0, 12), v0 = bytes_of(s.values, 0, 12);
+    const uint64_t inplace0 = c.counters().n_inplace_writes;
+    // Past a growth (step 8), then a trim and rewrite of the snapshot's rows.
+    for (int i = 0; i < 20; ++i) c.update_and_fetch(rows(1, rng), rows(1, rng));
+    c.trim(25);
+    for (int i = 0; i < 6; ++i) c.update_and_fetch(rows(1, rng), rows(1, rng));
+    EXPECT_GT(c.counters().n_inplace_writes, inplace0 + 10) << label(t);
+    EXPECT_EQ(bytes_of(s.keys, 0, 12), k0) << label(t);
+    EXPECT_EQ(bytes_of(s.values, 0, 12), v0) << label(t);
+    // Restored into a cache of the same types, it reads back its rows.
+    DenseKVCache r(params(t, true));
+    r.restore(s);
+    EXPECT_EQ(bytes_of(r.snapshot().keys, 0, 12), k0) << label(t);
+  }
+}
+
+TEST(KVCacheTypes, AStateOfAnotherTypeIsRefused) {
+  DenseKVCache q(params({DType::q8_0, DType::q8_0}, true));
+  std::mt19937 rng(6);
+  q.update_and_fetch(rows(3, rng), rows(3, rng));
+  DenseKVCache f16(params({DType::f16, DType::f16}, true)), mixed(params({DType::q8_0, DType::f16}, true));
+  EXPECT_THROW(f16.restore(q.snapshot()), InvalidInput);
+  EXPECT_THROW(mixed.restore(q.snapshot()), InvalidInput);
+  RotatingKVCache ring(params({DType::fp8_e4m3, DType::fp8_e4m3}, true, 4));
+  EXPECT_THROW(ring.restore(q.snapshot()), InvalidInput);
+}
+
+TEST(KVCacheTypes, ThePagedPoolKeepsTheTypeThroughCopyOnWrite) {
+  PagedPoolParams pp;
+  pp.layers = {params({DType::q8_0, DType::fp8_e4m3}, true), params({DType::fp8_e4m3, DType::bf16}, true)};
+  pp.block_size = 4;
+  pp.n_blocks = 8;
+  PagedPool pool(pp);
+  ASSERT_EQ(pool.keys(0).dtype(), DType::q8_0);
+  ASSERT_EQ(pool.values(0).dtype(), DType::fp8_e4m3);
+  ASSERT_EQ(pool.values(1).dtype(), DType::bf16);
+  EXPECT_EQ(pool.keys(0).dim(3), packed_row_width(DType::q8_0, kDim));
+  EXPECT_EQ(paged_block_bytes(pp), int64_t(pp.layers[0].row_bytes(4) + pp.layers[1].row_bytes(4)));
+  std::mt19937 rng(8);
+  auto write = [&](PagedPool::SeqId s, int64_t n) {
+    ASSERT_TRUE(pool.reserve(s, n));
+    Array slots = Array::empty({n}, DType::i32);
+    pool.slots(s, pool.length(s), n, slots.data<int32_t>());
+    for (size_t l = 0; l < pool.n_layers(); ++l) ops::write_kv_paged(pool.keys(l), pool.values(l), rows(n, rng), rows(n, rng), slots);
+    pool.commit(s, n);
+  };
+  // A partial block shared by a fork, then written by both: the fork's write copies it.
+  const PagedPool::SeqId a = pool.create();
+  write(a, 6);
+  const int32_t shared = pool.block_table(a)[1];
+  auto block_bytes = [&](int32_t b) {
+    std::vector<uint8_t> out;
+    for (size_t l = 0; l < pool.n_layers(); ++l)
+      for (const Array* x : {&pool.keys(l), &pool.values(l)}) {
+        const size_t n = size_t(x->numel() / x->dim(0)) * x->itemsize();
+        const uint8_t* p = static_cast<const uint8_t*>(x->raw()) + size_t(b) * n;
+        out.insert(out.end(), p, p + n);
+      }
+    return out;
+  };
+  const std::vector<uint8_t> before = block_bytes(shared);
+  const PagedPool::SeqId b = pool.fork(a);
+  write(b, 1);
+  EXPECT_EQ(pool.stats().n_cow, 1u);
+  const int32_t copy = pool.block_table(b)[1];
+  ASSERT_NE(copy, shared);
+  // The original block is untouched; the copy holds its two committed rows byte for byte.
+  EXPECT_EQ(block_bytes(shared), before);
+  const std::vector<uint8_t> after = block_bytes(copy);
+  size_t row_off = 0;
+  for (size_t l = 0; l < pool.n_layers(); ++l)
+    for (const Array* x : {&pool.keys(l), &pool.values(l)}) {
+      const size_t row = size_t(x->dim(3)) * x->itemsize(), n = size_t(x->numel() / x->dim(0)) * x->itemsize();
+      for (int64_t h = 0; h < kHeads; ++h) {
+        const size_t at = row_off + size_t(h) * 4 * row;
+        EXPECT_TRUE(std::equal(before.begin() + long(at), before.begin() + long(at + 2 * row), after.begin() + long(at)))
+            << "layer " << l << " head " << h;
+      }
+      row_off += n;
+    }
+}
+
+TEST(KVCacheTypes, NamesParseAndUnknownOnesAreRefusedListingTheAccepted) {
+  EXPECT_EQ(parse_kv_cache_type("f16", "--cache-type-k"), DType::f16);
+  EXPECT_EQ(parse_kv_cache_type("bf16", "--cache-type-k"), DType::bf16);
+  EXPECT_EQ(parse_kv_cache_type("q8_0", "--cache-type-v"), DType::q8_0);
+  EXPECT_EQ(parse_kv_cache_type("fp8", "--cache-type-v"), DType::fp8_e4m3);
+  EXPECT_STREQ(kv_cache_type_name(DType::fp8_e4m3), "fp8");
+  try {
+    parse_kv_cache_type("q4_0", "--cache-type-v");
+    FAIL() << "q4_0 parsed";
+  } catch (const InvalidInput& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("--cache-type-v"), std::string::npos) << m;
+    EXPECT_NE(m.find("'q4_0'"), std::string::npos) << m;
+    EXPECT_NE(m.find("f16, bf16, q8_0, fp8"), std::string::npos) << m;
+  }
+}
+
+TEST(KVCacheTypes, CudaRefusesWhatItCannotStoreByName) {
+  auto message = [](const KVCacheParams& p) {
+    try {
+      check_kv_cache_types(p);
+    } catch (const Unsupported& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  KVCacheParams p = params({DType::q8_0, DType::f16}, true);
+  p.device = Device::cuda(0);
+  EXPECT_EQ(message(p), "--cache-type-k q8_0 is not supported on cuda yet");
+  p.k_type = DType::f16;
+  p.v_type = DType::fp8_e4m3;
+  EXPECT_EQ(message(p), "--cache-type-v fp8 is not supported on cuda yet");
+  p.v_type = DType::bf16;
+  EXPECT_NE(message(p).find("--cache-type-k f16 with --cache-type-v bf16"), std::string::npos) << message(p);
+  p.v_type = DType::f16;
+  EXPECT_EQ(message(p), "");
+  // The CPU takes every pair; q8_0 needs head_dim % 32 == 0.
+  KVCacheParams c = params({DType::q8_0, DType::bf16}, true);
+  EXPECT_EQ(message(c), "");
+  c.head_dim = 48;
+  EXPECT_NE(message(c).find("head_dim"), std::string::npos);
+  EXPECT_THROW(DenseKVCache{c}, Unsupported);
+}
+
+}  // namespace osprey
