@@ -12,6 +12,7 @@
 
 #include "sample/sampler.h"
 #include "kv/kv_cache.h"
+#include "model/model.h"
 #include "serve/speculative.h"
 
 namespace osprey {
@@ -40,6 +41,9 @@ struct GenerateParams {
   // the same draws). Refused (InvalidInput) for a model with sliding-window layers; off for a
   // constrained sequence (grammar).
   SpeculativeParams spec;
+  // The prompt's images (Gemma 3): each span's pos0 indexes the prompt, its soft tokens on the
+  // model's device (vision/vision_tower.h); an image is never cut between prefill chunks.
+  std::vector<ImageSpan> images;
 };
 
 struct GenerateStats {
