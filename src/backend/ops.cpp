@@ -633,43 +633,18 @@ Array attention(const Array& q, const Array& k, const Array& v, const AttentionP
 Array attention_unmasked(const Array& q, const Array& k, const Array& v, float scale) {
   require(k.ndim() == 3 && k.dim(1) > 0, "attention_unmasked",
           "k must be [n_kv_heads, L, head_dim] with L >= 1, got " + describe(k));
-  const int64_t n_keys = k.dim(1);
-  // Every query at position L - 1 (and past it): the causal bound min(p + 1, L) is then L
-  // for each row. attention()'s check that the queries lie within the keys does not apply,
-  // so the arguments are made here, with its other checks.
-  const bool gpu = on_cuda("attention_unmasked", {&q, &k, &v});
   require_f32_contiguous("attention_unmasked", "q", q);
   require(q.ndim() == 3, "attention_unmasked", "q must be [n, n_heads, head_dim], got " + describe(q));
-  require((k.dtype() == DType::f16 || k.dtype() == DType::bf16) && v.dtype() == k.dtype() && v.ndim() == 3,
-          "attention_unmasked", "k and v must be both float16 or both bfloat16, got " + describe(k) + " and " + describe(v));
-  require(k.shape() == v.shape() && k.dim(2) == q.dim(2), "attention_unmasked",
-          "k " + describe(k) + ", v " + describe(v) + " and q " + describe(q) + " disagree");
-  require(k.strides()[2] == 1 && v.strides()[2] == 1, "attention_unmasked", "k and v rows must be contiguous");
-  require(k.dim(0) > 0 && q.dim(1) % k.dim(0) == 0, "attention_unmasked", "n_heads must be a multiple of n_kv_heads");
-  Array out = Array::empty({q.dim(0), q.dim(1) * q.dim(2)}, DType::f32, q.device());
-  AttentionArgs a;
-  a.q = q.data<float>();
-  a.n = q.dim(0);
-  a.n_heads = q.dim(1);
-  a.head_dim = q.dim(2);
-  a.k = k.data<uint16_t>();
-  a.v = v.data<uint16_t>();
-  a.bf16 = k.dtype() == DType::bf16;
-  a.n_kv_heads = k.dim(0);
-  a.n_keys = n_keys;
-  a.k_head_stride = k.strides()[0];
-  a.k_row_stride = k.strides()[1];
-  a.v_head_stride = v.strides()[0];
-  a.v_row_stride = v.strides()[1];
-  a.q_pos0 = n_keys - 1;
-  a.scale = scale;
-  a.out = out.data<float>();
-  a.batch_invariant = batch_invariant();
-  if (gpu) {
-    cuda_ops::attention(a);
-    return out;
-  }
-  cpu::kernels().attention(a, cpu_pool());
+  // Each query row alone at the last key's position: attention()'s causal bound then covers
+  // every key. NOTE: one call per row (the kernels' multi-row items assume the rows' positions
+  // lie within the keys; a row of one item never does here).
+  const int64_t n = q.dim(0), L = k.dim(1);
+  Array out = Array::empty({n, q.dim(1) * q.dim(2)}, DType::f32, q.device());
+  AttentionParams p;
+  p.q_pos0 = L - 1;
+  p.scale = scale;
+  p.keys = LinearKeys{0};
+  for (int64_t i = 0; i < n; ++i) copy_into(out.slice_rows(i, i + 1), attention(q.slice_rows(i, i + 1), k, v, p));
   return out;
 }
 

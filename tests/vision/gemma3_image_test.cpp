@@ -53,7 +53,7 @@ std::vector<Image> random_images(const std::vector<int64_t>& starts, int64_t hid
   for (int64_t s : starts) {
     Image im{s, {}};
     for (int r = 0; r < 4; ++r) {
-      std::vector<double> v(size_t(hidden));
+      std::vector<double> v(static_cast<size_t>(hidden));
       for (double& x : v) x = double(float(d(rng)));
       im.rows.push_back(v);
     }
@@ -171,7 +171,7 @@ INSTANTIATE_TEST_SUITE_P(Devices, Gemma3Images, OSPREY_DEVICES);
 class Gemma3FixtureImages : public testing::DeviceTest {
  protected:
   void SetUp() override {
-    DeviceTest::SetUp();
+    testing::DeviceTest::SetUp();
     if (IsSkipped()) return;
     dir_ = testing::fixture_dir("gemma3-mm");
     ref_ = std::make_unique<SafeTensors>(SafeTensors::open_file(dir_ / "reference.safetensors"));

@@ -139,7 +139,7 @@ RefOut reference(const RefWeights& w, const std::vector<float>& px, const std::s
     Mat att(size_t(n * h), 0.0);
     for (int64_t hh = 0; hh < heads; ++hh)
       for (int64_t i = 0; i < n; ++i) {
-        std::vector<double> s(size_t(n));
+        std::vector<double> s(static_cast<size_t>(n));
         double mx = -1e300;
         for (int64_t j = 0; j < n; ++j) {
           double d = 0;
