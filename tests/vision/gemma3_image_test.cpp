@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "formats/safetensors.h"
 #include "model/model.h"
+#include "serve/generate.h"
 #include "support/device_test.h"
 #include "support/family_harness.h"
 #include "support/test_util.h"
@@ -162,6 +163,25 @@ TEST_P(Gemma3Images, ATextOnlyModelRefusesImagesByName) {
       [&] { m->forward(testing::tokens_of(testing::random_prompt(6, 1)), cache, true, spans); });
   EXPECT_TRUE(testing::contains(e, "gemma3_text takes no image input"));
   EXPECT_FALSE(load_image_encoder(dir.path(), {}).has_value());
+}
+
+TEST_P(Gemma3Images, GenerateNeverCutsAnImageBetweenPrefillChunks) {
+  const nlohmann::json text = testing::tiny_gemma3_config();
+  TempDir dir;
+  testing::write_checkpoint(dir.path(), wrapped_config(text), testing::gemma3_weights(text, 41, {}, "language_model.model."));
+  auto m = testing::load_on(dir.path(), device());
+  std::vector<int32_t> prompt = testing::random_prompt(14, 3);
+  const std::vector<ImageSpan> spans = spans_of(random_images({3, 9}, 64, 5), device());
+  std::vector<std::vector<int32_t>> replies;
+  for (int64_t chunk : {512, 5, 3, 1}) {  // 5 and 3 would cut both images, 1 every one
+    SequenceCache cache = m->make_cache({});
+    GenerateParams gp;
+    gp.max_tokens = 6;
+    gp.prefill_chunk = chunk;
+    gp.images = spans;
+    replies.push_back(generate(*m, cache, prompt, gp).tokens);
+    EXPECT_EQ(replies.back(), replies.front()) << "prefill chunks of " << chunk;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, Gemma3Images, OSPREY_DEVICES);
