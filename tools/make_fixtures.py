@@ -19,6 +19,12 @@ reference.safetensors, for i in 0, 1, 2:
   greedy_tokens_<i>   int32   [64]           greedy continuation (eos ignored)
   greedy_margins_<i>  float32 [64]           top1 - top2 logit at each generated step
 
+gemma3-mm also holds references for a prompt with an image (image_tokens, image_pixel_values_<i>,
+image_patches_<i>, image_features_<i>, image_logits_<i>, image_greedy_tokens_0: see
+image_references()), from the test images of tests/fixtures/vision/images, and its
+preprocessor_config.json; a float64 numpy forward of the image encoder and of the text model
+with the image's soft tokens checks them.
+
 The weights are drawn with numpy (seeded) and rounded to bf16 before they reach torch, and
 an independent float64 numpy forward pass of the same weights is compared against the
 transformers logits as a check on how the config was interpreted.
@@ -280,22 +286,35 @@ FAMILIES = {
     },
     "gemma3-mm": {
         # The gemma3 language model wrapped as Gemma3ForConditionalGeneration (model_type
-        # gemma3) with a tiny SigLIP vision tower; references on text-only input ids.
+        # gemma3) with a tiny SigLIP vision tower of the real one's shape: 14-pixel patches,
+        # each soft token the average of 4 x 4 patches (Gemma 3: 896 / 14 = 64 patches a side,
+        # 16 tokens a side). References on text-only input ids, and on prompts holding one image
+        # (image_references below).
         "text_family": "gemma3",
         "seed": 302,
         "vision_config": {
             "model_type": "siglip_vision_model",
             "hidden_size": 32,
             "intermediate_size": 64,
-            "num_hidden_layers": 1,
+            "num_hidden_layers": 2,
             "num_attention_heads": 2,
             "num_channels": 3,
-            "image_size": 28,
+            "image_size": 112,
             "patch_size": 14,
             "layer_norm_eps": 1e-6,
             "vision_use_head": False,
         },
         "mm_tokens_per_image": 4,
+        # Inside the tiny vocabulary (the real ones are 255999, 256000, 262144 of 262208).
+        "boi_token_index": 509,
+        "eoi_token_index": 510,
+        "image_token_index": 511,
+        # The image prompts: bos, text, <start_of_image>, the image's tokens, <end_of_image>,
+        # text; the image tokens sit past the sliding window (16) of the first text tokens.
+        "image_prompt": {"n_before": 19, "n_after": 6, "n_greedy": 16, "token_seed": 4321},
+        # tests/fixtures/vision/images (tools/make_vision_fixtures.py): image 0 is the prompt's,
+        # image 1 the same prompt with another image (the logits must differ).
+        "images": ["jpeg_rgb_120x80.jpg", "png_rgb_64x48.png"],
         # Gemma3ForConditionalGeneration (transformers 5.17) never applies
         # text_config.final_logit_softcapping: its head returns lm_head(hidden) as is. With the
         # cap set, the folder's references would contradict its own config, so this fixture sets
@@ -631,9 +650,10 @@ def make_cohere2_weights(spec):
     return w
 
 
-def attention_f64(q, k, v, scale, window):
+def attention_f64(q, k, v, scale, window, groups=None):
     """q [T, H, D], k/v [T, KV, D]; causal, and with `window` key j is seen from row i only
-    when i - j < window (the row itself and the window - 1 rows before it)."""
+    when i - j < window (the row itself and the window - 1 rows before it). `groups` [T]
+    (image block ids, -1 for text): rows of one block also see each other (Gemma 3's or-mask)."""
     T, n_heads, _ = q.shape
     n_kv = k.shape[1]
     i = np.arange(T)[:, None]
@@ -641,6 +661,9 @@ def attention_f64(q, k, v, scale, window):
     allowed = j <= i
     if window is not None:
         allowed &= (i - j) < window
+    if groups is not None:
+        g = np.asarray(groups)
+        allowed |= (g[:, None] == g[None, :]) & (g[:, None] >= 0)
     mask = np.where(allowed, 0.0, -np.inf)
     out = np.empty((T, n_heads, v.shape[2]))
     for hh in range(n_heads):
@@ -667,9 +690,11 @@ def gelu_tanh(x):
     return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
 
 
-def gemma3_forward(cfg, w, tokens, probe=None):
+def gemma3_forward(cfg, w, tokens, probe=None, image_rows=None, groups=None, group_layers=("sliding_attention", "full_attention")):
     """logits [T, vocab] float64. `probe`, a dict, receives max |residual| (after every
-    layer) and max |down_proj input|."""
+    layer) and max |down_proj input|. `image_rows` {row: [hidden] vector} replaces those rows'
+    scaled embeddings (an image's soft tokens); `groups` (attention_f64's) applies on the
+    layer types in `group_layers`."""
     f64 = {k: v.astype(np.float64) for k, v in w.items()}
     n_heads, n_kv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
     eps = cfg["rms_norm_eps"]
@@ -693,6 +718,8 @@ def gemma3_forward(cfg, w, tokens, probe=None):
     max_res, max_down = 0.0, 0.0
     # embeddings times sqrt(hidden) (exact for hidden 64)
     x = f64["model.embed_tokens.weight"][tokens] * math.sqrt(cfg["hidden_size"])
+    for row, vec in (image_rows or {}).items():
+        x[row] = vec
     for i, layer_type in enumerate(cfg["layer_types"]):
         p = f"model.layers.{i}."
         window = cfg["sliding_window"] if layer_type == "sliding_attention" else None
@@ -702,7 +729,7 @@ def gemma3_forward(cfg, w, tokens, probe=None):
         v = lin(h, p + "self_attn.v_proj").reshape(T, n_kv, hd)
         q = rope(rms_norm(q, f64[p + "self_attn.q_norm.weight"]), inv[layer_type])
         k = rope(rms_norm(k, f64[p + "self_attn.k_norm.weight"]), inv[layer_type])
-        a = attention_f64(q, k, v, scale, window)
+        a = attention_f64(q, k, v, scale, window, groups if layer_type in group_layers else None)
         a = lin(a.reshape(T, n_heads * hd), p + "self_attn.o_proj")
         x = x + rms_norm(a, f64[p + "post_attention_layernorm.weight"])
         h = rms_norm(x, f64[p + "pre_feedforward_layernorm.weight"])
@@ -1234,6 +1261,8 @@ def build_model_config(family, transformers):
         return text_config, transformers.Gemma3ForCausalLM, kwargs
     vision = {k: v for k, v in spec["vision_config"].items() if k != "model_type"}
     mm_kwargs = {"vision_config": vision, "mm_tokens_per_image": spec["mm_tokens_per_image"]}
+    for key in ("boi_token_index", "eoi_token_index", "image_token_index"):
+        mm_kwargs[key] = spec[key]
     config = transformers.Gemma3Config(text_config=text_config, **mm_kwargs)
     return config, transformers.Gemma3ForConditionalGeneration, {"text_config": kwargs, **mm_kwargs}
 
@@ -1415,6 +1444,9 @@ def write_family_hybrid(family, out_root, torch, transformers, device):
                 f"generate agreement {generate_agreement[-1]}"
             )
 
+    image_report = None
+    if family == "gemma3-mm":
+        image_report = image_references(model, cfg, weights, folder, tensors, torch, transformers, device)
     save_file(tensors, os.path.join(folder, "reference.safetensors"))
 
     # RoPE frequencies as the loaded model holds them, against the numpy ones.
@@ -1497,6 +1529,7 @@ def write_family_hybrid(family, out_root, torch, transformers, device):
         "rope_inv_freq_loaded": rope_loaded,
         "rope_inv_freq_max_rel_diff": rope_rel_diff,
         "same_as_gemma3": same_as_text,
+        "image_references": image_report,
     }
     with open(os.path.join(folder, "reference.json"), "w") as f:
         json.dump(report, f, indent=2)
@@ -1530,8 +1563,168 @@ def write_family_hybrid(family, out_root, torch, transformers, device):
             problems.append("gemma3-mm greedy tokens differ from gemma3's")
         if not max(same_as_text["logits_max_abs_diff_after_cap"]) < 1e-3:
             problems.append(f"gemma3-mm logits, capped, differ from gemma3's: {same_as_text}")
+    if image_report is not None:
+        problems += image_report["problems"]
     if problems:
         raise RuntimeError(f"{family}: " + "; ".join(problems))
+
+
+# ----------------------------------------------------------------------------------------
+# gemma3-mm: prompts with an image
+
+
+def siglip_projector_f64(spec, text_hidden, sd, pv):
+    """Gemma 3's image encoder in float64 from its definition (SigLIP's vision transformer,
+    then Gemma3MultiModalProjector): pv [3, S, S] -> (last hidden state [n, h], soft tokens
+    [mm_tokens, text_hidden]). `sd`: name -> float64 array of the loaded model's state dict."""
+    vc = spec["vision_config"]
+    h, p, S, heads = vc["hidden_size"], vc["patch_size"], vc["image_size"], vc["num_attention_heads"]
+    eps, g = vc["layer_norm_eps"], S // p
+    T = next(n[: -len("embeddings.patch_embedding.weight")] for n in sd if n.endswith("embeddings.patch_embedding.weight"))
+    P = next(n[: -len("mm_input_projection_weight")] for n in sd if n.endswith("mm_input_projection_weight"))
+
+    def ln(x, name):
+        m = x.mean(-1, keepdims=True)
+        var = ((x - m) ** 2).mean(-1, keepdims=True)
+        return (x - m) / np.sqrt(var + eps) * sd[name + ".weight"] + sd[name + ".bias"]
+
+    def lin(x, name):
+        return x @ sd[name + ".weight"].T + sd[name + ".bias"]
+
+    patches = pv.astype(np.float64).reshape(3, g, p, g, p).transpose(1, 3, 0, 2, 4).reshape(g * g, 3 * p * p)
+    x = patches @ sd[T + "embeddings.patch_embedding.weight"].reshape(h, -1).T + sd[T + "embeddings.patch_embedding.bias"]
+    x = x + sd[T + "embeddings.position_embedding.weight"]
+    hd = h // heads
+    for l in range(vc["num_hidden_layers"]):
+        pre = f"{T}encoder.layers.{l}."
+        a = ln(x, pre + "layer_norm1")
+        q = lin(a, pre + "self_attn.q_proj").reshape(-1, heads, hd)
+        k = lin(a, pre + "self_attn.k_proj").reshape(-1, heads, hd)
+        v = lin(a, pre + "self_attn.v_proj").reshape(-1, heads, hd)
+        out = np.empty_like(q)
+        for hh in range(heads):
+            sc = q[:, hh] @ k[:, hh].T / math.sqrt(hd)
+            sc = np.exp(sc - sc.max(-1, keepdims=True))
+            out[:, hh] = (sc / sc.sum(-1, keepdims=True)) @ v[:, hh]
+        x = x + lin(out.reshape(-1, h), pre + "self_attn.out_proj")
+        x = x + lin(gelu_tanh(lin(ln(x, pre + "layer_norm2"), pre + "mlp.fc1")), pre + "mlp.fc2")
+    last = ln(x, T + "post_layernorm")
+    side = int(round(math.sqrt(spec["mm_tokens_per_image"])))
+    k = g // side
+    pooled = last.reshape(side, k, side, k, h).mean(axis=(1, 3)).reshape(side * side, h)
+    normed = pooled / np.sqrt((pooled * pooled).mean(-1, keepdims=True) + eps) * (1.0 + sd[P + "mm_soft_emb_norm.weight"])
+    tokens = normed @ sd[P + "mm_input_projection_weight"]
+    assert tokens.shape == (side * side, text_hidden)
+    return last, tokens
+
+
+def image_prompt(spec, vocab):
+    """bos, n_before text ids, <start_of_image>, the image tokens, <end_of_image>, n_after text
+    ids (text ids drawn from [MIN_TOKEN_ID, boi) by a seeded numpy generator)."""
+    ip = spec["image_prompt"]
+    rng = np.random.default_rng(ip["token_seed"])
+    lo, hi = MIN_TOKEN_ID, min(spec["boi_token_index"], spec["eoi_token_index"], spec["image_token_index"])
+    before = rng.integers(lo, hi, size=ip["n_before"])
+    after = rng.integers(lo, hi, size=ip["n_after"])
+    image = [spec["boi_token_index"]] + [spec["image_token_index"]] * spec["mm_tokens_per_image"] + [spec["eoi_token_index"]]
+    return np.array([1] + list(before) + image + list(after), dtype=np.int32)
+
+
+def image_references(model, cfg, weights, folder, tensors, torch, transformers, device):
+    """Adds to `tensors`, for each image i of FAMILIES["gemma3-mm"]["images"]:
+      image_pixel_values_<i>  float32 [3, S, S]      Gemma3ImageProcessor (the PIL one) of the file
+      image_patches_<i>       float32 [n, h]         the vision tower's last hidden state
+      image_features_<i>      float32 [T_img, hidden] the projector's soft tokens
+      image_logits_<i>        float32 [T, vocab]     Gemma3ForConditionalGeneration on image_tokens
+                                                     with pixel_values and token_type_ids
+    and image_tokens int32 [T] (the prompt), image_greedy_tokens_0 int32 [n_greedy] and
+    image_greedy_margins_0 (a loop of full forwards with image 0). Writes the processor's
+    preprocessor_config.json into `folder`. Returns the report (with "problems")."""
+    spec = FAMILIES["gemma3-mm"]
+    here = os.path.dirname(os.path.abspath(__file__))
+    images_dir = os.path.join(here, "..", "tests", "fixtures", "vision", "images")
+    from PIL import Image
+
+    S = spec["vision_config"]["image_size"]
+    processor = transformers.Gemma3ImageProcessor(size={"height": S, "width": S})
+    processor.save_pretrained(folder)
+    sd = {n: t.detach().double().cpu().numpy() for n, t in model.state_dict().items()}
+    inner = getattr(model, "model", model)
+    tower = getattr(inner, "vision_tower", None) or model.vision_tower
+    projector = getattr(inner, "multi_modal_projector", None) or model.multi_modal_projector
+    prompt = image_prompt(spec, cfg["vocab_size"])
+    tensors["image_tokens"] = torch.from_numpy(prompt.copy())
+    image_id = spec["image_token_index"]
+    rows = np.nonzero(prompt == image_id)[0]
+    groups = np.where(prompt == image_id, 0, -1)
+    report = {"prompt": prompt.tolist(), "images": spec["images"], "problems": []}
+
+    def forward(ids_np, pv):
+        ids = torch.from_numpy(ids_np.astype(np.int64))[None].to(device)
+        tt = (ids == image_id).long()
+        common = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "pixel_values": pv, "use_cache": False}
+        try:
+            out = model(**common, token_type_ids=tt)
+        except TypeError:  # a transformers that names them mm_token_type_ids
+            out = model(**common, mm_token_type_ids=tt)
+        return out.logits[0].float()
+
+    with torch.no_grad():
+        for i, name in enumerate(spec["images"]):
+            with Image.open(os.path.join(images_dir, name)) as im:
+                pv_np = processor(images=im, return_tensors="np")["pixel_values"].astype(np.float32)
+            pv = torch.from_numpy(pv_np).to(device)
+            patches = tower(pixel_values=pv).last_hidden_state
+            features = projector(patches)
+            logits = forward(prompt, pv)
+            tensors[f"image_pixel_values_{i}"] = torch.from_numpy(pv_np[0].copy())
+            tensors[f"image_patches_{i}"] = patches[0].float().cpu().contiguous()
+            tensors[f"image_features_{i}"] = features[0].float().cpu().contiguous()
+            tensors[f"image_logits_{i}"] = logits.cpu().contiguous()
+            # The independent float64 forward: the encoder from its definition, then the text
+            # model with the soft tokens in place, under each reading of the image mask.
+            last64, feat64 = siglip_projector_f64(spec, cfg["hidden_size"], sd, pv_np[0])
+            image_rows = {int(r): feat64[j] for j, r in enumerate(rows)}
+            entry = {
+                "numpy_f64_max_abs_patches_diff": float(np.abs(last64 - patches[0].double().cpu().numpy()).max()),
+                "numpy_f64_max_abs_features_diff": float(np.abs(feat64 - features[0].double().cpu().numpy()).max()),
+            }
+            for label, layers in (("all_layers", ("sliding_attention", "full_attention")),
+                                  ("sliding_layers_only", ("sliding_attention",)), ("causal_only", ())):
+                ref64 = gemma3_forward(cfg, weights, prompt, image_rows=image_rows, groups=groups, group_layers=layers)
+                entry[f"numpy_f64_logits_diff_image_mask_{label}"] = float(np.abs(ref64 - logits.cpu().numpy()).max())
+            no_tt = model(input_ids=torch.from_numpy(prompt.astype(np.int64))[None].to(device), pixel_values=pv,
+                          use_cache=False).logits[0].float()
+            entry["logits_diff_without_token_type_ids"] = float((no_tt - logits).abs().max())
+            report[f"image_{i}"] = entry
+            print(f"gemma3-mm image {i} ({name}): {json.dumps(entry)}")
+        d01 = float((tensors["image_logits_0"] - tensors["image_logits_1"]).abs().max())
+        report["logits_diff_between_images"] = d01
+        pv0 = tensors["image_pixel_values_0"][None].to(device)
+        seq = torch.from_numpy(prompt.astype(np.int64))[None].to(device)
+        g_tokens, g_margins = [], []
+        for _ in range(spec["image_prompt"]["n_greedy"]):
+            last = forward(seq[0].cpu().numpy(), pv0)[-1]
+            top = torch.topk(last, 2)
+            g_tokens.append(int(top.indices[0]))
+            g_margins.append(float(top.values[0] - top.values[1]))
+            seq = torch.cat([seq, top.indices[:1][None]], dim=1)
+        tensors["image_greedy_tokens_0"] = torch.tensor(g_tokens, dtype=torch.int32)
+        tensors["image_greedy_margins_0"] = torch.tensor(g_margins, dtype=torch.float32)
+        report["greedy_margin_min"] = min(g_margins)
+    e0 = report["image_0"]
+    if not e0["numpy_f64_max_abs_features_diff"] < 1e-3:
+        report["problems"].append(f"numpy float64 image features differ from transformers: {e0}")
+    best = min(("all_layers", "sliding_layers_only", "causal_only"),
+               key=lambda k: e0[f"numpy_f64_logits_diff_image_mask_{k}"])
+    report["image_mask_matching_transformers"] = best
+    if best != "all_layers" or not e0["numpy_f64_logits_diff_image_mask_all_layers"] < 1e-2:
+        report["problems"].append(f"transformers' image mask is not the one Osprey implements (all layers): {e0}")
+    if not e0["logits_diff_without_token_type_ids"] > 1e-4:
+        report["problems"].append("token_type_ids changed nothing: the image block's bidirectional mask was not applied")
+    if not d01 > 1e-2:
+        report["problems"].append(f"a different image hardly changes the logits ({d01})")
+    return report
 
 
 # ----------------------------------------------------------------------------------------

@@ -712,6 +712,24 @@ Array attention(const Array& q, const Array& k, const Array& v, const AttentionP
   return out;
 }
 
+Array attention_unmasked(const Array& q, const Array& k, const Array& v, float scale) {
+  require(k.ndim() == 3 && k.dim(1) > 0, "attention_unmasked",
+          "k must be [n_kv_heads, L, head_dim] with L >= 1, got " + describe(k));
+  require_f32_contiguous("attention_unmasked", "q", q);
+  require(q.ndim() == 3, "attention_unmasked", "q must be [n, n_heads, head_dim], got " + describe(q));
+  // Each query row alone at the last key's position: attention()'s causal bound then covers
+  // every key. NOTE: one call per row (the kernels' multi-row items assume the rows' positions
+  // lie within the keys; a row of one item never does here).
+  const int64_t n = q.dim(0), L = k.dim(1);
+  Array out = Array::empty({n, q.dim(1) * q.dim(2)}, DType::f32, q.device());
+  AttentionParams p;
+  p.q_pos0 = L - 1;
+  p.scale = scale;
+  p.keys = LinearKeys{0};
+  for (int64_t i = 0; i < n; ++i) copy_into(out.slice_rows(i, i + 1), attention(q.slice_rows(i, i + 1), k, v, p));
+  return out;
+}
+
 void copy_into(const Array& dst, const Array& src) {
   require(dst.shape() == src.shape(), "copy_into", "shapes differ: " + describe(dst) + " and " + describe(src));
   const bool dst_gpu = !dst.device().is_cpu(), src_gpu = !src.device().is_cpu();

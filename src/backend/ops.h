@@ -140,6 +140,13 @@ struct AttentionParams {
 };
 Array attention(const Array& q, const Array& k, const Array& v, const AttentionParams& p);
 
+// Unmasked grouped-query attention (a vision encoder's): every query row sees all L keys.
+//   q [n, n_heads, head_dim] f32 contiguous; k, v [n_kv_heads, L, head_dim] both f16 or both
+//   bf16 (strided views allowed, rows contiguous); returns [n, n_heads * head_dim] f32. Each
+//   query row is one attention() call at the last key's position (the causal bound then covers
+//   every key).
+Array attention_unmasked(const Array& q, const Array& k, const Array& v, float scale);
+
 // Paged KV rows: k, v [n, n_kv_heads, head_dim] f32 (rows may be strided, heads contiguous),
 // rounded to nearest even in the pool's type, written into the pool's keys, values
 // [n_blocks, n_kv_heads, block_size, packed_row_width(type, head_dim)] (f16 or bf16, on the

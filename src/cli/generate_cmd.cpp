@@ -1,6 +1,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -33,6 +34,11 @@
 #include "bundle/model_bundle.h"
 #include "bundle/model_files.h"
 #include "serve/draft_model.h"
+#include "formats/config_reader.h"
+#include "vision/image_decode.h"
+#include "vision/image_preprocess.h"
+#include "vision/image_prompt.h"
+#include "vision/vision_tower.h"
 
 namespace osprey::cli {
 namespace fs = std::filesystem;
@@ -106,6 +112,7 @@ struct GenerateOptions {
   std::string cache_type_k, cache_type_v;  // --cache-type-k, --cache-type-v
   int tensor_parallel = 1;
   std::string prompt_cache;  // --prompt-cache FILE
+  std::vector<std::string> images;  // --image FILE (repeatable)
 };
 
 // -f PATH: the whole file ("-": stdin), less one final newline (which editors add).
@@ -147,17 +154,65 @@ std::vector<int32_t> parse_token_ids(const std::string& s) {
 
 // The prompt's token ids: the text (-p, -f) as a one-turn chat through the folder's template
 // (--chat, with --system), or encoded with BOS as the post-processor adds it; else --token-ids.
+// With images (--image, `vision` set): --chat sends them as image parts before the text, whose
+// markers the template writes; -p/-f text holds a marker where each goes; each marker is then
+// expanded as Gemma3Processor does (vision/image_prompt.h). --token-ids hold the image tokens.
 std::vector<int32_t> prompt_tokens(const GenerateOptions& o, const std::string& dir,
-                                   const std::optional<std::string>& text, const Tokenizer* tokenizer) {
+                                   const std::optional<std::string>& text, const Tokenizer* tokenizer,
+                                   const VisionConfig* vision) {
+  const size_t n_images = o.images.size();
   if (o.chat) {
     nlohmann::ordered_json messages = nlohmann::ordered_json::array();
     if (o.system) messages.push_back({{"role", "system"}, {"content", *o.system}});
-    messages.push_back({{"role", "user"}, {"content", *text}});
+    if (n_images == 0) {
+      messages.push_back({{"role", "user"}, {"content", *text}});
+    } else {
+      nlohmann::ordered_json parts = nlohmann::ordered_json::array();
+      for (size_t i = 0; i < n_images; ++i) parts.push_back({{"type", "image"}});
+      parts.push_back({{"type", "text"}, {"text", *text}});
+      messages.push_back({{"role", "user"}, {"content", parts}});
+    }
     // The template writes BOS itself: no second one from the post-processor.
     nlohmann::ordered_json request = {{"messages", messages}, {"add_generation_prompt", true}};
-    return tokenizer->encode(load_model_chat_template(dir).render(request), false);
+    std::string rendered = load_model_chat_template(dir).render(request);
+    if (n_images > 0) rendered = expand_image_markers(rendered, *vision, n_images);
+    return tokenizer->encode(rendered, false);
   }
-  return text ? tokenizer->encode(*text, true) : parse_token_ids(o.token_ids);
+  if (text) return tokenizer->encode(n_images > 0 ? expand_image_markers(*text, *vision, n_images) : *text, true);
+  return parse_token_ids(o.token_ids);
+}
+
+// --image files, read and decoded (errors name the flag and the file).
+struct PromptImages {
+  VisionConfig vision;
+  std::vector<RgbImage> decoded;
+};
+std::optional<PromptImages> read_images(const GenerateOptions& o, const std::string& dir) {
+  if (o.images.empty()) return std::nullopt;
+  if (o.tensor_parallel > 1) throw UsageError("generate --image: not with --tensor-parallel");
+  if (!o.prompt_cache.empty())
+    throw UsageError("generate --image: not with --prompt-cache (its file is keyed by tokens alone, not images)");
+  const ConfigReader c = ConfigReader::load(fs::path(dir) / "config.json");
+  std::optional<VisionConfig> vision;
+  if (c.get_string("model_type", "") == "gemma3") vision = parse_gemma3_vision_config(c);
+  if (!vision)
+    throw Unsupported("--image: " + model_name(dir) + " takes no image input (a text-only model: its config.json has "
+                      "model_type \"" + c.get_string("model_type", "") + "\" and no vision_config)");
+  PromptImages out{*vision, {}};
+  for (const std::string& file : o.images) {
+    if (fs::is_directory(file)) throw IoError("--image " + file + ": is a directory, not a file");
+    std::ifstream in(file, std::ios::binary);
+    if (!in) throw IoError("--image " + file + ": cannot open: " + std::strerror(errno));
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    try {
+      out.decoded.push_back(decode_image(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size())));
+    } catch (const Unsupported& e) {
+      throw Unsupported("--image " + file + ": " + e.what());
+    } catch (const InvalidInput& e) {
+      throw InvalidInput("--image " + file + ": " + e.what());
+    }
+  }
+  return out;
 }
 
 // The KV cache's key and value types and bytes: the rows it holds (a sliding-window layer at most
@@ -233,16 +288,31 @@ int run_generate(const GenerateOptions& o) {
   std::optional<Tokenizer>& tokenizer = bundle.tokenizer;
   if (!o.stops.empty() && !tokenizer)
     throw UsageError("generate --stop: needs the model's tokenizer.json to read the reply's text");
-  const std::vector<int32_t> prompt = prompt_tokens(o, dir, text, tokenizer ? &*tokenizer : nullptr);
+  const std::optional<PromptImages> images = read_images(o, dir);
+  const std::vector<int32_t> prompt =
+      prompt_tokens(o, dir, text, tokenizer ? &*tokenizer : nullptr, images ? &images->vision : nullptr);
+  std::vector<int64_t> image_starts;
+  if (images) {
+    image_starts = image_token_runs(prompt, images->vision);
+    if (image_starts.size() != images->decoded.size())
+      throw UsageError("generate --image: the prompt holds the tokens of " + std::to_string(image_starts.size()) +
+                       " image(s) for " + std::to_string(images->decoded.size()) + " --image file(s)");
+  }
 
   const std::string asked_device = o.device.empty() ? env_options().device : o.device;
   std::unique_ptr<Model> model;
+  std::optional<ImageEncoder> encoder;
   {
     ProgressBar bar("loading " + model_name(dir));
     LoadOptions lo;
     lo.device = select_device(asked_device);
     lo.progress = [&](size_t done, size_t total) { bar.update(done, total); };
     model = load_sharded_model(dir, o.tensor_parallel, lo);
+    if (images) {
+      lo.progress = nullptr;
+      encoder = load_image_encoder(dir, lo);
+      if (!encoder) throw Unsupported("--image: " + model_name(dir) + " has no vision tower to load");
+    }
   }
 
   const int64_t max_ctx = model->info().max_position_embeddings;
@@ -276,6 +346,15 @@ int run_generate(const GenerateOptions& o) {
   std::unique_ptr<Model> draft = load_draft_model(o.spec, *model, tokenizer ? &*tokenizer : nullptr, model->info().device, o.quiet);
   gp.draft_model = draft.get();
   if (o.verbose) std::fprintf(stderr, "seed: %llu\n", (unsigned long long)gp.sampler.seed);
+  if (images) {
+    const auto t_images = std::chrono::steady_clock::now();
+    for (size_t i = 0; i < images->decoded.size(); ++i)
+      gp.images.push_back(
+          {image_starts[i], encoder->tower->encode(preprocess_image(images->decoded[i], encoder->processor))});
+    if (!o.quiet)
+      std::fprintf(stderr, "images: %zu encoded in %.1f ms\n", gp.images.size(),
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t_images).count() * 1e3);
+  }
 
   const EnvOptions& env = env_options();
   KVCacheParams co;
@@ -414,6 +493,13 @@ Command add_generate(CLI::App& app) {
   chat->excludes(t);
   auto* system = app.add_option("--system", o->system, "With --chat: a system message before the user's");
   app.add_flag("-q,--quiet", o->quiet, "No banner and no timing line on stderr");
+  app.add_option("--image", o->images,
+                 "An image for the prompt (PNG, JPEG, WebP, GIF's first frame; Gemma 3; repeatable): with --chat "
+                 "before the text; with -p/-f where the text writes <start_of_image>; with --token-ids the images "
+                 "fill the prompt's runs of image tokens in order")
+      ->type_name("FILE")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   return [o, p, f, t, chat, system, &app] {
     if (!*p && !*f && !*t) throw UsageError("generate: give a prompt with -p TEXT, -f FILE or --token-ids 1,2,3");
     o->sampler_flags = given_sampler_flags(app);

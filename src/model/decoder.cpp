@@ -138,6 +138,51 @@ class Decoder final : public Model {
     const int64_t n = tokens.numel();
     Array x = residual(tokens, positions, cache);
     if (!all_logits && n > 1) x = ops::cast(x.slice_rows(n - 1, n), DType::f32);
+    return head(x);
+  }
+
+  Array hidden_tokens(const Array& tokens, const Array& positions, SequenceCache& cache) override {
+    Array h = norm(residual(tokens, positions, cache), final_norm_);  // [n, hidden]
+    return h.dtype() == DType::f32 ? h : ops::cast(h, DType::f32);
+  }
+
+  // The chunk is cut after each image, so that every pass ends with its image (if it has one):
+  // its rows then see the whole image among the keys written so far.
+  Array forward_images(const Array& tokens, const Array& positions, SequenceCache& cache, bool all_logits,
+                       std::span<const ImageSpan> images) override {
+    if (!spec_.image_input) throw Unsupported(spec_.model_type + " takes no image input (a text-only model)");
+    if (comm_) throw Unsupported(spec_.model_type + ": image input with tensor parallelism is not supported");
+    const int64_t n = tokens.numel(), p0 = cache.offset();
+    std::vector<Array> parts;  // logits of each pass
+    int64_t begin = 0;
+    size_t next = 0;
+    while (begin < n) {
+      const ImageSpan* span = next < images.size() ? &images[next] : nullptr;
+      const int64_t end = span ? span->pos0 + span->embeds.dim(0) - p0 : n;
+      Array x = residual(tokens.slice_rows(begin, end), positions.slice_rows(begin, end), cache, span);
+      const bool last = end == n;
+      if (all_logits || last) {
+        if (!all_logits && end - begin > 1) x = ops::cast(x.slice_rows(end - begin - 1, end - begin), DType::f32);
+        parts.push_back(head(x));
+      }
+      begin = end;
+      next += span ? 1 : 0;
+    }
+    if (parts.size() == 1) return parts[0];
+    int64_t rows = 0;
+    for (const Array& a : parts) rows += a.dim(0);
+    Array out = Array::empty({rows, parts[0].dim(1)}, DType::f32, parts[0].device());
+    rows = 0;
+    for (const Array& a : parts) {
+      ops::copy_into(out.slice_rows(rows, rows + a.dim(0)), a);
+      rows += a.dim(0);
+    }
+    return out;
+  }
+
+ private:
+  // The final norm and the head over x [rows, hidden] -> logits [rows, vocab].
+  Array head(Array x) const {
     x = norm(x, final_norm_);
     Array logits = ops::linear(x, lm_head_);  // [rows, vocab] (a rank: its vocabulary slice)
     if (comm_) logits = comm_->all_gather_cols(logits, spec_.vocab_size);
@@ -146,20 +191,20 @@ class Decoder final : public Model {
     return logits;
   }
 
-  Array hidden_tokens(const Array& tokens, const Array& positions, SequenceCache& cache) override {
-    Array h = norm(residual(tokens, positions, cache), final_norm_);  // [n, hidden]
-    return h.dtype() == DType::f32 ? h : ops::cast(h, DType::f32);
-  }
-
- private:
-  // The residual stream after the last layer, [n, hidden] f32 on the model's device.
-  Array residual(const Array& tokens, const Array& positions, SequenceCache& cache) const {
+  // The residual stream after the last layer, [n, hidden] f32 on the model's device. `image`,
+  // when given, lies wholly inside these rows and ends with them.
+  Array residual(const Array& tokens, const Array& positions, SequenceCache& cache,
+                 const ImageSpan* image = nullptr) const {
     Array x = ops::embedding(embed_, tokens, embed_scale_);  // [n, hidden] f32: the residual stream
+    if (image) {
+      const int64_t r0 = image->pos0 - cache.offset();
+      ops::copy_into(x.slice_rows(r0, r0 + image->embeds.dim(0)), image->embeds);
+    }
     Array h = norm(x, layers_[0].norm_in);
     for (size_t li = 0; li < layers_.size(); ++li) {
       const DecoderLayer& L = layers_[li];
       const Array* next_norm = li + 1 < layers_.size() ? &layers_[li + 1].norm_in : nullptr;
-      Array a = attention(h, li, positions, cache);  // [n, this rank's heads * hd]
+      Array a = attention(h, li, positions, cache, image);  // [n, this rank's heads * hd]
       switch (spec_.block) {
         case DecoderBlock::sequential: {
           h = add_norm(x, reduced(ops::linear(a, L.wo, L.bo)), L.norm_mid);
@@ -236,7 +281,8 @@ class Decoder final : public Model {
     return partial;
   }
 
-  Array attention(const Array& h, size_t li, const Array& positions, SequenceCache& cache) const {
+  Array attention(const Array& h, size_t li, const Array& positions, SequenceCache& cache,
+                  const ImageSpan* image = nullptr) const {
     const DecoderLayer& L = layers_[li];
     const bool slides = sliding(li);
     QKTransform t;
@@ -256,7 +302,36 @@ class Decoder final : public Model {
     ap.scale = float(1.0 / std::sqrt(scalar));
     ap.window = int(window(li));
     ap.softcap = float(spec_.attn_logit_softcap);
-    return ops::attention(in.q, kv.keys, kv.values, ap);
+    Array out = ops::attention(in.q, kv.keys, kv.values, ap);
+    if (image) image_rows_attention(in.q, kv, ap, *image, out);
+    return out;
+  }
+
+  // The rows of `image` (the last rows of this pass) again, each seeing the whole image: the
+  // row at position p sees what it sees causally and the image's later rows, which for an image
+  // no longer than the window is keys (p - window, end - 1]: one query placed at end - 1, with
+  // the window widened by end - 1 - p (0: every key up to end - 1).
+  // NOTE: one attention call per image row and layer (256 for a Gemma 3 image).
+  void image_rows_attention(const Array& q, const KVView& kv, ops::AttentionParams ap, const ImageSpan& image,
+                            Array& out) const {
+    const int64_t n = q.dim(0), len = image.embeds.dim(0), last = image.pos0 + len - 1;
+    const int64_t q_pos0 = kv.pos0;  // the position of row 0 of this pass
+    if (std::holds_alternative<ops::PagedKeys>(ap.keys))
+      throw Unsupported(spec_.model_type + ": image input through a paged KV pool is not supported");
+    if (ap.window > 0 && len > ap.window)
+      throw Unsupported(spec_.model_type + ": an image of " + std::to_string(len) + " tokens in a sliding window of " +
+                        std::to_string(ap.window));
+    ap.positions = Array();  // each call places its query by q_pos0, on the host
+    ap.max_keys = 0;
+    const int window = ap.window;
+    ap.q_pos0 = last;
+    for (int64_t p = image.pos0; p <= last; ++p) {
+      const int64_t r = p - q_pos0;
+      if (r < 0 || r >= n) throw InvalidInput("image rows outside the pass");
+      ap.window = window > 0 ? int(window + (last - p)) : 0;
+      const Array row = ops::attention(q.slice_rows(r, r + 1), kv.keys, kv.values, ap);
+      ops::copy_into(out.slice_rows(r, r + 1), row);
+    }
   }
 
   Array mlp(const Array& h, const DecoderLayer& L) const {

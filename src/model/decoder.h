@@ -100,6 +100,9 @@ struct DecoderSpec : DecoderDims {
   bool head = true;
   // Tensors deliberately not loaded (a vision tower): names starting with one of these.
   std::vector<std::string> ignored_prefixes;
+  // Prompts may hold images (Model::forward with ImageSpans: soft tokens in place of the
+  // embeddings, bidirectional within each image on every layer); false: such a pass is refused.
+  bool image_input = false;
   // Every tensor of the checkpoint must be read or ignored (else an error naming them).
   bool require_all_read = false;
   QuantConfig quant;  // MLX affine quantization; not present for a dense checkpoint

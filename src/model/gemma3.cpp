@@ -1,6 +1,7 @@
 // Gemma 3 (model_type gemma3_text), and the language model of Gemma3ForConditionalGeneration
 // (model_type gemma3: the text config under `text_config`, the weights under
-// `language_model.model.` or `model.language_model.`, the vision tower ignored).
+// `language_model.model.` or `model.language_model.`; the vision tower and projector are
+// src/vision/vision_tower.h's to load, and this decoder takes their soft tokens (ImageSpan)).
 //
 // Per layer: x += post_attn_norm(attn(input_norm(x))); x += post_ffn_norm(mlp(pre_ffn_norm(x))),
 // every RMSNorm scaling by (1 + w); q and k normed per head before RoPE; GeGLU (tanh GELU);
@@ -105,6 +106,7 @@ void register_gemma3_family() {
     DecoderSpec spec = parse_gemma3_text_config(*text);
     spec.model_type = "gemma3";
     spec.quant = parse_quant_config(c);
+    spec.image_input = c.has("vision_config");  // the tower itself: vision/vision_tower.h
     set_text_model_names(spec, st, true);
     std::unique_ptr<Model> model = build_decoder(spec, st, o);
     // The text config's special tokens, merged with the outer config's by load_model.

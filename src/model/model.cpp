@@ -1,5 +1,7 @@
 #include "model/model.h"
 
+#include <algorithm>
+
 #include "backend/ops.h"
 #include "core/error.h"
 
@@ -31,6 +33,39 @@ Array Model::forward(const Array& tokens, const Array& positions_in, SequenceCac
                       "gives hidden states (POST /v1/embeddings), not logits");
   const Array positions = step_positions(positions_in, n, cache.offset(), info_.device);
   return forward_tokens(ops::to_device(tokens, info_.device), positions, cache, all_logits);
+}
+
+Array Model::forward(const Array& tokens_in, SequenceCache& cache, bool all_logits, std::span<const ImageSpan> images) {
+  const int64_t n = tokens_in.numel(), p0 = cache.offset();
+  if (n <= 0) throw InvalidInput("forward: no tokens");
+  std::vector<ImageSpan> inside;
+  for (const ImageSpan& s : images) {
+    const int64_t len = s.embeds.defined() ? s.embeds.dim(0) : 0;
+    if (len <= 0 || s.embeds.ndim() != 2 || s.embeds.dim(1) != info_.hidden_size || s.embeds.dtype() != DType::f32)
+      throw InvalidInput("forward: an image's soft tokens must be float32 [n, " + std::to_string(info_.hidden_size) +
+                         "], got " + (s.embeds.defined() ? describe(s.embeds) : std::string("none")));
+    if (s.pos0 + len <= p0 || s.pos0 >= p0 + n) continue;
+    if (s.pos0 < p0 || s.pos0 + len > p0 + n)
+      throw InvalidInput("forward: the image at positions [" + std::to_string(s.pos0) + ", " +
+                         std::to_string(s.pos0 + len) + ") is split by a pass over [" + std::to_string(p0) + ", " +
+                         std::to_string(p0 + n) + "): an image's tokens go in one pass");
+    if (!inside.empty() && s.pos0 < inside.back().pos0 + inside.back().embeds.dim(0))
+      throw InvalidInput("forward: image spans overlap or are out of order");
+    inside.push_back(s);
+  }
+  if (inside.empty()) return forward(tokens_in, cache, all_logits);
+  if (!tokens_in.device().is_cpu()) throw InvalidInput("forward: a pass with images takes its tokens on the CPU");
+  // The image rows' ids are never embedded (an image token id may lie outside the vocabulary,
+  // as transformers allows): 0 in their place.
+  Array tokens = ops::cast(tokens_in, DType::i32);
+  for (const ImageSpan& s : inside)
+    std::fill(tokens.data<int32_t>() + (s.pos0 - p0), tokens.data<int32_t>() + (s.pos0 - p0 + s.embeds.dim(0)), 0);
+  const Array positions = step_positions(Array(), n, p0, info_.device);
+  return forward_images(ops::to_device(tokens, info_.device), positions, cache, all_logits, inside);
+}
+
+Array Model::forward_images(const Array&, const Array&, SequenceCache&, bool, std::span<const ImageSpan>) {
+  throw Unsupported(info_.model_type + " takes no image input (a text-only model)");
 }
 
 Array Model::forward_hidden(const Array& tokens, SequenceCache& cache) {

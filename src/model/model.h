@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,15 @@ struct ModelInfo {
 };
 
 class Communicator;
+
+// An image's soft tokens in a prompt (Gemma 3): the rows at positions [pos0, pos0 + n) of the
+// sequence take `embeds` in place of their tokens' embeddings, and see each other in both
+// directions besides what the causal (and sliding-window) mask lets them see, as
+// transformers' Gemma 3 does with token_type_ids.
+struct ImageSpan {
+  int64_t pos0 = 0;
+  Array embeds;  // [n, hidden] f32 on the model's device
+};
 
 struct LoadOptions {
   Device device = Device::cpu();
@@ -77,6 +87,12 @@ class Model {
   Array forward(const Array& tokens, SequenceCache& cache, bool all_logits) {
     return forward(tokens, Array(), cache, all_logits);
   }
+  // forward() over a prompt chunk holding images: `images` (by pos0, not overlapping) lists the
+  // sequence's image spans; those that meet this chunk's positions [cache.offset(), + n) must lie
+  // wholly inside it (an image is never split between two calls: InvalidInput otherwise), and
+  // the tokens at their positions are not embedded (any id). tokens on the CPU. Throws
+  // Unsupported for a model without image input.
+  Array forward(const Array& tokens, SequenceCache& cache, bool all_logits, std::span<const ImageSpan> images);
   // The same pass without the head: the final-normed hidden states of every token, f32
   // [n, hidden] on the model's device (what sentence-transformers' Transformer module hands
   // to Pooling). tokens [n] i32 at positions cache.offset() .. + n - 1; appends their K/V to
@@ -101,6 +117,10 @@ class Model {
   // on the model's device, n >= 1. Same contract as forward() otherwise.
   virtual Array forward_tokens(const Array& tokens, const Array& positions, SequenceCache& cache,
                                bool all_logits) = 0;
+  // forward()'s pass over a chunk holding images: `images`, each wholly inside the chunk (pos0
+  // absolute), in order. The default throws Unsupported naming the model type.
+  virtual Array forward_images(const Array& tokens, const Array& positions, SequenceCache& cache, bool all_logits,
+                               std::span<const ImageSpan> images);
   // forward_hidden's pass: tokens and positions as forward_tokens'. The default throws
   // Unsupported naming the model type.
   virtual Array hidden_tokens(const Array& tokens, const Array& positions, SequenceCache& cache);

@@ -97,6 +97,7 @@ struct DenseSlotBackend::Slot {
   bool ahead = false;      // the step fed by `returned` is enqueued
   int32_t returned = -1;   // the token decode() or prefill_and_choose() returned last
   Array last_logits;       // the logits the device sampler read last (an error's detail)
+  std::vector<ImageSpan> images;  // the prompt's images, at positions of the cache (base added)
 };
 
 DenseSlotBackend::DenseSlotBackend(Model& model, PromptCache& prompt_cache, const DenseBackendOptions& options)
@@ -172,6 +173,7 @@ std::optional<SequenceBackend::Begun> DenseSlotBackend::begin(std::span<const in
     Slot& s = *slots_[i];
     if (s.busy) continue;
     s.busy = true;
+    s.images.clear();
     s.salt = cache_salt;
     Begun b;
     b.handle = int(i);
@@ -245,11 +247,17 @@ void DenseSlotBackend::drop_ahead(Slot& s) {
   }
 }
 
+void DenseSlotBackend::set_images(int handle, std::vector<ImageSpan> images) {
+  Slot& s = slot(handle);
+  for (ImageSpan& im : images) im.pos0 += s.base;
+  s.images = std::move(images);
+}
+
 void DenseSlotBackend::prefill(int handle, std::span<const int32_t> tokens, bool want_logits, std::vector<float>& logits) {
   Slot& s = slot(handle);
   drop_ahead(s);
   check_room(s, int64_t(tokens.size()));
-  Array out = model_.forward(host_i32(tokens), *s.cache, false);
+  Array out = model_.forward(host_i32(tokens), *s.cache, false, s.images);
   if (want_logits) last_row(out, logits);
 }
 
@@ -263,7 +271,7 @@ int32_t DenseSlotBackend::prefill_and_choose(int handle, std::span<const int32_t
   Slot& s = slot(handle);
   drop_ahead(s);
   check_room(s, int64_t(tokens.size()));
-  choose_on_device(s, model_.forward(host_i32(tokens), *s.cache, false), choice, choice.counter);
+  choose_on_device(s, model_.forward(host_i32(tokens), *s.cache, false, s.images), choice, choice.counter);
   return finish_choice(s, choice);
 }
 

@@ -61,6 +61,7 @@ class DenseSlotBackend final : public SequenceBackend, public CacheFiles {
   int max_running() const override { return int(slots_.size()); }
   int64_t context_size() const override { return context_; }
   std::optional<Begun> begin(std::span<const int32_t> prompt, const std::string& cache_salt) override;
+  void set_images(int handle, std::vector<ImageSpan> images) override;
   void prefill(int handle, std::span<const int32_t> tokens, bool want_logits, std::vector<float>& logits) override;
   int32_t prefill_and_choose(int handle, std::span<const int32_t> tokens, const DecodeInput& choice,
                              std::vector<float>& logits) override;

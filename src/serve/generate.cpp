@@ -78,6 +78,7 @@ GenerateResult generate(Model& model, SequenceCache& cache, std::span<const int3
   request.params.sampler = params.sampler;
   request.params.grammar = params.grammar;
   request.params.stop_ids = params.stop_ids;
+  request.images = params.images;
   request.channel = std::make_shared<SequenceChannel>();
   std::shared_ptr<SequenceChannel> channel = request.channel;
   const auto t0 = std::chrono::steady_clock::now();

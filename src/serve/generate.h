@@ -12,6 +12,7 @@
 
 #include "sample/sampler.h"
 #include "kv/kv_cache.h"
+#include "model/model.h"
 #include "serve/speculative.h"
 
 namespace osprey {
@@ -46,6 +47,9 @@ struct GenerateParams {
   // owned. Required when spec.model_draft is set.
   Model* draft_model = nullptr;
   KVCacheParams draft_cache;  // step and inplace of its caches (the target cache's)
+  // The prompt's images (Gemma 3): each span's pos0 indexes the prompt, its soft tokens on the
+  // model's device (vision/vision_tower.h); an image is never cut between prefill chunks.
+  std::vector<ImageSpan> images;
 };
 
 struct GenerateStats {

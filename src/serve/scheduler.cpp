@@ -16,6 +16,16 @@
 namespace osprey {
 namespace {
 
+// A prefill chunk of `n` prompt tokens from `at`, moved so that no image is cut: it ends before
+// an image it would cut, or (starting at the image) takes the whole image past the budget.
+int64_t image_chunk(const std::vector<ImageSpan>& images, int64_t at, int64_t n) {
+  for (const ImageSpan& im : images) {
+    const int64_t b = im.pos0, e = im.pos0 + im.embeds.dim(0);
+    if (b < at + n && at + n < e) return b > at ? b - at : e - at;
+  }
+  return n;
+}
+
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
@@ -797,6 +807,7 @@ Scheduler::Sequence* Scheduler::next_to_prefill(bool& retry) {
     }
     next->handle = begun->handle;
     next->n_in_cache = begun->n_cached;
+    if (!next->request.images.empty()) backend_.set_images(begun->handle, next->request.images);
     if (!next->resumed) {
       next->n_cached = begun->n_cached;
       next->admitted = Clock::now();
@@ -823,7 +834,7 @@ Scheduler::Sequence* Scheduler::next_to_prefill(bool& retry) {
 
 bool Scheduler::prefill_chunk(Sequence& s, int64_t& budget, std::vector<float>& logits) {
   const int64_t remaining = s.n_target() - s.n_in_cache;
-  const int64_t n = std::min(budget, remaining);
+  const int64_t n = image_chunk(s.request.images, s.n_in_cache, std::min(budget, remaining));
   const bool last = n == remaining;
   if (!make_room(s, n)) return false;
   const auto t0 = Clock::now();

@@ -29,8 +29,10 @@
 #include <thread>
 #include <vector>
 
+#include "core/error.h"
 #include "sample/sampler.h"
 #include "kv/kv_cache.h"
+#include "model/model.h"
 #include "serve/mask_worker.h"
 #include "serve/speculative.h"
 
@@ -116,6 +118,10 @@ struct SequenceRequest {
   uint64_t id = 0;
   std::string cache_salt;  // see SequenceBackend::begin
   std::vector<int32_t> prompt;
+  // The prompt's images (Gemma 3): each span's pos0 indexes `prompt`, its soft tokens sit on
+  // the model's device. The scheduler never cuts an image between two prefill chunks. The
+  // images' bytes belong in cache_salt (a cached prefix is reused only under the same images).
+  std::vector<ImageSpan> images;
   SequenceParams params;
   std::shared_ptr<SequenceChannel> channel;
   // More choices of the same prompt. The prompt is computed once: when it is in, each fork
@@ -148,6 +154,13 @@ class SequenceBackend {
     int64_t n_cached = 0;
   };
   virtual std::optional<Begun> begin(std::span<const int32_t> prompt, const std::string& cache_salt) = 0;
+  // The sequence's prompt images (SequenceRequest::images), given after begin() and before its
+  // first prefill; later prefills pass them to the model. The default refuses any (a backend
+  // without image input names itself).
+  virtual void set_images(int handle, std::vector<ImageSpan> images) {
+    (void)handle;
+    if (!images.empty()) throw Unsupported("image input is not supported by this serving backend");
+  }
   // Appends `tokens` to the sequence's cache. When `want_logits`, writes the logits of the
   // last one into `logits` ([vocab] f32 on the host).
   virtual void prefill(int handle, std::span<const int32_t> tokens, bool want_logits, std::vector<float>& logits) = 0;

@@ -73,15 +73,22 @@ Vec inv_freq(double theta, int64_t hd, double factor) {
 }
 
 // Causal attention of query t over keys [lo, t] (GQA), each score times `scale`.
+// `groups` (may be null): keys of the query's image group (>= 0) are visible too.
 Vec attend(const std::vector<Vec>& q, const std::vector<Vec>& k, const std::vector<Vec>& v, int64_t t, int64_t nh,
-           int64_t nkv, int64_t hd, int64_t window, double scale) {
+           int64_t nkv, int64_t hd, int64_t window, double scale, const std::vector<int>* groups = nullptr) {
   const int64_t lo = window > 0 ? std::max<int64_t>(0, t - window + 1) : 0;
+  std::vector<int64_t> keys;
+  for (int64_t j = 0; j < int64_t(k.size()); ++j) {
+    const bool causal = j >= lo && j <= t;
+    const bool same_image = groups && (*groups)[size_t(t)] >= 0 && (*groups)[size_t(j)] == (*groups)[size_t(t)];
+    if (causal || same_image) keys.push_back(j);
+  }
   Vec out(size_t(nh * hd), 0.0);
   for (int64_t h = 0; h < nh; ++h) {
     const int64_t g = h / (nh / nkv);
     std::vector<double> s;
     double mx = -INFINITY;
-    for (int64_t j = lo; j <= t; ++j) {
+    for (int64_t j : keys) {
       double d = 0;
       for (int64_t e = 0; e < hd; ++e) d += q[size_t(t)][size_t(h * hd + e)] * k[size_t(j)][size_t(g * hd + e)];
       s.push_back(d * scale);
@@ -89,9 +96,9 @@ Vec attend(const std::vector<Vec>& q, const std::vector<Vec>& k, const std::vect
     }
     double z = 0;
     for (double& x : s) z += (x = std::exp(x - mx));
-    for (int64_t j = lo; j <= t; ++j)
+    for (size_t i = 0; i < keys.size(); ++i)
       for (int64_t e = 0; e < hd; ++e)
-        out[size_t(h * hd + e)] += s[size_t(j - lo)] / z * v[size_t(j)][size_t(g * hd + e)];
+        out[size_t(h * hd + e)] += s[i] / z * v[size_t(keys[i])][size_t(g * hd + e)];
   }
   return out;
 }
@@ -169,7 +176,7 @@ RefWeights gemma3_weights(const nlohmann::json& c, uint32_t seed, const Gemma3Sc
 
 std::vector<std::vector<double>> gemma3_reference(const nlohmann::json& c, const RefWeights& w,
                                                   const std::vector<int32_t>& tokens, const std::string& P,
-                                                  RefStats* stats, DType kv_rows) {
+                                                  RefStats* stats, DType kv_rows, const RefImages* images) {
   RefStats local;
   RefStats& st = stats ? *stats : local;
   auto track = [](double& m, const Vec& v) {
@@ -192,6 +199,9 @@ std::vector<std::vector<double>> gemma3_reference(const nlohmann::json& c, const
   std::vector<Vec> x(static_cast<size_t>(T), Vec(static_cast<size_t>(H)));
   for (int64_t t = 0; t < T; ++t)
     for (int64_t j = 0; j < H; ++j) x[size_t(t)][size_t(j)] = E.v[size_t(tokens[size_t(t)] * H + j)] * embed_scale;
+  if (images)
+    for (const auto& [row, vec] : images->rows) x[size_t(row)] = vec;
+  const std::vector<int>* groups = images && !images->groups.empty() ? &images->groups : nullptr;
   for (const Vec& xt : x) track(st.max_abs_residual, xt);
   for (int64_t l = 0; l < L; ++l) {
     const std::string p = P + "layers." + std::to_string(l) + ".";
@@ -211,7 +221,7 @@ std::vector<std::vector<double>> gemma3_reference(const nlohmann::json& c, const
     round_rows(k, kv_rows);
     round_rows(v, kv_rows);
     for (int64_t t = 0; t < T; ++t) {
-      Vec o = matvec(get(w, p + "self_attn.o_proj.weight"), attend(q, k, v, t, nh, nkv, hd, sl ? window : 0, scale));
+      Vec o = matvec(get(w, p + "self_attn.o_proj.weight"), attend(q, k, v, t, nh, nkv, hd, sl ? window : 0, scale, groups));
       rms_norm(o, 0, size_t(H), get(w, p + "post_attention_layernorm.weight").v, eps, 1.0);
       Vec& xt = x[size_t(t)];
       for (int64_t j = 0; j < H; ++j) xt[size_t(j)] += o[size_t(j)];

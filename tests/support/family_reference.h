@@ -41,10 +41,17 @@ struct RefStats {
   double max_abs_residual = 0;        // over the residual stream, every layer
   double max_abs_down_proj_input = 0;  // the GeGLU product
 };
+// Images in a Gemma 3 prompt (transformers' token_type_ids): `rows` replace those positions'
+// scaled embeddings (an image's soft tokens); positions of one group (>= 0; -1: text) see each
+// other on every layer besides the causal and window mask. `groups` empty: no image.
+struct RefImages {
+  std::map<int64_t, std::vector<double>> rows;
+  std::vector<int> groups;
+};
 std::vector<std::vector<double>> gemma3_reference(const nlohmann::json& config, const RefWeights& w,
                                                   const std::vector<int32_t>& tokens,
                                                   const std::string& prefix = "model.", RefStats* stats = nullptr,
-                                                  DType kv_rows = DType::f32);
+                                                  DType kv_rows = DType::f32, const RefImages* images = nullptr);
 // Scales of the random weights: the defaults keep activations of order one; larger ones push
 // the residual stream and the GeGLU product past float16's range.
 struct Gemma3Scales {

@@ -1,0 +1,72 @@
+#include "vision/image_prompt.h"
+
+#include "core/error.h"
+
+namespace osprey {
+namespace {
+
+size_t image_marker_count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + what.size())) ++n;
+  return n;
+}
+
+}  // namespace
+
+std::string expand_image_markers(const std::string& text, const VisionConfig& config, size_t n_images) {
+  const size_t markers = image_marker_count(text, kImageMarker);
+  if (markers != n_images)
+    throw InvalidInput("the prompt holds " + std::to_string(markers) + " image marker" + (markers == 1 ? "" : "s") +
+                       " (" + kImageMarker + ") for " + std::to_string(n_images) + " image" +
+                       (n_images == 1 ? "" : "s") + ": put one where each image goes");
+  if (image_marker_count(text, kImageToken) > 0 || image_marker_count(text, kImageEnd) > 0)
+    throw InvalidInput(std::string("the prompt holds ") + kImageToken + " or " + kImageEnd +
+                       " already: write only the marker " + kImageMarker + " where an image goes");
+  std::string image;
+  for (int64_t i = 0; i < config.mm_tokens_per_image; ++i) image += kImageToken;
+  const std::string expansion = std::string("\n\n") + kImageMarker + image + kImageEnd + "\n\n";
+  std::string out;
+  size_t from = 0;
+  for (size_t at = text.find(kImageMarker); at != std::string::npos; at = text.find(kImageMarker, from)) {
+    out += text.substr(from, at - from);
+    out += expansion;
+    from = at + std::string(kImageMarker).size();
+  }
+  out += text.substr(from);
+  return out;
+}
+
+std::vector<int64_t> image_token_runs(std::span<const int32_t> ids, const VisionConfig& config) {
+  std::vector<int64_t> runs;
+  const int64_t n = int64_t(ids.size());
+  for (int64_t i = 0; i < n;) {
+    if (ids[size_t(i)] != config.image_token_id) {
+      ++i;
+      continue;
+    }
+    int64_t j = i;
+    while (j < n && ids[size_t(j)] == config.image_token_id) ++j;
+    const std::string where = "image tokens (id " + std::to_string(config.image_token_id) + ") at positions [" +
+                              std::to_string(i) + ", " + std::to_string(j) + ")";
+    if (j - i != config.mm_tokens_per_image)
+      throw InvalidInput(where + ": an image takes exactly " + std::to_string(config.mm_tokens_per_image) +
+                         " (mm_tokens_per_image)");
+    if (i == 0 || ids[size_t(i - 1)] != config.boi_token_id)
+      throw InvalidInput(where + ": not preceded by the begin-of-image token " + std::to_string(config.boi_token_id));
+    if (j == n || ids[size_t(j)] != config.eoi_token_id)
+      throw InvalidInput(where + ": not followed by the end-of-image token " + std::to_string(config.eoi_token_id));
+    runs.push_back(i);
+    i = j;
+  }
+  return runs;
+}
+
+std::string image_cache_salt(const std::vector<std::string>& image_bytes) {
+  // The bytes themselves, each after its length: equal salts mean equal images (no hash
+  // decides).
+  std::string salt;
+  for (const std::string& b : image_bytes) salt += "\x01image:" + std::to_string(b.size()) + ":" + b;
+  return salt;
+}
+
+}  // namespace osprey
