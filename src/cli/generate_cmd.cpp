@@ -272,6 +272,97 @@ void print_json(const std::vector<int32_t>& prompt, const GenerateResult& r, con
   std::printf("%s\n", out.c_str());
 }
 
+// -c checked against the model's context and the prompt: the context the run has.
+int64_t checked_context(const GenerateOptions& o, const Model& model, size_t prompt_size) {
+  const int64_t max_ctx = model.info().max_position_embeddings;
+  if (o.ctx_size > 0 && max_ctx > 0 && o.ctx_size > max_ctx)
+    throw UsageError("-c/--ctx-size " + std::to_string(o.ctx_size) + " exceeds the model's context of " +
+                     std::to_string(max_ctx) + " tokens (max_position_embeddings in config.json)");
+  const int64_t ctx = o.ctx_size > 0 ? o.ctx_size : max_ctx;
+  if (ctx > 0 && int64_t(prompt_size) > ctx)
+    throw InvalidInput("the prompt (" + std::to_string(prompt_size) + " tokens) exceeds the context of " +
+                       std::to_string(ctx) + " tokens" + (o.ctx_size > 0 ? " (-c)" : ""));
+  return ctx;
+}
+
+// The engine's parameters from the flags and the model's bundle: length, sampler (a flag left
+// out takes generation_config.json's value, else the flag's default), stop ids and grammar.
+GenerateParams flag_params(const GenerateOptions& o, const ModelBundle& bundle, const Model& model, int64_t ctx,
+                           size_t prompt_size) {
+  GenerateParams gp = generate_params(env_options());
+  gp.max_tokens = o.n_predict;
+  // Prompt and reply together fit in -c (the engine itself stops at the model's context).
+  if (o.ctx_size > 0) gp.max_tokens = int(std::min<int64_t>(o.n_predict, ctx - int64_t(prompt_size)));
+  const SamplingDefaults& sd = bundle.sampling;
+  gp.sampler = o.sampler;
+  fill_unset_sampler_fields(gp.sampler, sd.params, o.sampler_flags);
+  if (!o.quiet && sd.source != "the flags' defaults") std::fprintf(stderr, "sampling defaults: %s\n", sd.source.c_str());
+  if (!o.ignore_eos) gp.stop_ids = bundle.stop_ids(model.info().eos_ids);
+  if (!o.grammar_file.empty() || !o.json_schema.empty()) {
+    if (!bundle.tokenizer) throw UsageError("generate --grammar-file/--json-schema: needs the model's tokenizer.json");
+    gp.grammar = std::make_shared<grammar::Automaton>(read_grammar_flags("generate", o.grammar_file, o.json_schema),
+                                                      grammar::TokenTrie::from_tokenizer(*bundle.tokenizer), gp.stop_ids);
+  }
+  validate(gp.sampler);
+  gp.spec = o.spec;
+  return gp;
+}
+
+// The reply's text as it streams: it passes through the stop strings (what precedes one is
+// printed, or with --json kept; the stop string and what follows are not).
+class ReplyText {
+ public:
+  ReplyText(const GenerateOptions& o, const std::optional<Tokenizer>& tokenizer) : json_(o.json), stop_(o.stops) {
+    if (tokenizer) stream_.emplace(*tokenizer);
+  }
+  // False once a stop string ended the reply.
+  bool push(int32_t token) {
+    if (stream_) emit(stop_.push(stream_->push(token)));
+    return !stop_.stopped();
+  }
+  void finish() {
+    if (!stream_) return;
+    emit(stop_.push(stream_->flush()));
+    emit(stop_.flush());
+    if (!json_) {
+      std::fputc('\n', stdout);
+      std::fflush(stdout);
+    }
+  }
+  bool stopped() const { return stop_.stopped(); }
+  const std::string& text() const { return reply_; }
+
+ private:
+  void emit(const std::string& piece) {
+    if (json_) {
+      reply_ += piece;
+    } else if (!piece.empty()) {
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fflush(stdout);
+    }
+  }
+
+  bool json_;
+  std::optional<Tokenizer::StreamDecoder> stream_;
+  StopMatcher stop_;
+  std::string reply_;
+};
+
+// The run's summary on stderr (not with -q).
+void print_summary(const GenerateOptions& o, const GenerateParams& gp, const GenerateStats& s,
+                   const SessionRestore& cached, bool prompt_cache, size_t prompt_size) {
+  if (o.quiet) return;
+  if (prompt_cache)
+    std::fprintf(stderr, "prompt cache: %lld of %zu prompt tokens restored from %s (%.1f ms)\n",
+                 (long long)cached.n_cached, prompt_size, o.prompt_cache.c_str(), cached.seconds * 1e3);
+  std::fprintf(stderr, "prompt: %lld tokens, %.1f t/s | decode: %lld tokens, %.1f t/s | kv writes: %llu in place, %llu copying\n",
+               (long long)s.n_prompt, s.prompt_tps(), (long long)s.n_generated, s.decode_tps(),
+               (unsigned long long)s.kv.n_inplace_writes, (unsigned long long)s.kv.n_copying_writes);
+  if (gp.spec.enabled())
+    std::fprintf(stderr, "speculative: %lld drafted, %lld accepted (%.1f%%) in %lld verify steps\n",
+                 (long long)s.n_drafted, (long long)s.n_accepted, 100.0 * s.acceptance(), (long long)s.n_verify_steps);
+}
+
 int run_generate(const GenerateOptions& o) {
   if (o.threads >= 0) set_cpu_threads(o.threads);
   const std::string dir = model_folder(o.model, o.download);
@@ -314,35 +405,10 @@ int run_generate(const GenerateOptions& o) {
       if (!encoder) throw Unsupported("--image: " + model_name(dir) + " has no vision tower to load");
     }
   }
+  const int64_t ctx = checked_context(o, *model, prompt.size());
+  if (!o.quiet) print_banner(dir, model->info().device, asked_device, o.tensor_parallel, ctx);
 
-  const int64_t max_ctx = model->info().max_position_embeddings;
-  if (o.ctx_size > 0 && max_ctx > 0 && o.ctx_size > max_ctx)
-    throw UsageError("-c/--ctx-size " + std::to_string(o.ctx_size) + " exceeds the model's context of " +
-                     std::to_string(max_ctx) + " tokens (max_position_embeddings in config.json)");
-  const int64_t ctx = o.ctx_size > 0 ? o.ctx_size : max_ctx;
-  if (ctx > 0 && int64_t(prompt.size()) > ctx)
-    throw InvalidInput("the prompt (" + std::to_string(prompt.size()) + " tokens) exceeds the context of " +
-                       std::to_string(ctx) + " tokens" + (o.ctx_size > 0 ? " (-c)" : ""));
-  if (!o.quiet)
-    print_banner(dir, model->info().device, asked_device, o.tensor_parallel, ctx);
-
-  GenerateParams gp = generate_params(env_options());
-  gp.max_tokens = o.n_predict;
-  // Prompt and reply together fit in -c (the engine itself stops at the model's context).
-  if (o.ctx_size > 0) gp.max_tokens = int(std::min<int64_t>(o.n_predict, ctx - int64_t(prompt.size())));
-  // A sampler flag left out takes generation_config.json's value, else the flag's default.
-  const SamplingDefaults& sd = bundle.sampling;
-  gp.sampler = o.sampler;
-  fill_unset_sampler_fields(gp.sampler, sd.params, o.sampler_flags);
-  if (!o.quiet && sd.source != "the flags' defaults") std::fprintf(stderr, "sampling defaults: %s\n", sd.source.c_str());
-  if (!o.ignore_eos) gp.stop_ids = bundle.stop_ids(model->info().eos_ids);
-  if (!o.grammar_file.empty() || !o.json_schema.empty()) {
-    if (!tokenizer) throw UsageError("generate --grammar-file/--json-schema: needs the model's tokenizer.json");
-    gp.grammar = std::make_shared<grammar::Automaton>(read_grammar_flags("generate", o.grammar_file, o.json_schema), grammar::TokenTrie::from_tokenizer(*tokenizer),
-                                                      gp.stop_ids);
-  }
-  validate(gp.sampler);
-  gp.spec = o.spec;
+  GenerateParams gp = flag_params(o, bundle, *model, ctx, prompt.size());
   std::unique_ptr<Model> draft = load_draft_model(o.spec, *model, tokenizer ? &*tokenizer : nullptr, model->info().device, o.quiet);
   gp.draft_model = draft.get();
   if (o.verbose) std::fprintf(stderr, "seed: %llu\n", (unsigned long long)gp.sampler.seed);
@@ -372,36 +438,13 @@ int run_generate(const GenerateOptions& o) {
     cached = restore_session(o.prompt_cache, *fingerprint, *model, cache, prompt, co);
   }
 
-  // The reply's text passes through the stop strings: what precedes one is printed (or, with
-  // --json, kept), the stop string and what follows are not, and the generation ends there.
-  std::optional<Tokenizer::StreamDecoder> stream;
-  if (tokenizer) stream.emplace(*tokenizer);
-  StopMatcher stop(o.stops);
-  std::string reply;
-  auto emit = [&](const std::string& piece) {
-    if (o.json) {
-      reply += piece;
-    } else if (!piece.empty()) {
-      std::fwrite(piece.data(), 1, piece.size(), stdout);
-      std::fflush(stdout);
-    }
-  };
+  ReplyText reply(o, tokenizer);
   const std::span<const int32_t> rest = std::span<const int32_t>(prompt).subspan(size_t(cached.n_cached));
-  GenerateResult r = generate(*model, cache, rest, gp, [&](int32_t token) {
-    if (stream) emit(stop.push(stream->push(token)));
-    return !stop.stopped();
-  });
-  if (stream) {
-    emit(stop.push(stream->flush()));
-    emit(stop.flush());
-    if (!o.json) {
-      std::fputc('\n', stdout);
-      std::fflush(stdout);
-    }
-  }
+  GenerateResult r = generate(*model, cache, rest, gp, [&](int32_t token) { return reply.push(token); });
+  reply.finish();
 
   GenerateStats& s = r.stats;
-  if (stop.stopped()) s.stop_reason = "stop";
+  if (reply.stopped()) s.stop_reason = "stop";
   if (fingerprint) {
     // The cache holds the prompt and the reply but its last token; a file that cannot be
     // written is a warning, not a failed run.
@@ -413,17 +456,8 @@ int run_generate(const GenerateOptions& o) {
       std::fprintf(stderr, "osprey: warning: prompt cache not saved: %s\n", e.what());
     }
   }
-  if (o.json) print_json(prompt, r, reply, gp.sampler.seed, cached, cache);
-  if (!o.quiet && fingerprint)
-    std::fprintf(stderr, "prompt cache: %lld of %zu prompt tokens restored from %s (%.1f ms)\n",
-                 (long long)cached.n_cached, prompt.size(), o.prompt_cache.c_str(), cached.seconds * 1e3);
-  if (!o.quiet)
-    std::fprintf(stderr, "prompt: %lld tokens, %.1f t/s | decode: %lld tokens, %.1f t/s | kv writes: %llu in place, %llu copying\n",
-               (long long)s.n_prompt, s.prompt_tps(), (long long)s.n_generated, s.decode_tps(),
-               (unsigned long long)s.kv.n_inplace_writes, (unsigned long long)s.kv.n_copying_writes);
-  if (!o.quiet && gp.spec.enabled())
-    std::fprintf(stderr, "speculative: %lld drafted, %lld accepted (%.1f%%) in %lld verify steps\n",
-                 (long long)s.n_drafted, (long long)s.n_accepted, 100.0 * s.acceptance(), (long long)s.n_verify_steps);
+  if (o.json) print_json(prompt, r, reply.text(), gp.sampler.seed, cached, cache);
+  print_summary(o, gp, s, cached, fingerprint.has_value(), prompt.size());
   return 0;
 }
 
