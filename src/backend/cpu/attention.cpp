@@ -377,18 +377,12 @@ inline void softmax_step(const AttentionArgs& a, Scratch& sc, int64_t t, int64_t
   sc.l[t] += reduce_add(vsum);
 }
 
-// Runs one item; writes normalised rows to a.out when the keys are not split, else the
-// unnormalised partial (acc[dv], m, l per query vector) to `partial`.
-template <class LK, class LV>
-void run_item(const AttentionArgs& a, const Plan& pl, int64_t hk, int64_t rb, int64_t split, Scratch& sc,
-              float* partial) {
+// An item's query vectors (rows [i0, i1) of kv head hk, the group's G heads each) into the
+// scratch, pre-scaled, with their visible keys within the split [s0, s1) and an empty running
+// softmax; [k_begin, k_end) widened to the union of the visible ranges.
+inline void init_queries(const AttentionArgs& a, const Plan& pl, int64_t hk, int64_t i0, int64_t i1, int64_t s0,
+                         int64_t s1, Scratch& sc, int64_t* k_begin, int64_t* k_end) {
   const int64_t D = a.head_dim, dv = pl.dv, G = pl.group;
-  const int64_t i0 = rb * pl.rows_per_item, i1 = std::min(a.n, i0 + pl.rows_per_item);
-  const int64_t nq = (i1 - i0) * G;
-  const int64_t s0 = split * pl.split_keys, s1 = std::min(a.n_keys, s0 + pl.split_keys);
-  sc.reserve(D, dv, nq);
-
-  int64_t k_begin = s1, k_end = s0;
   for (int64_t i = i0; i < i1; ++i) {
     int64_t lo, hi;
     visible_keys(a, i, &lo, &hi);
@@ -405,10 +399,46 @@ void run_item(const AttentionArgs& a, const Plan& pl, int64_t hk, int64_t rb, in
       std::fill_n(sc.acc.data() + t * dv, dv, 0.0f);
     }
     if (lo < hi) {
-      k_begin = std::min(k_begin, lo);
-      k_end = std::max(k_end, hi);
+      *k_begin = std::min(*k_begin, lo);
+      *k_end = std::max(*k_end, hi);
     }
   }
+}
+
+// An item's nq query vectors out: normalised rows to a.out, or with `partial` the unnormalised
+// (acc[dv], m, l) of each.
+inline void write_item(const AttentionArgs& a, const Plan& pl, int64_t hk, int64_t i0, int64_t nq, const Scratch& sc,
+                       float* partial) {
+  const int64_t D = a.head_dim, dv = pl.dv, G = pl.group;
+  for (int64_t t = 0; t < nq; ++t) {
+    const int64_t i = i0 + t / G, h = hk * G + t % G;
+    const float* acc = sc.acc.data() + t * dv;
+    if (partial) {
+      float* dst = partial + t * (dv + 2);
+      std::copy_n(acc, dv, dst);
+      dst[dv] = sc.m[t];
+      dst[dv + 1] = sc.l[t];
+    } else {
+      float* dst = a.out + (i * a.n_heads + h) * D;
+      const float inv = sc.l[t] > 0.0f ? 1.0f / sc.l[t] : 0.0f;
+      for (int64_t d = 0; d < D; ++d) dst[d] = acc[d] * inv;
+    }
+  }
+}
+
+// Runs one item; writes normalised rows to a.out when the keys are not split, else the
+// unnormalised partial (acc[dv], m, l per query vector) to `partial`.
+template <class LK, class LV>
+void run_item(const AttentionArgs& a, const Plan& pl, int64_t hk, int64_t rb, int64_t split, Scratch& sc,
+              float* partial) {
+  const int64_t D = a.head_dim, dv = pl.dv, G = pl.group;
+  const int64_t i0 = rb * pl.rows_per_item, i1 = std::min(a.n, i0 + pl.rows_per_item);
+  const int64_t nq = (i1 - i0) * G;
+  const int64_t s0 = split * pl.split_keys, s1 = std::min(a.n_keys, s0 + pl.split_keys);
+  sc.reserve(D, dv, nq);
+
+  int64_t k_begin = s1, k_end = s0;
+  init_queries(a, pl, hk, i0, i1, s0, s1, sc, &k_begin, &k_end);
 
   // Few query vectors (decode): read 16-bit K and V straight from the cache. Many, or packed
   // rows: convert each block once into f32 scratch (K transposed) shared by all of them.
@@ -501,20 +531,7 @@ void run_item(const AttentionArgs& a, const Plan& pl, int64_t hk, int64_t rb, in
     }
   }
 
-  for (int64_t t = 0; t < nq; ++t) {
-    const int64_t i = i0 + t / G, h = hk * G + t % G;
-    const float* acc = sc.acc.data() + t * dv;
-    if (partial) {
-      float* dst = partial + t * (dv + 2);
-      std::copy_n(acc, dv, dst);
-      dst[dv] = sc.m[t];
-      dst[dv + 1] = sc.l[t];
-    } else {
-      float* dst = a.out + (i * a.n_heads + h) * D;
-      const float inv = sc.l[t] > 0.0f ? 1.0f / sc.l[t] : 0.0f;
-      for (int64_t d = 0; d < D; ++d) dst[d] = acc[d] * inv;
-    }
-  }
+  write_item(a, pl, hk, i0, nq, sc, partial);
 }
 
 // Calls fn.template operator()<LK, LV>() with the element formats of k and v.
