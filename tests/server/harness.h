@@ -1,7 +1,11 @@
 #pragma once
 // An in-process `osprey serve` on a free loopback port, and the HTTP helpers the server tests
 // share.
+#include <arpa/inet.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -12,6 +16,8 @@
 #include <utility>
 #include <vector>
 
+#include "model/model.h"
+#include "serve/generate.h"
 #include "server/server.h"
 #include "support/test_util.h"
 
@@ -144,6 +150,31 @@ inline std::pair<int, std::string> run_node_script(const std::string& script, co
   size_t n;
   while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
   return {::pclose(p), out};
+}
+
+// A TCP connection to the server's loopback port, or -1.
+inline int connect_loopback(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(uint16_t(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// The greedy reply of the library's generate() on the demo model for `prompt`, stopping at its
+// EOS: the reference for a server's greedy replies.
+inline std::vector<int32_t> demo_greedy_reference(const std::vector<int32_t>& prompt, int n) {
+  static std::unique_ptr<Model> model = load_model(source_dir() / "models" / "demo");
+  SequenceCache cache = model->make_cache({});
+  GenerateParams p;
+  p.max_tokens = n;
+  p.stop_ids = model->info().eos_ids;
+  return generate(*model, cache, prompt, p).tokens;
 }
 
 }  // namespace osprey::testing

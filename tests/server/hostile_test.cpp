@@ -22,15 +22,8 @@ using nlohmann::json;
 // answer until the server closes or `read_ms` passes. Returns the HTTP status (-1 if none).
 int raw_request(int port, const std::string& bytes, size_t piece = 0, int delay_ms = 0, int read_ms = 3000,
                 bool close_early = false) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(uint16_t(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    ::close(fd);
-    return -1;
-  }
+  const int fd = testing::connect_loopback(port);
+  if (fd < 0) return -1;
   timeval tv{read_ms / 1000, (read_ms % 1000) * 1000};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   if (piece == 0) piece = bytes.size();

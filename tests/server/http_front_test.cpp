@@ -42,19 +42,6 @@ json raw_exchange(int port, json spec) {
   return j.is_object() ? j : json{{"responses", json::array()}, {"error", out}};
 }
 
-int connect_loopback(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(uint16_t(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
 std::string post_text(const std::string& path, const std::string& body, const std::string& extra = "") {
   return "POST " + path + " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + extra +
          "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
@@ -121,7 +108,7 @@ TEST(HttpFront, ChunkedBodyPastTheLimitIs413BeforeBuffering) {
   o.max_body_bytes = 1 << 20;
   testing::TestServer s(o);
   const long rss_before = peak_rss_kib();
-  const int fd = connect_loopback(s.port());
+  const int fd = testing::connect_loopback(s.port());
   ASSERT_GE(fd, 0);
   const std::string head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
   ASSERT_GT(::send(fd, head.data(), head.size(), MSG_NOSIGNAL), 0);
@@ -187,7 +174,7 @@ TEST(HttpFront, SlowClientsHoldConnectionsNotThreads) {
   testing::TestServer s(o);
   std::vector<int> slow;
   for (int i = 0; i < 200; ++i) {
-    const int fd = connect_loopback(s.port());
+    const int fd = testing::connect_loopback(s.port());
     ASSERT_GE(fd, 0);
     ::send(fd, "GET /health HTTP/1.1\r\nHo", 24, MSG_NOSIGNAL);
     slow.push_back(fd);

@@ -51,16 +51,6 @@ bool wait_until(const std::function<bool()>& pred, int ms = 10000) {
   return pred();
 }
 
-// The greedy reply of the library's generate(): the reference for greedy choices.
-std::vector<int32_t> greedy_reference(const std::vector<int32_t>& prompt, int n) {
-  static std::unique_ptr<Model> model = load_model(testing::source_dir() / "models" / "demo");
-  SequenceCache cache = model->make_cache({});
-  GenerateParams p;
-  p.max_tokens = n;
-  p.stop_ids = model->info().eos_ids;
-  return generate(*model, cache, prompt, p).tokens;
-}
-
 TEST(NChoices, ThreeSeededChoicesDifferAndRepeat) {
   TestServer s(options(4));
   const json body = {{"prompt", "Emma"}, {"max_tokens", 24}, {"temperature", 1.0}, {"top_p", 1.0}, {"seed", 7},
@@ -89,7 +79,7 @@ TEST(NChoices, AtTemperatureZeroEveryChoiceIsTheGreedyReply) {
   const std::string prompt = "Mr. Knightley was";
   const json r = post_ok(s, "/v1/completions", {{"prompt", prompt}, {"max_tokens", 16}, {"temperature", 0}, {"n", 3}});
   const Tokenizer tok = Tokenizer::load(testing::source_dir() / "models" / "demo");
-  const std::string greedy = tok.decode(greedy_reference(tok.encode(prompt, true), 16), true);
+  const std::string greedy = tok.decode(testing::demo_greedy_reference(tok.encode(prompt, true), 16), true);
   ASSERT_EQ(r["choices"].size(), 3u);
   for (const json& c : r["choices"]) EXPECT_EQ(c["text"], greedy);
   // A stop string ends each choice where it matches (the greedy text's second word on).

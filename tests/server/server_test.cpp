@@ -24,16 +24,6 @@ namespace {
 using nlohmann::json;
 using testing::TestServer;
 
-// The greedy reply of the library's generate() for `prompt`: the reference for the server's.
-std::vector<int32_t> greedy_reference(const std::vector<int32_t>& prompt, int n) {
-  static std::unique_ptr<Model> model = load_model(testing::source_dir() / "models" / "demo");
-  SequenceCache cache = model->make_cache({});
-  GenerateParams p;
-  p.max_tokens = n;
-  p.stop_ids = model->info().eos_ids;
-  return generate(*model, cache, prompt, p).tokens;
-}
-
 const Tokenizer& demo_tokenizer() {
   static Tokenizer t = Tokenizer::load(testing::source_dir() / "models" / "demo");
   return t;
@@ -96,7 +86,7 @@ TEST(Server, GreedyCompletionEqualsTheGenerator) {
   auto [status, r] = s.post_json("/v1/completions", greedy({{"prompt", prompt}, {"max_tokens", 24}}));
   ASSERT_EQ(status, 200) << r.dump();
   const std::vector<int32_t> ids = demo_tokenizer().encode(prompt, true);
-  const std::vector<int32_t> ref = greedy_reference(ids, 24);
+  const std::vector<int32_t> ref = testing::demo_greedy_reference(ids, 24);
   EXPECT_EQ(r["object"], "text_completion");
   EXPECT_EQ(r["model"], "demo");
   EXPECT_TRUE(r["id"].get<std::string>().rfind("cmpl-", 0) == 0);
@@ -117,14 +107,14 @@ TEST(Server, TokenArrayAndListPrompts) {
   const std::vector<int32_t> b = demo_tokenizer().encode("It is a truth universally", true);
   auto [st1, r1] = s.post_json("/v1/completions", greedy({{"prompt", a}, {"max_tokens", 8}}));
   ASSERT_EQ(st1, 200) << r1.dump();
-  EXPECT_EQ(r1["choices"][0]["text"], demo_tokenizer().decode(greedy_reference(a, 8), true));
+  EXPECT_EQ(r1["choices"][0]["text"], demo_tokenizer().decode(testing::demo_greedy_reference(a, 8), true));
   auto [st2, r2] = s.post_json("/v1/completions",
                                greedy({{"prompt", json::array({"It is a truth universally", a})}, {"max_tokens", 8}}));
   ASSERT_EQ(st2, 200) << r2.dump();
   ASSERT_EQ(r2["choices"].size(), 2u);
   EXPECT_EQ(r2["choices"][0]["index"], 0);
   EXPECT_EQ(r2["choices"][1]["index"], 1);
-  EXPECT_EQ(r2["choices"][0]["text"], demo_tokenizer().decode(greedy_reference(b, 8), true));
+  EXPECT_EQ(r2["choices"][0]["text"], demo_tokenizer().decode(testing::demo_greedy_reference(b, 8), true));
   EXPECT_EQ(r2["choices"][1]["text"], r1["choices"][0]["text"]);
   EXPECT_EQ(r2["usage"]["prompt_tokens"], a.size() + b.size());
 }
@@ -165,7 +155,7 @@ TEST(Server, StreamingChunksReassembleToTheReply) {
 TEST(Server, StopStringsMatchAcrossTokenBoundariesAndAreNotEmitted) {
   TestServer s;
   const std::vector<int32_t> prompt = demo_tokenizer().encode("Mr. Knightley was", true);
-  const std::vector<int32_t> ref = greedy_reference(prompt, 40);
+  const std::vector<int32_t> ref = testing::demo_greedy_reference(prompt, 40);
   // A stop string made of the last character of one token and the first of the next.
   std::string before, stop;
   for (size_t i = 4; i + 1 < ref.size() && stop.empty(); ++i) {
@@ -204,7 +194,7 @@ TEST(Server, MaxTokensEndsWithLength) {
 TEST(Server, IgnoreEosRunsToMaxTokens) {
   constexpr int kMaxTokens = 24;
   const std::vector<int32_t> prompt = demo_tokenizer().encode("Mr. Knightley was", true);
-  const std::vector<int32_t> ref = greedy_reference(prompt, kMaxTokens);
+  const std::vector<int32_t> ref = testing::demo_greedy_reference(prompt, kMaxTokens);
   ASSERT_EQ(ref.size(), size_t(kMaxTokens));
   size_t k = 3;  // the first position past 2 whose token has not come before
   while (k < ref.size() && std::find(ref.begin(), ref.begin() + k, ref[k]) != ref.begin() + k) ++k;
