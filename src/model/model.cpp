@@ -54,10 +54,9 @@ Array Model::forward(const Array& tokens_in, SequenceCache& cache, bool all_logi
     inside.push_back(s);
   }
   if (inside.empty()) return forward(tokens_in, cache, all_logits);
-  if (!tokens_in.device().is_cpu()) throw InvalidInput("forward: a pass with images takes its tokens on the CPU");
   // The image rows' ids are never embedded (an image token id may lie outside the vocabulary,
-  // as transformers allows): 0 in their place.
-  Array tokens = ops::cast(tokens_in, DType::i32);
+  // as transformers allows): 0 in their place, in a host copy.
+  Array tokens = ops::cast(ops::to_host(tokens_in), DType::i32);
   for (const ImageSpan& s : inside)
     std::fill(tokens.data<int32_t>() + (s.pos0 - p0), tokens.data<int32_t>() + (s.pos0 - p0 + s.embeds.dim(0)), 0);
   const Array positions = step_positions(Array(), n, p0, info_.device);

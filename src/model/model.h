@@ -90,7 +90,7 @@ class Model {
   // forward() over a prompt chunk holding images: `images` (by pos0, not overlapping) lists the
   // sequence's image spans; those that meet this chunk's positions [cache.offset(), + n) must lie
   // wholly inside it (an image is never split between two calls: InvalidInput otherwise), and
-  // the tokens at their positions are not embedded (any id). tokens on the CPU. Throws
+  // the tokens at their positions are not embedded (any id). Throws
   // Unsupported for a model without image input.
   Array forward(const Array& tokens, SequenceCache& cache, bool all_logits, std::span<const ImageSpan> images);
   // The same pass without the head: the final-normed hidden states of every token, f32
