@@ -28,6 +28,7 @@
 
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/gemm_simd.h"
+#include "backend/cpu/kv_rows.h"
 #include "backend/cpu/split_merge.h"
 #include "backend/kv_quant.h"
 
@@ -46,21 +47,6 @@ constexpr int64_t kMinKeysPerSplit = 256;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-
-// The stored element of packed rows (KVElem q8_0 or fp8_e4m3, a runtime choice): rows of bytes.
-struct Packed {
-  using T = uint8_t;
-};
-template <class L>
-constexpr bool kPacked = std::is_same_v<L, Packed>;
-
-// One head's packed row (packed_row_width(elem, head_dim) bytes) -> out[0:head_dim].
-inline void dequantize_row(KVElem elem, const uint8_t* row, int64_t head_dim, float* out) {
-  if (elem == KVElem::q8_0)
-    kvq::dequantize_row_q8_0(row, head_dim, out);
-  else
-    kvq::dequantize_row_fp8(row, head_dim, out);
-}
 
 // Per-thread buffers of one work item; grown once, reused across calls.
 struct Scratch {
@@ -448,10 +434,7 @@ void run_item(const AttentionArgs& a, const Plan& pl, int64_t hk, int64_t rb, in
   constexpr int64_t kes = kPacked<LK> ? 1 : 2, ves = kPacked<LV> ? 1 : 2;
   const char* kh = reinterpret_cast<const char*>(a.k) + hk * a.k_head_stride * kes;
   const char* vh = reinterpret_cast<const char*>(a.v) + hk * a.v_head_stride * ves;
-  const int64_t k_row_bytes = kPacked<LK> ? packed_row_width(a.k_elem == KVElem::q8_0 ? DType::q8_0 : DType::fp8_e4m3, D)
-                                          : D * 2;
-  const int64_t v_row_bytes = kPacked<LV> ? packed_row_width(a.v_elem == KVElem::q8_0 ? DType::q8_0 : DType::fp8_e4m3, D)
-                                          : D * 2;
+  const int64_t k_row_bytes = row_width(a.k_elem, D) * kes, v_row_bytes = row_width(a.v_elem, D) * ves;
   // Key j sits at row(j); in a ring, keys [0, wrap) are rows [ring_base, ring_rows) and keys
   // [wrap, ..) rows [0, ..), so no block crosses `wrap`.
   const int64_t R = a.ring_rows, wrap = R > 0 ? R - a.ring_base : k_end;
@@ -532,23 +515,6 @@ void run_item(const AttentionArgs& a, const Plan& pl, int64_t hk, int64_t rb, in
   }
 
   write_item(a, pl, hk, i0, nq, sc, partial);
-}
-
-// Calls fn.template operator()<LK, LV>() with the element formats of k and v.
-template <class Fn>
-inline void run_for_elems(KVElem k, KVElem v, Fn&& fn) {
-  auto with_v = [&]<class LK>() {
-    switch (v) {
-      case KVElem::f16: fn.template operator()<LK, F16>(); break;
-      case KVElem::bf16: fn.template operator()<LK, BF16>(); break;
-      default: fn.template operator()<LK, Packed>(); break;
-    }
-  };
-  switch (k) {
-    case KVElem::f16: with_v.template operator()<F16>(); break;
-    case KVElem::bf16: with_v.template operator()<BF16>(); break;
-    default: with_v.template operator()<Packed>(); break;
-  }
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/gemm_simd.h"
+#include "backend/cpu/kv_rows.h"
 #include "backend/cpu/split_merge.h"
 #include "backend/kv_quant.h"
 
@@ -57,29 +58,11 @@ inline void scale_add_row(float* acc, float c, float p, const typename L::T* row
   for (int64_t d = d_vec; d < head_dim; ++d) acc[d] = acc[d] * c + p * L::scalar(row[d]);
 }
 
-// Packed rows (KVElem q8_0 or fp8_e4m3): read through dequantize_row.
-struct Packed {};
-
-inline void dequantize_row(KVElem elem, const uint8_t* row, int64_t head_dim, float* out) {
-  if (elem == KVElem::q8_0)
-    kvq::dequantize_row_q8_0(row, head_dim, out);
-  else
-    kvq::dequantize_row_fp8(row, head_dim, out);
-}
-
-inline int64_t row_width(KVElem elem, int64_t head_dim) {
-  switch (elem) {
-    case KVElem::q8_0: return packed_row_width(DType::q8_0, head_dim);
-    case KVElem::fp8_e4m3: return packed_row_width(DType::fp8_e4m3, head_dim);
-    default: return head_dim;
-  }
-}
-
 // A row of the pool in format L at element (byte, when packed) offset `at` of `base`, as the
 // 16-bit row itself or dequantized into `tmp`; returns what dot_row / scale_add_row read.
 template <class L>
 inline const auto* pool_row(const uint16_t* base, int64_t at, KVElem elem, int64_t head_dim, float* tmp) {
-  if constexpr (std::is_same_v<L, Packed>) {
+  if constexpr (kPacked<L>) {
     dequantize_row(elem, reinterpret_cast<const uint8_t*>(base) + at, head_dim, tmp);
     return static_cast<const float*>(tmp);
   } else {
@@ -87,7 +70,7 @@ inline const auto* pool_row(const uint16_t* base, int64_t at, KVElem elem, int64
   }
 }
 template <class L>
-using ReadAs = std::conditional_t<std::is_same_v<L, Packed>, F32, L>;
+using ReadAs = std::conditional_t<kPacked<L>, F32, L>;
 
 // One item. partial: [G][head_dim + 2] = acc, m, l per query vector (m = -inf: nothing seen).
 template <class LK, class LV>
@@ -132,23 +115,6 @@ void run_item(const PagedAttentionArgs& a, int64_t i, int64_t hk, int64_t split,
       part[D + 1] = part[D + 1] * c + p;
       scale_add_row<ReadAs<LV>>(part, c, p, vr, D);
     }
-  }
-}
-
-// Calls fn.template operator()<LK, LV>() with the element formats of k and v.
-template <class Fn>
-inline void run_for_elems(KVElem k, KVElem v, Fn&& fn) {
-  auto with_v = [&]<class LK>() {
-    switch (v) {
-      case KVElem::f16: fn.template operator()<LK, F16>(); break;
-      case KVElem::bf16: fn.template operator()<LK, BF16>(); break;
-      default: fn.template operator()<LK, Packed>(); break;
-    }
-  };
-  switch (k) {
-    case KVElem::f16: with_v.template operator()<F16>(); break;
-    case KVElem::bf16: with_v.template operator()<BF16>(); break;
-    default: with_v.template operator()<Packed>(); break;
   }
 }
 
