@@ -54,8 +54,8 @@ PagedBackend::PagedBackend(Model& model, const PagedBackendOptions& options) : m
 
 PagedBackend::~PagedBackend() = default;
 
-int64_t PagedBackend::seq_blocks(size_t g, int64_t rows) const {
-  const int64_t bs = options_.block_size, full = ceil_div(rows, bs), w = windows_.at(g);
+int64_t PagedBackend::seq_blocks(int64_t w, int64_t rows) const {
+  const int64_t bs = options_.block_size, full = ceil_div(rows, bs);
   // A window's rows, the chunk being written, and the partial blocks at both ends.
   return w > 0 ? std::min(full, ceil_div(w - 1 + options_.prefill_chunk, bs) + 2) : full;
 }
@@ -69,13 +69,13 @@ PagedPoolsParams PagedBackend::size_pools() {
   for (int64_t l = 0; l < info.n_layers; ++l) pp.layers.push_back(model_.kv_params(l, types));
   pp.block_size = options_.block_size;
   pp.inplace = options_.inplace;
-  windows_ = paged_group_windows(pp.layers);
-  const size_t n_groups = windows_.size();
+  const std::vector<int64_t> windows = paged_group_windows(pp.layers);
+  const size_t n_groups = windows.size();
   std::vector<int64_t> bb(n_groups), per_seq(n_groups);
   int64_t all_bytes = 0;  // one block of every group
   for (size_t g = 0; g < n_groups; ++g) {
-    bb[g] = paged_group_block_bytes(pp.layers, options_.block_size, windows_[g]);
-    per_seq[g] = seq_blocks(g, context_);
+    bb[g] = paged_group_block_bytes(pp.layers, options_.block_size, windows[g]);
+    per_seq[g] = seq_blocks(windows[g], context_);
     all_bytes += bb[g];
   }
   int64_t bytes = options_.kv_cache_bytes;
@@ -107,11 +107,11 @@ PagedPoolsParams PagedBackend::size_pools() {
     const int64_t even = bytes / all_bytes;
     int64_t left = bytes;
     for (size_t g = 0; g < n_groups; ++g) {
-      if (windows_[g] == 0) continue;
-      pp.n_blocks[g] = windows_[0] == 0 ? std::min(even, 2 * int64_t(options_.max_sequences) * per_seq[g]) : even;
+      if (windows[g] == 0) continue;
+      pp.n_blocks[g] = windows[0] == 0 ? std::min(even, 2 * int64_t(options_.max_sequences) * per_seq[g]) : even;
       left -= pp.n_blocks[g] * bb[g];
     }
-    if (windows_[0] == 0) pp.n_blocks[0] = left / bb[0];
+    if (windows[0] == 0) pp.n_blocks[0] = left / bb[0];
   }
   for (size_t g = 0; g < n_groups; ++g)
     if (pp.n_blocks[g] < 1)
@@ -122,13 +122,13 @@ PagedPoolsParams PagedBackend::size_pools() {
   for (size_t g = 0; g < n_groups; ++g) {
     total += pp.n_blocks[g] * bb[g];
     groups += (g ? "; " : "") + std::to_string(pp.n_blocks[g]) + " blocks of " +
-              (windows_[g] > 0 ? "the layers of window " + std::to_string(windows_[g])
+              (windows[g] > 0 ? "the layers of window " + std::to_string(windows[g])
                                : std::string(n_groups > 1 ? "the full-attention layers" : "every layer"));
   }
   log_info("KV pool: " + groups + ", " + std::to_string(options_.block_size) + " rows a block (" +
            std::to_string(total >> 20) + " MiB; " + sized_by + ")");
   const int64_t rows = pp.n_blocks[0] * options_.block_size;
-  if (windows_[0] == 0 && rows < context_)
+  if (windows[0] == 0 && rows < context_)
     log_warn("the KV pool holds " + std::to_string(rows) + " tokens, fewer than one full context of " +
              std::to_string(context_) + ": longer sequences fail");
   return pp;
@@ -144,10 +144,10 @@ std::optional<SequenceBackend::Begun> PagedBackend::begin(std::span<const int32_
   check_prompt(prompt, context_, model_.info().vocab_size);
   const int64_t bs = options_.block_size, n_prompt = int64_t(prompt.size());
   for (size_t g = 0; g < pools_->n_groups(); ++g)
-    if (seq_blocks(g, n_prompt) > pools_->group(g).n_blocks())
+    if (seq_blocks(pools_->window(g), n_prompt) > pools_->group(g).n_blocks())
       throw InvalidInput("the prompt (" + std::to_string(prompt.size()) + " tokens) needs more KV blocks than the pool has (" +
                          std::to_string(pools_->group(g).n_blocks()) + " of " + std::to_string(bs) + " rows" +
-                         (pools_->n_groups() > 1 ? " for the layers of window " + std::to_string(windows_[g]) : "") + ")");
+                         (pools_->n_groups() > 1 ? " for the layers of window " + std::to_string(pools_->window(g)) : "") + ")");
   auto free_slot = std::find_if(seqs_.begin(), seqs_.end(), [](const Seq& s) { return !s.busy; });
   if (free_slot == seqs_.end()) return std::nullopt;
 
@@ -155,7 +155,8 @@ std::optional<SequenceBackend::Begun> PagedBackend::begin(std::span<const int32_
   // At least the last prompt token is computed again: its logits choose the next token.
   const int64_t n_cached = options_.prefix_cache ? pools_->match_prefix(id, prompt, n_prompt - 1, cache_salt) : 0;
   // Admit only when the rest of the prompt fits now, so that prefill rarely preempts.
-  if (!pools_->has_room([&](size_t g) { return seq_blocks(g, n_prompt) - seq_blocks(g, n_cached); })) {
+  auto more = [&](size_t g) { return seq_blocks(pools_->window(g), n_prompt) - seq_blocks(pools_->window(g), n_cached); };
+  if (!pools_->has_room(more)) {
     pools_->free(id);
     publish_stats();
     return std::nullopt;

@@ -135,8 +135,9 @@ class PagedBackend final : public SequenceBackend, public CacheFiles {
   // Sizes the pools' groups from the options (kv_cache_bytes, or every sequence's full context
   // capped by the device's free memory) and logs them.
   PagedPoolsParams size_pools();
-  // Blocks one sequence holds at most in group g (a windowed group: its window and a chunk).
-  int64_t seq_blocks(size_t g, int64_t rows) const;
+  // Blocks a sequence of `rows` rows holds at most in a group of window w (0: full attention;
+  // a windowed group: its window and a chunk).
+  int64_t seq_blocks(int64_t w, int64_t rows) const;
   // After rows were committed: the tokens they hold appended, and the windowed groups' blocks
   // that no later query sees given back (cached first when the prefix cache is on).
   void advance(Seq& s, std::span<const int32_t> tokens);
@@ -159,7 +160,6 @@ class PagedBackend final : public SequenceBackend, public CacheFiles {
   Model& model_;
   PagedBackendOptions options_;
   int64_t context_ = 0;
-  std::vector<int64_t> windows_;  // per group of layers (paged_group_windows)
   std::unique_ptr<PagedPools> pools_;
   PagedStep step_;
   SequenceCache step_cache_;  // views of pools_ reading step_
