@@ -22,6 +22,7 @@
 #include "serve/generate.h"
 #include "serve/prompt_cache.h"
 #include "serve/scheduler.h"
+#include "serve/scheduler_run.h"
 #include "serve/speculative.h"
 #include "support/test_util.h"
 #include "tokenizer/tokenizer.h"
@@ -348,23 +349,9 @@ TEST(DraftModel, SchedulerSequencesMatchPlainDecoding) {
       so.draft_model = qwen3.get();
     }
     Scheduler engine(backend, so);
-    std::vector<std::shared_ptr<SequenceChannel>> channels;
-    for (uint32_t seed : {41u, 43u, 47u}) {
-      SequenceRequest r;
-      r.prompt = draft_prompt(512, seed);
-      r.params.max_tokens = 30;
-      r.channel = std::make_shared<SequenceChannel>();
-      channels.push_back(r.channel);
-      EXPECT_EQ(engine.submit(std::move(r)), Scheduler::Submit::accepted);
-    }
-    while (engine.run_step()) {
-    }
-    std::vector<std::vector<int32_t>> out(channels.size());
-    for (size_t i = 0; i < channels.size(); ++i)
-      while (auto e = channels[i]->pop(0)) {
-        if (e->kind == SequenceEvent::Kind::token) out[i].push_back(e->token);
-        if (e->kind == SequenceEvent::Kind::failed) ADD_FAILURE() << e->error;
-      }
+    std::vector<std::vector<int32_t>> prompts;
+    for (uint32_t seed : {41u, 43u, 47u}) prompts.push_back(draft_prompt(512, seed));
+    std::vector<std::vector<int32_t>> out = testing::run_prompts(engine, prompts, 30);
     if (stats_out) *stats_out = engine.stats();
     engine.stop();
     for (const auto& c : pc.checksums()) EXPECT_EQ(c.at_store, c.now) << c.n_tokens << " tokens";

@@ -19,6 +19,7 @@
 #include "serve/generate.h"
 #include "serve/prompt_cache.h"
 #include "serve/scheduler.h"
+#include "serve/scheduler_run.h"
 #include "serve/speculative.h"
 #include "support/families.h"
 #include "support/test_util.h"
@@ -347,23 +348,9 @@ TEST(SpeculativeScheduler, DenseBackendSequencesMatchPlainDecodingAndCountDrafts
     so.engine_thread = false;
     so.spec.ngram = spec;
     Scheduler engine(backend, so);
-    std::vector<std::shared_ptr<SequenceChannel>> channels;
-    for (uint32_t seed : {41u, 43u, 47u}) {
-      SequenceRequest r;
-      r.prompt = spec_quoting_prompt(model->info().vocab_size, seed);
-      r.params.max_tokens = 40;
-      r.channel = std::make_shared<SequenceChannel>();
-      channels.push_back(r.channel);
-      EXPECT_EQ(engine.submit(std::move(r)), Scheduler::Submit::accepted);
-    }
-    while (engine.run_step()) {
-    }
-    std::vector<std::vector<int32_t>> out(channels.size());
-    for (size_t i = 0; i < channels.size(); ++i)
-      while (auto e = channels[i]->pop(0)) {
-        if (e->kind == SequenceEvent::Kind::token) out[i].push_back(e->token);
-        if (e->kind == SequenceEvent::Kind::failed) ADD_FAILURE() << e->error;
-      }
+    std::vector<std::vector<int32_t>> prompts;
+    for (uint32_t seed : {41u, 43u, 47u}) prompts.push_back(spec_quoting_prompt(model->info().vocab_size, seed));
+    std::vector<std::vector<int32_t>> out = testing::run_prompts(engine, prompts, 40);
     if (stats_out) *stats_out = engine.stats();
     engine.stop();
     // The entries stored at each sequence's end hold its rows unchanged (no verify or rewind of

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "formats/safetensors.h"
 #include "support/test_util.h"
+#include "vision/vision_fixtures.h"
 #include "vision/image_decode.h"
 
 namespace osprey {
@@ -14,33 +15,12 @@ namespace {
 
 using testing::error_of;
 
-std::filesystem::path vision_fixtures() { return testing::source_dir() / "tests/fixtures/vision"; }
-
-std::vector<uint8_t> file_bytes(const std::filesystem::path& p) {
-  const std::string s = testing::read_file(p);
-  return std::vector<uint8_t>(s.begin(), s.end());
-}
-
-struct Case {
-  const char* name;
-  const char* file;
-};
-const Case kCases[] = {
-    {"png_rgb_64x48", "png_rgb_64x48.png"},
-    {"png_rgba_40x60", "png_rgba_40x60.png"},
-    {"png_palette_33x17", "png_palette_33x17.png"},
-    {"png_gray_50x50", "png_gray_50x50.png"},
-    {"jpeg_rgb_120x80", "jpeg_rgb_120x80.jpg"},
-    {"jpeg_gray_31x45", "jpeg_gray_31x45.jpg"},
-    {"jpeg_progressive_300x200", "jpeg_progressive_300x200.jpg"},
-    {"webp_lossy_96x64", "webp_lossy_96x64.webp"},
-    {"webp_lossless_alpha_45x30", "webp_lossless_alpha_45x30.webp"},
-    {"gif_40x25", "gif_40x25.gif"},
-};
+using testing::file_bytes;
+using testing::vision_fixtures;
 
 TEST(ImageDecode, EveryTestImageEqualsPillowsRgb) {
   const SafeTensors ref = SafeTensors::open_file(vision_fixtures() / "reference.safetensors");
-  for (const Case& c : kCases) {
+  for (const testing::VisionImage& c : testing::kVisionImages) {
     SCOPED_TRACE(c.name);
     const RgbImage img = decode_image(file_bytes(vision_fixtures() / "images" / c.file));
     const Array want = ref.get(std::string("decoded_") + c.name);
@@ -72,7 +52,7 @@ TEST(ImageDecode, FormatIsToldByMagicBytesNotByName) {
 }
 
 TEST(ImageDecode, TruncatedFilesAreRefusedNamingTheFormat) {
-  for (const Case& c : kCases) {
+  for (const testing::VisionImage& c : testing::kVisionImages) {
     SCOPED_TRACE(c.name);
     std::vector<uint8_t> b = file_bytes(vision_fixtures() / "images" / c.file);
     b.resize(b.size() / 2);

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "formats/safetensors.h"
 #include "support/test_util.h"
+#include "vision/vision_fixtures.h"
 #include "vision/image_decode.h"
 #include "vision/image_preprocess.h"
 
@@ -17,36 +18,19 @@ namespace {
 
 using testing::error_of;
 
-std::filesystem::path fixtures_dir() { return testing::source_dir() / "tests/fixtures/vision"; }
-
-std::vector<uint8_t> bytes_of(const std::filesystem::path& p) {
-  const std::string s = testing::read_file(p);
-  return std::vector<uint8_t>(s.begin(), s.end());
-}
-
-const char* const kImages[][2] = {
-    {"png_rgb_64x48", "png_rgb_64x48.png"},
-    {"png_rgba_40x60", "png_rgba_40x60.png"},
-    {"png_palette_33x17", "png_palette_33x17.png"},
-    {"png_gray_50x50", "png_gray_50x50.png"},
-    {"jpeg_rgb_120x80", "jpeg_rgb_120x80.jpg"},
-    {"jpeg_gray_31x45", "jpeg_gray_31x45.jpg"},
-    {"jpeg_progressive_300x200", "jpeg_progressive_300x200.jpg"},
-    {"webp_lossy_96x64", "webp_lossy_96x64.webp"},
-    {"webp_lossless_alpha_45x30", "webp_lossless_alpha_45x30.webp"},
-    {"gif_40x25", "gif_40x25.gif"},
-};
+using testing::file_bytes;
+using testing::vision_fixtures;
 
 TEST(ImagePreprocess, PixelValuesEqualPillowAndTransformersAtSeveralSizes) {
-  const SafeTensors ref = SafeTensors::open_file(fixtures_dir() / "reference.safetensors");
-  for (const auto& im : kImages) {
-    const RgbImage img = decode_image(bytes_of(fixtures_dir() / "images" / im[1]));
+  const SafeTensors ref = SafeTensors::open_file(vision_fixtures() / "reference.safetensors");
+  for (const testing::VisionImage& im : testing::kVisionImages) {
+    const RgbImage img = decode_image(file_bytes(vision_fixtures() / "images" / im.file));
     for (int64_t s : {64, 100}) {
-      SCOPED_TRACE(std::string(im[0]) + " at " + std::to_string(s));
+      SCOPED_TRACE(std::string(im.name) + " at " + std::to_string(s));
       ImageProcessorConfig cfg;
       cfg.height = cfg.width = s;
       const Array got = preprocess_image(img, cfg);
-      const Array want = ref.get(std::string("pixels_") + im[0] + "_" + std::to_string(s));
+      const Array want = ref.get(std::string("pixels_") + im.name + "_" + std::to_string(s));
       ASSERT_EQ(got.shape(), want.shape());
       const float* g = got.data<float>();
       const float* w = want.data<float>();
