@@ -177,7 +177,10 @@ std::optional<SequenceBackend::Begun> PagedBackend::begin(std::span<const int32_
 }
 
 void PagedBackend::advance(Seq& s, std::span<const int32_t> tokens) {
-  s.tokens.insert(s.tokens.end(), tokens.begin(), tokens.end());
+  // Groups are ordered by window: the last one's is the largest (0: none has a window).
+  if (pools_->window(pools_->n_groups() - 1) == 0) return;
+  // The tokens are read only to cache the blocks given back.
+  if (options_.prefix_cache) s.tokens.insert(s.tokens.end(), tokens.begin(), tokens.end());
   pools_->release_behind(s.id, s.tokens, options_.prefix_cache, s.salt);
 }
 

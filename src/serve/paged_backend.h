@@ -108,8 +108,8 @@ class PagedBackend final : public SequenceBackend, public CacheFiles {
     bool busy = false;
     PagedPool::SeqId id = -1;
     std::string salt;  // its prompt-cache salt
-    // The token of each row written so far: a windowed group caches its blocks by them before
-    // it gives them back.
+    // The token of each row written so far, kept where a windowed group caches its blocks by
+    // them before it gives them back (the model has windows and the prefix cache is on).
     std::vector<int32_t> tokens;
   };
   // A decode step's inputs for batches of up to `size` sequences, in device arrays that stay
