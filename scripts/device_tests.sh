@@ -21,7 +21,7 @@ grep -E 'tests passed|tests failed' "$OUT/ctest.log"
 grep -E '^\s+[0-9]+ - ' "$OUT/ctest.log" | sed -E 's/^\s+[0-9]+ - //; s/ \(.*//' >"$OUT/failed.txt"
 head -40 "$OUT/failed.txt"
 if [ -s "$OUT/failed.txt" ]; then
-  build/osprey_tests --gtest_filter="$(paste -sd: "$OUT/failed.txt")" >"$OUT/failed-logs.txt" 2>&1
+  timeout 90 build/osprey_tests --gtest_filter="$(paste -sd: "$OUT/failed.txt")" >"$OUT/failed-logs.txt" 2>&1
 fi
 timeout 120 build/osprey_tests --gtest_also_run_disabled_tests \
   --gtest_filter='CudaSampleRows.DISABLED_Speed:CudaSample.DISABLED_SampleSpeed' 2>&1 | grep -E 'Speed |us' |
