@@ -101,6 +101,28 @@ TEST_P(EmbeddingModel, DeclaredPoolingMatchesTheReference) {
   }
 }
 
+// sentence-transformers' own output (tools/st_embedding_reference.py, run where torch is:
+// scripts/device_refs.sh): its tokenizer's ids for each text and SentenceTransformer's
+// embedding, float32 with f32 K/V. The same bounds as against the numpy reference's f32
+// embedding: 2e-3 (f16 K/V rows alone move an embedding by up to kv_f16_vs_f32, 6e-4).
+TEST_P(EmbeddingModel, SentenceTransformersOwnOutput) {
+  const std::filesystem::path path = dir_ / "reference_st.json";
+  if (!std::filesystem::exists(path))
+    GTEST_SKIP() << path << " is not made yet (scripts/device_refs.sh on a machine with sentence-transformers)";
+  const json st = json::parse(testing::read_file(path));
+  const std::optional<PoolingConfig> pooling = read_pooling_config(dir_);
+  ASSERT_TRUE(pooling.has_value());
+  ASSERT_EQ(st["inputs"].size(), ref_["inputs"].size());
+  for (size_t i = 0; i < st["inputs"].size(); ++i) {
+    const json& input = st["inputs"][i];
+    SCOPED_TRACE(st["generator"].get<std::string>() + ": input " + std::to_string(i));
+    // Its tokenizer and the one the numpy reference used (@lenml/tokenizers) agree.
+    EXPECT_EQ(tokens_of(input), tokens_of(ref_["inputs"][i]));
+    const std::vector<float> e = embed_tokens(*model_, tokens_of(input), *pooling);
+    EXPECT_LE(max_abs_error(e, input["embedding"]), 2e-3);
+  }
+}
+
 // Every mode sentence-transformers' Pooling defines that Osprey computes, over one model's
 // hidden states, before normalization. The error is relative to the largest value (the
 // states are RMS-normed times the norm's weight, a few units): 2e-4 on the CPU (its kernels'
