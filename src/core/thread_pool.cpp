@@ -43,6 +43,9 @@ constexpr uint64_t kFieldMask = 0x7fff;
 constexpr int64_t kMaxChunks = int64_t(kFieldMask);
 static_assert(int64_t(kMaxCpuThreads) * ThreadPool::kChunksPerThread <= kMaxChunks, "the chunk count fits its field");
 
+// The pool whose chunk the calling thread is running (null: none).
+thread_local const ThreadPool* t_running = nullptr;
+
 uint64_t ticket_of(uint64_t word) { return word >> 32; }
 int64_t next_of(uint64_t word) { return int64_t((word >> kNextShift) & kFieldMask); }
 int64_t count_of(uint64_t word) { return int64_t(word & kFieldMask); }
@@ -65,28 +68,9 @@ inline void cpu_relax() {
 constexpr auto kPoll = std::chrono::milliseconds(2);
 constexpr int kPauseSpins = 4096;
 
-int count_ranges(const std::string& list) {
-  // A sysfs CPU or node list ("0-3,8,10-11"): how many entries.
-  int n = 0;
-  size_t i = 0;
-  while (i < list.size()) {
-    const size_t comma = list.find(',', i);
-    const std::string part = list.substr(i, comma == std::string::npos ? std::string::npos : comma - i);
-    const size_t dash = part.find('-');
-    if (!part.empty()) {
-      try {
-        n += dash == std::string::npos ? 1 : std::stoi(part.substr(dash + 1)) - std::stoi(part.substr(0, dash)) + 1;
-      } catch (const std::exception&) {
-        return 0;
-      }
-    }
-    if (comma == std::string::npos) break;
-    i = comma + 1;
-  }
-  return n;
-}
-
-bool list_has_cpu_of(const std::string& list, const cpu_set_t& set) {
+// The entries of a sysfs CPU or node list ("0-3,8,10-11"); empty where it does not parse.
+std::vector<int> parse_list(const std::string& list) {
+  std::vector<int> out;
   size_t i = 0;
   while (i < list.size()) {
     const size_t comma = list.find(',', i);
@@ -95,15 +79,15 @@ bool list_has_cpu_of(const std::string& list, const cpu_set_t& set) {
     try {
       const int lo = std::stoi(part.substr(0, dash));
       const int hi = dash == std::string::npos ? lo : std::stoi(part.substr(dash + 1));
-      for (int cpu = lo; cpu <= hi && cpu < CPU_SETSIZE; ++cpu)
-        if (cpu >= 0 && CPU_ISSET(cpu, &set)) return true;
+      if (lo < 0 || hi < lo || hi >= (1 << 16)) return {};
+      for (int v = lo; v <= hi; ++v) out.push_back(v);
     } catch (const std::exception&) {
-      return false;
+      return {};
     }
     if (comma == std::string::npos) break;
     i = comma + 1;
   }
-  return false;
+  return out;
 }
 
 }  // namespace
@@ -111,17 +95,24 @@ bool list_has_cpu_of(const std::string& list, const cpu_set_t& set) {
 int numa_nodes() {
   static const int n = [] {
     std::ifstream online("/sys/devices/system/node/online");
-    std::string nodes;
-    if (!(online && std::getline(online, nodes)) || count_ranges(nodes) <= 1) return 1;
+    std::string list;
+    if (!(online && std::getline(online, list))) return 1;
+    const std::vector<int> nodes = parse_list(list);
+    if (nodes.size() <= 1) return 1;
     cpu_set_t set;
     CPU_ZERO(&set);
-    if (sched_getaffinity(0, sizeof(set), &set) != 0) return count_ranges(nodes);
+    if (sched_getaffinity(0, sizeof(set), &set) != 0) return int(nodes.size());
     // The nodes that hold a CPU of the affinity mask (a process pinned to one node is local).
     int used = 0;
-    for (int node = 0; node < 4096; ++node) {
+    for (int node : nodes) {
       std::ifstream f("/sys/devices/system/node/node" + std::to_string(node) + "/cpulist");
       std::string cpus;
-      if (f && std::getline(f, cpus) && list_has_cpu_of(cpus, set)) ++used;
+      if (!(f && std::getline(f, cpus))) continue;
+      for (int cpu : parse_list(cpus))
+        if (cpu < CPU_SETSIZE && CPU_ISSET(cpu, &set)) {
+          ++used;
+          break;
+        }
     }
     return std::max(1, used);
   }();
@@ -175,11 +166,13 @@ void ThreadPool::parallel_for(int64_t n, int64_t min_chunk, const Task& fn, Sche
     fn(0, n, 0);
     return;
   }
-  bool idle = false;
-  if (!busy_.compare_exchange_strong(idle, true))
-    throw InvalidInput("parallel_for: the pool is running another parallel_for (called from one of its tasks, or "
-                       "from a second thread; a thread that runs ops beside another needs a pool of its own: "
-                       "ScopedCpuPool)");
+  if (t_running == this)
+    throw InvalidInput("parallel_for: called from a task of the same pool (it is not re-entrant: run the inner loop "
+                       "in the task, or on a pool of its own)");
+  // NOTE: another thread's call holds the pool: wait for it (a thread that runs ops beside
+  // another for long wants a pool of its own: ScopedCpuPool).
+  for (bool idle = false; !busy_.compare_exchange_weak(idle, true, std::memory_order_acquire); idle = false)
+    std::this_thread::yield();
   // The fields are read by a thread only after it claimed a chunk of this job (the job word
   // below, published after them), and not written again before every chunk is done.
   fn_ = &fn;
@@ -228,6 +221,8 @@ void ThreadPool::run_chunks(uint64_t word, int index) {
 
 void ThreadPool::run_chunk(int64_t chunk, int64_t n_chunks, int index) {
   if (!failed_.load(std::memory_order_relaxed)) {
+    const ThreadPool* outer = t_running;  // a pool whose task called this one's parallel_for
+    t_running = this;
     try {
       (*fn_)(n_ * chunk / n_chunks, n_ * (chunk + 1) / n_chunks, index);
     } catch (...) {
@@ -235,6 +230,7 @@ void ThreadPool::run_chunk(int64_t chunk, int64_t n_chunks, int index) {
       if (!error_) error_ = std::current_exception();
       failed_.store(true, std::memory_order_relaxed);
     }
+    t_running = outer;
   }
   // After this the thread touches none of the job's fields: the caller may return.
   n_done_.fetch_add(1, std::memory_order_acq_rel);

@@ -1,7 +1,9 @@
 #pragma once
 // A fixed pool of worker threads for data-parallel loops. parallel_for blocks until every
-// chunk is done; it serves one caller at a time and is not re-entrant (a task must not call
-// parallel_for on the same pool): both are checked, and are an InvalidInput error.
+// chunk is done. It serves one caller at a time (a second thread's call waits until the first
+// has returned; a call of one chunk runs on its caller at once, outside the pool) and is not
+// re-entrant: a task that calls parallel_for on its own pool, with more than one chunk, gets an
+// InvalidInput error.
 #include <atomic>
 #include <cstdint>
 #include <exception>
@@ -98,7 +100,7 @@ class ThreadPool {
   alignas(64) std::atomic<int> n_sleepers_{0};   // workers asleep on wake_ (or going to sleep)
   std::atomic<uint32_t> wake_{0};                // bumped (and notified) to wake sleepers
   std::atomic<bool> stop_{false};
-  std::atomic<bool> busy_{false};                // a parallel_for is running
+  std::atomic<bool> busy_{false};                // a caller holds the pool
   std::atomic<bool> failed_{false};              // a chunk of the current job threw
   const Task* fn_ = nullptr;
   int64_t n_ = 0;

@@ -243,12 +243,43 @@ TEST(ThreadPool, NestedCallOnTheSamePoolIsAnError) {
     pool.parallel_for(100, 1, [&](int64_t, int64_t, int) { pool.parallel_for(100, 1, [](int64_t, int64_t, int) {}); });
     FAIL() << "no error";
   } catch (const InvalidInput& e) {
-    EXPECT_NE(std::string(e.what()).find("running another parallel_for"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("called from a task of the same pool"), std::string::npos) << e.what();
   }
   // Still usable.
   std::atomic<int64_t> items{0};
   pool.parallel_for(100, 1, [&](int64_t b, int64_t e, int) { items += e - b; });
   EXPECT_EQ(items.load(), 100);
+}
+
+// Two threads calling one pool at once: each call waits for the pool and runs whole, with
+// its own task only.
+TEST(ThreadPool, ConcurrentCallersAreServedOneAtATime) {
+  ThreadPool pool(3);
+  std::atomic<int> running[2] = {0, 0};  // chunks of each caller's job running now
+  std::atomic<int> overlaps{0}, miscounted{0};
+  const auto caller = [&](int me) {
+    for (int job = 0; job < 2000; ++job) {
+      // At least 2 items: a call of one chunk runs on its caller alone, outside the pool.
+      const int64_t n = 2 + job % 40;
+      std::atomic<int64_t> items{0};
+      pool.parallel_for(n, 1, [&](int64_t b, int64_t e, int) {
+        running[me]++;
+        if (running[1 - me].load() != 0) overlaps++;
+        items += e - b;
+        // Long enough that the other caller's call comes while this one runs.
+        const auto t0 = std::chrono::steady_clock::now();
+        while (std::chrono::steady_clock::now() - t0 < std::chrono::microseconds(2)) {
+        }
+        running[me]--;
+      });
+      if (items.load() != n) miscounted++;
+    }
+  };
+  std::thread other(caller, 1);
+  caller(0);
+  other.join();
+  EXPECT_EQ(overlaps.load(), 0);
+  EXPECT_EQ(miscounted.load(), 0);
 }
 
 TEST(ThreadPool, NumaNodesIsAtLeastOne) { EXPECT_GE(numa_nodes(), 1); }
