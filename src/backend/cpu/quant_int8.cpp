@@ -50,7 +50,8 @@ namespace {
 
 constexpr int kBlockCodes = 128;  // the matvec's x layout unit (64 bytes of 4-bit codes)
 constexpr int kXBlock = 32;       // values of x per int8 step
-// Fewest tiles per thread of the tile kernel, and of repack_q4_tiles (the same split).
+// Fewest tiles per chunk of the tile kernel, and of repack_q4_tiles (the same split:
+// Schedule::first_touch).
 constexpr int64_t kTileMinChunk = 2;
 
 // The rows of w as the kernels see them.
@@ -490,7 +491,7 @@ void repack_q4_tiles(const QuantArgs& w, void* dst, ThreadPool& pool) {
   };
   // NOTE: the tile kernel's split (kTileMinChunk), so that each tile's pages are first touched
   // by the thread that will stream them.
-  pool.parallel_for(n_tiles, kTileMinChunk, std::ref(body));
+  pool.parallel_for(n_tiles, kTileMinChunk, std::ref(body), Schedule::first_touch);
 }
 
 bool int8_isa_exact_u8(Int8Isa isa) {
@@ -539,7 +540,7 @@ void repack_q8_tiles(const QuantArgs& w, void* dst, ThreadPool& pool) {
         }
       }
   };
-  pool.parallel_for(n_tiles, kTileMinChunk, std::ref(body));
+  pool.parallel_for(n_tiles, kTileMinChunk, std::ref(body), Schedule::first_touch);
 }
 
 namespace {
