@@ -404,20 +404,17 @@ TEST(QuantLinearInt8, ChoosesAnInstructionSetTheCpuHas) {
 // passes of 4 (a remainder of 1 and 2) and past the rounding's split over threads (16 rows).
 constexpr int64_t kTileTestRows[] = {1, 2, 3, 4, 5, 7, 8, 9, 17, 38};
 
-// w's decode tiles (repack_q4_tiles) in `buf`, and args that carry them.
+// w's decode tiles in `buf` (8 bits: repack_q8_tiles, else repack_q4_tiles), and args that
+// carry them.
 QuantArgs with_tiles(const QMatrix& m, std::vector<uint8_t>& buf, ThreadPool& pool) {
   QuantArgs a = m.args();
-  buf.assign(size_t(cpu::q4_tiles_bytes(a)), 0xa5);  // not zero: padding rows must be written
-  cpu::repack_q4_tiles(a, buf.data(), pool);
-  a.tiles = buf.data();
-  return a;
-}
-
-// w's q8 decode tiles (repack_q8_tiles) in `buf`, and args that carry them.
-QuantArgs with_tiles8(const QMatrix& m, std::vector<uint8_t>& buf, ThreadPool& pool) {
-  QuantArgs a = m.args();
-  buf.assign(size_t(cpu::q8_tiles_bytes(a)), 0xa5);  // not zero: padding rows must be written
-  cpu::repack_q8_tiles(a, buf.data(), pool);
+  const bool q8 = m.bits == 8;
+  // Not zero: padding rows must be written.
+  buf.assign(size_t(q8 ? cpu::q8_tiles_bytes(a) : cpu::q4_tiles_bytes(a)), 0xa5);
+  if (q8)
+    cpu::repack_q8_tiles(a, buf.data(), pool);
+  else
+    cpu::repack_q4_tiles(a, buf.data(), pool);
   a.tiles = buf.data();
   return a;
 }
@@ -432,7 +429,7 @@ std::vector<cpu::Int8Isa> vnni_isas() {
 // m's decode tiles in `buf` (4 bits: repack_q4_tiles, 8: repack_q8_tiles), and the tile
 // kernel of those bits over them.
 TileKernel tile_kernel(const QMatrix& m, std::vector<uint8_t>& buf, ThreadPool& pool) {
-  const QuantArgs a = m.bits == 8 ? with_tiles8(m, buf, pool) : with_tiles(m, buf, pool);
+  const QuantArgs a = with_tiles(m, buf, pool);
   if (m.bits == 8)
     return [a](const float* x, int64_t n, const float* b, float* y, ThreadPool& p, cpu::Int8Isa isa) {
       cpu::linear_q8_tiles(x, n, a, b, y, p, isa);
