@@ -105,11 +105,17 @@ class Attention : public testing::DeviceTest {
   ThreadPool pool1_{1}, pool3_{3};
 };
 
+// n query rows at positions [pos0, pos0 + n), over the keys [0, pos0 + n): a prefill at
+// pos0 = 0, a decode step at n = 1, a chunk after cached rows otherwise.
+void at_rows(AttnCase& s, int64_t n, int64_t pos0) {
+  s.n = n;
+  s.q_pos0 = pos0;
+  s.n_keys = pos0 + n;
+}
+
 TEST_P(Attention, DecodeOverThousandsOfKeys) {
   AttnCase s;
-  s.n = 1;
-  s.n_keys = 3000;
-  s.q_pos0 = 2999;
+  at_rows(s, 1, 2999);
   s.scale = 0.5f;  // peaked enough that the running max matters
   expect_close(s, "decode L=3000", {64, 80, 96, 128, 256});
   s.row_major_heads = true;
@@ -122,17 +128,16 @@ TEST_P(Attention, DecodeOverThousandsOfKeys) {
 TEST_P(Attention, DecodeShortCache) {
   for (int64_t L : {1, 2, 17, 64, 65, 600}) {
     AttnCase s;
-    s.n_keys = L;
-    s.q_pos0 = L - 1;
+    at_rows(s, 1, L - 1);
     expect_close(s, "decode L=" + std::to_string(L));
   }
 }
 
 TEST_P(Attention, Prefill) {
   AttnCase s;
-  s.n = s.n_keys = 37;
+  at_rows(s, 37, 0);
   expect_close(s, "prefill n=L=37", {64, 80, 96, 128, 256});
-  s.n = s.n_keys = 150;
+  at_rows(s, 150, 0);
   expect_close(s, "prefill n=L=150");
   s.n_heads = 16;  // 8 query heads per kv head
   expect_close(s, "prefill n=L=150 GQA 16:2", {128});
@@ -140,34 +145,24 @@ TEST_P(Attention, Prefill) {
 
 TEST_P(Attention, ChunkAfterCachedRows) {
   AttnCase s;
-  s.n = 5;
-  s.q_pos0 = 20;
-  s.n_keys = 25;
+  at_rows(s, 5, 20);
   expect_close(s, "chunk n=5 pos0=20 L=25");
-  s.n = 70;
-  s.q_pos0 = 130;
-  s.n_keys = 200;
+  at_rows(s, 70, 130);
   expect_close(s, "chunk n=70 pos0=130 L=200");
-  s.n = 4;
-  s.q_pos0 = 2996;
-  s.n_keys = 3000;
+  at_rows(s, 4, 2996);
   expect_close(s, "chunk n=4 pos0=2996 L=3000 (keys split)");
 }
 
 TEST_P(Attention, SlidingWindow) {
   AttnCase s;
   s.window = 16;
-  s.n = s.n_keys = 37;
+  at_rows(s, 37, 0);
   expect_close(s, "prefill window=16");
-  s.n = 1;
-  s.n_keys = 3000;
-  s.q_pos0 = 2999;
+  at_rows(s, 1, 2999);
   expect_close(s, "decode window=16");
   s.window = 700;
   expect_close(s, "decode window=700");
-  s.n = 5;
-  s.q_pos0 = 20;
-  s.n_keys = 25;
+  at_rows(s, 5, 20);
   s.window = 4;
   expect_close(s, "chunk window=4");
 }
@@ -176,14 +171,11 @@ TEST_P(Attention, Softcap) {
   AttnCase s;
   s.softcap = 5.0f;
   s.scale = 1.0f;  // logits well past the cap
-  s.n = s.n_keys = 37;
+  at_rows(s, 37, 0);
   expect_close(s, "prefill softcap");
-  s.n = 1;
-  s.n_keys = 3000;
-  s.q_pos0 = 2999;
+  at_rows(s, 1, 2999);
   expect_close(s, "decode softcap");
-  s.n_keys = 1500;
-  s.q_pos0 = 1499;
+  at_rows(s, 1, 1499);
   s.window = 100;
   expect_close(s, "decode softcap + window");
 }
@@ -192,11 +184,9 @@ TEST_P(Attention, HeadGroupings) {
   for (int64_t kv : {1, 8}) {
     AttnCase s;
     s.n_kv_heads = kv;
-    s.n = s.n_keys = 33;
+    at_rows(s, 33, 0);
     expect_close(s, "prefill grouping kv=" + std::to_string(kv));
-    s.n = 1;
-    s.n_keys = 1000;
-    s.q_pos0 = 999;
+    at_rows(s, 1, 999);
     expect_close(s, "decode grouping kv=" + std::to_string(kv));
   }
 }
@@ -204,24 +194,18 @@ TEST_P(Attention, HeadGroupings) {
 TEST_P(Attention, InterleavedCacheLayout) {
   AttnCase s;
   s.row_major_heads = true;
-  s.n = 6;
-  s.q_pos0 = 40;
-  s.n_keys = 46;
+  at_rows(s, 6, 40);
   expect_close(s, "chunk [L, kv, D] layout");
-  s.n = 1;
-  s.n_keys = 900;
-  s.q_pos0 = 899;
+  at_rows(s, 1, 899);
   expect_close(s, "decode [L, kv, D] layout");
 }
 
 // Head sizes that are not a multiple of the CPU's vector width, and CUDA's CUDA-core path.
 TEST_P(Attention, HeadDimsOffTheVectorWidth) {
   AttnCase s;
-  s.n = s.n_keys = 40;
+  at_rows(s, 40, 0);
   expect_close(s, "prefill", {72, 40, 256});
-  s.n = 1;
-  s.n_keys = 700;
-  s.q_pos0 = 699;
+  at_rows(s, 1, 699);
   expect_close(s, "decode", {72, 40, 256});
 }
 
@@ -233,17 +217,13 @@ TEST_P(Attention, Bf16RowsBeyondTheF16Range) {
   s.bf16 = true;
   s.kv_range = 2.0e5f;
   s.q_range = 2.0e-5f;
-  s.n = s.n_keys = 37;
+  at_rows(s, 37, 0);
   expect_close(s, "bf16 prefill");
-  s.n = 5;
-  s.q_pos0 = 130;
-  s.n_keys = 135;
+  at_rows(s, 5, 130);
   s.window = 50;
   expect_close(s, "bf16 chunk with window");
   s.window = 0;
-  s.n = 1;
-  s.n_keys = 3000;
-  s.q_pos0 = 2999;
+  at_rows(s, 1, 2999);
   expect_close(s, "bf16 decode L=3000");
   s.softcap = 4.0f;
   s.window = 100;
@@ -253,12 +233,7 @@ TEST_P(Attention, Bf16RowsBeyondTheF16Range) {
 TEST_P(Attention, RowWithoutVisibleKeysIsZero) {
   // Query rows past the cache end see keys only up to L - 1; with a window of 2, rows at
   // positions >= L + 1 see none.
-  AttnCase s;
-  s.n = 4;
-  s.q_pos0 = 10;
-  s.n_keys = 11;
-  s.window = 2;
-  expect_close(s, "rows beyond the cache");
+  expect_close({.n = 4, .n_keys = 11, .q_pos0 = 10, .window = 2}, "rows beyond the cache");
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, Attention, OSPREY_DEVICE_LEVELS);

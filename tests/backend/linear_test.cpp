@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "support/cpu_levels.h"
+#include "support/numeric.h"
 
 namespace osprey {
 namespace {
@@ -55,12 +56,7 @@ Weights make_weights(DType dtype, int64_t out, int64_t in, std::mt19937& rng) {
   return w;
 }
 
-std::vector<float> random_vector(size_t n, std::mt19937& rng) {
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(rng);
-  return v;
-}
+std::vector<float> random_vector(size_t n, std::mt19937& rng) { return testing::random_floats(n, rng); }
 
 // ||y - ref|| / ||ref|| with ref = x w^T + bias computed in double.
 double relative_error(const std::vector<float>& x, int64_t n, int64_t in, const Weights& w, int64_t out,
@@ -140,17 +136,7 @@ TEST_P(Linear, RejectsIntegerWeights) {
 // Throughput on this machine (run with --gtest_also_run_disabled_tests). GEMM: n=512,
 // in=out=2048 bf16; matvec: n=1, in=out=4096 bf16, rotating over 8 weight matrices so that w
 // comes from memory, not cache.
-double best_seconds(int reps, const std::function<void(int)>& fn) {
-  fn(0);
-  double best = 1e30;
-  for (int round = 0; round < 5; ++round) {
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int r = 0; r < reps; ++r) fn(r);
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
-    best = std::min(best, s);
-  }
-  return best;
-}
+using testing::best_seconds;
 
 TEST_P(Linear, DISABLED_LinearThroughput) {
   std::mt19937 rng(7);

@@ -190,12 +190,7 @@ TEST_P(PagedAttention, MatchesDoublePrecisionReference) {
     for (int64_t hd : {64, 128, 256})
       for (int64_t group : {1, 4})
         for (bool bf16 : {false, true}) {
-          PagedCase c;
-          c.block_size = bs;
-          c.head_dim = hd;
-          c.group = group;
-          c.bf16 = bf16;
-          c.lens = kLens;
+          const PagedCase c{.group = group, .head_dim = hd, .block_size = bs, .bf16 = bf16, .lens = kLens};
           EXPECT_LT(error(c, seed++), tol(bf16)) << c.str();
         }
 }
@@ -227,14 +222,8 @@ TEST_P(PagedAttention, OddShapes) {
   for (const Shape_ s : {Shape_{7, 64, 2, 2, 0}, Shape_{48, 128, 1, 1, 0}, Shape_{16, 32, 4, 2, 0},
                          Shape_{32, 64, 12, 1, 0}, Shape_{16, 128, 4, 2, 64}})
     for (bool bf16 : {false, true}) {
-      PagedCase c;
-      c.block_size = s.bs;
-      c.head_dim = s.hd;
-      c.group = s.group;
-      c.n_kv_heads = s.n_kv;
-      c.q_row_pad = s.q_row_pad;
-      c.bf16 = bf16;
-      c.lens = {1, 7, 300, 1100};
+      const PagedCase c{.n_kv_heads = s.n_kv, .group = s.group, .head_dim = s.hd, .block_size = s.bs, .bf16 = bf16,
+                        .lens = {1, 7, 300, 1100}, .q_row_pad = s.q_row_pad};
       EXPECT_LT(error(c, seed++), tol(bf16)) << c.str() << " q_row_pad=" << s.q_row_pad;
     }
 }

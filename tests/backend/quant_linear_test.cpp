@@ -25,6 +25,8 @@
 #include "core/half.h"
 #include "formats/quantize.h"
 #include "support/cpu_levels.h"
+#include "support/numeric.h"
+#include "support/test_util.h"
 
 namespace osprey {
 namespace {
@@ -34,22 +36,14 @@ struct QMatrix {
   int64_t out = 0, in = 0;
   int bits = 0, group_size = 0;
   DType scale_dtype = DType::f16;
-  std::vector<uint32_t> packed;    // [out, in * bits / 32]
-  std::vector<uint16_t> scales;    // [out, in / group_size]
-  std::vector<uint16_t> biases;    // [out, in / group_size]
-  std::vector<double> w;           // [out, in], scale * q + bias from the stored values
+  std::vector<uint32_t> packed{};  // [out, in * bits / 32]
+  std::vector<uint16_t> scales{};  // [out, in / group_size]
+  std::vector<uint16_t> biases{};  // [out, in / group_size]
+  std::vector<double> w{};         // [out, in], scale * q + bias from the stored values
 
   QuantArgs args() const {
-    QuantArgs a;
-    a.packed = packed.data();
-    a.scales = scales.data();
-    a.biases = biases.data();
-    a.scale_dtype = scale_dtype;
-    a.bits = bits;
-    a.group_size = group_size;
-    a.out = out;
-    a.in = in;
-    return a;
+    return {.packed = packed.data(), .scales = scales.data(), .biases = biases.data(), .scale_dtype = scale_dtype,
+            .bits = bits, .group_size = group_size, .out = out, .in = in};
   }
 };
 
@@ -68,12 +62,7 @@ uint32_t read_code(const uint32_t* row_words, int64_t i, int bits) {
 }
 
 QMatrix make_matrix(int64_t out, int64_t in, int bits, int group_size, DType scale_dtype, std::mt19937& rng) {
-  QMatrix m;
-  m.out = out;
-  m.in = in;
-  m.bits = bits;
-  m.group_size = group_size;
-  m.scale_dtype = scale_dtype;
+  QMatrix m{.out = out, .in = in, .bits = bits, .group_size = group_size, .scale_dtype = scale_dtype};
   const int64_t words_per_row = in * bits / 32, n_groups = in / group_size;
   const uint32_t levels = 1u << bits;
   std::uniform_int_distribution<uint32_t> code_dist(0, levels - 1);
@@ -109,12 +98,26 @@ QMatrix make_matrix(int64_t out, int64_t in, int bits, int group_size, DType sca
   return m;
 }
 
-std::vector<float> random_vector(size_t n, std::mt19937& rng) {
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(rng);
-  return v;
+std::vector<float> random_vector(size_t n, std::mt19937& rng) { return testing::random_floats(n, rng); }
+
+// An f32 array [rows, cols] of random_vector's values.
+Array random_array(int64_t rows, int64_t cols, std::mt19937& rng) {
+  Array a = Array::empty({rows, cols}, DType::f32);
+  const std::vector<float> v = random_vector(size_t(rows * cols), rng);
+  std::copy(v.begin(), v.end(), a.data<float>());
+  return a;
 }
+
+// The tile kernels' arguments for q (f16 scales) with the tiles of qt.
+QuantArgs tile_args(const QuantizedMatrix& q, const QuantizedMatrix& qt) {
+  return {.packed = q.packed.data<uint32_t>(), .scales = q.scales.raw(), .biases = q.biases.raw(),
+          .scale_dtype = DType::f16, .bits = q.bits, .group_size = q.group_size, .out = q.out_features(),
+          .in = q.in_features(), .tiles = qt.cpu_tiles.raw()};
+}
+
+// The kernel under test, on n rows of x (plus bias, or none) into y.
+using TileKernel =
+    std::function<void(const float* x, int64_t n, const float* bias, float* y, ThreadPool& pool, cpu::Int8Isa isa)>;
 
 // ref [n, out] = x w^T in double, and mag [n, out] = sum_k |w x| (the scale of f32 rounding).
 void reference(const QMatrix& m, const std::vector<float>& x, int64_t n, std::vector<double>& ref,
@@ -401,13 +404,87 @@ TEST(QuantLinearInt8, ChoosesAnInstructionSetTheCpuHas) {
 // passes of 4 (a remainder of 1 and 2) and past the rounding's split over threads (16 rows).
 constexpr int64_t kTileTestRows[] = {1, 2, 3, 4, 5, 7, 8, 9, 17, 38};
 
-// w's decode tiles (repack_q4_tiles) in `buf`, and args that carry them.
+// w's decode tiles in `buf` (8 bits: repack_q8_tiles, else repack_q4_tiles), and args that
+// carry them.
 QuantArgs with_tiles(const QMatrix& m, std::vector<uint8_t>& buf, ThreadPool& pool) {
   QuantArgs a = m.args();
-  buf.assign(size_t(cpu::q4_tiles_bytes(a)), 0xa5);  // not zero: padding rows must be written
-  cpu::repack_q4_tiles(a, buf.data(), pool);
+  const bool q8 = m.bits == 8;
+  // Not zero: padding rows must be written.
+  buf.assign(size_t(q8 ? cpu::q8_tiles_bytes(a) : cpu::q4_tiles_bytes(a)), 0xa5);
+  if (q8)
+    cpu::repack_q8_tiles(a, buf.data(), pool);
+  else
+    cpu::repack_q4_tiles(a, buf.data(), pool);
   a.tiles = buf.data();
   return a;
+}
+
+std::vector<cpu::Int8Isa> vnni_isas() {
+  std::vector<cpu::Int8Isa> isas;
+  for (cpu::Int8Isa isa : supported_isas())
+    if (cpu::int8_isa_exact_u8(isa)) isas.push_back(isa);
+  return isas;
+}
+
+// m's decode tiles in `buf` (4 bits: repack_q4_tiles, 8: repack_q8_tiles), and the tile
+// kernel of those bits over them.
+TileKernel tile_kernel(const QMatrix& m, std::vector<uint8_t>& buf, ThreadPool& pool) {
+  const QuantArgs a = with_tiles(m, buf, pool);
+  if (m.bits == 8)
+    return [a](const float* x, int64_t n, const float* b, float* y, ThreadPool& p, cpu::Int8Isa isa) {
+      cpu::linear_q8_tiles(x, n, a, b, y, p, isa);
+    };
+  return [a](const float* x, int64_t n, const float* b, float* y, ThreadPool& p, cpu::Int8Isa isa) {
+    cpu::linear_q4_int8(x, n, a, b, y, p, isa);
+  };
+}
+
+// The tile kernel on m's tiles (repacked on the first pool), for every row count of
+// kTileTestRows (at 5 rows with an all-zero block), every set of `isas`, every pool of `pools`,
+// with a bias and without, against the double reference of the documented rounding of x.
+void expect_tiles_match_reference(const QMatrix& m, const std::vector<cpu::Int8Isa>& isas,
+                                  const std::vector<ThreadPool*>& pools, std::mt19937& rng) {
+  std::vector<uint8_t> buf;
+  const TileKernel kernel = tile_kernel(m, buf, *pools.front());
+  const std::vector<float> bias = random_vector(size_t(m.out), rng);
+  for (int64_t n : kTileTestRows) {
+    std::vector<float> x = random_vector(size_t(n * m.in), rng);
+    if (n == 5) std::fill(x.begin(), x.begin() + 32, 0.0f);  // an all-zero block
+    std::vector<double> ref, mag, bound;
+    int8_reference(m, x, n, ref, mag, bound);
+    for (cpu::Int8Isa isa : isas)
+      for (ThreadPool* pool : pools)
+        for (const float* b : {static_cast<const float*>(nullptr), bias.data()}) {
+          std::vector<float> y(size_t(n * m.out), std::nanf(""));
+          kernel(x.data(), n, b, y.data(), *pool, isa);
+          EXPECT_LT(worst_error(y, ref, mag, m.out, b), 2e-6)
+              << cpu::int8_isa_name(isa) << " group=" << m.group_size << " scales=" << dtype_name(m.scale_dtype)
+              << " n=" << n << " in=" << m.in << " out=" << m.out << " threads=" << pool->n_threads()
+              << " bias=" << (b != nullptr);
+        }
+  }
+}
+
+// A row of y from the tile kernel of m has the same bits for any n (a decode step, a batch, a
+// prompt), any place in the batch, any thread count and every instruction set of `isas` (each
+// lane is one output row): 40 random rows through the kernel alone and in runs of 2 to 40.
+void expect_rows_the_same_alone_and_batched(const QMatrix& m, const std::vector<cpu::Int8Isa>& isas, std::mt19937& rng) {
+  ThreadPool pool1(1), pool2(2);
+  std::vector<uint8_t> buf;
+  const TileKernel kernel = tile_kernel(m, buf, pool2);
+  const int64_t in = m.in, out = m.out;
+  const int64_t n = 40;
+  const std::vector<float> x = random_vector(size_t(n * in), rng);
+  std::vector<float> alone(size_t(n * out));
+  for (int64_t i = 0; i < n; ++i) kernel(x.data() + i * in, 1, nullptr, alone.data() + i * out, pool1, isas.front());
+  for (cpu::Int8Isa isa : isas)
+    for (int64_t rows : {2, 3, 5, 8, 20, 40})
+      for (int64_t i0 = 0; i0 + rows <= n; i0 += rows) {
+        std::vector<float> y(size_t(rows * out), std::nanf(""));
+        kernel(x.data() + i0 * in, rows, nullptr, y.data(), pool2, isa);
+        EXPECT_EQ(std::memcmp(y.data(), alone.data() + i0 * out, y.size() * sizeof(float)), 0)
+            << cpu::int8_isa_name(isa) << " rows=" << rows << " from " << i0;
+      }
 }
 
 TEST(QuantLinearInt8, TilesMatchRoundedActivationReference) {
@@ -423,25 +500,7 @@ TEST(QuantLinearInt8, TilesMatchRoundedActivationReference) {
       for (int64_t in : {int64_t(g), int64_t(5) * g})
         for (int64_t out : {16, 37, 129}) {
           const QMatrix m = make_matrix(out, in, 4, g, sd, rng);
-          std::vector<uint8_t> buf;
-          const QuantArgs a = with_tiles(m, buf, pool3);
-          const std::vector<float> bias = random_vector(size_t(out), rng);
-          for (int64_t n : kTileTestRows) {
-            std::vector<float> x = random_vector(size_t(n * in), rng);
-            if (n == 5) std::fill(x.begin(), x.begin() + 32, 0.0f);  // an all-zero block
-            std::vector<double> ref, mag, bound;
-            int8_reference(m, x, n, ref, mag, bound);
-            for (cpu::Int8Isa isa : isas)
-              for (ThreadPool* pool : {&pool1, &pool3, &pool5})
-                for (const float* b : {static_cast<const float*>(nullptr), bias.data()}) {
-                  std::vector<float> y(size_t(n * out), std::nanf(""));
-                  cpu::linear_q4_int8(x.data(), n, a, b, y.data(), *pool, isa);
-                  EXPECT_LT(worst_error(y, ref, mag, out, b), 2e-6)
-                      << cpu::int8_isa_name(isa) << " group=" << g << " scales=" << dtype_name(sd) << " n=" << n
-                      << " in=" << in << " out=" << out << " threads=" << pool->n_threads()
-                      << " bias=" << (b != nullptr);
-                }
-          }
+          expect_tiles_match_reference(m, isas, {&pool1, &pool3, &pool5}, rng);
         }
 }
 
@@ -493,31 +552,13 @@ TEST(QuantLinearInt8, TileRowsAreTheSameAloneInABatchAndOnEveryInstructionSet) {
   // one output row).
   const std::vector<cpu::Int8Isa> isas = supported_isas();
   if (isas.empty()) GTEST_SKIP() << "this CPU has no AVX2";
-  ThreadPool pool1(1), pool2(2);
   std::mt19937 rng(77);
-  const QMatrix m = make_matrix(75, 640, 4, 64, DType::bf16, rng);
-  std::vector<uint8_t> buf;
-  const QuantArgs a = with_tiles(m, buf, pool2);
-  const int64_t n = 40;
-  const std::vector<float> x = random_vector(size_t(n * m.in), rng);
-  std::vector<float> alone(size_t(n * m.out));
-  for (int64_t i = 0; i < n; ++i)
-    cpu::linear_q4_int8(x.data() + i * m.in, 1, a, nullptr, alone.data() + i * m.out, pool1, isas.front());
-  for (cpu::Int8Isa isa : isas)
-    for (int64_t rows : {2, 3, 5, 8, 20, 40})
-      for (int64_t i0 = 0; i0 + rows <= n; i0 += rows) {
-        std::vector<float> y(size_t(rows * m.out), std::nanf(""));
-        cpu::linear_q4_int8(x.data() + i0 * m.in, rows, a, nullptr, y.data(), pool2, isa);
-        EXPECT_EQ(std::memcmp(y.data(), alone.data() + i0 * m.out, y.size() * sizeof(float)), 0)
-            << cpu::int8_isa_name(isa) << " rows=" << rows << " from " << i0;
-      }
+  expect_rows_the_same_alone_and_batched(make_matrix(75, 640, 4, 64, DType::bf16, rng), isas, rng);
 }
 
 TEST(QuantLinearInt8, RepackForCpuFeedsTheOpAndTilesOfAnotherMatrixAreRefused) {
   std::mt19937 rng(6);
-  Array w32 = Array::empty({37, 256}, DType::f32);
-  const std::vector<float> wv = random_vector(size_t(37 * 256), rng);
-  std::copy(wv.begin(), wv.end(), w32.data<float>());
+  Array w32 = random_array(37, 256, rng);
   const QuantizedMatrix q = quantize_affine(w32, 4, 64, DType::f16);
   QuantizedMatrix qt = q;
   ops::repack_for_cpu(qt);
@@ -527,18 +568,9 @@ TEST(QuantLinearInt8, RepackForCpuFeedsTheOpAndTilesOfAnotherMatrixAreRefused) {
     GTEST_SKIP() << "this CPU level has no int8 kernels";
   }
   ASSERT_TRUE(qt.cpu_tiles.defined());
-  Array x = Array::empty({3, 256}, DType::f32);
-  const std::vector<float> xv = random_vector(size_t(3 * 256), rng);
-  std::copy(xv.begin(), xv.end(), x.data<float>());
+  Array x = random_array(3, 256, rng);
   // The op on the tiles is the tile kernel of the level's instruction set, bit for bit.
-  QuantArgs a;
-  a.packed = q.packed.data<uint32_t>();
-  a.scales = q.scales.raw();
-  a.biases = q.biases.raw();
-  a.scale_dtype = DType::f16;
-  a.out = 37;
-  a.in = 256;
-  a.tiles = qt.cpu_tiles.raw();
+  QuantArgs a = tile_args(q, qt);
   // Symmetric data gives MLX's quantizer q0 = 8 in every group (bias -8 scale): scales-only tiles.
   a.tiles_zero = qt.cpu_tiles_zero;
   ASSERT_TRUE(cpu::int8_isa_best(cpu_level(), &isa));
@@ -549,12 +581,8 @@ TEST(QuantLinearInt8, RepackForCpuFeedsTheOpAndTilesOfAnotherMatrixAreRefused) {
   // Tiles that do not fit the matrix's shape are refused by name.
   QuantizedMatrix other = quantize_affine(w32.slice_rows(0, 16), 4, 64, DType::f16);
   other.cpu_tiles = qt.cpu_tiles;
-  try {
-    (void)ops::linear(x, other);
-    ADD_FAILURE() << "tiles of a 37-row matrix taken for a 16-row one";
-  } catch (const InvalidInput& e) {
-    EXPECT_NE(std::string(e.what()).find("cpu_tiles"), std::string::npos) << e.what();
-  }
+  const std::string e = testing::error_of<InvalidInput>([&] { (void)ops::linear(x, other); });
+  EXPECT_NE(e.find("cpu_tiles"), std::string::npos) << "tiles of a 37-row matrix taken for a 16-row one: " << e;
   // Other bits get no tiles (8 bits get tiles of their own, tested below).
   QuantizedMatrix q6 = quantize_affine(w32, 6, 64, DType::f16);
   ops::repack_for_cpu(q6);
@@ -566,9 +594,7 @@ TEST(QuantLinearInt8, RepackForCpuFeedsTheOpAndTilesOfAnotherMatrixAreRefused) {
 // read packed words refuse it by name. 4 and 8 bits (8 where the level has VNNI).
 TEST(QuantLinearInt8, TilesOnlyMatrixGivesTheSameRowsAndRefusesWhatReadsPackedWords) {
   std::mt19937 rng(61);
-  Array w32 = Array::empty({37, 256}, DType::f32);
-  const std::vector<float> wv = random_vector(size_t(37 * 256), rng);
-  std::copy(wv.begin(), wv.end(), w32.data<float>());
+  Array w32 = random_array(37, 256, rng);
   cpu::Int8Isa isa;
   const bool level_has = cpu::int8_isa_best(cpu_level(), &isa);
   for (int bits : {4, 8}) {
@@ -586,9 +612,7 @@ TEST(QuantLinearInt8, TilesOnlyMatrixGivesTheSameRowsAndRefusesWhatReadsPackedWo
     EXPECT_EQ(t.in_features(), 256);
     EXPECT_EQ(t.nbytes(), t.cpu_tiles.nbytes());
     for (int64_t n : {1, 3, 9, 40}) {
-      Array x = Array::empty({n, 256}, DType::f32);
-      const std::vector<float> xv = random_vector(size_t(n * 256), rng);
-      std::copy(xv.begin(), xv.end(), x.data<float>());
+      Array x = random_array(n, 256, rng);
       const Array want = ops::linear(x, q), got = ops::linear(x, t);
       EXPECT_EQ(std::memcmp(got.raw(), want.raw(), want.nbytes()), 0) << bits << " bits, n=" << n;
     }
@@ -605,22 +629,6 @@ TEST(QuantLinearInt8, TilesOnlyMatrixGivesTheSameRowsAndRefusesWhatReadsPackedWo
         EXPECT_NE(std::string(e.what()).find("tiles only"), std::string::npos) << e.what();
       }
   }
-}
-
-// w's q8 decode tiles (repack_q8_tiles) in `buf`, and args that carry them.
-QuantArgs with_tiles8(const QMatrix& m, std::vector<uint8_t>& buf, ThreadPool& pool) {
-  QuantArgs a = m.args();
-  buf.assign(size_t(cpu::q8_tiles_bytes(a)), 0xa5);  // not zero: padding rows must be written
-  cpu::repack_q8_tiles(a, buf.data(), pool);
-  a.tiles = buf.data();
-  return a;
-}
-
-std::vector<cpu::Int8Isa> vnni_isas() {
-  std::vector<cpu::Int8Isa> isas;
-  for (cpu::Int8Isa isa : supported_isas())
-    if (cpu::int8_isa_exact_u8(isa)) isas.push_back(isa);
-  return isas;
 }
 
 TEST(QuantLinearInt8, OnlyVnniSetsTakeFullByteCodes) {
@@ -645,56 +653,20 @@ TEST(QuantLinearInt8, Tiles8MatchRoundedActivationReference) {
       for (int64_t in : {int64_t(std::max(g, 32)), int64_t(5) * std::max(g, 32)})
         for (int64_t out : {16, 37, 129}) {
           const QMatrix m = make_matrix(out, in, 8, g, sd, rng);
-          std::vector<uint8_t> buf;
-          const QuantArgs a = with_tiles8(m, buf, pool3);
-          const std::vector<float> bias = random_vector(size_t(out), rng);
-          for (int64_t n : kTileTestRows) {
-            std::vector<float> x = random_vector(size_t(n * in), rng);
-            if (n == 5) std::fill(x.begin(), x.begin() + 32, 0.0f);  // an all-zero block
-            std::vector<double> ref, mag, bound;
-            int8_reference(m, x, n, ref, mag, bound);
-            for (cpu::Int8Isa isa : isas)
-              for (ThreadPool* pool : {&pool1, &pool3, &pool5})
-                for (const float* b : {static_cast<const float*>(nullptr), bias.data()}) {
-                  std::vector<float> y(size_t(n * out), std::nanf(""));
-                  cpu::linear_q8_tiles(x.data(), n, a, b, y.data(), *pool, isa);
-                  EXPECT_LT(worst_error(y, ref, mag, out, b), 2e-6)
-                      << cpu::int8_isa_name(isa) << " group=" << g << " scales=" << dtype_name(sd) << " n=" << n
-                      << " in=" << in << " out=" << out << " threads=" << pool->n_threads()
-                      << " bias=" << (b != nullptr);
-                }
-          }
+          expect_tiles_match_reference(m, isas, {&pool1, &pool3, &pool5}, rng);
         }
 }
 
 TEST(QuantLinearInt8, Tile8RowsAreTheSameAloneInABatchAndOnEveryVnniSet) {
   const std::vector<cpu::Int8Isa> isas = vnni_isas();
   if (isas.empty()) GTEST_SKIP() << "this CPU has no VNNI";
-  ThreadPool pool1(1), pool2(2);
   std::mt19937 rng(78);
-  const QMatrix m = make_matrix(75, 640, 8, 16, DType::f16, rng);
-  std::vector<uint8_t> buf;
-  const QuantArgs a = with_tiles8(m, buf, pool2);
-  const int64_t n = 40;
-  const std::vector<float> x = random_vector(size_t(n * m.in), rng);
-  std::vector<float> alone(size_t(n * m.out));
-  for (int64_t i = 0; i < n; ++i)
-    cpu::linear_q8_tiles(x.data() + i * m.in, 1, a, nullptr, alone.data() + i * m.out, pool1, isas.front());
-  for (cpu::Int8Isa isa : isas)
-    for (int64_t rows : {2, 3, 5, 8, 20, 40})
-      for (int64_t i0 = 0; i0 + rows <= n; i0 += rows) {
-        std::vector<float> y(size_t(rows * m.out), std::nanf(""));
-        cpu::linear_q8_tiles(x.data() + i0 * m.in, rows, a, nullptr, y.data(), pool2, isa);
-        EXPECT_EQ(std::memcmp(y.data(), alone.data() + i0 * m.out, y.size() * sizeof(float)), 0)
-            << cpu::int8_isa_name(isa) << " rows=" << rows << " from " << i0;
-      }
+  expect_rows_the_same_alone_and_batched(make_matrix(75, 640, 8, 16, DType::f16, rng), isas, rng);
 }
 
 TEST(QuantLinearInt8, RepackForCpuGivesEightBitTilesWhereTheLevelHasVnni) {
   std::mt19937 rng(16);
-  Array w32 = Array::empty({37, 256}, DType::f32);
-  const std::vector<float> wv = random_vector(size_t(37 * 256), rng);
-  std::copy(wv.begin(), wv.end(), w32.data<float>());
+  Array w32 = random_array(37, 256, rng);
   const QuantizedMatrix q = quantize_affine(w32, 8, 32, DType::f16);
   QuantizedMatrix qt = q;
   ops::repack_for_cpu(qt);
@@ -704,19 +676,8 @@ TEST(QuantLinearInt8, RepackForCpuGivesEightBitTilesWhereTheLevelHasVnni) {
     GTEST_SKIP() << "this CPU level has no VNNI";
   }
   ASSERT_TRUE(qt.cpu_tiles.defined());
-  Array x = Array::empty({5, 256}, DType::f32);
-  const std::vector<float> xv = random_vector(size_t(5 * 256), rng);
-  std::copy(xv.begin(), xv.end(), x.data<float>());
-  QuantArgs a;
-  a.packed = q.packed.data<uint32_t>();
-  a.scales = q.scales.raw();
-  a.biases = q.biases.raw();
-  a.scale_dtype = DType::f16;
-  a.bits = 8;
-  a.group_size = 32;
-  a.out = 37;
-  a.in = 256;
-  a.tiles = qt.cpu_tiles.raw();
+  Array x = random_array(5, 256, rng);
+  const QuantArgs a = tile_args(q, qt);
   std::vector<float> want(5 * 37);
   cpu::linear_q8_tiles(x.data<float>(), 5, a, nullptr, want.data(), cpu_pool(), isa);
   const Array y = ops::linear(x, qt);
@@ -728,12 +689,8 @@ TEST(QuantLinearInt8, RepackForCpuGivesEightBitTilesWhereTheLevelHasVnni) {
   // 4-bit tiles are not 8-bit ones: a 4-bit matrix given these is refused by name.
   QuantizedMatrix q4 = quantize_affine(w32, 4, 32, DType::f16);
   q4.cpu_tiles = qt.cpu_tiles;
-  try {
-    (void)ops::linear(x, q4);
-    ADD_FAILURE() << "8-bit tiles taken for a 4-bit matrix";
-  } catch (const InvalidInput& e) {
-    EXPECT_NE(std::string(e.what()).find("cpu_tiles"), std::string::npos) << e.what();
-  }
+  const std::string e = testing::error_of<InvalidInput>([&] { (void)ops::linear(x, q4); });
+  EXPECT_NE(e.find("cpu_tiles"), std::string::npos) << "8-bit tiles taken for a 4-bit matrix: " << e;
 }
 
 TEST(QuantLinearInt8, Tiles8RejectWhatTheyDoNotTake) {
@@ -902,9 +859,7 @@ TEST(QuantLinearInt8, SymmetricTilesOfAMatrixThatIsNotAreRefused) {
 
 TEST(QuantLinearInt8, RepackForCpuKeepsTheScalesAloneOfASymmetricMatrix) {
   std::mt19937 rng(31);
-  Array w32 = Array::empty({40, 256}, DType::f32);
-  const std::vector<float> wv = random_vector(size_t(40 * 256), rng);
-  std::copy(wv.begin(), wv.end(), w32.data<float>());
+  Array w32 = random_array(40, 256, rng);
   QuantizedMatrix q = quantize_affine(w32, 4, 32, DType::f16);
   // Q4_0's form: every bias -8 times its scale.
   uint16_t* s = q.scales.data<uint16_t>();
@@ -917,9 +872,7 @@ TEST(QuantLinearInt8, RepackForCpuKeepsTheScalesAloneOfASymmetricMatrix) {
   ASSERT_TRUE(qt.cpu_tiles.defined());
   EXPECT_EQ(qt.cpu_tiles_zero, 8);
   EXPECT_EQ(int64_t(qt.cpu_tiles.nbytes()), 3 * 8 * (32 + 16 * 16));  // 3 tiles, 8 groups
-  Array x = Array::empty({2, 256}, DType::f32);
-  const std::vector<float> xv = random_vector(size_t(2 * 256), rng);
-  std::copy(xv.begin(), xv.end(), x.data<float>());
+  Array x = random_array(2, 256, rng);
   // The op equals the tile kernel on tiles that keep the biases.
   QuantArgs a;
   a.packed = q.packed.data<uint32_t>();
@@ -1032,17 +985,7 @@ TEST_P(QuantLinear, RejectsUnsupportedFormats) {
 // Throughput on this machine (run with --gtest_also_run_disabled_tests), with x in f32 and
 // through linear_q (int8 x): a 4-bit g64 f16-scale matvec of out 4096 x in 14336 (rotating over 4 matrices so that w comes from memory), in GB/s
 // of w read (codes, scales and biases), and the same matrix times n = 512 rows, in GFLOP/s.
-double best_seconds(int reps, const std::function<void(int)>& fn) {
-  fn(0);
-  double best = 1e30;
-  for (int round = 0; round < 5; ++round) {
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int r = 0; r < reps; ++r) fn(r);
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
-    best = std::min(best, s);
-  }
-  return best;
-}
+using testing::best_seconds;
 
 // Random words and scales, with no reference weights (too large to keep in double).
 QMatrix make_bench_matrix(int64_t out, int64_t in, std::mt19937& rng) {

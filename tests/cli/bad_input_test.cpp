@@ -31,6 +31,17 @@ void mangle(const TempDir& d, const std::function<void(std::string&)>& f) {
   write_file(d / "model.safetensors", bytes);
 }
 
+// `generate` from the tiny Llama whose config.json, after its weights were written, says
+// `field` is `value`.
+testing::CommandResult generate_with_config(const std::string& field, const nlohmann::json& value) {
+  TempDir d;
+  auto cfg = tiny_llama_config();
+  write_tiny_llama(d.path(), cfg);
+  cfg[field] = value;
+  write_file(d / "config.json", cfg.dump());
+  return run_osprey(gen(d));
+}
+
 }  // namespace
 
 TEST(CliBadInput, ValidTinyModelGenerates) {
@@ -94,23 +105,13 @@ TEST(CliBadInput, DtypeOtherThanTheConfigImplies) {
 }
 
 TEST(CliBadInput, ShapeOtherThanTheConfigImplies) {
-  TempDir d;
-  auto cfg = tiny_llama_config();
-  write_tiny_llama(d.path(), cfg);
-  cfg["intermediate_size"] = 40;
-  write_file(d / "config.json", cfg.dump());
-  auto r = run_osprey(gen(d));
+  auto r = generate_with_config("intermediate_size", 40);
   expect_error(r, "model.layers.0.mlp.gate_proj.weight");
   EXPECT_NE(r.err.find("[40, 32]"), std::string::npos) << r.err;
 }
 
 TEST(CliBadInput, MissingTensor) {
-  TempDir d;
-  auto cfg = tiny_llama_config();
-  write_tiny_llama(d.path(), cfg);
-  cfg["num_hidden_layers"] = 3;
-  write_file(d / "config.json", cfg.dump());
-  expect_error(run_osprey(gen(d)), "missing tensor model.layers.2.");
+  expect_error(generate_with_config("num_hidden_layers", 3), "missing tensor model.layers.2.");
 }
 
 TEST(CliBadInput, UnsupportedModelTypeIsNamed) {
@@ -129,12 +130,7 @@ TEST(CliBadInput, MalformedConfigJson) {
 }
 
 TEST(CliBadInput, ConfigFieldOfTheWrongTypeIsNamed) {
-  TempDir d;
-  auto cfg = tiny_llama_config();
-  write_tiny_llama(d.path(), cfg);
-  cfg["num_attention_heads"] = "four";
-  write_file(d / "config.json", cfg.dump());
-  expect_error(run_osprey(gen(d)), "num_attention_heads");
+  expect_error(generate_with_config("num_attention_heads", "four"), "num_attention_heads");
 }
 
 TEST(CliBadInput, UnknownFlag) {

@@ -58,6 +58,15 @@ std::string raw_safetensors(const std::string& header, const std::string& data) 
   return out + header + data;
 }
 
+// `generate` from the tiny Llama with its model.safetensors replaced by one of `header` and
+// `n_data` zero bytes.
+testing::CommandResult generate_with_safetensors(const std::string& header, size_t n_data) {
+  TempDir d;
+  write_tiny_llama(d.path(), tiny_llama_config());
+  write_file(d / "model.safetensors", raw_safetensors(header, std::string(n_data, '\0')));
+  return run(gen(d.path()));
+}
+
 // The tiny Llama's model.safetensors with tensor `name`'s bytes passed through `f`.
 void patch_tensor(const fs::path& dir, const std::string& name, const std::function<void(char*, size_t)>& f) {
   size_t offset = 0, n = 0;
@@ -239,41 +248,29 @@ TEST(CliHostile, HeaderLengthOneByteShortIsRefused) {
 }
 
 TEST(CliHostile, OverlappingDataRegionsAreRefused) {
-  TempDir d;
-  write_tiny_llama(d.path(), tiny_llama_config());
-  write_file(d / "model.safetensors",
-             raw_safetensors(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},)"
-                             R"("b":{"dtype":"F32","shape":[4],"data_offsets":[8,24]}})",
-                             std::string(24, '\0')));
-  expect_error(run(gen(d.path())), {"tensor b", "overlaps tensor a"});
+  expect_error(generate_with_safetensors(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},)"
+                                         R"("b":{"dtype":"F32","shape":[4],"data_offsets":[8,24]}})",
+                                         24),
+               {"tensor b", "overlaps tensor a"});
 }
 
 TEST(CliHostile, HoleInTheDataSectionIsRefused) {
-  TempDir d;
-  write_tiny_llama(d.path(), tiny_llama_config());
-  write_file(d / "model.safetensors",
-             raw_safetensors(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
-                             R"("b":{"dtype":"F32","shape":[2],"data_offsets":[12,20]}})",
-                             std::string(20, '\0')));
-  expect_error(run(gen(d.path())), {"hole of 4 bytes", "before tensor b"});
+  expect_error(generate_with_safetensors(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                                         R"("b":{"dtype":"F32","shape":[2],"data_offsets":[12,20]}})",
+                                         20),
+               {"hole of 4 bytes", "before tensor b"});
 }
 
 TEST(CliHostile, TrailingBytesAfterTheDataAreRefused) {
-  TempDir d;
-  write_tiny_llama(d.path(), tiny_llama_config());
-  write_file(d / "model.safetensors",
-             raw_safetensors(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", std::string(11, '\0')));
-  expect_error(run(gen(d.path())), {"3 trailing bytes"});
+  expect_error(generate_with_safetensors(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 11),
+               {"3 trailing bytes"});
 }
 
 TEST(CliHostile, DuplicateHeaderKeysAreRefused) {
-  TempDir d;
-  write_tiny_llama(d.path(), tiny_llama_config());
-  write_file(d / "model.safetensors",
-             raw_safetensors(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
-                             R"("a":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
-                             std::string(16, '\0')));
-  expect_error(run(gen(d.path())), {"the header holds the key \"a\" twice"});
+  expect_error(generate_with_safetensors(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                                         R"("a":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
+                                         16),
+               {"the header holds the key \"a\" twice"});
 }
 
 TEST(CliHostile, ConfigValuesOutsideTheirDomainAreNamed) {

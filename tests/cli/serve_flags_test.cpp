@@ -298,18 +298,41 @@ std::vector<std::unique_ptr<StreamingRequest>> start_streams(int port, int n) {
   return streams;
 }
 
+// 12 long streams on the server `p` (one CPU thread, one sequence at a time: their work lasts
+// several seconds), once it holds them all and some bytes have come.
+void start_busy(const ServeProcess& p, std::vector<std::unique_ptr<StreamingRequest>>& streams) {
+  ASSERT_GT(p.port, 0) << testing::read_file(p.log_path);
+  streams = start_streams(p.port, 12);
+  ASSERT_TRUE(wait_until([&] { return total_received(streams) > 0; }, std::chrono::seconds(30)))
+      << testing::read_file(p.log_path);
+}
+
+// How many of the streams ended with the shutting_down error; every other one must have
+// completed.
+int n_ended_shutting_down(std::vector<std::unique_ptr<StreamingRequest>>& streams, const std::string& log_path) {
+  int ended = 0;
+  for (auto& s : streams) {
+    const std::string body = s->join();
+    if (ends_shutting_down(body)) {
+      ++ended;
+    } else {
+      EXPECT_TRUE(completed(body)) << "[" << body.substr(0, 300) << "] ... ["
+                                   << body.substr(body.size() > 300 ? body.size() - 300 : 0) << "]\n"
+                                   << testing::read_file(log_path);
+    }
+  }
+  return ended;
+}
+
 }  // namespace
 
 // SIGINT once: no new connection is served, the requests in progress go on (bytes keep coming);
 // SIGINT again, long before --shutdown-timeout: the process exits 0 at once, and the requests
 // still in progress end with the shutting_down error.
 TEST(CliServe, SecondSigintEndsAtOnce) {
-  // One CPU thread and one sequence at a time: the streams' work lasts several seconds.
   ServeProcess p = start_serve("--device cpu -np 1 --shutdown-timeout 120", "OSPREY_THREADS=1");
-  ASSERT_GT(p.port, 0) << testing::read_file(p.log_path);
-  auto streams = start_streams(p.port, 12);
-  ASSERT_TRUE(wait_until([&] { return total_received(streams) > 0; }, std::chrono::seconds(30)))
-      << testing::read_file(p.log_path);
+  std::vector<std::unique_ptr<StreamingRequest>> streams;
+  ASSERT_NO_FATAL_FAILURE(start_busy(p, streams));
 
   ::kill(p.pid, SIGINT);
   ASSERT_TRUE(wait_until([&] { return testing::read_file(p.log_path).find("received SIGINT") != std::string::npos; },
@@ -336,16 +359,7 @@ TEST(CliServe, SecondSigintEndsAtOnce) {
   EXPECT_NE(testing::read_file(p.log_path).find("received a second signal"), std::string::npos)
       << testing::read_file(p.log_path);
 
-  int ended = 0;
-  for (auto& s : streams) {
-    const std::string body = s->join();
-    if (ends_shutting_down(body)) {
-      ++ended;
-    } else {
-      EXPECT_TRUE(completed(body)) << body.substr(0, 300) << " ... " << body.substr(body.size() > 300 ? body.size() - 300 : 0);
-    }
-  }
-  EXPECT_GE(ended, 1) << "no request was still in progress at the second SIGINT";
+  EXPECT_GE(n_ended_shutting_down(streams, p.log_path), 1) << "no request was still in progress at the second SIGINT";
   std::filesystem::remove(p.log_path);
 }
 
@@ -353,10 +367,8 @@ TEST(CliServe, SecondSigintEndsAtOnce) {
 // second, then those left end with shutting_down; exit 0, no sooner than the timeout.
 TEST(CliServe, SigtermDrainsForTheShutdownTimeoutThenEndsTheRest) {
   ServeProcess p = start_serve("--device cpu -np 1 --shutdown-timeout 1", "OSPREY_THREADS=1");
-  ASSERT_GT(p.port, 0) << testing::read_file(p.log_path);
-  auto streams = start_streams(p.port, 12);
-  ASSERT_TRUE(wait_until([&] { return total_received(streams) > 0; }, std::chrono::seconds(30)))
-      << testing::read_file(p.log_path);
+  std::vector<std::unique_ptr<StreamingRequest>> streams;
+  ASSERT_NO_FATAL_FAILURE(start_busy(p, streams));
 
   const auto t0 = std::chrono::steady_clock::now();
   ::kill(p.pid, SIGTERM);
@@ -369,17 +381,7 @@ TEST(CliServe, SigtermDrainsForTheShutdownTimeoutThenEndsTheRest) {
   EXPECT_GE(seconds, 0.9);
   EXPECT_LT(seconds, 10.0);
 
-  int ended = 0;
-  for (auto& s : streams) {
-    const std::string body = s->join();
-    if (ends_shutting_down(body)) {
-      ++ended;
-    } else {
-      EXPECT_TRUE(completed(body)) << "[" << body.substr(0, 300) << "] ... ["
-                                   << body.substr(body.size() > 300 ? body.size() - 300 : 0) << "]\n"
-                                   << testing::read_file(p.log_path);
-    }
-  }
+  const int ended = n_ended_shutting_down(streams, p.log_path);
   EXPECT_GT(total_received(streams), at_signal) << "nothing was served during the drain";
   EXPECT_GE(ended, 1) << "no request outlived the shutdown timeout";
   std::filesystem::remove(p.log_path);

@@ -115,11 +115,7 @@ TEST_P(DecodeModes, GreedyOutputIsIdenticalInEveryModeFor300Tokens) {
 }
 
 TEST_P(DecodeModes, SampledOutputIsIdenticalInEveryMode) {
-  SamplerParams sp;
-  sp.temperature = 0.9f;
-  sp.top_k = 40;
-  sp.top_p = 0.95f;
-  sp.seed = 7;
+  SamplerParams sp{.temperature = 0.9f, .top_k = 40, .top_p = 0.95f, .seed = 7, .logit_bias = {}};
   std::vector<int32_t> first;
   for (const Mode& m : all_modes()) {
     GenerateResult r = run(m, sp, 280);

@@ -26,6 +26,7 @@
 #include "serve/generate.h"
 #include "support/device_test.h"
 #include "support/family_harness.h"
+#include "support/numeric.h"
 #include "support/test_util.h"
 
 namespace osprey {
@@ -81,12 +82,7 @@ Array dequantized(const LinearWeight& w) {
   return out;
 }
 
-int32_t argmax(const float* row, int64_t n) {
-  int64_t best = 0;
-  for (int64_t j = 1; j < n; ++j)
-    if (row[j] > row[best]) best = j;
-  return int32_t(best);
-}
+using testing::argmax;
 
 // (largest - second largest) logit of a row.
 float margin(const float* row, int64_t n) {

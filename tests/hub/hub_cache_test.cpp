@@ -60,14 +60,7 @@ class InFolder {
   fs::path saved_;
 };
 
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+std::string message_of(const std::function<void()>& f) { return testing::error_of(f, "(no error)"); }
 
 }  // namespace
 

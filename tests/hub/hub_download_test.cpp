@@ -216,6 +216,14 @@ FakeRepo tiny_repo() {
   return r;
 }
 
+// A hub serving tiny_repo() as org/tiny, and that repo's weights.
+struct TinyHub {
+  FakeHub server;
+  const FakeRepo repo = tiny_repo();
+  const FakeFile& weights = repo.files.at("model.safetensors");
+  TinyHub() { server.add("org/tiny", repo); }
+};
+
 ResolveOptions options_for(const fs::path& cache, const FakeHub& hub) {
   ResolveOptions o;
   o.cache_dir = cache;
@@ -227,14 +235,7 @@ ResolveOptions options_for(const fs::path& cache, const FakeHub& hub) {
 
 HubId id_of(const std::string& spec) { return *hub::parse_hub_id(spec); }
 
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+std::string message_of(const std::function<void()>& f) { return testing::error_of(f, "(no error)"); }
 
 // A loopback port with nothing listening: bound, never listened on, closed.
 int closed_port() {
@@ -339,60 +340,51 @@ TEST(HubDownload, ShardedWeightsFetchTheIndexAndTheShardsItNames) {
 }
 
 TEST(HubDownload, AnInterruptedTransferResumesWithARange) {
-  FakeHub server;
-  const FakeRepo repo = tiny_repo();
-  server.add("org/tiny", repo);
-  const FakeFile& weights = repo.files.at("model.safetensors");
-  server.truncate_once(weights.etag, 100000);
+  TinyHub tiny;
+  tiny.server.truncate_once(tiny.weights.etag, 100000);
   TempDir cache;
-  const fs::path snapshot = hub::download_model(id_of("org/tiny"), options_for(cache.path(), server));
-  const auto gets = server.seen_path("/blobs/" + weights.etag);
+  const fs::path snapshot = hub::download_model(id_of("org/tiny"), options_for(cache.path(), tiny.server));
+  const auto gets = tiny.server.seen_path("/blobs/" + tiny.weights.etag);
   ASSERT_EQ(gets.size(), 2u);
   EXPECT_EQ(gets[0].range, "");
   EXPECT_EQ(gets[1].range, "bytes=100000-");
-  EXPECT_EQ(testing::read_file(snapshot / "model.safetensors"), weights.bytes);
-  EXPECT_FALSE(fs::exists(cache / "models--org--tiny" / "blobs" / (weights.etag + ".incomplete")));
+  EXPECT_EQ(testing::read_file(snapshot / "model.safetensors"), tiny.weights.bytes);
+  EXPECT_FALSE(fs::exists(cache / "models--org--tiny" / "blobs" / (tiny.weights.etag + ".incomplete")));
 }
 
 TEST(HubDownload, APartialFileFromAnEarlierRunIsResumed) {
-  FakeHub server;
-  const FakeRepo repo = tiny_repo();
-  server.add("org/tiny", repo);
-  const FakeFile& weights = repo.files.at("model.safetensors");
+  TinyHub tiny;
   TempDir cache;
   const fs::path blobs = cache / "models--org--tiny" / "blobs";
   fs::create_directories(blobs);
-  testing::write_file(blobs / (weights.etag + ".incomplete"), weights.bytes.substr(0, 123457));
-  const fs::path snapshot = hub::download_model(id_of("org/tiny"), options_for(cache.path(), server));
-  const auto gets = server.seen_path("/blobs/" + weights.etag);
+  testing::write_file(blobs / (tiny.weights.etag + ".incomplete"), tiny.weights.bytes.substr(0, 123457));
+  const fs::path snapshot = hub::download_model(id_of("org/tiny"), options_for(cache.path(), tiny.server));
+  const auto gets = tiny.server.seen_path("/blobs/" + tiny.weights.etag);
   ASSERT_EQ(gets.size(), 1u);
   EXPECT_EQ(gets[0].range, "bytes=123457-");
-  EXPECT_EQ(testing::read_file(blobs / weights.etag), weights.bytes);
-  EXPECT_EQ(testing::read_file(snapshot / "model.safetensors"), weights.bytes);
-  EXPECT_FALSE(fs::exists(blobs / (weights.etag + ".incomplete")));
+  EXPECT_EQ(testing::read_file(blobs / tiny.weights.etag), tiny.weights.bytes);
+  EXPECT_EQ(testing::read_file(snapshot / "model.safetensors"), tiny.weights.bytes);
+  EXPECT_FALSE(fs::exists(blobs / (tiny.weights.etag + ".incomplete")));
 }
 
 TEST(HubDownload, TransfersThatKeepFailingLeaveThePartialFile) {
-  FakeHub server;
-  const FakeRepo repo = tiny_repo();
-  server.add("org/tiny", repo);
-  const FakeFile& weights = repo.files.at("model.safetensors");
-  server.truncate_once(weights.etag, 1000);
+  TinyHub tiny;
+  tiny.server.truncate_once(tiny.weights.etag, 1000);
   TempDir cache;
-  ResolveOptions o = options_for(cache.path(), server);
+  ResolveOptions o = options_for(cache.path(), tiny.server);
   o.n_attempts = 1;
   const std::string m = message_of([&] { hub::download_model(id_of("org/tiny"), o); });
   EXPECT_NE(m.find("/resolve/" + kCommit + "/model.safetensors"), std::string::npos) << m;
   EXPECT_NE(m.find(".incomplete is kept"), std::string::npos) << m;
-  const fs::path partial = cache / "models--org--tiny" / "blobs" / (weights.etag + ".incomplete");
-  EXPECT_EQ(testing::read_file(partial), weights.bytes.substr(0, 1000));
+  const fs::path partial = cache / "models--org--tiny" / "blobs" / (tiny.weights.etag + ".incomplete");
+  EXPECT_EQ(testing::read_file(partial), tiny.weights.bytes.substr(0, 1000));
   // No ref and no link to a blob that is not whole.
   EXPECT_FALSE(fs::exists(cache / "models--org--tiny" / "refs" / "main"));
   EXPECT_FALSE(fs::exists(cache / "models--org--tiny" / "snapshots" / kCommit / "model.safetensors"));
   // The next run resumes at byte 1000.
-  hub::download_model(id_of("org/tiny"), options_for(cache.path(), server));
-  EXPECT_EQ(server.seen_path("/blobs/" + weights.etag).back().range, "bytes=1000-");
-  EXPECT_EQ(testing::read_file(cache / "models--org--tiny" / "blobs" / weights.etag), weights.bytes);
+  hub::download_model(id_of("org/tiny"), options_for(cache.path(), tiny.server));
+  EXPECT_EQ(tiny.server.seen_path("/blobs/" + tiny.weights.etag).back().range, "bytes=1000-");
+  EXPECT_EQ(testing::read_file(cache / "models--org--tiny" / "blobs" / tiny.weights.etag), tiny.weights.bytes);
 }
 
 TEST(HubDownload, AGatedModelNeedsHfToken) {

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/ops.h"
@@ -70,21 +71,31 @@ void script(KVCache& c, uint32_t seed, int64_t n_steps) {
   for (int64_t i = 0; i < 4; ++i) c.update_and_fetch(rows(1, rng), rows(1, rng));
 }
 
+// The script on both arms (in-place writes on, then off); their snapshots.
+std::pair<KVState, KVState> script_both(KVCache& on, KVCache& off, uint32_t seed, int64_t n_steps) {
+  script(on, seed, n_steps);
+  script(off, seed, n_steps);
+  return {on.snapshot(), off.snapshot()};
+}
+
+// The first n rows of a and b hold the same key and value bytes.
+void expect_same_rows(const KVState& a, const KVState& b, int64_t n, const Types& t) {
+  EXPECT_EQ(bytes_of(a.keys, 0, n), bytes_of(b.keys, 0, n)) << label(t);
+  EXPECT_EQ(bytes_of(a.values, 0, n), bytes_of(b.values, 0, n)) << label(t);
+}
+
 }  // namespace
 
 TEST(KVCacheTypes, DenseArmsStoreTheSameBytesForEveryType) {
   for (const Types& t : kPairs) {
     DenseKVCache on(params(t, true)), off(params(t, false));
-    script(on, 11, 30);
-    script(off, 11, 30);
-    const KVState a = on.snapshot(), b = off.snapshot();
+    const auto [a, b] = script_both(on, off, 11, 30);
     ASSERT_EQ(a.offset, 42);
     ASSERT_EQ(b.offset, 42);
     EXPECT_EQ(a.keys.dtype(), t.k) << label(t);
     EXPECT_EQ(a.values.dtype(), t.v) << label(t);
     EXPECT_EQ(a.keys.dim(2), packed_row_width(t.k, kDim)) << label(t);
-    EXPECT_EQ(bytes_of(a.keys, 0, 42), bytes_of(b.keys, 0, 42)) << label(t);
-    EXPECT_EQ(bytes_of(a.values, 0, 42), bytes_of(b.values, 0, 42)) << label(t);
+    expect_same_rows(a, b, 42, t);
     // 34 single rows, of which 5 grow the buffers (step 8: at rows 8, 16, 24, 32, 40).
     EXPECT_EQ(on.counters().n_inplace_writes, 29u) << label(t);
     EXPECT_EQ(off.counters().n_inplace_writes, 0u) << label(t);
@@ -94,12 +105,9 @@ TEST(KVCacheTypes, DenseArmsStoreTheSameBytesForEveryType) {
 TEST(KVCacheTypes, RotatingArmsStoreTheSameBytesForEveryType) {
   for (const Types& t : kPairs) {
     RotatingKVCache on(params(t, true, 8)), off(params(t, false, 8));
-    script(on, 12, 21);  // past two wraps of the ring of 8
-    script(off, 12, 21);
-    const KVState a = on.snapshot(), b = off.snapshot();
+    const auto [a, b] = script_both(on, off, 12, 21);  // past two wraps of the ring of 8
     EXPECT_EQ(a.keys.dtype(), t.k) << label(t);
-    EXPECT_EQ(bytes_of(a.keys, 0, 8), bytes_of(b.keys, 0, 8)) << label(t);
-    EXPECT_EQ(bytes_of(a.values, 0, 8), bytes_of(b.values, 0, 8)) << label(t);
+    expect_same_rows(a, b, 8, t);
     EXPECT_GT(on.counters().n_inplace_writes, 0u) << label(t);
     EXPECT_EQ(off.counters().n_inplace_writes, 0u) << label(t);
   }

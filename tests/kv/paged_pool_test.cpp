@@ -166,137 +166,172 @@ std::string check(const PagedPool& pool, const Model& model) {
   return "";
 }
 
-TEST(PagedPoolAccounting, RandomOperationsKeepCountsAndContent) {
-  PagedPool pool(pool_params());
+// The random walk's state and its operations, each mirrored in the model. A failed assertion
+// ends the operation; the walk checks for it after each.
+struct PoolWalk {
+  static constexpr int kMaxLive = 8;
+
+  PagedPool pool{pool_params()};
   Model model;
-  std::mt19937 rng(20240611);
-  auto uniform = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
-  auto random_tokens = [&](int64_t n) {
+  std::mt19937 rng{20240611};
+  std::vector<Tokens> prompts;  // token lists recently put in the prefix cache
+  int n_failed_reserves = 0, n_exact_reuses = 0;
+
+  int64_t uniform(int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); }
+  Tokens random_tokens(int64_t n) {
     Tokens t(static_cast<size_t>(n));
     for (auto& x : t) x = int32_t(uniform(0, 2));  // a tiny vocabulary: prefixes repeat often
     return t;
-  };
-  auto random_live = [&]() {
+  }
+  SeqId random_live() {
     auto it = model.live.begin();
     std::advance(it, uniform(0, int64_t(model.live.size()) - 1));
     return it->first;
-  };
-  std::vector<Tokens> prompts;  // token lists recently put in the prefix cache
-  int n_failed_reserves = 0, n_exact_reuses = 0;
-  const int kMaxLive = 8;
+  }
+  void drop(SeqId s) {
+    pool.free(s);
+    model.live.erase(s);
+  }
 
-  for (int op = 0; op < 10000; ++op) {
+  // A new request whose prompt shares a random prefix with a live or cached one.
+  void match_prefix(int op) {
+    Tokens prompt;
+    if (!prompts.empty() && uniform(0, 1)) {
+      prompt = prompts[size_t(uniform(0, int64_t(prompts.size()) - 1))];
+    } else if (!model.live.empty()) {
+      prompt = model.live[random_live()];
+    }
+    prompt.resize(size_t(uniform(0, int64_t(prompt.size()))));
+    const Tokens tail = random_tokens(uniform(0, 6));
+    prompt.insert(prompt.end(), tail.begin(), tail.end());
+    const int64_t cap = uniform(0, int64_t(prompt.size()));
+    const SeqId s = pool.create();
+    const int64_t m = pool.match_prefix(s, prompt, cap);
+    ASSERT_TRUE(m >= 0 && m % kBlock == 0 && m <= cap) << "op " << op << " matched " << m << " of cap " << cap;
+    model.live[s] = Tokens(prompt.begin(), prompt.begin() + m);
+  }
+
+  void append_rows(int op) {
+    const SeqId s = random_live();
+    Tokens& tokens = model.live[s];
+    const int64_t n = uniform(1, 9), len = int64_t(tokens.size());
+    const std::vector<int32_t> table_before = pool.block_table(s);
+    const int64_t available = pool.n_available();
+    if (!append(pool, s, tokens, random_tokens(n))) {
+      ++n_failed_reserves;
+      // A refusal is honest (at most one copy more than the new blocks) and changes nothing.
+      ASSERT_LT(available, blocks_for(len + n) - blocks_for(len) + 1) << "op " << op;
+      ASSERT_EQ(pool.block_table(s), table_before) << "op " << op;
+      ASSERT_EQ(pool.n_available(), available) << "op " << op;
+    }
+  }
+
+  void truncate() {
+    const SeqId s = random_live();
+    Tokens& tokens = model.live[s];
+    const int64_t to = uniform(0, int64_t(tokens.size()));
+    pool.truncate(s, to);
+    tokens.resize(size_t(to));
+  }
+
+  void cache_prefix(int op) {
+    const SeqId s = random_live();
+    const Tokens tokens = model.live[s];
+    pool.cache_prefix(s, tokens);
+    prompts.push_back(tokens);
+    if (prompts.size() > 8) prompts.erase(prompts.begin());
+    if (int(model.live.size()) < kMaxLive && uniform(0, 1)) {
+      // Nothing was evicted since: every full block within the cap is found again.
+      const int64_t cap = uniform(0, int64_t(tokens.size()));
+      const SeqId t = pool.create();
+      const int64_t m = pool.match_prefix(t, tokens, cap);
+      ASSERT_EQ(m, cap / kBlock * kBlock) << "op " << op;
+      model.live[t] = Tokens(tokens.begin(), tokens.begin() + m);
+      ++n_exact_reuses;
+    }
+  }
+
+  // Pressure: a new sequence takes every block the pool can give, evicting the cache.
+  void fill(int op) {
+    if (int(model.live.size()) >= kMaxLive) drop(random_live());
+    const SeqId s = pool.create();
+    Tokens& tokens = model.live[s];
+    const int64_t rows = pool.n_available() * kBlock;
+    if (rows > 0) {
+      ASSERT_TRUE(append(pool, s, tokens, random_tokens(rows))) << "op " << op;
+    }
+    ASSERT_EQ(pool.n_available(), 0) << "op " << op;
+    ASSERT_EQ(pool.stats().n_cached, 0) << "op " << op;
+    if (uniform(0, 1)) drop(s);
+  }
+
+  // One random operation; returns its name. One that the state does not allow (no room for
+  // another sequence, none live) gives way to the next kind.
+  std::string step(int op) {
     const int kind = int(uniform(0, 19));
-    std::string what;
-    if (kind < 2 && int(model.live.size()) < kMaxLive) {
-      what = "create";
+    const bool room = int(model.live.size()) < kMaxLive, any = !model.live.empty();
+    if (kind < 2 && room) {
       model.live[pool.create()] = {};
-    } else if (kind < 5 && int(model.live.size()) < kMaxLive) {
-      // A new request whose prompt shares a random prefix with a live or cached one.
-      what = "match_prefix";
-      Tokens prompt;
-      if (!prompts.empty() && uniform(0, 1)) {
-        prompt = prompts[size_t(uniform(0, int64_t(prompts.size()) - 1))];
-      } else if (!model.live.empty()) {
-        prompt = model.live[random_live()];
-      }
-      prompt.resize(size_t(uniform(0, int64_t(prompt.size()))));
-      const Tokens tail = random_tokens(uniform(0, 6));
-      prompt.insert(prompt.end(), tail.begin(), tail.end());
-      const int64_t cap = uniform(0, int64_t(prompt.size()));
-      const SeqId s = pool.create();
-      const int64_t m = pool.match_prefix(s, prompt, cap);
-      ASSERT_TRUE(m >= 0 && m % kBlock == 0 && m <= cap) << "op " << op << " matched " << m << " of cap " << cap;
-      model.live[s] = Tokens(prompt.begin(), prompt.begin() + m);
-    } else if (kind < 11 && !model.live.empty()) {
-      what = "append";
-      const SeqId s = random_live();
-      Tokens& tokens = model.live[s];
-      const int64_t n = uniform(1, 9), len = int64_t(tokens.size());
-      const std::vector<int32_t> table_before = pool.block_table(s);
-      const int64_t available = pool.n_available();
-      if (!append(pool, s, tokens, random_tokens(n))) {
-        ++n_failed_reserves;
-        // A refusal is honest (at most one copy more than the new blocks) and changes nothing.
-        ASSERT_LT(available, blocks_for(len + n) - blocks_for(len) + 1) << "op " << op;
-        ASSERT_EQ(pool.block_table(s), table_before) << "op " << op;
-        ASSERT_EQ(pool.n_available(), available) << "op " << op;
-      }
-    } else if (kind < 13 && !model.live.empty() && int(model.live.size()) < kMaxLive) {
-      what = "fork";
+      return "create";
+    }
+    if (kind < 5 && room) {
+      match_prefix(op);
+      return "match_prefix";
+    }
+    if (kind < 11 && any) {
+      append_rows(op);
+      return "append";
+    }
+    if (kind < 13 && any && room) {
       const SeqId s = random_live();
       const Tokens copy = model.live[s];
       model.live[pool.fork(s)] = copy;
-    } else if (kind < 15 && !model.live.empty()) {
-      what = "free";
-      const SeqId s = random_live();
-      pool.free(s);
-      model.live.erase(s);
-    } else if (kind < 16 && !model.live.empty()) {
-      what = "truncate";
-      const SeqId s = random_live();
-      Tokens& tokens = model.live[s];
-      const int64_t to = uniform(0, int64_t(tokens.size()));
-      pool.truncate(s, to);
-      tokens.resize(size_t(to));
-    } else if (kind < 18 && !model.live.empty()) {
-      what = "cache_prefix";
-      const SeqId s = random_live();
-      const Tokens tokens = model.live[s];
-      pool.cache_prefix(s, tokens);
-      prompts.push_back(tokens);
-      if (prompts.size() > 8) prompts.erase(prompts.begin());
-      if (int(model.live.size()) < kMaxLive && uniform(0, 1)) {
-        // Nothing was evicted since: every full block within the cap is found again.
-        const int64_t cap = uniform(0, int64_t(tokens.size()));
-        const SeqId t = pool.create();
-        const int64_t m = pool.match_prefix(t, tokens, cap);
-        ASSERT_EQ(m, cap / kBlock * kBlock) << "op " << op;
-        model.live[t] = Tokens(tokens.begin(), tokens.begin() + m);
-        ++n_exact_reuses;
-      }
-    } else if (kind < 19) {
-      // Pressure: a new sequence takes every block the pool can give, evicting the cache.
-      what = "fill";
-      if (int(model.live.size()) >= kMaxLive) {
-        const SeqId s = random_live();
-        pool.free(s);
-        model.live.erase(s);
-      }
-      const SeqId s = pool.create();
-      Tokens& tokens = model.live[s];
-      const int64_t rows = pool.n_available() * kBlock;
-      if (rows > 0) {
-        ASSERT_TRUE(append(pool, s, tokens, random_tokens(rows))) << "op " << op;
-      }
-      ASSERT_EQ(pool.n_available(), 0) << "op " << op;
-      ASSERT_EQ(pool.stats().n_cached, 0) << "op " << op;
-      if (uniform(0, 1)) {
-        pool.free(s);
-        model.live.erase(s);
-      }
-    } else {
-      what = "clear_prefix_cache";
-      pool.clear_prefix_cache();
-      ASSERT_EQ(pool.stats().n_cached, 0) << "op " << op;
+      return "fork";
     }
-    const std::string bad = check(pool, model);
+    if (kind < 15 && any) {
+      drop(random_live());
+      return "free";
+    }
+    if (kind < 16 && any) {
+      truncate();
+      return "truncate";
+    }
+    if (kind < 18 && any) {
+      cache_prefix(op);
+      return "cache_prefix";
+    }
+    if (kind < 19) {
+      fill(op);
+      return "fill";
+    }
+    pool.clear_prefix_cache();
+    EXPECT_EQ(pool.stats().n_cached, 0) << "op " << op;
+    return "clear_prefix_cache";
+  }
+};
+
+TEST(PagedPoolAccounting, RandomOperationsKeepCountsAndContent) {
+  PoolWalk w;
+  for (int op = 0; op < 10000; ++op) {
+    const std::string what = w.step(op);
+    ASSERT_FALSE(HasFailure()) << "after op " << op << " (" << what << ")";
+    const std::string bad = check(w.pool, w.model);
     ASSERT_EQ(bad, "") << "after op " << op << " (" << what << ")";
   }
 
   // The random walk went through every path.
-  const PagedPoolStats st = pool.stats();
+  const PagedPoolStats st = w.pool.stats();
   EXPECT_GT(st.n_cow, 100u);
   EXPECT_GT(st.n_evicted, 100u);
   EXPECT_GT(st.n_prefix_hits, 100u);
-  EXPECT_GT(n_failed_reserves, 10);
-  EXPECT_GT(n_exact_reuses, 10);
+  EXPECT_GT(w.n_failed_reserves, 10);
+  EXPECT_GT(w.n_exact_reuses, 10);
 
-  for (const auto& [seq, tokens] : model.live) pool.free(seq);
-  pool.clear_prefix_cache();
-  EXPECT_EQ(pool.stats().n_free, pool.n_blocks());
-  EXPECT_EQ(pool.stats().n_in_use, 0);
-  EXPECT_EQ(pool.stats().n_cached, 0);
+  for (const auto& [seq, tokens] : w.model.live) w.pool.free(seq);
+  w.pool.clear_prefix_cache();
+  EXPECT_EQ(w.pool.stats().n_free, w.pool.n_blocks());
+  EXPECT_EQ(w.pool.stats().n_in_use, 0);
+  EXPECT_EQ(w.pool.stats().n_cached, 0);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -347,13 +382,26 @@ TEST(PagedPoolCopyOnWrite, WithoutTheRuleAnotherSequenceReadsAWrongRow) {
 // ---------------------------------------------------------------------------------------------
 // The prefix cache.
 
+// A new sequence of `pool` holding `prompt`, put in the prefix cache; `written` is false where
+// the pool had no room for the prompt.
+struct CachedPrompt {
+  SeqId seq;
+  Tokens tokens;
+  bool written;
+};
+
+CachedPrompt cache_prompt(PagedPool& pool, const Tokens& prompt) {
+  CachedPrompt c{pool.create(), {}, false};
+  c.written = append(pool, c.seq, c.tokens, prompt);
+  pool.cache_prefix(c.seq, c.tokens);
+  return c;
+}
+
 TEST(PagedPoolPrefix, ExactReuse) {
   PagedPool pool(pool_params());
-  Tokens a;
   const Tokens prompt = iota_tokens(13, 100);
-  const SeqId sa = pool.create();
-  ASSERT_TRUE(append(pool, sa, a, prompt));
-  pool.cache_prefix(sa, a);
+  auto [sa, a, written] = cache_prompt(pool, prompt);
+  ASSERT_TRUE(written);
   const SeqId sb = pool.create();
   EXPECT_EQ(pool.match_prefix(sb, prompt, 100), 12);
   EXPECT_EQ(pool.length(sb), 12);
@@ -404,10 +452,8 @@ TEST(PagedPoolPrefix, CachePrefixReturnsTheRunItAdded) {
 // forget_prefix takes a chain out from its tail while nothing else holds or continues a block.
 TEST(PagedPoolPrefix, ForgetPrefixTakesOutTheUnsharedTail) {
   PagedPool pool(pool_params());
-  Tokens a;
-  const SeqId sa = pool.create();
-  ASSERT_TRUE(append(pool, sa, a, iota_tokens(16, 100)));
-  pool.cache_prefix(sa, a);
+  auto [sa, a, written] = cache_prompt(pool, iota_tokens(16, 100));
+  ASSERT_TRUE(written);
   // c shares a's first two blocks and goes on differently.
   const SeqId sc = pool.create();
   Tokens c(a.begin(), a.begin() + pool.match_prefix(sc, a, 8));
@@ -431,11 +477,9 @@ TEST(PagedPoolPrefix, ForgetPrefixTakesOutTheUnsharedTail) {
 
 TEST(PagedPoolPrefix, PartialReuseStopsAtTheFirstDifferentBlock) {
   PagedPool pool(pool_params());
-  Tokens a;
   const Tokens prompt = iota_tokens(12, 100);
-  const SeqId sa = pool.create();
-  ASSERT_TRUE(append(pool, sa, a, prompt));
-  pool.cache_prefix(sa, a);
+  auto [sa, a, written] = cache_prompt(pool, prompt);
+  ASSERT_TRUE(written);
 
   Tokens other = prompt;
   other[5] = 7;  // differs in block 1
@@ -454,11 +498,9 @@ TEST(PagedPoolPrefix, PartialReuseStopsAtTheFirstDifferentBlock) {
 
 TEST(PagedPoolPrefix, MaxTokensCapsTheMatch) {
   PagedPool pool(pool_params());
-  Tokens a;
   const Tokens prompt = iota_tokens(12, 100);
-  const SeqId sa = pool.create();
-  ASSERT_TRUE(append(pool, sa, a, prompt));
-  pool.cache_prefix(sa, a);
+  auto [sa, a, written] = cache_prompt(pool, prompt);
+  ASSERT_TRUE(written);
   EXPECT_EQ(pool.match_prefix(pool.create(), prompt, 11), 8);  // the last token is computed
   EXPECT_EQ(pool.match_prefix(pool.create(), prompt, 12), 12);
   EXPECT_EQ(pool.match_prefix(pool.create(), prompt, 3), 0);
@@ -469,13 +511,11 @@ TEST(PagedPoolPrefix, MaxTokensCapsTheMatch) {
 
 TEST(PagedPoolPrefix, ForcedHashCollisionNeverMatches) {
   CollidingPool pool(pool_params());
-  Tokens a;
   // Block 1 repeats block 0's tokens: its key and tokens both agree with the cached block 0,
   // only its parent tells them apart.
   const Tokens prompt{1, 2, 3, 4, 1, 2, 3, 4};
-  const SeqId sa = pool.create();
-  ASSERT_TRUE(append(pool, sa, a, prompt));
-  pool.cache_prefix(sa, a);
+  auto [sa, a, written] = cache_prompt(pool, prompt);
+  ASSERT_TRUE(written);
   EXPECT_EQ(pool.stats().n_in_use, 2);
 
   const SeqId sb = pool.create();

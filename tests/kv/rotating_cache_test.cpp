@@ -21,6 +21,7 @@
 #include "kv/replay.h"
 #include "kv/rotating_cache.h"
 #include "support/device_test.h"
+#include "support/kv_params.h"
 #include "support/numeric.h"
 
 namespace osprey {
@@ -93,11 +94,8 @@ std::vector<float> host_floats(const Array& a) {
 }
 
 KVCacheParams ring_params(int64_t window, DType dtype, Device device, bool inplace = true) {
-  KVCacheParams p;
-  p.n_kv_heads = kKVHeads;
-  p.head_dim = kDim;
+  KVCacheParams p = testing::kv_params(kKVHeads, kDim, dtype);
   p.window = window;
-  p.dtype = dtype;
   p.device = device;
   p.inplace = inplace;
   return p;

@@ -112,14 +112,8 @@ namespace osprey {
 // The shared dimension fields: a family's defaults fill what the config leaves out, and every
 // bad field is named with one message, whichever family reads it.
 TEST(DecoderDims, DefaultsFillOmittedKeysAndBadFieldsAreNamed) {
-  DecoderDefaults gemma;
-  gemma.vocab_size = 262208;
-  gemma.hidden_size = 2304;
-  gemma.intermediate_size = 9216;
-  gemma.n_layers = 26;
-  gemma.n_heads = 8;
-  gemma.n_kv_heads = 4;
-  gemma.head_dim = 256;
+  DecoderDefaults gemma{.vocab_size = 262208, .hidden_size = 2304, .intermediate_size = 9216, .n_layers = 26,
+                        .n_heads = 8, .n_kv_heads = 4, .head_dim = 256};
   const DecoderDims g = parse_decoder_dims(ConfigReader(nlohmann::json::object(), "config.json"), gemma);
   EXPECT_EQ(g.vocab_size, 262208);
   EXPECT_EQ(g.n_kv_heads, 4);

@@ -186,12 +186,7 @@ void write_declaration(const std::filesystem::path& dir, const std::vector<std::
 std::string declaration_error(const std::vector<std::string>& types, const json& pooling) {
   testing::TempDir dir;
   write_declaration(dir.path(), types, pooling);
-  try {
-    read_pooling_config(dir.path());
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(read)";
+  return testing::error_of([&] { read_pooling_config(dir.path()); }, "(read)");
 }
 
 TEST(EmbeddingDeclaration, ReadsTheFixturesPooling) {

@@ -173,13 +173,8 @@ TEST_P(Family, KVWriteSwitchGivesByteIdenticalGreedyOutputFor300Tokens) {
   // Through the CLI, so the environment switch and the JSON counters are covered too.
   const std::string args = "generate -m " + fixture_dir(GetParam().model).string() + " --device " +
                            GetParam().device + " --token-ids 5,99,23,311,8,140,77,3 -n 300 --ignore-eos --json";
-  auto on = testing::run_osprey(args, "OSPREY_KV_INPLACE_WRITE=1");
-  auto off = testing::run_osprey(args, "OSPREY_KV_INPLACE_WRITE=0");
-  ASSERT_EQ(on.exit_code, 0) << on.err;
-  ASSERT_EQ(off.exit_code, 0) << off.err;
-  auto jon = nlohmann::json::parse(on.out), joff = nlohmann::json::parse(off.out);
-  ASSERT_EQ(jon["tokens"].size(), 300u);
-  EXPECT_EQ(jon["tokens"], joff["tokens"]);
+  nlohmann::json jon, joff;
+  ASSERT_NO_FATAL_FAILURE(testing::expect_kv_write_switch_keeps_tokens(args, 300, jon, joff));
   const uint64_t layers = uint64_t(model_->info().n_layers);
   // The prefill and 299 decode writes at rows 8..306 per layer. A dense layer's write at row
   // 256 grows the buffer; a sliding-window layer's cache may wrap in place instead.

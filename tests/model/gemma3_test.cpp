@@ -94,26 +94,16 @@ TEST(Gemma3Config, ErrorsNameTheField) {
   const RefWeights w = testing::gemma3_weights(c, 36);
   const std::string e = load_error({{"model_type", "gemma3"}}, w);
   EXPECT_TRUE(contains(e, "\"text_config\": missing"));
-  nlohmann::json bad = c;
-  bad["layer_types"][1] = "chunked_attention";
-  EXPECT_TRUE(contains(load_error(bad, w), "\"layer_types\": layer 1 is \"chunked_attention\""));
-  bad = c;
-  bad["layer_types"] = {"sliding_attention"};
-  EXPECT_TRUE(contains(load_error(bad, w), "has 1 entries, but num_hidden_layers is 4"));
-  for (const nlohmann::json& v : {nlohmann::json(0), nlohmann::json(-48), nlohmann::json("48")}) {
-    bad = c;
-    bad["query_pre_attn_scalar"] = v;
-    EXPECT_TRUE(contains(load_error(bad, w), "\"query_pre_attn_scalar\"")) << v.dump();
-  }
-  bad = c;
-  bad["final_logit_softcapping"] = 0;
-  EXPECT_TRUE(contains(load_error(bad, w), "\"final_logit_softcapping\": must be positive or null"));
-  bad = c;
-  bad["hidden_activation"] = "gelu";
-  EXPECT_TRUE(contains(load_error(bad, w), "\"hidden_activation\": \"gelu\" is not supported"));
-  bad = c;
-  bad["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 8.0}};
-  EXPECT_TRUE(contains(load_error(bad, w), "rope type \"yarn\" is not supported"));
+  auto with = [&](const char* field, const nlohmann::json& value) { return testing::load_error_with(c, field, value, w); };
+  nlohmann::json layers = c["layer_types"];
+  layers[1] = "chunked_attention";
+  EXPECT_TRUE(contains(with("layer_types", layers), "\"layer_types\": layer 1 is \"chunked_attention\""));
+  EXPECT_TRUE(contains(with("layer_types", {"sliding_attention"}), "has 1 entries, but num_hidden_layers is 4"));
+  for (const nlohmann::json& v : {nlohmann::json(0), nlohmann::json(-48), nlohmann::json("48")})
+    EXPECT_TRUE(contains(with("query_pre_attn_scalar", v), "\"query_pre_attn_scalar\"")) << v.dump();
+  EXPECT_TRUE(contains(with("final_logit_softcapping", 0), "\"final_logit_softcapping\": must be positive or null"));
+  EXPECT_TRUE(contains(with("hidden_activation", "gelu"), "\"hidden_activation\": \"gelu\" is not supported"));
+  EXPECT_TRUE(contains(with("rope_scaling", {{"rope_type", "yarn"}, {"factor", 8.0}}), "rope type \"yarn\" is not supported"));
 }
 
 TEST(Gemma3Config, UnusedTensorsAreRefused) {

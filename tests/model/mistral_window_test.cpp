@@ -122,6 +122,20 @@ class MistralWindow : public testing::DeviceTest {
   }
   // 46 tokens: the 22-token prompt, then the 24 tokens fed back one step at a time.
   static std::vector<int32_t> sequence() { return testing::random_prompt(kPrompt + kSteps, 12); }
+
+  // The checkpoint of `head_dim` (seeded) loaded on the test's device, and the definition's
+  // logits over sequence() from K/V rows rounded as the model stores them.
+  struct Loaded {
+    Checkpoint c;
+    std::unique_ptr<Model> m;
+    std::vector<std::vector<double>> ref;
+  };
+  Loaded load(int64_t head_dim, uint32_t seed) const {
+    Loaded l{write(head_dim, seed), nullptr, {}};
+    l.m = testing::load_on(l.c.dir->path(), device());
+    l.ref = testing::mistral_reference(l.c.config, l.c.w, sequence(), testing::kv_rows(*l.m));
+    return l;
+  }
 };
 
 }  // namespace
@@ -160,17 +174,15 @@ TEST_P(MistralWindow, ReferenceDiffersFromFullAttentionOnlyPastTheWindow) {
 
 TEST_P(MistralWindow, DenseDecodePastTheWindowMatchesTheDefinition) {
   for (int64_t head_dim : {16, 64}) {
-    const Checkpoint c = write(head_dim, uint32_t(20 + head_dim));
-    auto m = testing::load_on(c.dir->path(), device());
+    const Loaded l = load(head_dim, uint32_t(20 + head_dim));
     const std::vector<int32_t> ids = sequence();
-    const auto ref = testing::mistral_reference(c.config, c.w, ids, testing::kv_rows(*m));
     for (bool at_once : {true, false})
       for (bool inplace : {true, false}) {
-        const auto rows = dense_rows(*m, ids, at_once, inplace);
+        const auto rows = dense_rows(*l.m, ids, at_once, inplace);
         ASSERT_EQ(rows.size(), kSteps + 1);
         for (size_t s = 0; s < rows.size(); ++s) {
           const size_t t = kPrompt - 1 + s;
-          EXPECT_LT(row_error(rows[s], ref[t]), tolerance())
+          EXPECT_LT(row_error(rows[s], l.ref[t]), tolerance())
               << "head_dim " << head_dim << (at_once ? ", prompt at once" : ", prompt token by token")
               << (inplace ? ", in-place writes" : ", copying writes") << ", position " << t;
         }
@@ -211,11 +223,9 @@ TEST_P(MistralWindow, PagedDecodePastTheWindowMatchesTheDefinitionAloneAndInABat
   // (one still inside its window, one far past it), with in-place writes on and off. On CUDA
   // the paged step's logits also equal the dense ring's on the same device.
   for (int64_t head_dim : {16, 64}) {
-    const Checkpoint c = write(head_dim, uint32_t(60 + head_dim));
-    auto m = testing::load_on(c.dir->path(), device());
+    const Loaded l = load(head_dim, uint32_t(60 + head_dim));
     const std::vector<int32_t> ids = sequence();
-    const auto ref = testing::mistral_reference(c.config, c.w, ids, testing::kv_rows(*m));
-    const auto dense = dense_rows(*m, ids, true, true);
+    const auto dense = dense_rows(*l.m, ids, true, true);
     const std::vector<std::vector<int32_t>> others = {testing::random_prompt(5, 3), testing::random_prompt(40, 4)};
     for (bool batch : {false, true})
       for (bool inplace : {true, false}) {
@@ -225,7 +235,7 @@ TEST_P(MistralWindow, PagedDecodePastTheWindowMatchesTheDefinitionAloneAndInABat
         o.block_size = 16;
         o.prefix_cache = false;
         o.inplace = inplace;
-        PagedBackend backend(*m, o);
+        PagedBackend backend(*l.m, o);
         std::vector<SequenceBackend::DecodeInput> in;
         std::vector<std::vector<float>> first;
         auto admit = [&](const std::vector<int32_t>& prompt) {
@@ -243,7 +253,7 @@ TEST_P(MistralWindow, PagedDecodePastTheWindowMatchesTheDefinitionAloneAndInABat
           for (const auto& p : others) in.push_back({admit(p), p.back(), false});
         const std::string what = "head_dim " + std::to_string(head_dim) + (batch ? ", in a batch" : ", alone") +
                                  (inplace ? ", in-place writes" : ", copying writes");
-        EXPECT_LT(row_error(first[0], ref[kPrompt - 1]), tolerance()) << what << ", the prompt";
+        EXPECT_LT(row_error(first[0], l.ref[kPrompt - 1]), tolerance()) << what << ", the prompt";
         std::vector<SequenceBackend::DecodeOutput> out;
         for (size_t s = 1; s <= kSteps; ++s) {
           for (const auto& i : in) ASSERT_TRUE(backend.reserve(i.handle, 1));
@@ -251,7 +261,7 @@ TEST_P(MistralWindow, PagedDecodePastTheWindowMatchesTheDefinitionAloneAndInABat
           ASSERT_EQ(out.size(), in.size());
           ASSERT_TRUE(out[0].error.empty()) << out[0].error;
           const size_t t = kPrompt - 1 + s;
-          EXPECT_LT(row_error(out[0].logits, ref[t]), tolerance()) << what << ", position " << t;
+          EXPECT_LT(row_error(out[0].logits, l.ref[t]), tolerance()) << what << ", position " << t;
           // Both read the same rows of one prefill; CUDA's paged kernel rounds q and the
           // softmax weights for its tensor cores where the dense head_dim-16 kernel does not.
           EXPECT_LT(row_error(out[0].logits, dense[s]), on_cuda() ? 2e-3 : 1e-4) << what << ", position " << t

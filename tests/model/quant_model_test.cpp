@@ -22,6 +22,7 @@
 #include "support/device_test.h"
 #include "support/families.h"
 #include "support/family_harness.h"
+#include "support/numeric.h"
 #include "support/test_util.h"
 
 namespace osprey {
@@ -55,12 +56,7 @@ double worst_row_error(const Array& ours, const Array& ref) {
   return worst;
 }
 
-int32_t argmax(const float* row, int64_t n) {
-  int64_t best = 0;
-  for (int64_t j = 1; j < n; ++j)
-    if (row[j] > row[best]) best = j;
-  return int32_t(best);
-}
+using testing::argmax;
 
 class QuantReference : public testing::FixtureModelTest {
  protected:
@@ -211,13 +207,8 @@ TEST_P(QuantReference, TilesOnlyWeightsGiveTheSameLogitsAsKeptPackedWords) {
 TEST_P(QuantReference, KVWriteSwitchGivesByteIdenticalGreedyOutput) {
   const std::string args = "generate -m " + fixture(GetParam().model).string() + " --device " + GetParam().device +
                            " --token-ids 5,99,23,311,8,140,77,3 -n 300 --ignore-eos --json";
-  auto on = testing::run_osprey(args, "OSPREY_KV_INPLACE_WRITE=1");
-  auto off = testing::run_osprey(args, "OSPREY_KV_INPLACE_WRITE=0");
-  ASSERT_EQ(on.exit_code, 0) << on.err;
-  ASSERT_EQ(off.exit_code, 0) << off.err;
-  auto jon = nlohmann::json::parse(on.out), joff = nlohmann::json::parse(off.out);
-  ASSERT_EQ(jon["tokens"].size(), 300u);
-  EXPECT_EQ(jon["tokens"], joff["tokens"]);
+  nlohmann::json jon, joff;
+  ASSERT_NO_FATAL_FAILURE(testing::expect_kv_write_switch_keeps_tokens(args, 300, jon, joff));
   EXPECT_GT(jon["timings"]["kv_inplace_writes"].get<uint64_t>(), 0u);
   EXPECT_EQ(joff["timings"]["kv_inplace_writes"].get<uint64_t>(), 0u);
 }

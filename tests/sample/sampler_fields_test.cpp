@@ -79,13 +79,8 @@ TEST(SamplerFields, EveryRequestFieldLandsInItsSettingAndOutOfRangeIsA400NamingI
 }
 
 TEST(SamplerFields, AFieldLeftOutTakesTheGivenDefaults) {
-  SamplerParams d;
-  d.temperature = 0.3f;
-  d.top_k = 9;
-  d.top_p = 0.8f;
-  d.min_p = 0.1f;
-  d.typical_p = 0.9f;
-  d.repetition_penalty = 1.1f;
+  const SamplerParams d{
+      .temperature = 0.3f, .top_k = 9, .top_p = 0.8f, .min_p = 0.1f, .typical_p = 0.9f, .repetition_penalty = 1.1f, .logit_bias = {}};
   const SamplerParams got = read_completion_fields({{"prompt", "x"}}, false, d).params.sampler;
   EXPECT_FLOAT_EQ(got.temperature, 0.3f);
   EXPECT_EQ(got.top_k, 9);

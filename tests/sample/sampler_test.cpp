@@ -34,6 +34,14 @@ std::vector<int32_t> ids_of(const std::vector<std::pair<int32_t, float>>& d) {
 
 const std::vector<float> kLogits = {1.0f, 3.0f, -2.0f, 2.5f, 0.5f, 3.0f, -1.0f, 2.0f};
 
+// The distribution of kLogits after `history` equals the softmax (at temperature 1) of
+// `penalised`: kLogits as the penalties of `p` should leave them, worked out by hand.
+void expect_penalised(const SamplerParams& p, const std::vector<int32_t>& history, const std::vector<float>& penalised) {
+  Sampler s(p);
+  const auto ref = softmax(penalised, 1.0);
+  for (auto& [id, prob] : s.distribution(kLogits, history)) EXPECT_NEAR(prob, ref[size_t(id)], 1e-6);
+}
+
 }  // namespace
 
 TEST(Sampler, GreedyPicksTheArgmaxAndTheLowestIdOnATie) {
@@ -84,18 +92,12 @@ TEST(Sampler, LogitBiasShiftsLogitsAndMinus100Bans) {
 }
 
 TEST(Sampler, TopKKeepsTheKLargest) {
-  SamplerParams p;
-  p.temperature = 1.0f;
-  p.top_k = 3;
-  Sampler s(p);
+  Sampler s({.temperature = 1.0f, .top_k = 3, .logit_bias = {}});
   EXPECT_EQ(ids_of(s.distribution(kLogits, {})), (std::vector<int32_t>{1, 3, 5}));
 }
 
 TEST(Sampler, TopPKeepsTheSmallestSetReachingP) {
-  SamplerParams p;
-  p.temperature = 1.0f;
-  p.top_p = 0.8f;
-  Sampler s(p);
+  Sampler s({.temperature = 1.0f, .top_p = 0.8f, .logit_bias = {}});
   auto ref = softmax(kLogits, 1.0);
   // The tokens by falling probability; the two at 3.0 (ids 1 and 5) share the top rank.
   std::vector<int32_t> order(kLogits.size());
@@ -137,10 +139,7 @@ TEST(Sampler, TopPKeepsEveryTokenTiedWithTheCut) {
 }
 
 TEST(Sampler, MinPDropsTokensBelowAFractionOfTheBest) {
-  SamplerParams p;
-  p.temperature = 1.0f;
-  p.min_p = 0.3f;
-  Sampler s(p);
+  Sampler s({.temperature = 1.0f, .min_p = 0.3f, .logit_bias = {}});
   auto ref = softmax(kLogits, 1.0);
   double best = *std::max_element(ref.begin(), ref.end());
   std::vector<int32_t> expect;
@@ -150,45 +149,26 @@ TEST(Sampler, MinPDropsTokensBelowAFractionOfTheBest) {
 }
 
 TEST(Sampler, RepetitionPenaltyDividesPositiveAndMultipliesNegativeLogits) {
-  SamplerParams p;
-  p.temperature = 1.0f;
-  p.repetition_penalty = 2.0f;
-  Sampler s(p);
-  std::vector<int32_t> history = {1, 2, 1};
   std::vector<float> penalised = kLogits;
   penalised[1] = 3.0f / 2.0f;
   penalised[2] = -2.0f * 2.0f;
-  auto ref = softmax(penalised, 1.0);
-  for (auto& [id, prob] : s.distribution(kLogits, history)) EXPECT_NEAR(prob, ref[size_t(id)], 1e-6);
+  expect_penalised({.temperature = 1.0f, .repetition_penalty = 2.0f, .logit_bias = {}}, {1, 2, 1}, penalised);
 }
 
 TEST(Sampler, PresenceAndFrequencyPenaltiesSubtractPerSeenToken) {
-  SamplerParams p;
-  p.temperature = 1.0f;
-  p.presence_penalty = 0.5f;
-  p.frequency_penalty = 0.25f;
-  Sampler s(p);
   // Token 1 seen twice, 2 once: l - (0.5 + c * 0.25), by hand.
-  std::vector<int32_t> history = {1, 2, 1};
   std::vector<float> penalised = kLogits;
   penalised[1] = 3.0f - 1.0f;
   penalised[2] = -2.0f - 0.75f;
-  auto ref = softmax(penalised, 1.0);
-  for (auto& [id, prob] : s.distribution(kLogits, history)) EXPECT_NEAR(prob, ref[size_t(id)], 1e-6);
+  expect_penalised({.temperature = 1.0f, .presence_penalty = 0.5f, .frequency_penalty = 0.25f, .logit_bias = {}}, {1, 2, 1}, penalised);
 }
 
 TEST(Sampler, PenaltiesLookOnlyAtTheLastNTokens) {
-  SamplerParams p;
-  p.temperature = 1.0f;
-  p.presence_penalty = 1.0f;
-  p.repeat_last_n = 2;
-  Sampler s(p);
-  std::vector<int32_t> history = {5, 1, 3};  // 5 is outside the window
   std::vector<float> penalised = kLogits;
   penalised[1] -= 1.0f;
   penalised[3] -= 1.0f;
-  auto ref = softmax(penalised, 1.0);
-  for (auto& [id, prob] : s.distribution(kLogits, history)) EXPECT_NEAR(prob, ref[size_t(id)], 1e-6);
+  // 5 is outside the window of the last two.
+  expect_penalised({.temperature = 1.0f, .repeat_last_n = 2, .presence_penalty = 1.0f, .logit_bias = {}}, {5, 1, 3}, penalised);
 }
 
 TEST(Sampler, DrawsFollowTheDistributionAndTheSeed) {
@@ -737,13 +717,8 @@ TEST(Sampler, DrawsAreBitIdenticalToBruteForceGumbelMaxAtA128kVocabulary) {
   };
   for (const Case& c : cases) {
     const std::vector<float>& l = std::string(c.logits) == "flat" ? flat : peaked;
-    SamplerParams p;
-    p.temperature = c.temperature;
-    p.top_k = c.top_k;
-    p.top_p = c.top_p;
-    p.min_p = c.min_p;
-    p.typical_p = c.typical_p;
-    p.seed = 77;
+    const SamplerParams p{.temperature = c.temperature, .top_k = c.top_k, .top_p = c.top_p, .min_p = c.min_p,
+                          .typical_p = c.typical_p, .seed = 77, .logit_bias = {}};
     const std::string what = std::string(c.logits) + " " + describe(p, kVocab, 0);
     const Kept kept = reference_kept(l, p);
     const Sampler s(p);
@@ -790,11 +765,7 @@ TEST(Sampler, TypicalPOutOfRangeIsRejectedNamingIt) {
 }
 
 TEST(Sampler, OnlyTypicalPAtATemperatureNeedsTheHostSamplerAmongTheCuts) {
-  SamplerParams p;
-  p.temperature = 0.8f;
-  p.top_k = 40;
-  p.top_p = 0.9f;
-  p.min_p = 0.05f;
+  SamplerParams p{.temperature = 0.8f, .top_k = 40, .top_p = 0.9f, .min_p = 0.05f, .logit_bias = {}};
   EXPECT_FALSE(needs_host_sampler(p));
   p.typical_p = 0.9f;
   EXPECT_TRUE(needs_host_sampler(p));

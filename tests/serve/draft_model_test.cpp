@@ -336,33 +336,17 @@ TEST(DraftModel, SampledOutputFollowsTheTargetDistribution) {
 TEST(DraftModel, SchedulerSequencesMatchPlainDecoding) {
   auto model = load_model(draft_fixture("llama"));
   auto qwen3 = load_model(draft_fixture("qwen3"));
-  auto run = [&](bool spec, SchedulerStats* stats_out) {
-    PromptCache pc(64u << 20, /*keep_checksums=*/true);
-    DenseBackendOptions bo;
-    bo.n_slots = 2;
-    DenseSlotBackend backend(*model, pc, bo);
-    SchedulerOptions so;
-    so.engine_thread = false;
-    if (spec) {
-      so.spec.model_draft = "qwen3";
-      so.spec.draft_p_min = 0;
-      so.draft_model = qwen3.get();
-    }
-    Scheduler engine(backend, so);
-    std::vector<std::vector<int32_t>> prompts;
-    for (uint32_t seed : {41u, 43u, 47u}) prompts.push_back(draft_prompt(512, seed));
-    std::vector<std::vector<int32_t>> out = testing::run_prompts(engine, prompts, 30);
-    if (stats_out) *stats_out = engine.stats();
-    engine.stop();
-    for (const auto& c : pc.checksums()) EXPECT_EQ(c.at_store, c.now) << c.n_tokens << " tokens";
-    return out;
-  };
-  SchedulerStats st;
-  const auto plain = run(false, nullptr);
-  const auto spec = run(true, &st);
-  EXPECT_EQ(spec, plain);
-  EXPECT_GT(st.n_verify_steps, 0u);
-  EXPECT_GT(st.n_drafted_tokens, 0u);
+  std::vector<std::vector<int32_t>> prompts;
+  for (uint32_t seed : {41u, 43u, 47u}) prompts.push_back(draft_prompt(512, seed));
+  SchedulerOptions with_draft;
+  with_draft.spec.model_draft = "qwen3";
+  with_draft.spec.draft_p_min = 0;
+  with_draft.draft_model = qwen3.get();
+  const testing::DenseRun plain = testing::run_on_dense_backend(*model, SchedulerOptions{}, prompts, 30);
+  const testing::DenseRun spec = testing::run_on_dense_backend(*model, with_draft, prompts, 30);
+  EXPECT_EQ(spec.tokens, plain.tokens);
+  EXPECT_GT(spec.stats.n_verify_steps, 0u);
+  EXPECT_GT(spec.stats.n_drafted_tokens, 0u);
 
   // A draft source named but not loaded, and both sources at once, are refused.
   PromptCache pc(0);

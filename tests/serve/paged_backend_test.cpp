@@ -518,6 +518,23 @@ std::vector<Collected> serve_all(Model& model, const PagedBackendOptions& o, con
   return out;
 }
 
+// Options of the scheduler tests: `max_sequences` at once, a context of 256 rows, blocks of 4.
+PagedBackendOptions small_blocks(int64_t max_sequences) {
+  PagedBackendOptions o;
+  o.max_sequences = max_sequences;
+  o.context_size = 256;
+  o.block_size = 4;
+  return o;
+}
+
+// The bytes of a pool of n_blocks blocks of 4 rows of `model`'s layers.
+int64_t pool_bytes(const Model& model, int64_t n_blocks) {
+  PagedPoolParams probe;
+  for (int64_t l = 0; l < model.info().n_layers; ++l) probe.layers.push_back(model.kv_params(l));
+  probe.block_size = 4;
+  return n_blocks * paged_block_bytes(probe);
+}
+
 }  // namespace
 
 TEST(PagedScheduler, PreemptionLosesNoRequestAndChangesNoToken) {
@@ -529,20 +546,14 @@ TEST(PagedScheduler, PreemptionLosesNoRequestAndChangesNoToken) {
   constexpr int kMax = 40;
 
   // Alone: one sequence at a time in a pool that holds it.
-  PagedBackendOptions alone;
-  alone.max_sequences = 1;
-  alone.context_size = 256;
-  alone.block_size = 4;
+  const PagedBackendOptions alone = small_blocks(1);
   const std::vector<Collected> ref = serve_all(*model, alone, prompts, kMax);
 
   // Eight at once in a pool of 40 blocks of 4 rows: 160 rows against the 8 * 40 + 276 the
   // sequences reach, so running sequences are preempted and computed again.
   PagedBackendOptions tight = alone;
   tight.max_sequences = 8;
-  PagedPoolParams probe;
-  for (int64_t l = 0; l < model->info().n_layers; ++l) probe.layers.push_back(model->kv_params(l));
-  probe.block_size = 4;
-  tight.kv_cache_bytes = 40 * paged_block_bytes(probe);
+  tight.kv_cache_bytes = pool_bytes(*model, 40);
   SchedulerStats stats;
   PagedPoolStats pool;
   const std::vector<Collected> got = serve_all(*model, tight, prompts, kMax, &stats, &pool);
@@ -558,14 +569,8 @@ TEST(PagedScheduler, PreemptionLosesNoRequestAndChangesNoToken) {
 
 TEST(PagedScheduler, ASequenceLargerThanThePoolFailsWithAnError) {
   std::unique_ptr<Model> model = load_model(fixture("llama"));
-  PagedBackendOptions o;
-  o.max_sequences = 2;
-  o.context_size = 256;
-  o.block_size = 4;
-  PagedPoolParams probe;
-  for (int64_t l = 0; l < model->info().n_layers; ++l) probe.layers.push_back(model->kv_params(l));
-  probe.block_size = 4;
-  o.kv_cache_bytes = 4 * paged_block_bytes(probe);  // 16 rows
+  PagedBackendOptions o = small_blocks(2);
+  o.kv_cache_bytes = pool_bytes(*model, 4);  // 16 rows
   std::mt19937 rng(9);
   const std::vector<Collected> got =
       serve_all(*model, o, {random_prompt(rng, 30, 512), random_prompt(rng, 6, 512)}, 30);
@@ -655,11 +660,7 @@ TEST(PagedScheduler, ForkedChoicesShareThePromptAndEqualTheirRunsAlone) {
 // choices than the backend runs at once is refused.
 TEST(PagedScheduler, ACancelledRequestEndsAllItsChoices) {
   std::unique_ptr<Model> model = load_model(fixture("llama"));
-  PagedBackendOptions o;
-  o.max_sequences = 2;
-  o.context_size = 256;
-  o.block_size = 4;
-  PagedBackend backend(*model, o);
+  PagedBackend backend(*model, small_blocks(2));
   SchedulerOptions so;
   Scheduler sched(backend, so);
   std::mt19937 rng(7);

@@ -4,15 +4,14 @@
 #include "kv/dense_cache.h"
 #include "kv/rotating_cache.h"
 #include "serve/prompt_cache.h"
+#include "support/kv_params.h"
 
 namespace osprey {
 namespace {
 
 // A one-layer cache state holding `n` rows (row r's values all r + salt).
 std::vector<KVState> state_of(int64_t n, float salt = 0) {
-  KVCacheParams p;
-  p.n_kv_heads = 1;
-  p.head_dim = 4;
+  KVCacheParams p = testing::kv_params(1, 4);
   p.step = 16;
   DenseKVCache c(p);
   Array k = Array::empty({n, 1, 4}, DType::f32);
@@ -118,9 +117,7 @@ TEST(PromptCache, AnUnusableMatchCountsNeitherAsAHitNorAsRestoredTokens) {
 
 TEST(PromptCache, ChecksumsOfAWrappedRingHashItsRowsOnly) {
   // Ten positions through a ring of four rows: the snapshot's offset (10) exceeds its rows.
-  KVCacheParams p;
-  p.n_kv_heads = 1;
-  p.head_dim = 4;
+  KVCacheParams p = testing::kv_params(1, 4);
   p.window = 4;
   RotatingKVCache c(p);
   Array k = Array::empty({10, 1, 4}, DType::f32);

@@ -13,6 +13,7 @@
 #include "kv/dense_cache.h"
 #include "serve/prompt_cache.h"
 #include "serve/prompt_file.h"
+#include "support/kv_params.h"
 #include "support/test_util.h"
 
 namespace osprey {
@@ -23,10 +24,7 @@ using testing::TempDir;
 
 // Two layers: a dense one and a sliding-window one (a ring of 4 rows), f16 and bf16.
 std::vector<KVCacheParams> file_layers() {
-  KVCacheParams a;
-  a.n_kv_heads = 2;
-  a.head_dim = 4;
-  a.dtype = DType::f16;
+  KVCacheParams a = testing::kv_params(2, 4);
   a.step = 64;
   KVCacheParams b = a;
   b.dtype = DType::bf16;

@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "serve/prompt_store.h"
+#include "support/kv_params.h"
 #include "support/test_util.h"
 
 namespace osprey {
@@ -22,10 +23,7 @@ namespace fs = std::filesystem;
 using testing::TempDir;
 
 std::vector<KVCacheParams> store_layers() {
-  KVCacheParams a;
-  a.n_kv_heads = 2;
-  a.head_dim = 8;
-  a.dtype = DType::f16;
+  const KVCacheParams a = testing::kv_params(2, 8);
   return {a, a};
 }
 
@@ -56,13 +54,7 @@ PromptFileData store_data(int64_t n, int32_t base, PromptFileKind kind = PromptF
 
 uint64_t id_of(const PromptFileData& d) { return prompt_prefix_id(d.salt, d.tokens); }
 
-std::vector<std::string> auto_files(const fs::path& dir) {
-  std::vector<std::string> out;
-  for (const auto& e : fs::directory_iterator(dir / "auto"))
-    if (e.path().filename().string()[0] != '.') out.push_back(e.path().filename().string());
-  std::sort(out.begin(), out.end());
-  return out;
-}
+std::vector<std::string> auto_files(const fs::path& dir) { return testing::prompt_cache_files(dir); }
 
 bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 

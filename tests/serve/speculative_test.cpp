@@ -22,6 +22,7 @@
 #include "serve/scheduler_run.h"
 #include "serve/speculative.h"
 #include "support/families.h"
+#include "support/kv_params.h"
 #include "support/test_util.h"
 
 namespace osprey {
@@ -128,9 +129,7 @@ TEST(NgramDraft, ParametersAreRangeChecked) {
 // back by moving the length, and the next write in place exactly there; a snapshot taken before
 // the verify keeps its rows.
 TEST(SpeculativeKV, VerifyRowsGoInPlaceAndRejectedRowsAreGivenBackByLength) {
-  KVCacheParams p;
-  p.n_kv_heads = 2;
-  p.head_dim = 8;
+  KVCacheParams p = testing::kv_params(2, 8);
   p.step = 64;
   DenseKVCache c(p);
   c.update_and_fetch(spec_host_rows(5, 2, 8, 0.1f), spec_host_rows(5, 2, 8, 0.2f));  // a prompt: copying
@@ -175,9 +174,7 @@ TEST(SpeculativeKV, VerifyRowsGoInPlaceAndRejectedRowsAreGivenBackByLength) {
 }
 
 TEST(SpeculativeKV, CopyingArmNeverWritesInPlace) {
-  KVCacheParams p;
-  p.n_kv_heads = 1;
-  p.head_dim = 8;
+  KVCacheParams p = testing::kv_params(1, 8);
   p.inplace = false;
   DenseKVCache c(p);
   c.update_and_fetch(spec_host_rows(4, 1, 8, 0.1f), spec_host_rows(4, 1, 8, 0.2f));
@@ -339,33 +336,19 @@ TEST(SpeculativeSampling, AcceptanceAndResamplingFollowTheTargetDistribution) {
 // as without, and the prompt cache storing each sequence's rows at its length.
 TEST(SpeculativeScheduler, DenseBackendSequencesMatchPlainDecodingAndCountDrafts) {
   auto model = load_model(spec_fixture("llama"));
-  auto run = [&](bool spec, SchedulerStats* stats_out) {
-    PromptCache pc(64u << 20, /*keep_checksums=*/true);
-    DenseBackendOptions bo;
-    bo.n_slots = 2;
-    DenseSlotBackend backend(*model, pc, bo);
-    SchedulerOptions so;
-    so.engine_thread = false;
-    so.spec.ngram = spec;
-    Scheduler engine(backend, so);
-    std::vector<std::vector<int32_t>> prompts;
-    for (uint32_t seed : {41u, 43u, 47u}) prompts.push_back(spec_quoting_prompt(model->info().vocab_size, seed));
-    std::vector<std::vector<int32_t>> out = testing::run_prompts(engine, prompts, 40);
-    if (stats_out) *stats_out = engine.stats();
-    engine.stop();
-    // The entries stored at each sequence's end hold its rows unchanged (no verify or rewind of
-    // a later sequence wrote into them).
-    const auto sums = pc.checksums();
-    EXPECT_FALSE(sums.empty());
-    for (const auto& c : sums) EXPECT_EQ(c.at_store, c.now) << c.n_tokens << " tokens";
-    return out;
-  };
-  SchedulerStats st;
-  const auto plain = run(false, nullptr);
-  const auto spec = run(true, &st);
-  EXPECT_EQ(spec, plain);
-  EXPECT_GT(st.n_verify_steps, 0u);
-  EXPECT_GT(st.n_drafted_tokens, st.n_accepted_tokens);
+  std::vector<std::vector<int32_t>> prompts;
+  for (uint32_t seed : {41u, 43u, 47u}) prompts.push_back(spec_quoting_prompt(model->info().vocab_size, seed));
+  SchedulerOptions ngram;
+  ngram.spec.ngram = true;
+  // The entries stored at each sequence's end hold its rows unchanged (no verify or rewind of a
+  // later sequence wrote into them): run_on_dense_backend checks them.
+  const testing::DenseRun plain = testing::run_on_dense_backend(*model, SchedulerOptions{}, prompts, 40);
+  const testing::DenseRun spec = testing::run_on_dense_backend(*model, ngram, prompts, 40);
+  EXPECT_GT(plain.n_snapshots, 0u);
+  EXPECT_GT(spec.n_snapshots, 0u);
+  EXPECT_EQ(spec.tokens, plain.tokens);
+  EXPECT_GT(spec.stats.n_verify_steps, 0u);
+  EXPECT_GT(spec.stats.n_drafted_tokens, spec.stats.n_accepted_tokens);
 }
 
 // CUDA: the same identity on the device (GTEST_SKIP without one).

@@ -207,11 +207,7 @@ TEST(AnthropicRequest, AToolRoundTripRendersAsTransformersDoes) {
     GTEST_SKIP() << "node_modules/@lenml is missing: run npm ci";
   const ordered_json c = testing::round_trip("qwen2_5", "one call");
   const ordered_json& m = c["request"]["messages"];
-  ordered_json tools = ordered_json::array();
-  for (const auto& t : c["request"]["tools"])
-    tools.push_back({{"name", t["function"]["name"]},
-                     {"description", t["function"]["description"]},
-                     {"input_schema", t["function"]["parameters"]}});
+  const ordered_json tools = testing::anthropic_tools(c);
   const auto& call = m[2]["tool_calls"][0];
   ordered_json body = {
       {"max_tokens", 100},

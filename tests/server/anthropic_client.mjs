@@ -4,6 +4,8 @@
 // succeed throws.
 import Anthropic from '@anthropic-ai/sdk';
 
+import { failure as failureOf } from './client_failure.mjs';
+
 const [port, apiKey, model] = process.argv.slice(2);
 const baseURL = `http://127.0.0.1:${port}`;
 // The client sends its key as x-api-key (and anthropic-version), as it does to Anthropic.
@@ -44,21 +46,15 @@ out.stop = {
 const streamedStop = await client.messages.stream({ ...params, stop_sequences: [stop] }).finalMessage();
 out.stream_stop = { stop_reason: streamedStop.stop_reason, stop_sequence: streamedStop.stop_sequence };
 
-async function failure(call) {
-  try {
-    await call();
-    return 'no error';
-  } catch (e) {
-    return {
-      status: e.status,
-      authentication: e instanceof Anthropic.AuthenticationError,
-      bad_request: e instanceof Anthropic.BadRequestError,
-      not_found: e instanceof Anthropic.NotFoundError,
-      type: e.error?.error?.type ?? null,
-      message: e.error?.error?.message ?? String(e),
-    };
-  }
-}
+const failure = (call) =>
+  failureOf(call, (e) => ({
+    status: e.status,
+    authentication: e instanceof Anthropic.AuthenticationError,
+    bad_request: e instanceof Anthropic.BadRequestError,
+    not_found: e instanceof Anthropic.NotFoundError,
+    type: e.error?.error?.type ?? null,
+    message: e.error?.error?.message ?? String(e),
+  }));
 out.bad_key = await failure(() =>
   new Anthropic({ baseURL, apiKey: 'wrong', maxRetries: 0 }).messages.create(params));
 out.no_max_tokens = await failure(() => client.messages.create({ model, messages }));

@@ -152,16 +152,11 @@ TEST(ServerAnthropicClient, AContextFullStreamEndsWithItsStopReason) {
 // The fixture's first turn (system, user, tools) in Anthropic's shape.
 ordered_json anthropic_first_turn(const ordered_json& c, const std::string& model) {
   const ordered_json& m = c["request"]["messages"];
-  ordered_json tools = ordered_json::array();
-  for (const auto& t : c["request"]["tools"])
-    tools.push_back({{"name", t["function"]["name"]},
-                     {"description", t["function"]["description"]},
-                     {"input_schema", t["function"]["parameters"]}});
   return {{"model", model},
           {"max_tokens", 200},
           {"system", m[0]["content"]},
           {"messages", {{{"role", "user"}, {"content", m[1]["content"]}}}},
-          {"tools", tools}};
+          {"tools", testing::anthropic_tools(c)}};
 }
 
 // A Qwen3 reply that reasons, then calls (tool_choice auto): a thinking block, then a tool_use

@@ -26,12 +26,7 @@ using nlohmann::json;
 
 class CudaFault : public testing::DeviceTest {};
 
-std::string error_code(const std::string& body) {
-  const json j = json::parse(body, nullptr, false);
-  if (!j.is_object() || !j.contains("error") || !j["error"].contains("code") || !j["error"]["code"].is_string())
-    return "(no error code in: " + body + ")";
-  return j["error"]["code"].get<std::string>();
-}
+using testing::error_code;
 
 TEST_P(CudaFault, TrapInADecodeStepEndsTheRequestHealthAndProcess) {
   if (!on_cuda()) GTEST_SKIP() << "OSPREY_CUDA_FAULT drills a CUDA device (the CPU refusal: CliServe.CudaFaultOnCpuIsRefused)";

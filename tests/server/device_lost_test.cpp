@@ -17,12 +17,7 @@ namespace {
 
 using nlohmann::json;
 
-std::string error_code(const std::string& body) {
-  const json j = json::parse(body, nullptr, false);
-  if (!j.is_object() || !j.contains("error") || !j["error"].contains("code") || !j["error"]["code"].is_string())
-    return "(no error code in: " + body + ")";
-  return j["error"]["code"].get<std::string>();
-}
+using testing::error_code;
 
 TEST(ServerDeviceLost, InFlightRequestGets503HealthTurns503AndWaitReturns) {
   testing::register_scripted_family();

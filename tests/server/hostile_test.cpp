@@ -49,29 +49,11 @@ std::string http_post(const std::string& body, const std::string& extra_headers 
          "Content-Length: " + std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
 }
 
-}  // namespace
-
-TEST(ServerHostile, TwoHundredBadRequestsLeaveTheServerHealthy) {
-  ServerOptions o = testing::demo_server_options();
-  o.timeout_s = 1;
-  o.max_body_bytes = 64 << 10;
-  o.n_slots = 2;
-  testing::TestServer s(o);
-  int n_sent = 0;
-  auto healthy = [&] { return s.get("/health").first == 200; };
-  auto answered = [&](int status, const std::string& body) {
-    ++n_sent;
-    EXPECT_TRUE(status == 200 || status == 400 || status == 404 || status == 413 || status == 429) << status << " " << body;
-    if (status != 200) {
-      json j = json::parse(body, nullptr, false);
-      EXPECT_TRUE(j.is_object() && j.contains("error") && j["error"].contains("message")) << body;
-    }
-  };
-
-  // 1. Fuzzed JSON: a valid body with bytes flipped, dropped and duplicated (seeded).
-  const std::string valid = json{{"prompt", "Emma"}, {"max_tokens", 2}, {"temperature", 0.5}, {"stop", {"x"}}}.dump();
-  std::mt19937 rng(1234);
-  for (int i = 0; i < 120; ++i) {
+// n bodies made from `valid` with 1 to 4 bytes flipped, dropped or duplicated (seeded).
+std::vector<std::string> fuzzed_bodies(const std::string& valid, int n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::string> out;
+  for (int i = 0; i < n; ++i) {
     std::string b = valid;
     const int edits = 1 + int(rng() % 4);
     for (int e = 0; e < edits && !b.empty(); ++e) {
@@ -82,13 +64,14 @@ TEST(ServerHostile, TwoHundredBadRequestsLeaveTheServerHealthy) {
         default: b.insert(at, 1, b[at]); break;
       }
     }
-    auto [st, body] = s.post("/v1/completions", b);
-    answered(st, body);
+    out.push_back(std::move(b));
   }
-  ASSERT_TRUE(healthy());
+  return out;
+}
 
-  // 2. Huge numbers and wrong types.
-  const std::vector<std::string> typed = {
+// Huge numbers and wrong types.
+std::vector<std::string> typed_bodies() {
+  return {
       R"({"prompt": "a", "max_tokens": 1e308})",
       R"({"prompt": "a", "max_tokens": 99999999999999999999999999})",
       R"({"prompt": "a", "max_tokens": -9223372036854775808})",
@@ -130,15 +113,12 @@ TEST(ServerHostile, TwoHundredBadRequestsLeaveTheServerHealthy) {
       R"({"prompt": [)" + std::string(2000, '[') + "]}",
       R"({"prompt": "a",)" + std::string(1000, ' ') + "}",
   };
-  for (const std::string& b : typed) {
-    auto [st, body] = s.post("/v1/completions", b);
-    answered(st, body);
-  }
-  ASSERT_TRUE(healthy());
+}
 
-  // 3. Header abuse, through raw sockets.
+// Header abuse, sent through raw sockets.
+std::vector<std::string> raw_requests() {
   const std::string small = R"({"prompt": "a", "max_tokens": 1})";
-  const std::vector<std::string> raw = {
+  return {
       "GARBAGE\r\n\r\n",
       "POST /v1/completions HTTP/9.9\r\n\r\n",
       "POST /v1/completions HTTP/1.1\r\nContent-Length: abc\r\nConnection: close\r\n\r\n" + small,
@@ -164,28 +144,71 @@ TEST(ServerHostile, TwoHundredBadRequestsLeaveTheServerHealthy) {
       "POST /v1/completions?x=" + std::string(3000, '%') + " HTTP/1.1\r\nConnection: close\r\n\r\n",
       http_post(small, "Content-Type: text/plain\r\n"),
   };
-  for (const std::string& r : raw) {
+}
+
+// n slow and vanishing clients at once: some trickle in, some leave half-way or right after
+// sending, some stall in the headers.
+void run_slow_clients(int port, int n) {
+  std::vector<std::thread> slow;
+  for (int i = 0; i < n; ++i) {
+    slow.emplace_back([port, i] {
+      const std::string req = http_post(json{{"prompt", "Emma"}, {"max_tokens", 40}, {"stream", i % 2 == 0}}.dump());
+      if (i % 4 == 0)
+        raw_request(port, req, 7, 5);  // trickles in, then reads the answer
+      else if (i % 4 == 1)
+        raw_request(port, req.substr(0, req.size() / 2), 0, 0, 0, true);  // half a request, then gone
+      else if (i % 4 == 2)
+        raw_request(port, req, 0, 0, 0, true);  // the whole request, then gone
+      else
+        raw_request(port, req.substr(0, 30), 0, 0, 1500);  // stalls in the headers
+    });
+  }
+  for (auto& t : slow) t.join();
+}
+
+}  // namespace
+
+TEST(ServerHostile, TwoHundredBadRequestsLeaveTheServerHealthy) {
+  ServerOptions o = testing::demo_server_options();
+  o.timeout_s = 1;
+  o.max_body_bytes = 64 << 10;
+  o.n_slots = 2;
+  testing::TestServer s(o);
+  int n_sent = 0;
+  auto healthy = [&] { return s.get("/health").first == 200; };
+  auto answered = [&](int status, const std::string& body) {
+    ++n_sent;
+    EXPECT_TRUE(status == 200 || status == 400 || status == 404 || status == 413 || status == 429) << status << " " << body;
+    if (status != 200) {
+      json j = json::parse(body, nullptr, false);
+      EXPECT_TRUE(j.is_object() && j.contains("error") && j["error"].contains("message")) << body;
+    }
+  };
+
+  // 1. Fuzzed JSON: a valid body with bytes flipped, dropped and duplicated.
+  const std::string valid = json{{"prompt", "Emma"}, {"max_tokens", 2}, {"temperature", 0.5}, {"stop", {"x"}}}.dump();
+  for (const std::string& b : fuzzed_bodies(valid, 120, 1234)) {
+    auto [st, body] = s.post("/v1/completions", b);
+    answered(st, body);
+  }
+  ASSERT_TRUE(healthy());
+
+  // 2. Huge numbers and wrong types.
+  for (const std::string& b : typed_bodies()) {
+    auto [st, body] = s.post("/v1/completions", b);
+    answered(st, body);
+  }
+  ASSERT_TRUE(healthy());
+
+  // 3. Header abuse, through raw sockets.
+  for (const std::string& r : raw_requests()) {
     raw_request(s.port(), r, 0, 0, 2500);
     ++n_sent;
   }
   ASSERT_TRUE(healthy());
 
   // 4. Slow and vanishing clients, several at once.
-  std::vector<std::thread> slow;
-  for (int i = 0; i < 20; ++i) {
-    slow.emplace_back([&, i] {
-      const std::string req = http_post(json{{"prompt", "Emma"}, {"max_tokens", 40}, {"stream", i % 2 == 0}}.dump());
-      if (i % 4 == 0)
-        raw_request(s.port(), req, 7, 5);                         // trickles in, then reads the answer
-      else if (i % 4 == 1)
-        raw_request(s.port(), req.substr(0, req.size() / 2), 0, 0, 0, true);  // half a request, then gone
-      else if (i % 4 == 2)
-        raw_request(s.port(), req, 0, 0, 0, true);                // the whole request, then gone
-      else
-        raw_request(s.port(), req.substr(0, 30), 0, 0, 1500);     // stalls in the headers
-    });
-  }
-  for (auto& t : slow) t.join();
+  run_slow_clients(s.port(), 20);
   n_sent += 20;
   EXPECT_EQ(n_sent, 200);
 

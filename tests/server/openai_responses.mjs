@@ -11,25 +11,21 @@
 import { readFileSync } from 'node:fs';
 import OpenAI from 'openai';
 
+import { failure as failureOf } from './client_failure.mjs';
+
 const [mode, port, ...rest] = process.argv.slice(2);
 const baseURL = `http://127.0.0.1:${port}/v1`;
 const out = {};
 
-async function failure(call) {
-  try {
-    await call();
-    return 'no error';
-  } catch (e) {
-    return {
-      status: e.status ?? null,
-      bad_request: e instanceof OpenAI.BadRequestError,
-      not_found: e instanceof OpenAI.NotFoundError,
-      param: e.param ?? null,
-      code: e.code ?? null,
-      message: e.message ?? String(e),
-    };
-  }
-}
+const failure = (call) =>
+  failureOf(call, (e) => ({
+    status: e.status ?? null,
+    bad_request: e instanceof OpenAI.BadRequestError,
+    not_found: e instanceof OpenAI.NotFoundError,
+    param: e.param ?? null,
+    code: e.code ?? null,
+    message: e.message ?? String(e),
+  }));
 
 if (mode === 'text') {
   const [apiKey, model] = rest;

@@ -28,23 +28,22 @@ using testing::TestServer;
 // conversations begun before (b2, a4, a2z), and new ones share their system prompt.
 constexpr size_t kRestartAt = 4;
 
-void expect_same_replies(const std::map<std::string, ReplayReply>& got, const std::map<std::string, ReplayReply>& want) {
-  ASSERT_EQ(got.size(), want.size());
-  for (const auto& [key, rep] : want) {
-    SCOPED_TRACE(key);
-    EXPECT_FALSE(rep.tokens.empty());
-    EXPECT_EQ(got.at(key).tokens, rep.tokens);
-    EXPECT_EQ(got.at(key).text, rep.text);
-  }
+using testing::expect_same_replies;
+
+// Runs the script's groups before kRestartAt on a server of `o` (whose prompt cache goes to
+// o.prompt_cache_dir), then stops that server: what its writer was handed is on disk. The
+// replayer goes on only once given the next server (Replayer::use).
+Replayer replay_until_restart(const ServerOptions& o, bool check_snapshots) {
+  TestServer first(o);
+  Replayer r(first, check_snapshots);
+  r.run(0, kRestartAt);
+  return r;
 }
 
+// No names where the folder has not been made.
 std::vector<std::string> auto_names(const fs::path& dir) {
-  std::vector<std::string> out;
-  if (!fs::is_directory(dir / "auto")) return out;
-  for (const auto& e : fs::directory_iterator(dir / "auto"))
-    if (e.path().filename().string()[0] != '.') out.push_back(e.path().filename().string());
-  std::sort(out.begin(), out.end());
-  return out;
+  if (!fs::is_directory(dir / "auto")) return {};
+  return testing::prompt_cache_files(dir);
 }
 
 bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
@@ -52,23 +51,13 @@ bool has(const std::string& s, const std::string& part) { return s.find(part) !=
 }  // namespace
 
 TEST(PromptCacheRestart, DenseRepliesAcrossARestartEqualThoseWithoutOne) {
-  ServerOptions o = testing::demo_server_options();
-  o.kv_layout = KVLayout::dense;
-  o.n_slots = 2;
+  ServerOptions o = testing::dense_replay_options();
   o.prompt_cache_mib = 3;
-  o.keep_prompt_cache_checksums = true;
-  std::map<std::string, ReplayReply> want;
-  {
-    TestServer never_restarted(o);
-    want = Replayer(never_restarted, false).run();
-  }
+  const auto want = testing::ReplayRun(o, false).replies;  // never restarted
 
   TempDir dir;
   o.prompt_cache_dir = dir.path();
-  std::optional<TestServer> first(std::in_place, o);
-  Replayer r(*first, true);
-  r.run(0, kRestartAt);
-  first.reset();  // stops: what its writer was handed is on disk
+  Replayer r = replay_until_restart(o, true);
   EXPECT_FALSE(auto_names(dir.path()).empty());
 
   TestServer second(o);
@@ -89,23 +78,12 @@ TEST(PromptCacheRestart, DenseRepliesAcrossARestartEqualThoseWithoutOne) {
 }
 
 TEST(PromptCacheRestart, PagedRepliesAcrossARestartEqualThoseWithoutOne) {
-  ServerOptions o = testing::demo_server_options();
-  o.kv_layout = KVLayout::paged;
-  o.n_slots = 2;
-  o.kv_cache_mib = 1;
-  o.batch_invariant = true;
-  std::map<std::string, ReplayReply> want;
-  {
-    TestServer never_restarted(o);
-    want = Replayer(never_restarted, false).run();
-  }
+  ServerOptions o = testing::paged_replay_options();
+  const auto want = testing::ReplayRun(o, false).replies;  // never restarted
 
   TempDir dir;
   o.prompt_cache_dir = dir.path();
-  std::optional<TestServer> first(std::in_place, o);
-  Replayer r(*first, false);
-  r.run(0, kRestartAt);
-  first.reset();
+  Replayer r = replay_until_restart(o, false);
   EXPECT_FALSE(auto_names(dir.path()).empty());
 
   TestServer second(o);

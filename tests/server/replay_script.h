@@ -107,4 +107,61 @@ class Replayer {
   size_t n_checked_ = 0;
 };
 
+// The script's server options: the dense layout with two slots keeping its snapshots'
+// checksums, or the paged one with a pool of 1 MiB (16 blocks of 16 rows of the demo model),
+// two sequences and batch invariance.
+inline ServerOptions dense_replay_options() {
+  ServerOptions o = demo_server_options();
+  o.kv_layout = KVLayout::dense;
+  o.n_slots = 2;
+  o.keep_prompt_cache_checksums = true;
+  return o;
+}
+
+inline ServerOptions paged_replay_options() {
+  ServerOptions o = demo_server_options();
+  o.kv_layout = KVLayout::paged;
+  o.n_slots = 2;
+  o.kv_cache_mib = 1;
+  o.batch_invariant = true;
+  return o;
+}
+
+// A server of options `o` with the whole script run through it.
+struct ReplayRun {
+  ReplayRun(const ServerOptions& o, bool check_snapshots) : server(o), replayer(server, check_snapshots) {}
+
+  TestServer server;
+  Replayer replayer;
+  const std::map<std::string, ReplayReply> replies = replayer.run();
+};
+
+// Both runs hold the same turns; each of `want`'s has tokens, and `got` the same tokens and text.
+inline void expect_same_replies(const std::map<std::string, ReplayReply>& got,
+                                const std::map<std::string, ReplayReply>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& [key, rep] : want) {
+    SCOPED_TRACE(key);
+    EXPECT_FALSE(rep.tokens.empty());
+    EXPECT_EQ(got.at(key).tokens, rep.tokens);
+    EXPECT_EQ(got.at(key).text, rep.text);
+  }
+}
+
+// Every reply of `uncached` (a run without the prompt cache: nothing reused) has tokens, and
+// `cached` the same tokens and text; returns the prompt tokens that `cached` reused in all.
+inline int64_t expect_same_as_uncached(const std::map<std::string, ReplayReply>& cached,
+                                       const std::map<std::string, ReplayReply>& uncached) {
+  int64_t n_cached = 0;
+  for (const auto& [key, rep] : uncached) {
+    SCOPED_TRACE(key);
+    EXPECT_FALSE(rep.tokens.empty());
+    EXPECT_EQ(rep.cached, 0);
+    EXPECT_EQ(cached.at(key).tokens, rep.tokens);
+    EXPECT_EQ(cached.at(key).text, rep.text);
+    n_cached += cached.at(key).cached;
+  }
+  return n_cached;
+}
+
 }  // namespace osprey::testing

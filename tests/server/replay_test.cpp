@@ -21,57 +21,36 @@ namespace {
 using nlohmann::json;
 
 using testing::Replayer;
+using testing::ReplayRun;
 
 }  // namespace
 
 TEST(PromptCacheReplay, RepliesAreIdenticalWithAndWithoutTheCacheAndSnapshotsNeverChange) {
   // A snapshot of the demo model's cache under 256 rows holds 1 MiB: three fit in the budget.
-  ServerOptions o = testing::demo_server_options();
-  o.kv_layout = KVLayout::dense;
-  o.n_slots = 2;
-  o.keep_prompt_cache_checksums = true;
-
+  ServerOptions o = testing::dense_replay_options();
   o.cache.inplace = true;
   o.prompt_cache_mib = 3;
-  testing::TestServer inplace(o);
-  Replayer r1(inplace, true);
-  const auto with_inplace = r1.run();
-
+  ReplayRun inplace(o, true);
   o.cache.inplace = false;
-  testing::TestServer copying(o);
-  Replayer r2(copying, true);
-  const auto with_copying = r2.run();
-
+  ReplayRun copying(o, true);
   o.cache.inplace = true;
   o.prompt_cache_mib = 0;
-  testing::TestServer uncached(o);
-  Replayer r3(uncached, false);
-  const auto without_cache = r3.run();
+  ReplayRun uncached(o, false);
 
-  ASSERT_EQ(with_inplace.size(), 12u);
-  int64_t n_cached = 0;
-  for (const auto& [key, rep] : without_cache) {
-    SCOPED_TRACE(key);
-    EXPECT_FALSE(rep.tokens.empty());
-    EXPECT_EQ(rep.cached, 0);
-    EXPECT_EQ(with_inplace.at(key).tokens, rep.tokens);
-    EXPECT_EQ(with_inplace.at(key).text, rep.text);
-    EXPECT_EQ(with_copying.at(key).tokens, rep.tokens);
-    n_cached += with_inplace.at(key).cached;
-  }
-  EXPECT_GT(n_cached, 0);
+  ASSERT_EQ(inplace.replies.size(), 12u);
+  EXPECT_GT(testing::expect_same_as_uncached(inplace.replies, uncached.replies), 0);
+  for (const auto& [key, rep] : uncached.replies) EXPECT_EQ(copying.replies.at(key).tokens, rep.tokens) << key;
 
-  for (testing::TestServer* s : {&inplace, &copying}) {
-    EXPECT_GE(s->metric("osprey:prompt_cache_hits_total"), 8);
-    EXPECT_GT(s->metric("osprey:prompt_cache_restored_tokens_total"), 200);
-    EXPECT_GE(s->metric("osprey:prompt_cache_evictions_total"), 1);
-    EXPECT_LE(s->metric("osprey:prompt_cache_bytes"), 3 << 20);
+  for (const ReplayRun* r : {&inplace, &copying}) {
+    EXPECT_GE(r->server.metric("osprey:prompt_cache_hits_total"), 8);
+    EXPECT_GT(r->server.metric("osprey:prompt_cache_restored_tokens_total"), 200);
+    EXPECT_GE(r->server.metric("osprey:prompt_cache_evictions_total"), 1);
+    EXPECT_LE(r->server.metric("osprey:prompt_cache_bytes"), 3 << 20);
+    EXPECT_GT(r->replayer.n_checked_, 10u);
   }
-  EXPECT_GT(inplace.metric("osprey:kv_inplace_writes_total"), 0);
-  EXPECT_EQ(copying.metric("osprey:kv_inplace_writes_total"), 0);
-  EXPECT_EQ(uncached.metric("osprey:prompt_cache_hits_total"), 0);
-  EXPECT_GT(r1.n_checked_, 10u);
-  EXPECT_GT(r2.n_checked_, 10u);
+  EXPECT_GT(inplace.server.metric("osprey:kv_inplace_writes_total"), 0);
+  EXPECT_EQ(copying.server.metric("osprey:kv_inplace_writes_total"), 0);
+  EXPECT_EQ(uncached.server.metric("osprey:prompt_cache_hits_total"), 0);
 }
 
 // The same script over the paged layout: the prefix cache restores whole blocks of the pool,
@@ -81,70 +60,39 @@ TEST(PromptCacheReplay, RepliesAreIdenticalWithAndWithoutTheCacheAndSnapshotsNev
 // one without the prefix cache (the pool's own tests prove that no cached block is written:
 // tests/kv/paged_pool_test.cpp).
 TEST(PromptCacheReplay, PagedPrefixCacheRepliesAreIdenticalWithAndWithoutIt) {
-  ServerOptions o = testing::demo_server_options();
-  o.kv_layout = KVLayout::paged;
-  o.n_slots = 2;
-  o.kv_cache_mib = 1;
-  o.batch_invariant = true;
-  testing::TestServer cached(o);
-  Replayer r1(cached, false);
-  const auto with_cache = r1.run();
-
+  ServerOptions o = testing::paged_replay_options();
+  ReplayRun cached(o, false);
   o.prompt_cache_mib = 0;
-  testing::TestServer uncached(o);
-  Replayer r2(uncached, false);
-  const auto without_cache = r2.run();
+  ReplayRun uncached(o, false);
 
-  ASSERT_EQ(with_cache.size(), 12u);
-  int64_t n_cached = 0;
-  for (const auto& [key, rep] : without_cache) {
-    SCOPED_TRACE(key);
-    EXPECT_FALSE(rep.tokens.empty());
-    EXPECT_EQ(rep.cached, 0);
-    EXPECT_EQ(with_cache.at(key).tokens, rep.tokens);
-    EXPECT_EQ(with_cache.at(key).text, rep.text);
-    EXPECT_EQ(with_cache.at(key).cached % 16, 0) << "whole blocks";
-    n_cached += with_cache.at(key).cached;
-  }
-  EXPECT_GT(n_cached, 0);
-  EXPECT_GE(cached.metric("osprey:prompt_cache_hits_total"), 8);
-  EXPECT_GT(cached.metric("osprey:prompt_cache_restored_tokens_total"), 200);
-  EXPECT_GE(cached.metric("osprey:prompt_cache_evictions_total"), 1);
-  EXPECT_EQ(cached.metric("osprey:kv_pool_blocks_in_use"), 0);
-  EXPECT_EQ(uncached.metric("osprey:prompt_cache_hits_total"), 0);
-  EXPECT_EQ(uncached.metric("osprey:kv_pool_blocks_cached"), 0);
+  ASSERT_EQ(cached.replies.size(), 12u);
+  EXPECT_GT(testing::expect_same_as_uncached(cached.replies, uncached.replies), 0);
+  for (const auto& [key, rep] : cached.replies) EXPECT_EQ(rep.cached % 16, 0) << key << ": whole blocks";
+  EXPECT_GE(cached.server.metric("osprey:prompt_cache_hits_total"), 8);
+  EXPECT_GT(cached.server.metric("osprey:prompt_cache_restored_tokens_total"), 200);
+  EXPECT_GE(cached.server.metric("osprey:prompt_cache_evictions_total"), 1);
+  EXPECT_EQ(cached.server.metric("osprey:kv_pool_blocks_in_use"), 0);
+  EXPECT_EQ(uncached.server.metric("osprey:prompt_cache_hits_total"), 0);
+  EXPECT_EQ(uncached.server.metric("osprey:kv_pool_blocks_cached"), 0);
 }
 
 // OSPREY_KV_INPLACE_WRITE governs the paged path as it does the dense one: the same script
 // with the switch off gives the same replies, and its counters show copying writes only.
 TEST(PromptCacheReplay, PagedKVWriteSwitchGivesTheSameRepliesAndCountsEachArm) {
-  ServerOptions o = testing::demo_server_options();
-  o.kv_layout = KVLayout::paged;
-  o.n_slots = 2;
-  o.kv_cache_mib = 1;
-  o.batch_invariant = true;
+  ServerOptions o = testing::paged_replay_options();
   o.cache.inplace = true;
-  testing::TestServer inplace(o);
-  Replayer r1(inplace, false);
-  const auto with_inplace = r1.run();
-
+  ReplayRun inplace(o, false);
   o.cache.inplace = false;
-  testing::TestServer copying(o);
-  Replayer r2(copying, false);
-  const auto with_copying = r2.run();
+  ReplayRun copying(o, false);
 
-  ASSERT_EQ(with_inplace.size(), 12u);
-  ASSERT_EQ(with_copying.size(), 12u);
-  for (const auto& [key, rep] : with_inplace) {
-    SCOPED_TRACE(key);
-    EXPECT_FALSE(rep.tokens.empty());
-    EXPECT_EQ(with_copying.at(key).tokens, rep.tokens);
-    EXPECT_EQ(with_copying.at(key).text, rep.text);
-  }
-  EXPECT_GT(inplace.metric("osprey:kv_inplace_writes_total"), 0);
-  EXPECT_EQ(copying.metric("osprey:kv_inplace_writes_total"), 0);
-  EXPECT_GT(copying.metric("osprey:kv_copying_writes_total"), inplace.metric("osprey:kv_copying_writes_total"));
-  EXPECT_GT(copying.metric("osprey:kv_bytes_copied_total"), inplace.metric("osprey:kv_bytes_copied_total"));
+  ASSERT_EQ(inplace.replies.size(), 12u);
+  ASSERT_EQ(copying.replies.size(), 12u);
+  testing::expect_same_replies(copying.replies, inplace.replies);
+  const testing::TestServer &on = inplace.server, &off = copying.server;
+  EXPECT_GT(on.metric("osprey:kv_inplace_writes_total"), 0);
+  EXPECT_EQ(off.metric("osprey:kv_inplace_writes_total"), 0);
+  EXPECT_GT(off.metric("osprey:kv_copying_writes_total"), on.metric("osprey:kv_copying_writes_total"));
+  EXPECT_GT(off.metric("osprey:kv_bytes_copied_total"), on.metric("osprey:kv_bytes_copied_total"));
 }
 
 // The dense cache without the guard's identity and length rules (the cache's test seam): every

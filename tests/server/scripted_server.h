@@ -39,6 +39,16 @@ inline nlohmann::ordered_json first_turn(const nlohmann::ordered_json& c) {
   return r;
 }
 
+// The round trip's tools in Anthropic's shape.
+inline nlohmann::ordered_json anthropic_tools(const nlohmann::ordered_json& c) {
+  nlohmann::ordered_json tools = nlohmann::ordered_json::array();
+  for (const auto& t : c["request"]["tools"])
+    tools.push_back({{"name", t["function"]["name"]},
+                     {"description", t["function"]["description"]},
+                     {"input_schema", t["function"]["parameters"]}});
+  return tools;
+}
+
 // A server whose model replies `reply` to `request` (a chat request rendered with `model`'s
 // template): the script starts where the rendered prompt ends.
 struct ScriptedServer {

@@ -281,11 +281,16 @@ TEST(Server, RequestsWithoutASeedSampleWithAFreshOne) {
 // every time (OpenAI's temperature 1 would sample a fresh reply each time); a request that names
 // its temperature samples.
 TEST(Server, OmittedSamplingFieldsTakeTheModelsGenerationConfig) {
+  // The sampling defaults /v1/models states for the model.
+  auto sampling_defaults = [](TestServer& s, json& d) {
+    auto [st, m] = s.get("/v1/models");
+    ASSERT_EQ(st, 200);
+    d = json::parse(m)["data"][0]["meta"]["sampling_defaults"];
+  };
   {
     TestServer plain;
-    auto [st, m] = plain.get("/v1/models");
-    ASSERT_EQ(st, 200);
-    const json d = json::parse(m)["data"][0]["meta"]["sampling_defaults"];
+    json d;
+    ASSERT_NO_FATAL_FAILURE(sampling_defaults(plain, d));
     EXPECT_EQ(d["source"], "OpenAI's defaults") << d.dump();
     EXPECT_EQ(d["temperature"], 1.0);
     EXPECT_EQ(d["top_p"], 1.0);
@@ -298,9 +303,8 @@ TEST(Server, OmittedSamplingFieldsTakeTheModelsGenerationConfig) {
   ServerOptions o = testing::demo_server_options();
   o.model_dir = dir.path();
   TestServer s(o);
-  auto [st, m] = s.get("/v1/models");
-  ASSERT_EQ(st, 200);
-  const json d = json::parse(m)["data"][0]["meta"]["sampling_defaults"];
+  json d;
+  ASSERT_NO_FATAL_FAILURE(sampling_defaults(s, d));
   EXPECT_EQ(d["source"], "generation_config.json (top_p, do_sample)") << d.dump();
   EXPECT_EQ(d["temperature"], 0.0);
   EXPECT_EQ(d["top_p"], 0.5);

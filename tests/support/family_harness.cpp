@@ -112,12 +112,13 @@ FullAndStepErrors full_and_step_errors(Model& m, const std::vector<int32_t>& ids
 std::string load_error(const nlohmann::json& config, const RefWeights& w) {
   TempDir dir;
   write_checkpoint(dir.path(), config, w);
-  try {
-    load_model(dir.path());
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(loaded)";
+  return error_of([&] { load_model(dir.path()); }, "(loaded)");
+}
+
+std::string load_error_with(nlohmann::json config, const std::string& field, const nlohmann::json& value,
+                            const RefWeights& w) {
+  config[field] = value;
+  return load_error(config, w);
 }
 
 ::testing::AssertionResult contains(const std::string& s, const std::string& part) {

@@ -53,6 +53,10 @@ FullAndStepErrors full_and_step_errors(Model& m, const std::vector<int32_t>& ids
 // The message of the Error that loading `config` with weights `w` throws, or "(loaded)".
 std::string load_error(const nlohmann::json& config, const RefWeights& w);
 
+// load_error of `config` with `field` set to `value`.
+std::string load_error_with(nlohmann::json config, const std::string& field, const nlohmann::json& value,
+                            const RefWeights& w);
+
 // Whether `s` contains `part`, saying both where not.
 ::testing::AssertionResult contains(const std::string& s, const std::string& part);
 

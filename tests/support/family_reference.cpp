@@ -119,6 +119,38 @@ void round_rows(std::vector<Vec>& rows, DType dt) {
 
 double gelu_tanh(double x) { return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x))); }
 
+// The embedding rows of `tokens` times `scale`: [T][H].
+std::vector<Vec> embed(const RefTensor& E, const std::vector<int32_t>& tokens, int64_t H, double scale = 1.0) {
+  std::vector<Vec> x(tokens.size(), Vec(static_cast<size_t>(H)));
+  for (size_t t = 0; t < tokens.size(); ++t)
+    for (int64_t j = 0; j < H; ++j) x[t][size_t(j)] = E.v[size_t(tokens[t] * H + j)] * scale;
+  return x;
+}
+
+// Layer p's query, key and value rows of one position's normed input h.
+void project_qkv(const RefWeights& w, const std::string& p, const Vec& h, Vec& q, Vec& k, Vec& v) {
+  q = matvec(get(w, p + "self_attn.q_proj.weight"), h);
+  k = matvec(get(w, p + "self_attn.k_proj.weight"), h);
+  v = matvec(get(w, p + "self_attn.v_proj.weight"), h);
+}
+
+// The keys and values as the cache stores them.
+void round_kv(std::vector<Vec>& k, std::vector<Vec>& v, DType dt) {
+  round_rows(k, dt);
+  round_rows(v, dt);
+}
+
+// Layer p's output projection of the attention rows a.
+Vec o_proj(const RefWeights& w, const std::string& p, const Vec& a) { return matvec(get(w, p + "self_attn.o_proj.weight"), a); }
+
+// Layer p's SwiGLU MLP: down_proj(silu(gate_proj h) * up_proj h).
+Vec swiglu(const RefWeights& w, const std::string& p, const Vec& h) {
+  Vec g = matvec(get(w, p + "mlp.gate_proj.weight"), h);
+  const Vec u = matvec(get(w, p + "mlp.up_proj.weight"), h);
+  for (size_t j = 0; j < g.size(); ++j) g[j] = g[j] / (1.0 + std::exp(-g[j])) * u[j];
+  return matvec(get(w, p + "mlp.down_proj.weight"), g);
+}
+
 }  // namespace
 
 void add_random(RefWeights& w, std::mt19937& rng, const std::string& name, std::vector<int64_t> shape, double std,
@@ -196,9 +228,7 @@ std::vector<std::vector<double>> gemma3_reference(const nlohmann::json& c, const
   const double embed_scale = bf16_to_f32(f32_to_bf16(float(std::sqrt(double(H)))));
   const int64_t T = int64_t(tokens.size());
   const RefTensor& E = get(w, P + "embed_tokens.weight");
-  std::vector<Vec> x(static_cast<size_t>(T), Vec(static_cast<size_t>(H)));
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t j = 0; j < H; ++j) x[size_t(t)][size_t(j)] = E.v[size_t(tokens[size_t(t)] * H + j)] * embed_scale;
+  std::vector<Vec> x = embed(E, tokens, H, embed_scale);
   if (images)
     for (const auto& [row, vec] : images->rows) x[size_t(row)] = vec;
   const std::vector<int>* groups = images && !images->groups.empty() ? &images->groups : nullptr;
@@ -210,18 +240,15 @@ std::vector<std::vector<double>> gemma3_reference(const nlohmann::json& c, const
     for (int64_t t = 0; t < T; ++t) {
       Vec h = x[size_t(t)];
       rms_norm(h, 0, size_t(H), get(w, p + "input_layernorm.weight").v, eps, 1.0);
-      q[size_t(t)] = matvec(get(w, p + "self_attn.q_proj.weight"), h);
-      k[size_t(t)] = matvec(get(w, p + "self_attn.k_proj.weight"), h);
-      v[size_t(t)] = matvec(get(w, p + "self_attn.v_proj.weight"), h);
+      project_qkv(w, p, h, q[size_t(t)], k[size_t(t)], v[size_t(t)]);
       for (int64_t hh = 0; hh < nh; ++hh) rms_norm(q[size_t(t)], size_t(hh * hd), size_t(hd), get(w, p + "self_attn.q_norm.weight").v, eps, 1.0);
       for (int64_t hh = 0; hh < nkv; ++hh) rms_norm(k[size_t(t)], size_t(hh * hd), size_t(hd), get(w, p + "self_attn.k_norm.weight").v, eps, 1.0);
       rotate(q[size_t(t)], nh, hd, t, sl ? inv_local : inv_full, false);
       rotate(k[size_t(t)], nkv, hd, t, sl ? inv_local : inv_full, false);
     }
-    round_rows(k, kv_rows);
-    round_rows(v, kv_rows);
+    round_kv(k, v, kv_rows);
     for (int64_t t = 0; t < T; ++t) {
-      Vec o = matvec(get(w, p + "self_attn.o_proj.weight"), attend(q, k, v, t, nh, nkv, hd, sl ? window : 0, scale, groups));
+      Vec o = o_proj(w, p, attend(q, k, v, t, nh, nkv, hd, sl ? window : 0, scale, groups));
       rms_norm(o, 0, size_t(H), get(w, p + "post_attention_layernorm.weight").v, eps, 1.0);
       Vec& xt = x[size_t(t)];
       for (int64_t j = 0; j < H; ++j) xt[size_t(j)] += o[size_t(j)];
@@ -280,32 +307,23 @@ std::vector<std::vector<double>> cohere2_reference(const nlohmann::json& c, cons
   const std::vector<bool> sliding = sliding_layers(c);
   const int64_t T = int64_t(tokens.size());
   const RefTensor& E = get(w, "model.embed_tokens.weight");
-  std::vector<Vec> x(static_cast<size_t>(T), Vec(static_cast<size_t>(H)));
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t j = 0; j < H; ++j) x[size_t(t)][size_t(j)] = E.v[size_t(tokens[size_t(t)] * H + j)];
+  std::vector<Vec> x = embed(E, tokens, H);
   for (int64_t l = 0; l < L; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     const bool sl = sliding[size_t(l)];
     std::vector<Vec> h(static_cast<size_t>(T)), q(static_cast<size_t>(T)), k(static_cast<size_t>(T)), v(static_cast<size_t>(T));
     for (int64_t t = 0; t < T; ++t) {
       h[size_t(t)] = layer_norm(x[size_t(t)], get(w, p + "input_layernorm.weight").v, eps);
-      q[size_t(t)] = matvec(get(w, p + "self_attn.q_proj.weight"), h[size_t(t)]);
-      k[size_t(t)] = matvec(get(w, p + "self_attn.k_proj.weight"), h[size_t(t)]);
-      v[size_t(t)] = matvec(get(w, p + "self_attn.v_proj.weight"), h[size_t(t)]);
+      project_qkv(w, p, h[size_t(t)], q[size_t(t)], k[size_t(t)], v[size_t(t)]);
       if (sl) {  // full-attention layers have no position encoding
         rotate(q[size_t(t)], nh, hd, t, inv, true);
         rotate(k[size_t(t)], nkv, hd, t, inv, true);
       }
     }
-    round_rows(k, kv_rows);
-    round_rows(v, kv_rows);
+    round_kv(k, v, kv_rows);
     for (int64_t t = 0; t < T; ++t) {
-      Vec o = matvec(get(w, p + "self_attn.o_proj.weight"),
-                     attend(q, k, v, t, nh, nkv, hd, sl ? window : 0, 1.0 / std::sqrt(double(hd))));
-      Vec g = matvec(get(w, p + "mlp.gate_proj.weight"), h[size_t(t)]);
-      Vec u = matvec(get(w, p + "mlp.up_proj.weight"), h[size_t(t)]);
-      for (size_t j = 0; j < g.size(); ++j) g[j] = g[j] / (1.0 + std::exp(-g[j])) * u[j];
-      Vec m = matvec(get(w, p + "mlp.down_proj.weight"), g);
+      const Vec o = o_proj(w, p, attend(q, k, v, t, nh, nkv, hd, sl ? window : 0, 1.0 / std::sqrt(double(hd))));
+      const Vec m = swiglu(w, p, h[size_t(t)]);  // in parallel with attention
       for (int64_t j = 0; j < H; ++j) x[size_t(t)][size_t(j)] += o[size_t(j)] + m[size_t(j)];
     }
   }
@@ -349,34 +367,24 @@ std::vector<std::vector<double>> mistral_reference(const nlohmann::json& c, cons
   const double eps = c["rms_norm_eps"];
   const Vec inv = inv_freq(c["rope_theta"], hd, 1.0);
   const int64_t T = int64_t(tokens.size());
-  const RefTensor& E = get(w, "model.embed_tokens.weight");
-  std::vector<Vec> x(static_cast<size_t>(T), Vec(static_cast<size_t>(H)));
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t j = 0; j < H; ++j) x[size_t(t)][size_t(j)] = E.v[size_t(tokens[size_t(t)] * H + j)];
+  std::vector<Vec> x = embed(get(w, "model.embed_tokens.weight"), tokens, H);
   for (int64_t l = 0; l < L; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     std::vector<Vec> q(static_cast<size_t>(T)), k(static_cast<size_t>(T)), v(static_cast<size_t>(T));
     for (int64_t t = 0; t < T; ++t) {
       Vec h = x[size_t(t)];
       rms_norm(h, 0, size_t(H), get(w, p + "input_layernorm.weight").v, eps, 0.0);
-      q[size_t(t)] = matvec(get(w, p + "self_attn.q_proj.weight"), h);
-      k[size_t(t)] = matvec(get(w, p + "self_attn.k_proj.weight"), h);
-      v[size_t(t)] = matvec(get(w, p + "self_attn.v_proj.weight"), h);
+      project_qkv(w, p, h, q[size_t(t)], k[size_t(t)], v[size_t(t)]);
       rotate(q[size_t(t)], nh, hd, t, inv, false);
       rotate(k[size_t(t)], nkv, hd, t, inv, false);
     }
-    round_rows(k, kv_rows);
-    round_rows(v, kv_rows);
+    round_kv(k, v, kv_rows);
     for (int64_t t = 0; t < T; ++t) {
-      Vec o = matvec(get(w, p + "self_attn.o_proj.weight"),
-                     attend(q, k, v, t, nh, nkv, hd, window, 1.0 / std::sqrt(double(hd))));
+      const Vec o = o_proj(w, p, attend(q, k, v, t, nh, nkv, hd, window, 1.0 / std::sqrt(double(hd))));
       for (int64_t j = 0; j < H; ++j) x[size_t(t)][size_t(j)] += o[size_t(j)];
       Vec h = x[size_t(t)];
       rms_norm(h, 0, size_t(H), get(w, p + "post_attention_layernorm.weight").v, eps, 0.0);
-      Vec g = matvec(get(w, p + "mlp.gate_proj.weight"), h);
-      Vec u = matvec(get(w, p + "mlp.up_proj.weight"), h);
-      for (size_t j = 0; j < g.size(); ++j) g[j] = g[j] / (1.0 + std::exp(-g[j])) * u[j];
-      Vec m = matvec(get(w, p + "mlp.down_proj.weight"), g);
+      const Vec m = swiglu(w, p, h);
       for (int64_t j = 0; j < H; ++j) x[size_t(t)][size_t(j)] += m[size_t(j)];
     }
   }

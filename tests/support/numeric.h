@@ -2,9 +2,12 @@
 // Numeric helpers shared by the op and kernel tests, and the CUDA skip.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <vector>
 
@@ -45,6 +48,23 @@ inline std::vector<float> random_floats(size_t n, std::mt19937& rng, float lo = 
   std::vector<float> v(n);
   for (auto& x : v) x = dist(rng);
   return v;
+}
+
+// The index of the first largest of a row of n values.
+inline int32_t argmax(const float* row, int64_t n) { return int32_t(std::max_element(row, row + n) - row); }
+
+// The fastest of five rounds, in seconds per call of fn(r) for r in [0, reps), after one
+// warm-up call; for the throughput tests.
+inline double best_seconds(int reps, const std::function<void(int)>& fn) {
+  fn(0);
+  double best = 1e30;
+  for (int round = 0; round < 5; ++round) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int r = 0; r < reps; ++r) fn(r);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
+    best = std::min(best, s);
+  }
+  return best;
 }
 
 }  // namespace osprey::testing

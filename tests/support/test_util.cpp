@@ -1,6 +1,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <gtest/gtest.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -98,6 +101,33 @@ double relative_row_error(const float* ours, const float* ref, int64_t vocab) {
     err = std::max(err, std::fabs(double(ours[j]) - double(ref[j])));
   }
   return err / (hi - lo);
+}
+
+void expect_kv_write_switch_keeps_tokens(const std::string& args, size_t n_tokens, nlohmann::json& on,
+                                         nlohmann::json& off) {
+  const CommandResult r_on = run_osprey(args, "OSPREY_KV_INPLACE_WRITE=1");
+  const CommandResult r_off = run_osprey(args, "OSPREY_KV_INPLACE_WRITE=0");
+  ASSERT_EQ(r_on.exit_code, 0) << r_on.err;
+  ASSERT_EQ(r_off.exit_code, 0) << r_off.err;
+  on = nlohmann::json::parse(r_on.out);
+  off = nlohmann::json::parse(r_off.out);
+  ASSERT_EQ(on["tokens"].size(), n_tokens);
+  EXPECT_EQ(on["tokens"], off["tokens"]);
+}
+
+std::string error_code(const std::string& body) {
+  const nlohmann::json j = nlohmann::json::parse(body, nullptr, false);
+  if (!j.is_object() || !j.contains("error") || !j["error"].contains("code") || !j["error"]["code"].is_string())
+    return "(no error code in: " + body + ")";
+  return j["error"]["code"].get<std::string>();
+}
+
+std::vector<std::string> prompt_cache_files(const fs::path& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir / "auto"))
+    if (e.path().filename().string()[0] != '.') out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 CommandResult run_osprey(const std::string& args, const std::string& env) {

@@ -20,6 +20,7 @@
 #include "support/test_util.h"
 #include "vision/image_decode.h"
 #include "vision/image_preprocess.h"
+#include "vision/vision_fixtures.h"
 #include "vision/vision_tower.h"
 
 namespace osprey {
@@ -30,17 +31,7 @@ using testing::TempDir;
 
 // The tiny Gemma 3 language model (window 8) wrapped as Gemma3ForConditionalGeneration with a
 // vision_config (its tower's tensors are not needed by the decoder).
-nlohmann::json wrapped_config(const nlohmann::json& text) {
-  nlohmann::json c = {{"model_type", "gemma3"},
-                      {"text_config", text},
-                      {"mm_tokens_per_image", 4},
-                      {"image_token_index", 250},
-                      {"vision_config",
-                       {{"hidden_size", 32}, {"intermediate_size", 48}, {"num_hidden_layers", 1},
-                        {"num_attention_heads", 4}, {"image_size", 28}, {"patch_size", 14}}}};
-  c["text_config"].erase("model_type");
-  return c;
-}
+nlohmann::json wrapped_config(const nlohmann::json& text) { return testing::tiny_gemma3_vlm_config(text); }
 
 struct Image {
   int64_t pos0;
@@ -84,6 +75,13 @@ std::vector<ImageSpan> spans_of(const std::vector<Image>& images, const Device& 
     spans.push_back({im.pos0, ops::to_device(a, device)});
   }
   return spans;
+}
+
+// The message of the E that one pass of a 6-token prompt with `spans` throws ("" when none).
+template <class E>
+std::string forward_error(Model& m, const std::vector<ImageSpan>& spans) {
+  SequenceCache cache = m.make_cache({});
+  return testing::error_of<E>([&] { m.forward(testing::tokens_of(testing::random_prompt(6, 1)), cache, true, spans); });
 }
 
 class Gemma3Images : public testing::DeviceTest {
@@ -145,10 +143,7 @@ TEST_P(Gemma3Images, AnImageSplitBetweenPassesIsRefused) {
   TempDir dir;
   testing::write_checkpoint(dir.path(), wrapped_config(text), testing::gemma3_weights(text, 41, {}, "language_model.model."));
   auto m = testing::load_on(dir.path(), device());
-  const std::vector<ImageSpan> spans = spans_of(random_images({4}, 64, 5), device());
-  SequenceCache cache = m->make_cache({});
-  const std::string e = testing::error_of<InvalidInput>(
-      [&] { m->forward(testing::tokens_of(testing::random_prompt(6, 1)), cache, true, spans); });
+  const std::string e = forward_error<InvalidInput>(*m, spans_of(random_images({4}, 64, 5), device()));
   EXPECT_TRUE(testing::contains(e, "[4, 8) is split by a pass over [0, 6)"));
 }
 
@@ -157,10 +152,7 @@ TEST_P(Gemma3Images, ATextOnlyModelRefusesImagesByName) {
   TempDir dir;
   testing::write_checkpoint(dir.path(), text, testing::gemma3_weights(text, 41));
   auto m = testing::load_on(dir.path(), device());
-  const std::vector<ImageSpan> spans = spans_of(random_images({1}, 64, 5), device());
-  SequenceCache cache = m->make_cache({});
-  const std::string e = testing::error_of<Unsupported>(
-      [&] { m->forward(testing::tokens_of(testing::random_prompt(6, 1)), cache, true, spans); });
+  const std::string e = forward_error<Unsupported>(*m, spans_of(random_images({1}, 64, 5), device()));
   EXPECT_TRUE(testing::contains(e, "gemma3_text takes no image input"));
   EXPECT_FALSE(load_image_encoder(dir.path(), {}).has_value());
 }

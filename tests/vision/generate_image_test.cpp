@@ -12,6 +12,7 @@
 #include "support/test_util.h"
 #include "vision/image_decode.h"
 #include "vision/image_preprocess.h"
+#include "vision/vision_fixtures.h"
 #include "vision/vision_tower.h"
 
 namespace osprey {
@@ -27,16 +28,9 @@ const std::string kImages = testing::source_dir().string() + "/tests/fixtures/vi
 // tokens; image tokens 250 (begin 251, end 252).
 void write_vlm(const std::filesystem::path& dir) {
   const nlohmann::json text = testing::tiny_gemma3_config();
-  nlohmann::json c = {{"model_type", "gemma3"},
-                      {"text_config", text},
-                      {"mm_tokens_per_image", 4},
-                      {"image_token_index", 250},
-                      {"boi_token_index", 251},
-                      {"eoi_token_index", 252},
-                      {"vision_config",
-                       {{"hidden_size", 32}, {"intermediate_size", 48}, {"num_hidden_layers", 1},
-                        {"num_attention_heads", 4}, {"image_size", 28}, {"patch_size", 14}}}};
-  c["text_config"].erase("model_type");
+  nlohmann::json c = testing::tiny_gemma3_vlm_config(text);
+  c["boi_token_index"] = 251;
+  c["eoi_token_index"] = 252;
   testing::RefWeights w = testing::gemma3_weights(text, 51, {}, "language_model.model.");
   std::mt19937 rng(52);
   const std::string T = "vision_tower.vision_model.";

@@ -14,15 +14,13 @@ namespace osprey {
 namespace {
 
 using testing::error_of;
-
-using testing::file_bytes;
-using testing::vision_fixtures;
+using testing::image_bytes;
 
 TEST(ImageDecode, EveryTestImageEqualsPillowsRgb) {
-  const SafeTensors ref = SafeTensors::open_file(vision_fixtures() / "reference.safetensors");
+  const SafeTensors ref = testing::vision_reference();
   for (const testing::VisionImage& c : testing::kVisionImages) {
     SCOPED_TRACE(c.name);
-    const RgbImage img = decode_image(file_bytes(vision_fixtures() / "images" / c.file));
+    const RgbImage img = decode_image(image_bytes(c.file));
     const Array want = ref.get(std::string("decoded_") + c.name);
     ASSERT_EQ(want.dtype(), DType::u8);
     ASSERT_EQ(img.height, want.dim(0));
@@ -39,10 +37,10 @@ TEST(ImageDecode, EveryTestImageEqualsPillowsRgb) {
 }
 
 TEST(ImageDecode, FormatIsToldByMagicBytesNotByName) {
-  EXPECT_EQ(sniff_image_format(file_bytes(vision_fixtures() / "images/png_rgb_64x48.png")), ImageFormat::png);
-  EXPECT_EQ(sniff_image_format(file_bytes(vision_fixtures() / "images/jpeg_rgb_120x80.jpg")), ImageFormat::jpeg);
-  EXPECT_EQ(sniff_image_format(file_bytes(vision_fixtures() / "images/webp_lossy_96x64.webp")), ImageFormat::webp);
-  EXPECT_EQ(sniff_image_format(file_bytes(vision_fixtures() / "images/gif_40x25.gif")), ImageFormat::gif);
+  EXPECT_EQ(sniff_image_format(image_bytes("png_rgb_64x48.png")), ImageFormat::png);
+  EXPECT_EQ(sniff_image_format(image_bytes("jpeg_rgb_120x80.jpg")), ImageFormat::jpeg);
+  EXPECT_EQ(sniff_image_format(image_bytes("webp_lossy_96x64.webp")), ImageFormat::webp);
+  EXPECT_EQ(sniff_image_format(image_bytes("gif_40x25.gif")), ImageFormat::gif);
   const std::vector<uint8_t> bmp = {'B', 'M', 0, 0, 0, 0, 0, 0};
   EXPECT_NE(error_of<InvalidInput>([&] { decode_image(bmp); }).find("looks like a BMP"), std::string::npos);
   const std::vector<uint8_t> text = {'h', 'e', 'l', 'l', 'o'};
@@ -54,7 +52,7 @@ TEST(ImageDecode, FormatIsToldByMagicBytesNotByName) {
 TEST(ImageDecode, TruncatedFilesAreRefusedNamingTheFormat) {
   for (const testing::VisionImage& c : testing::kVisionImages) {
     SCOPED_TRACE(c.name);
-    std::vector<uint8_t> b = file_bytes(vision_fixtures() / "images" / c.file);
+    std::vector<uint8_t> b = image_bytes(c.file);
     b.resize(b.size() / 2);
     const std::string msg = error_of<InvalidInput>([&] { decode_image(b); });
     EXPECT_NE(msg.find("malformed or truncated"), std::string::npos) << msg;
@@ -65,7 +63,7 @@ TEST(ImageDecode, CorruptBodiesAreRefused) {
   // The header intact, the rest overwritten.
   for (const char* file : {"png_rgb_64x48.png", "jpeg_rgb_120x80.jpg", "webp_lossy_96x64.webp", "gif_40x25.gif"}) {
     SCOPED_TRACE(file);
-    std::vector<uint8_t> b = file_bytes(vision_fixtures() / "images" / file);
+    std::vector<uint8_t> b = image_bytes(file);
     for (size_t i = 40; i < b.size(); ++i) b[i] = uint8_t(i * 7919u >> 3);
     const std::string msg = error_of<InvalidInput>([&] { decode_image(b); });
     EXPECT_NE(msg.find("malformed or truncated"), std::string::npos) << msg;
@@ -77,11 +75,11 @@ TEST(ImageDecode, ImagesPastThePixelLimitAreRefusedBeforeDecoding) {
   limits.max_pixels = 64 * 48 - 1;
   for (const char* file : {"png_rgb_64x48.png", "jpeg_rgb_120x80.jpg", "webp_lossy_96x64.webp"}) {
     SCOPED_TRACE(file);
-    const std::string msg = error_of<InvalidInput>([&] { decode_image(file_bytes(vision_fixtures() / "images" / file), limits); });
+    const std::string msg = error_of<InvalidInput>([&] { decode_image(image_bytes(file), limits); });
     EXPECT_NE(msg.find("too large"), std::string::npos) << msg;
   }
   limits.max_pixels = 64 * 48;
-  EXPECT_EQ(decode_image(file_bytes(vision_fixtures() / "images/png_rgb_64x48.png"), limits).width, 64);
+  EXPECT_EQ(decode_image(image_bytes("png_rgb_64x48.png"), limits).width, 64);
 }
 
 TEST(ImageDecode, CompositeOverWhiteMatchesPillowsIntegerFormula) {

@@ -17,14 +17,12 @@ namespace osprey {
 namespace {
 
 using testing::error_of;
-
-using testing::file_bytes;
-using testing::vision_fixtures;
+using testing::image_bytes;
 
 TEST(ImagePreprocess, PixelValuesEqualPillowAndTransformersAtSeveralSizes) {
-  const SafeTensors ref = SafeTensors::open_file(vision_fixtures() / "reference.safetensors");
+  const SafeTensors ref = testing::vision_reference();
   for (const testing::VisionImage& im : testing::kVisionImages) {
-    const RgbImage img = decode_image(file_bytes(vision_fixtures() / "images" / im.file));
+    const RgbImage img = decode_image(image_bytes(im.file));
     for (int64_t s : {64, 100}) {
       SCOPED_TRACE(std::string(im.name) + " at " + std::to_string(s));
       ImageProcessorConfig cfg;
