@@ -680,10 +680,6 @@ struct Server::Impl {
   // The soft tokens of a chat prompt's images, encoded on the engine thread (the tower runs on
   // the model's device, between steps).
   std::vector<ImageSpan> encode_images(std::vector<RequestImage>& images, const std::vector<int64_t>& starts) {
-    if (paged)
-      throw bad_request("'" + images[0].at + "' is an image, and this server's paged KV layout does not take images: "
-                            "start it with --kv-layout dense",
-                        images[0].at, "images_need_dense_layout");
     std::vector<RgbImage> pixels;
     for (RequestImage& im : images) pixels.push_back(std::move(im.pixels));
     std::vector<ImageSpan> spans;
@@ -1447,9 +1443,7 @@ void Server::load() {
     m.image_encoder = load_image_encoder(m.opt.model_dir, lo);
     if (m.image_encoder)
       log_info("images: a vision tower of " + std::to_string(m.image_encoder->tower->config().mm_tokens_per_image) +
-               " tokens per image" + (m.opt.kv_layout == KVLayout::paged ? " (refused: the paged layout takes none; "
-                                                                           "--kv-layout dense)"
-                                                                         : ""));
+               " tokens per image");
   }
   m.eos_ids = m.bundle.stop_ids(m.model->info().eos_ids);
   m.token_trie = grammar::TokenTrie::from_tokenizer(*m.bundle.tokenizer);

@@ -104,29 +104,34 @@ inline void append_bytes(std::vector<int32_t>& ids, const std::string& s) {
   for (unsigned char c : s) ids.push_back(int32_t(c));
 }
 
-// The prompt of one user turn [image, "Describe this."], derived by hand from Gemma 3's
-// template ("<bos><start_of_turn>user\n" + "<start_of_image>" + the trimmed text +
-// "<end_of_turn>\n<start_of_turn>model\n") and Gemma3Processor's expansion of the marker
-// ("\n\n<start_of_image>" + 4 (mm_tokens_per_image) image tokens + "<end_of_image>\n\n"); the
-// test tokenizer's ids of ASCII are its bytes. The image's first token is at position 10.
-inline std::vector<int32_t> described_prompt() {
+// The prompt of one user turn [text `before` (none when empty), image, text `after`], derived
+// by hand from Gemma 3's template ("<bos><start_of_turn>user\n" + `before` + "<start_of_image>" +
+// `after` (texts trimmed) + "<end_of_turn>\n<start_of_turn>model\n") and Gemma3Processor's
+// expansion of the marker ("\n\n<start_of_image>" + 4 (mm_tokens_per_image) image tokens +
+// "<end_of_image>\n\n"); the test tokenizer's ids of ASCII are its bytes. The image's first token
+// is at position 10 + the length of `before`.
+inline std::vector<int32_t> image_prompt(const std::string& before, const std::string& after) {
   std::vector<int32_t> ids = {kBos, kStartTurn};
-  append_bytes(ids, "user\n\n\n");
+  append_bytes(ids, "user\n" + before + "\n\n");
   ids.push_back(kBoi);
   for (int i = 0; i < 4; ++i) ids.push_back(kImageToken);
   ids.push_back(kEoi);
-  append_bytes(ids, "\n\nDescribe this.");
+  append_bytes(ids, "\n\n" + after);
   ids.push_back(kEndTurn);
   append_bytes(ids, "\n");
   ids.push_back(kStartTurn);
   append_bytes(ids, "model\n");
   return ids;
 }
+// One turn [image, "Describe this."]: its image starts at position 10.
+inline std::vector<int32_t> described_prompt() { return image_prompt("", "Describe this."); }
 inline constexpr int64_t kImageAt = 10;
 
 // The library's greedy reply to described_prompt() with `file`'s image: the tower and the
 // decoder called directly (each checked against transformers in tests/vision/).
-inline std::vector<int32_t> library_reply(const fs::path& dir, const fs::path& file, int n) {
+inline std::vector<int32_t> library_reply(const fs::path& dir, const fs::path& file, int n,
+                                          const std::vector<int32_t>& prompt = described_prompt(),
+                                          int64_t image_at = kImageAt) {
   std::unique_ptr<Model> model = load_model(dir);
   std::optional<ImageEncoder> enc = load_image_encoder(dir, {});
   const std::string bytes = osprey::testing::read_file(file);
@@ -134,9 +139,9 @@ inline std::vector<int32_t> library_reply(const fs::path& dir, const fs::path& f
   GenerateParams p;
   p.max_tokens = n;
   p.stop_ids = load_model_bundle(dir, {}).stop_ids(model->info().eos_ids);
-  p.images = {{kImageAt, enc->tower->encode(preprocess_image(img, enc->processor))}};
+  p.images = {{image_at, enc->tower->encode(preprocess_image(img, enc->processor))}};
   SequenceCache cache = model->make_cache({});
-  return generate(*model, cache, described_prompt(), p).tokens;
+  return generate(*model, cache, prompt, p).tokens;
 }
 
 }  // namespace osprey::testing::image_chat
