@@ -516,8 +516,8 @@ function App() {
         <form class="composer" onSubmit={(e) => { e.preventDefault(); send(); }}>
           {takesImages && (
             <>
-              <button type="button" class="icon attach" aria-label="Attach an image" title="Attach an image (PNG, JPEG, WebP, GIF)"
-                data-testid="attach" disabled={busy} onClick={() => imagePicker.current.click()}>📎</button>
+              <button type="button" class="attach" aria-label="Attach an image" title="Attach an image (PNG, JPEG, WebP, GIF)"
+                data-testid="attach" disabled={busy} onClick={() => imagePicker.current.click()}>+ Image</button>
               <input ref={imagePicker} type="file" accept={IMAGE_TYPES.join(',')} multiple hidden onChange={attachImages}
                 data-testid="attach-input" />
             </>
