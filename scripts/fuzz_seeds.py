@@ -141,6 +141,19 @@ bodies = [
      "reasoning": {"effort": "low", "summary": "auto"}, "stream": True, "metadata": {"k": "v"},
      "include": ["reasoning.encrypted_content"], "truncation": "disabled", "prompt_cache_key": "k"},
 ]
+# image parts: a chat image_url (a truncated PNG), an Anthropic base64 image block, a Responses
+# input_image (server/image_parts.h reads them all)
+png_head = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1Pe"
+bodies += [
+    {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": png_head, "detail": "low"}},
+                                               {"type": "text", "text": "What is this?"}]}], "max_tokens": 4},
+    {"model": "demo", "max_tokens": 4,
+     "messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                                                             "data": png_head[22:]}},
+                                               {"type": "text", "text": "What is this?"}]}]},
+    {"model": "demo", "input": [{"role": "user", "content": [{"type": "input_image", "image_url": png_head, "detail": "auto"},
+                                                             {"type": "input_text", "text": "What is this?"}]}]},
+]
 for i, b in enumerate(bodies):
     put("completion_request_fuzz", "body%d" % i, json.dumps(b))
 

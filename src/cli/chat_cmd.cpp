@@ -1,7 +1,10 @@
 // osprey chat: an interactive conversation with the checkpoint's chat template. Each turn
 // renders the whole conversation, keeps the longest prefix its tokens share with what the
 // KV cache holds, and prefills only the rest. When the conversation outgrows the context, the
-// oldest turns leave it (the system prompt stays).
+// oldest turns leave it (the system prompt stays). /image FILE attaches an image to the next
+// message (a model with a vision tower): the template gets an image part before its text, and
+// a cached prefix is kept only up to the first image that is not the one its rows were computed
+// with.
 #include <CLI/CLI.hpp>
 #include <unistd.h>
 
@@ -36,6 +39,9 @@
 #include "tokenizer/tokenizer.h"
 #include "bundle/model_bundle.h"
 #include "bundle/model_files.h"
+#include "formats/gguf_model.h"
+#include "vision/image_decode.h"
+#include "vision/image_prompt.h"
 
 namespace osprey::cli {
 namespace {
@@ -112,6 +118,7 @@ const char* const kHelp =
     "/system TEXT   set the system prompt (/system alone shows it)\n"
     "/save FILE     write the conversation to FILE as JSON {\"messages\": [...]}\n"
     "/load FILE     continue a conversation that /save wrote\n"
+    "/image FILE    attach an image (PNG, JPEG, WebP, GIF) to your next message (models with a vision tower)\n"
     "/exit, /quit   leave (also Ctrl-D, or Ctrl-C twice at the prompt)\n"
     "A line ending in \\ continues on the next line; \"\"\" opens and closes a block of lines.\n"
     "Ctrl-C stops a reply.\n";
@@ -188,6 +195,10 @@ class Chat {
     lo.device = select_device(o.device.empty() ? env_options().device : o.device);
     lo.progress = [&](size_t done, size_t total) { bar.update(done, total); };
     model_ = load_model(dir, lo);
+    if (!is_gguf_path(dir)) {
+      lo.progress = nullptr;
+      encoder_ = load_image_encoder(dir, lo);
+    }
     const int64_t model_ctx = model_->info().max_position_embeddings;
     if (o.ctx_size > 0 && model_ctx > 0 && o.ctx_size > model_ctx)
       throw UsageError("-c/--ctx-size " + std::to_string(o.ctx_size) + " exceeds the model's context of " +
@@ -220,6 +231,26 @@ class Chat {
     if (!system_.empty()) messages_.push_back({{"role", "system"}, {"content", system_}});
     if (cache_.offset() > 0) cache_.trim(cache_.offset());
     cached_.clear();
+    images_.clear();
+    pending_.clear();
+    cached_images_.clear();
+  }
+
+  // /image FILE: decoded and encoded now (errors name the file), sent with the next message.
+  void attach_image(const std::string& file) {
+    if (!encoder_) throw InvalidInput("/image: this model takes no image input (a text-only model: it has no vision tower)");
+    const std::string bytes = read_regular_file(file);
+    RgbImage img;
+    try {
+      img = decode_image(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
+    } catch (const Error& e) {
+      throw InvalidInput("/image " + file + ": " + e.what());
+    }
+    const int64_t start = 0;
+    Array embeds = encode_prompt_images(*encoder_, std::span<const int64_t>(&start, 1), std::span<const RgbImage>(&img, 1))[0].embeds;
+    pending_.push_back({next_image_++, std::move(embeds)});
+    std::fprintf(stderr, "image %s (%lldx%lld) attached to your next message\n", file.c_str(), (long long)img.width,
+                 (long long)img.height);
   }
 
   // Replaces the system prompt of the conversation (the turns stay); empty removes it.
@@ -237,6 +268,9 @@ class Chat {
   const std::string& system() const { return system_; }
 
   void save(const std::string& path) const {
+    if (!images_.empty() || !pending_.empty())
+      throw InvalidInput("/save: the conversation holds images, which a saved conversation does not keep (/reset starts "
+                         "one without them)");
     std::ofstream out(path, std::ios::binary);
     if (!out) throw IoError(path + ": cannot write file");
     out << ordered_json{{"messages", messages_}}.dump(2) << "\n";
@@ -253,8 +287,13 @@ class Chat {
     }
     if (!j.is_object() || !j.contains("messages") || !j["messages"].is_array())
       throw InvalidInput(path + ": expected {\"messages\": [...]}");
+    for (size_t i = 0; i < j["messages"].size(); ++i)
+      if (image_parts(j["messages"][i]) > 0)
+        throw InvalidInput(path + ": messages[" + std::to_string(i) + "] holds an image part: /load reads conversations of text");
     tpl_.render(ordered_json{{"messages", j["messages"]}, {"add_generation_prompt", false}});  // validates
     messages_ = j["messages"];
+    images_.clear();
+    pending_.clear();
     const ordered_json& first = messages_.empty() ? ordered_json() : messages_[0];
     system_ = first.is_object() && first.value("role", "") == "system" && first["content"].is_string()
                   ? first["content"].get<std::string>()
@@ -264,16 +303,29 @@ class Chat {
   // One user message in, one reply out (streamed unless --json).
   void turn(const std::string& user) {
     ordered_json messages = messages_;
-    messages.push_back({{"role", "user"}, {"content", user}});
-    std::vector<int32_t> ids = encode(messages);
+    std::vector<ChatImage> images = images_;  // the conversation's images, in order
+    if (pending_.empty()) {
+      messages.push_back({{"role", "user"}, {"content", user}});
+    } else {
+      // As generate --chat --image: the images before the text.
+      ordered_json parts = ordered_json::array();
+      for (size_t i = 0; i < pending_.size(); ++i) parts.push_back({{"type", "image"}});
+      parts.push_back({{"type", "text"}, {"text", user}});
+      messages.push_back({{"role", "user"}, {"content", parts}});
+      images.insert(images.end(), pending_.begin(), pending_.end());
+    }
+    std::vector<int32_t> ids = encode(messages, images.size());
     // Room for the reply: -n tokens, at most a quarter of the context. Below that, the oldest
     // turns leave the conversation.
     const int64_t want = o_.n_predict < 0 ? ctx_ : std::min<int64_t>(o_.n_predict, ctx_);
     const int64_t room = std::max<int64_t>(1, std::min<int64_t>(want, ctx_ / 4));
     int n_dropped = 0;
-    while (ctx_ > 0 && int64_t(ids.size()) + room > ctx_ && drop_oldest_turn(messages)) {
+    while (ctx_ > 0 && int64_t(ids.size()) + room > ctx_) {
+      const int64_t dropped_images = drop_oldest_turn(messages);
+      if (dropped_images < 0) break;
+      images.erase(images.begin(), images.begin() + dropped_images);
       ++n_dropped;
-      ids = encode(messages);
+      ids = encode(messages, images.size());
     }
     if (ctx_ > 0 && int64_t(ids.size()) >= ctx_)
       throw InvalidInput("this message" + std::string(system_.empty() ? "" : " and the system prompt") + " take " +
@@ -288,6 +340,17 @@ class Chat {
     size_t keep = 0;
     while (keep < ids.size() && keep < cached_.size() && ids[keep] == cached_[keep]) ++keep;
     if (keep == ids.size()) --keep;  // at least one token to prefill, for the next logits
+    // Image rows are kept only for the same image at the same place, and an image is never cut
+    // between the cache and the pass.
+    const std::vector<int64_t> starts = image_starts(ids, images.size());
+    for (size_t i = 0; i < starts.size() && starts[i] < int64_t(keep); ++i) {
+      const bool same = std::find(cached_images_.begin(), cached_images_.end(), std::make_pair(starts[i], images[i].serial)) !=
+                        cached_images_.end();
+      if (!same || starts[i] + images[i].embeds.dim(0) > int64_t(keep)) {
+        keep = size_t(starts[i]);
+        break;
+      }
+    }
     // A sliding-window layer that no longer holds the rows before `keep` cannot rewind to it:
     // the conversation is then computed from the start.
     if (cache_.offset() > int64_t(keep) && !cache_.can_trim(cache_.offset() - int64_t(keep))) keep = 0;
@@ -295,6 +358,8 @@ class Chat {
     cached_.resize(keep);
 
     GenerateParams gp = gp_;
+    for (size_t i = 0; i < starts.size(); ++i)
+      if (starts[i] >= int64_t(keep)) gp.images.push_back({starts[i] - int64_t(keep), images[i].embeds});
     gp.max_tokens = int(o_.n_predict < 0 ? INT_MAX : o_.n_predict);
     if (ctx_ > 0) gp.max_tokens = int(std::min<int64_t>(gp.max_tokens, ctx_ - int64_t(ids.size())));
     Tokenizer::StreamDecoder stream(tok_);
@@ -320,6 +385,10 @@ class Chat {
     cached_.resize(size_t(cache_.offset()));
 
     std::string reply = tok_.decode(r.tokens, true);
+    cached_images_.clear();
+    for (size_t i = 0; i < starts.size(); ++i) cached_images_.emplace_back(starts[i], images[i].serial);
+    images_ = std::move(images);
+    pending_.clear();
     messages_ = std::move(messages);
     messages_.push_back({{"role", "assistant"}, {"content", reply}});
     const GenerateStats& s = r.stats;
@@ -352,8 +421,34 @@ class Chat {
   }
 
  private:
-  std::vector<int32_t> encode(const ordered_json& messages) const {
+  // An image of the conversation: its soft tokens, and a number no other image of this chat has.
+  struct ChatImage {
+    uint64_t serial = 0;
+    Array embeds;  // [mm_tokens_per_image, hidden] on the model's device
+  };
+
+  // The number of image parts in a message's content.
+  static int64_t image_parts(const ordered_json& m) {
+    int64_t n = 0;
+    if (m.is_object() && m.contains("content") && m["content"].is_array())
+      for (const ordered_json& part : m["content"])
+        if (part.is_object() && part.value("type", "") == "image") ++n;
+    return n;
+  }
+
+  // Where each image's tokens start in `ids`: one run per image of the conversation.
+  std::vector<int64_t> image_starts(const std::vector<int32_t>& ids, size_t n_images) const {
+    if (!encoder_) return {};
+    std::vector<int64_t> starts = image_token_runs(ids, encoder_->tower->config());
+    if (starts.size() != n_images)
+      throw InvalidInput("the conversation holds the tokens of " + std::to_string(starts.size()) + " image(s) for " +
+                         std::to_string(n_images) + " attached: a message's text may not write image tokens");
+    return starts;
+  }
+
+  std::vector<int32_t> encode(const ordered_json& messages, size_t n_images) const {
     std::string text = tpl_.render(ordered_json{{"messages", messages}, {"add_generation_prompt", true}});
+    if (n_images > 0) text = expand_image_markers(text, encoder_->tower->config(), n_images);
     // The template writes BOS itself: no second one from the post-processor.
     std::vector<int32_t> ids = tok_.encode(text, false);
     if (ids.empty()) throw InvalidInput("chat: the rendered conversation has no tokens");
@@ -361,16 +456,19 @@ class Chat {
   }
 
   // Removes the first turn after the system prompt: its messages up to the next user message.
-  // False when only the system prompt and the newest (last) message are left.
-  static bool drop_oldest_turn(ordered_json& messages) {
+  // Returns the number of image parts it held; -1 (nothing removed) when only the system prompt
+  // and the newest (last) message are left.
+  static int64_t drop_oldest_turn(ordered_json& messages) {
     size_t first = 0;
     while (first < messages.size() && messages[first].is_object() && messages[first].value("role", "") == "system")
       ++first;
-    if (first + 1 >= messages.size()) return false;
+    if (first + 1 >= messages.size()) return -1;
     size_t end = first + 1;
     while (end + 1 < messages.size() && !(messages[end].is_object() && messages[end].value("role", "") == "user")) ++end;
+    int64_t n_images = 0;
+    for (size_t i = first; i < end; ++i) n_images += image_parts(messages[i]);
     messages.erase(messages.begin() + long(first), messages.begin() + long(end));
-    return true;
+    return n_images;
   }
 
   ChatOptions o_;
@@ -386,6 +484,11 @@ class Chat {
   SequenceCache cache_;
   ordered_json messages_;
   std::vector<int32_t> cached_;  // the tokens whose K/V rows cache_ holds
+  std::optional<ImageEncoder> encoder_;  // the vision tower, for a model that takes images
+  std::vector<ChatImage> images_;        // the images of messages_, in order
+  std::vector<ChatImage> pending_;       // /image: for the next message
+  std::vector<std::pair<int64_t, uint64_t>> cached_images_;  // (first token, serial) of the images in cache_
+  uint64_t next_image_ = 1;
 };
 
 // Runs a /command; returns false for /exit and /quit.
@@ -394,7 +497,7 @@ bool command(Chat& chat, const std::string& line) {
   const std::string cmd = line.substr(0, space);
   const size_t at = space == std::string::npos ? space : line.find_first_not_of(' ', space);
   const std::string arg = at == std::string::npos ? "" : line.substr(at);
-  const bool takes_arg = cmd == "/system" || cmd == "/save" || cmd == "/load";
+  const bool takes_arg = cmd == "/system" || cmd == "/save" || cmd == "/load" || cmd == "/image";
   if (!takes_arg && !arg.empty() && (cmd == "/quit" || cmd == "/exit" || cmd == "/help" || cmd == "/reset"))
     throw InvalidInput(cmd + " takes no argument (\"" + arg + "\")");
   if (cmd == "/quit" || cmd == "/exit") return false;
@@ -407,6 +510,14 @@ bool command(Chat& chat, const std::string& line) {
       std::fprintf(stderr, "system prompt: %s\n", chat.system().empty() ? "(none)" : chat.system().c_str());
     else
       chat.set_system(arg);
+  } else if (cmd == "/image") {
+    // A file that cannot be attached is reported and the chat goes on, in scripts too.
+    try {
+      if (arg.empty()) throw InvalidInput("/image: give a file name");
+      chat.attach_image(arg);
+    } catch (const Error& e) {
+      std::fprintf(stderr, "osprey: error: %s\n", e.what());
+    }
   } else if (cmd == "/save" || cmd == "/load") {
     if (arg.empty()) throw InvalidInput(cmd + ": give a file name");
     if (cmd == "/save") chat.save(arg);

@@ -36,7 +36,6 @@
 #include "serve/draft_model.h"
 #include "formats/config_reader.h"
 #include "vision/image_decode.h"
-#include "vision/image_preprocess.h"
 #include "vision/image_prompt.h"
 #include "vision/vision_tower.h"
 
@@ -414,9 +413,7 @@ int run_generate(const GenerateOptions& o) {
   if (o.verbose) std::fprintf(stderr, "seed: %llu\n", (unsigned long long)gp.sampler.seed);
   if (images) {
     const auto t_images = std::chrono::steady_clock::now();
-    for (size_t i = 0; i < images->decoded.size(); ++i)
-      gp.images.push_back(
-          {image_starts[i], encoder->tower->encode(preprocess_image(images->decoded[i], encoder->processor))});
+    gp.images = encode_prompt_images(*encoder, image_starts, images->decoded);
     if (!o.quiet)
       std::fprintf(stderr, "images: %zu encoded in %.1f ms\n", gp.images.size(),
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t_images).count() * 1e3);

@@ -165,6 +165,7 @@ std::optional<SequenceBackend::Begun> PagedBackend::begin(std::span<const int32_
   free_slot->id = id;
   free_slot->salt = cache_salt;
   free_slot->tokens.clear();
+  free_slot->images.clear();
   advance(*free_slot, prompt.first(size_t(n_cached)));
   if (store_ && n_cached > 0) store_->touch(prompt_prefix_id(cache_salt, prompt.first(size_t(n_cached))));
   {
@@ -202,8 +203,40 @@ bool PagedBackend::reserve(int handle, int64_t n) {
   return pools_->reserve(seq(handle).id, n);
 }
 
+void PagedBackend::set_images(int handle, std::vector<ImageSpan> images) { seq(handle).images = std::move(images); }
+
+// A chunk with images runs in passes cut after each image, as the decoder cuts its own
+// (docs/design.md, "Image input"): the image's rows attend again once all its keys are written.
+// An image the sequence's cached prefix already began (a reused prefix under the same images'
+// salt, cut at a block's end) keeps its rows from the chunk's first position on: each attends
+// at the image's last position, so it still sees the whole image.
 Array PagedBackend::run_prefill(int handle, std::span<const int32_t> tokens) {
   Seq& s = seq(handle);
+  if (s.images.empty()) return run_pass(s, tokens, {});
+  const int64_t pos0 = pools_->length(s.id), n = int64_t(tokens.size());
+  Array out;
+  for (int64_t done = 0; done < n;) {
+    const int64_t at = pos0 + done;
+    int64_t end = n;
+    std::vector<ImageSpan> inside;
+    for (const ImageSpan& im : s.images) {
+      const int64_t b = im.pos0, e = im.pos0 + im.embeds.dim(0);
+      if (e <= at || b >= pos0 + n) continue;
+      if (e > pos0 + n)
+        throw InvalidInput("paged backend: the prefill chunk [" + std::to_string(pos0) + ", " + std::to_string(pos0 + n) +
+                           ") cuts the image at positions [" + std::to_string(b) + ", " + std::to_string(e) + ")");
+      const int64_t from = std::max(b, at);
+      inside.push_back({from, from == b ? im.embeds : im.embeds.slice_rows(from - b, e - b)});
+      end = e - pos0;
+      break;
+    }
+    out = run_pass(s, tokens.subspan(size_t(done), size_t(end - done)), inside);
+    done = end;
+  }
+  return out;
+}
+
+Array PagedBackend::run_pass(Seq& s, std::span<const int32_t> tokens, std::span<const ImageSpan> images) {
   const int64_t n = int64_t(tokens.size()), pos0 = pools_->length(s.id), bs = options_.block_size;
   if (pos0 + n > context_) throw InvalidInput("the sequence would exceed the context of " + std::to_string(context_));
   if (!pools_->reserve(s.id, n)) throw InvalidInput("the KV pool has no room for " + std::to_string(n) + " more rows");
@@ -226,7 +259,9 @@ Array PagedBackend::run_prefill(int handle, std::span<const int32_t> tokens) {
   for (int64_t i = 0; i < n; ++i) host[size_t(i)] = int32_t(pos0 + i);
   Array positions = i32_array(host, {n}, dev);
   Array ids = i32_array(std::vector<int32_t>(tokens.begin(), tokens.end()), {n}, dev);
-  Array out = model_.forward(ids, positions, step_cache_, false);
+  // With images: the step cache's offset is pos0, and forward() places the positions itself.
+  Array out = images.empty() ? model_.forward(ids, positions, step_cache_, false)
+                             : model_.forward(ids, step_cache_, false, images);
   pools_->commit(s.id, n);
   advance(s, tokens);
   publish_stats();
@@ -518,6 +553,7 @@ void PagedBackend::end(int handle, std::span<const int32_t> tokens) {
   pools_->free(s.id);
   s.id = -1;
   s.tokens.clear();
+  s.images.clear();
   publish_stats();
 }
 

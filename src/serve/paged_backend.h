@@ -64,6 +64,9 @@ class PagedBackend final : public SequenceBackend, public CacheFiles {
   int max_running() const override { return int(seqs_.size()); }
   int64_t context_size() const override { return context_; }
   std::optional<Begun> begin(std::span<const int32_t> prompt, const std::string& cache_salt) override;
+  // The prompt's images (Gemma 3): a prefill chunk holding some is run in passes that each end
+  // with an image (run_prefill).
+  void set_images(int handle, std::vector<ImageSpan> images) override;
   void prefill(int handle, std::span<const int32_t> tokens, bool want_logits, std::vector<float>& logits) override;
   // CUDA: a greedy or (with device_sampling) sampled first token is chosen on the device from
   // the chunk's last row, as decode() chooses: only the token id crosses to the host.
@@ -111,6 +114,7 @@ class PagedBackend final : public SequenceBackend, public CacheFiles {
     // The token of each row written so far, kept where a windowed group caches its blocks by
     // them before it gives them back (the model has windows and the prefix cache is on).
     std::vector<int32_t> tokens;
+    std::vector<ImageSpan> images;  // the prompt's images (set_images), by position
   };
   // A decode step's inputs for batches of up to `size` sequences, in device arrays that stay
   // put (views of one buffer uploaded per step), and the step captured over them.
@@ -146,8 +150,11 @@ class PagedBackend final : public SequenceBackend, public CacheFiles {
   // The masked inputs' token masks (asked of `masks`) as u32 [inputs, ceil(vocab / 32)] on the
   // device, every id allowed in an unmasked row; undefined when no input is masked.
   Array device_masks(std::span<const DecodeInput> inputs, int64_t vocab, const MaskFn& masks);
-  // Writes the chunk's rows into the pool; returns its logits [n, vocab] on the device.
+  // Writes the chunk's rows into the pool; returns its logits [n, vocab] on the device (the
+  // last pass's rows when the chunk holds images).
   Array run_prefill(int handle, std::span<const int32_t> tokens);
+  // One pass of run_prefill: `images` lie wholly inside it (the last one ending with it).
+  Array run_pass(Seq& s, std::span<const int32_t> tokens, std::span<const ImageSpan> images);
   // Whether the device chooses `in`'s token (CUDA, greedy or drawn).
   bool device_chooses(const DecodeInput& in) const;
   // Chooses, on the device, the tokens of the inputs that device_chooses() from `logits`

@@ -24,11 +24,12 @@ std::string block_type(const ojson& b, const std::string& at) {
   return t->get<std::string>();
 }
 
-// Blocks that carry media or server-side tool results: the models read text only, and no
-// server tool runs here.
+// Blocks that carry documents or server-side tool results, and images outside a user turn's
+// content: no server tool runs here.
 [[noreturn]] void refuse_block(const std::string& type, const std::string& at) {
-  if (type == "image" || type == "document" || type == "search_result" || type == "container_upload")
-    fail(at, "is a '" + type + "' block: this server's models take text only");
+  if (type == "image") fail(at, "is an 'image' block: images are read in a user message's content only");
+  if (type == "document" || type == "search_result" || type == "container_upload")
+    fail(at, "is a '" + type + "' block: this server reads text and images only");
   fail(at, "is a '" + type + "' block, which this server does not support");
 }
 
@@ -43,6 +44,24 @@ std::string text_block(const ojson& b, const std::string& at) {
 void append(std::string& to, const std::string& text) {
   if (!to.empty()) to += "\n";
   to += text;
+}
+
+// An image block as the chat route's image_url part, its base64 as a data: URL; the part keeps
+// the block's place, which the image's errors name (server/image_parts.h, `converted`).
+ojson image_block(const ojson& b, const std::string& at) {
+  only(b, at, {"type", "source", "cache_control"});
+  const ojson* src = get(b, "source");
+  if (!src) fail(at + ".source", "is required");
+  if (!src->is_object()) fail(at + ".source", "must be an object, not " + kind_of(*src));
+  const std::string type = string_at(*src, "type", at + ".source", true);
+  if (type == "url" || type == "file")
+    fail(at + ".source.type", "is \"" + type + "\": this server fetches nothing; send the image as {\"type\": \"base64\", "
+                              "\"media_type\", \"data\"}");
+  if (type != "base64") fail(at + ".source.type", "must be \"base64\", not \"" + type + "\"");
+  only(*src, at + ".source", {"type", "media_type", "data"});
+  const std::string media = string_at(*src, "media_type", at + ".source", true);
+  const std::string data = string_at(*src, "data", at + ".source", true);
+  return {{"type", "image_url"}, {"image_url", {{"url", "data:" + media + ";base64," + data}}}, {"at", at}};
 }
 
 // A string, or a list of text blocks joined by newlines (as the chat route joins text parts).
@@ -66,11 +85,26 @@ void read_user(const ojson& content, const std::string& at, ojson& out) {
     out.push_back({{"role", "user"}, {"content", content}});
     return;
   }
+  // Text blocks in a row join into one text (by newlines); with images among them, the message's
+  // content is a list of text and image parts in the order sent.
   std::string text;
   bool has_text = false, any = false;
+  ojson parts = ojson::array();
+  auto end_text = [&] {
+    if (has_text) parts.push_back({{"type", "text"}, {"text", text}});
+    text.clear();
+    has_text = false;
+  };
   auto flush = [&] {
-    if (!has_text) return;
-    out.push_back({{"role", "user"}, {"content", text}});
+    const bool images = !parts.empty();
+    if (!has_text && !images) return;
+    if (images) {
+      end_text();
+      out.push_back({{"role", "user"}, {"content", parts}});
+    } else {
+      out.push_back({{"role", "user"}, {"content", text}});
+    }
+    parts = ojson::array();
     text.clear();
     has_text = false;
     any = true;
@@ -82,6 +116,9 @@ void read_user(const ojson& content, const std::string& at, ojson& out) {
     if (type == "text") {
       append(text, text_block(b, bat));
       has_text = true;
+    } else if (type == "image") {
+      end_text();
+      parts.push_back(image_block(b, bat));
     } else if (type == "tool_result") {
       only(b, bat, {"type", "tool_use_id", "content", "is_error", "cache_control"});
       const std::string id = string_at(b, "tool_use_id", bat, true);

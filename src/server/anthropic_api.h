@@ -23,8 +23,9 @@ enum class AnthropicRoute { messages, count_tokens };
 // "top_k", "stream", "chat_template_kwargs" (thinking) and "response_format"
 // (output_config.format). Keys keep the client's order. Throws ApiError (400) naming the field
 // (its place in the request, e.g. messages[2].content[0].source) for a missing max_tokens, a
-// value of the wrong type or range, an image or document block, and every field this server
-// does not honour (docs/server.md lists the few accepted without effect).
+// value of the wrong type or range, a document block, an image block outside a user turn or
+// not base64 (its data is read as a chat image part: server/image_parts.h), and every field
+// this server does not honour (docs/server.md lists the few accepted without effect).
 nlohmann::ordered_json read_anthropic_request(const nlohmann::ordered_json& body, AnthropicRoute route);
 
 // Anthropic's error body, {"type": "error", "error": {"type", "message"}}, its type from the

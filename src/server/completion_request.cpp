@@ -336,10 +336,11 @@ void prepare_chat_messages(nlohmann::ordered_json& request) {
         const std::string type = part.is_object() && part.contains("type") && part["type"].is_string()
                                      ? part["type"].get<std::string>()
                                      : "";
-        for (const char* media : {"image_url", "image", "input_image", "input_audio", "audio", "file", "video_url"})
+        // Image parts were read before (server/image_parts.h) and left as {"type": "image"}.
+        for (const char* media : {"image_url", "input_image", "input_audio", "audio", "file", "video_url"})
           if (type == media)
-            throw bad_request(at + ".content[" + std::to_string(k) + "]: this model takes text only; a '" + type +
-                                  "' part cannot be read",
+            throw bad_request(at + ".content[" + std::to_string(k) + "]: this server reads text and images only; a '" +
+                                  type + "' part cannot be read",
                               "messages");
         if (type != "text" || !part.contains("text") || !part["text"].is_string()) {
           all_text = false;

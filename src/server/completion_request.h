@@ -52,8 +52,9 @@ void read_logit_bias(const nlohmann::json& body, int64_t vocab_size, SamplerPara
 // Makes a chat request's messages what chat templates expect, as vLLM and transformers
 // callers do: a content list of text parts becomes one string (the parts joined by newlines),
 // an assistant tool call's "arguments" JSON string becomes the object it holds. Throws ApiError
-// (400) for an image, audio or file part (the model takes text only) and for arguments that
-// are not a JSON object, naming the message.
+// (400) for an audio, file or unread image part (take_image_parts, server/image_parts.h, turns
+// image parts into {"type": "image"} before) and for arguments that are not a JSON object,
+// naming the message.
 void prepare_chat_messages(nlohmann::ordered_json& request);
 
 // The prompt of /v1/completions: a string, an array of token ids, or an array of either.

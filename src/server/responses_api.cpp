@@ -30,9 +30,10 @@ void append(std::string& to, const std::string& text) {
   to += text;
 }
 
-// Content: a string, or a list of input_text / output_text parts. Media parts are refused: the
-// models read text only.
-void check_content(const ojson& content, const std::string& at) {
+// Content: a string, or a list of input_text / output_text parts, and where `images` (a user
+// message's content) input_image parts whose image_url is a data: URL (read as a chat image
+// part: server/image_parts.h). File and audio parts are refused.
+void check_content(const ojson& content, const std::string& at, bool images = false) {
   if (content.is_string()) return;
   if (!content.is_array()) fail(at, "must be a string or a list of content parts, not " + kind_of(content));
   for (size_t k = 0; k < content.size(); ++k) {
@@ -42,14 +43,29 @@ void check_content(const ojson& content, const std::string& at) {
       only(content[k], pat, {"type", "text"});
     } else if (type == "output_text") {
       only(content[k], pat, {"type", "text", "annotations", "logprobs"});
-    } else if (type == "input_image" || type == "input_file" || type == "input_audio") {
-      fail(pat, "is an '" + type + "' part: this server's models take text only");
+    } else if (type == "input_image") {
+      if (!images) fail(pat, "is an 'input_image' part: images are read in a user message's content only");
+      only(content[k], pat, {"type", "image_url", "file_id", "detail"});
+      if (get(content[k], "file_id")) fail(pat + ".file_id", "is not supported: no files are stored here; send the image as image_url, a data: URL");
+      const std::string url = string_at(content[k], "image_url", pat, true);
+      if (url.rfind("data:", 0) != 0)
+        fail(pat + ".image_url", "is not a data: URL: this server fetches nothing; send data:image/png;base64,...");
+      const std::string detail = string_at(content[k], "detail", pat, false);
+      if (!detail.empty() && detail != "auto" && detail != "low" && detail != "high")
+        fail(pat + ".detail", "must be \"auto\", \"low\" or \"high\", not \"" + detail.substr(0, 64) + "\"");
+      continue;
+    } else if (type == "input_file" || type == "input_audio") {
+      fail(pat, "is an '" + type + "' part: this server reads text and images only");
     } else {
       fail(pat + ".type", "must be \"input_text\" or \"output_text\", not \"" + type + "\"");
     }
     string_at(content[k], "text", pat, true);
   }
 }
+
+// Checked content as a chat message's: its text (content_text) when it holds no image, else a
+// list of text parts (texts in a row joined by newlines) and image_url parts in order.
+ojson chat_content(const ojson& content);
 
 // The text of checked content: a string, or its parts' texts joined by newlines.
 std::string content_text(const ojson& content) {
@@ -59,6 +75,31 @@ std::string content_text(const ojson& content) {
     for (const ojson& part : content)
       if (part.is_object() && part.contains("text") && part["text"].is_string()) append(text, part["text"].get<std::string>());
   return text;
+}
+
+ojson chat_content(const ojson& content) {
+  const bool images = content.is_array() && std::any_of(content.begin(), content.end(), [](const ojson& p) {
+                        return p.is_object() && p.value("type", "") == "input_image";
+                      });
+  if (!images) return content_text(content);
+  ojson parts = ojson::array();
+  std::string text;
+  bool has_text = false;
+  for (const ojson& part : content) {
+    if (part.value("type", "") == "input_image") {
+      if (has_text) parts.push_back({{"type", "text"}, {"text", text}});
+      text.clear();
+      has_text = false;
+      ojson url = {{"url", part.value("image_url", "")}};
+      if (part.contains("detail") && part["detail"].is_string()) url["detail"] = part["detail"];
+      parts.push_back({{"type", "image_url"}, {"image_url", url}});
+    } else if (part.contains("text") && part["text"].is_string()) {
+      append(text, part["text"].get<std::string>());
+      has_text = true;
+    }
+  }
+  if (has_text) parts.push_back({{"type", "text"}, {"text", text}});
+  return parts;
 }
 
 // Reasoning item text: its reasoning_text content, else its summary's texts.
@@ -85,7 +126,7 @@ ojson read_item(const ojson& item, const std::string& at) {
       fail(at + ".role", "must be \"user\", \"system\", \"developer\" or \"assistant\", not \"" + role + "\"");
     const ojson* content = get(item, "content");
     if (!content) fail(at + ".content", "is required");
-    check_content(*content, at + ".content");
+    check_content(*content, at + ".content", role == "user");
     string_at(item, "id", at, false);
     string_at(item, "status", at, false);
     ojson out = item;
@@ -381,13 +422,12 @@ nlohmann::ordered_json responses_chat_messages(const std::string& instructions, 
     const std::string type = item.value("type", "message");
     if (type == "message") {
       std::string role = item.value("role", "user");
-      const std::string text = content_text(item.value("content", ojson("")));
       if (role == "assistant") {
-        assistant(text);
+        assistant(content_text(item.value("content", ojson(""))));
         continue;
       }
       reasoning.clear();
-      out.push_back({{"role", role == "developer" ? "system" : role}, {"content", text}});
+      out.push_back({{"role", role == "developer" ? "system" : role}, {"content", chat_content(item.value("content", ojson("")))}});
     } else if (type == "function_call") {
       if (out.empty() || out.back()["role"] != "assistant" || !reasoning.empty()) assistant("");
       ojson& m = out.back();

@@ -36,8 +36,8 @@ struct ResponsesRequest {
 };
 
 // Reads a Responses request body. Throws ApiError (400) naming the field (its place in the
-// request, e.g. input[2].content[0]) for a value of the wrong type or range, an image, file or
-// audio part, a hosted tool (web_search, file_search, ...), and every field this server does not
+// request, e.g. input[2].content[0]) for a value of the wrong type or range, a file or audio
+// part, an image part outside a user message or whose image_url is not a data: URL, a hosted tool (web_search, file_search, ...), and every field this server does not
 // honour (docs/server.md lists the few accepted without effect).
 ResponsesRequest read_responses_request(const nlohmann::ordered_json& body);
 

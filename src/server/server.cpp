@@ -36,11 +36,13 @@
 #include "server/completion_request.h"
 #include "server/embeddings.h"
 #include "server/http_transport.h"
+#include "server/image_parts.h"
 #include "server/metrics.h"
 #include "server/response_store.h"
 #include "server/responses_api.h"
 #include "server/structured_output.h"
 #include "tokenizer/tokenizer.h"
+#include "vision/image_prompt.h"
 
 namespace osprey {
 
@@ -292,6 +294,9 @@ struct Server::Impl {
   ModelBundle bundle;
   std::unique_ptr<Model> model;
   std::unique_ptr<Model> draft_model;  // --model-draft
+  // The vision tower and image processor of a model that takes images (Gemma 3 with a
+  // vision_config); run on the engine thread only.
+  std::optional<ImageEncoder> image_encoder;
   // --prompt-cache-dir's folder: declared before the backend, which writes through it.
   std::unique_ptr<PromptStore> prompt_store;
   std::unique_ptr<PromptCache> prompt_cache;
@@ -372,6 +377,7 @@ struct Server::Impl {
                    {"n_ctx", backend->context_size()},
                    {"n_ctx_train", model->info().max_position_embeddings},
                    {"n_params", model->info().n_params},
+                   {"input_modalities", image_encoder ? json::array({"text", "image"}) : json::array({"text"})},
                    {"sampling_defaults", sampling_json()}};
     return m;
   }
@@ -610,7 +616,7 @@ struct Server::Impl {
   HttpHandler apply_template_ = wrap([this](HttpRequest& req) {
     require_ready();
     json body = parse_body(req.body);
-    return json_response(200, {{"prompt", render_chat(body, req.body)}});
+    return json_response(200, {{"prompt", render_chat(body, req.body).text}});
   });
 
   // Renders a chat request's messages with the model's template. `raw` is the request body as
@@ -619,21 +625,74 @@ struct Server::Impl {
   // parts reaches the template as one string, the parts joined by newlines (as OpenAI's
   // servers read it); templates written for strings would otherwise print a list. Tool-call
   // arguments sent as JSON strings reach it as objects (prepare_chat_messages).
-  std::string render_chat(const json& body, const std::string& raw) {
+  // Image parts are taken out first (server/image_parts.h): the template sees {"type": "image"}
+  // in their place and writes each one's marker.
+  struct ChatPrompt {
+    std::string text;  // the rendered chat; each image's marker not yet expanded
+    std::vector<RequestImage> images;
+  };
+  // `converted`: the request is another API's, made a chat request here (Anthropic, Responses):
+  // its image parts carry their place in the request as sent ("at").
+  ChatPrompt render_chat(const json& body, const std::string& raw, bool converted = false) {
     if (!body.is_object()) throw bad_request("the request body must be a JSON object");
     auto it = body.find("messages");
     if (it == body.end() || !it->is_array() || it->empty())
       throw bad_request("'messages' is required and must be a non-empty array", "messages");
     if (!bundle.chat_template) throw bad_request("the model has no usable chat template: " + bundle.chat_template_error, "messages");
     nlohmann::ordered_json request = nlohmann::ordered_json::parse(raw);
+    ChatPrompt out;
+    ImagePartOptions io;
+    io.converted = converted;
+    if (!image_encoder)
+      io.no_images = "this model takes text only (it has no vision tower" +
+                     std::string(is_gguf_path(opt.model_dir) ? ": a GGUF file's is not read)" : ")");
+    out.images = take_image_parts(request, io);
     prepare_chat_messages(request);
     try {
-      return bundle.chat_template->render(request);
+      out.text = bundle.chat_template->render(request);
+      return out;
     } catch (const Unsupported& e) {
       throw bad_request(std::string("the chat template cannot render this request: ") + e.what(), "messages");
     } catch (const InvalidInput& e) {
       throw bad_request(e.what(), "messages");
     }
+  }
+
+  // A rendered chat's token ids, each image's marker expanded into its tokens (Gemma3Processor's
+  // layout, vision/image_prompt.h), and where each image's tokens start. A prompt whose text
+  // writes image tokens of its own is refused: they would take no image.
+  std::vector<int32_t> chat_prompt_ids(const ChatPrompt& p, std::vector<int64_t>& image_starts) const {
+    try {
+      if (!image_encoder) return bundle.tokenizer->encode(p.text, /*add_special=*/false, /*parse_special=*/true);
+      const VisionConfig& v = image_encoder->tower->config();
+      const std::string text = p.images.empty() ? p.text : expand_image_markers(p.text, v, p.images.size());
+      std::vector<int32_t> ids = bundle.tokenizer->encode(text, /*add_special=*/false, /*parse_special=*/true);
+      image_starts = image_token_runs(ids, v);
+      if (image_starts.size() != p.images.size())
+        throw InvalidInput("the prompt holds the tokens of " + std::to_string(image_starts.size()) + " image(s) for " +
+                           std::to_string(p.images.size()) + " image part(s): a message's text may not write image tokens");
+      return ids;
+    } catch (const InvalidInput& e) {
+      throw bad_request(std::string("'messages': ") + e.what(), "messages");
+    }
+  }
+
+  // The soft tokens of a chat prompt's images, encoded on the engine thread (the tower runs on
+  // the model's device, between steps).
+  std::vector<ImageSpan> encode_images(std::vector<RequestImage>& images, const std::vector<int64_t>& starts) {
+    std::vector<RgbImage> pixels;
+    for (RequestImage& im : images) pixels.push_back(std::move(im.pixels));
+    std::vector<ImageSpan> spans;
+    Scheduler::Submit s = Scheduler::Submit::stopping;
+    try {
+      s = scheduler->run_job([&] { spans = encode_prompt_images(*image_encoder, starts, pixels); });
+    } catch (const DeviceLost&) {
+      throw device_lost_error();
+    }
+    if (s == Scheduler::Submit::device_lost) throw device_lost_error();
+    if (s != Scheduler::Submit::accepted)
+      throw api_error(503, "unavailable_error", "the server is shutting down", "shutting_down");
+    return spans;
   }
 
   HttpResponse tokenize(const HttpRequest& req) {
@@ -805,7 +864,7 @@ struct Server::Impl {
   // Reads a completion or chat request (`raw`: its body as sent, for the template's key
   // order), tokenizes its prompts and puts their sequences on the engine's queue.
   std::shared_ptr<CompletionState> submit(const HttpRequest& req, const json& body, const std::string& raw, bool chat,
-                                          Api api) {
+                                          Api api, bool converted = false) {
     if (model->info().embedding_only)
       throw bad_request("this model is an embedding model (a bare " + model->info().model_type +
                             " base model with no lm_head): it answers POST /v1/embeddings, not generation",
@@ -825,6 +884,8 @@ struct Server::Impl {
     if (std::optional<RequestGrammar> rg = request_grammar(body, r.tool_choice, bundle.tool_format))
       constraint = automaton_for(std::move(*rg), r.ignore_eos);
     bool prompt_opens_reasoning = false;
+    std::vector<RequestImage> images;  // the chat's images, in prompt order
+    std::vector<int64_t> image_starts;
     if (chat) {
       if (r.parse_tool_calls && bundle.tool_format == ToolCallFormat::none)
         throw bad_request("'tools': this model's chat template has no tool-call format this server can parse (" +
@@ -832,9 +893,10 @@ struct Server::Impl {
                                           "[TOOL_CALLS]); send tool_choice \"none\" to render the tools without parsing "
                                           "calls"),
                           "tools");
-      const std::string text = render_chat(body, raw);
-      prompt_opens_reasoning = prompt_opens_think(text);
-      r.prompts.push_back(bundle.tokenizer->encode(text, /*add_special=*/false, /*parse_special=*/true));
+      ChatPrompt chat_prompt = render_chat(body, raw, converted);
+      prompt_opens_reasoning = prompt_opens_think(chat_prompt.text);
+      r.prompts.push_back(chat_prompt_ids(chat_prompt, image_starts));
+      images = std::move(chat_prompt.images);
       if (r.prompts.back().empty()) throw bad_request("the rendered chat is empty", "messages");
     } else {
       auto it = body.find("prompt");
@@ -853,13 +915,18 @@ struct Server::Impl {
       throw bad_request("'n' must be at most " + std::to_string(backend->max_running()) +
                             ", the sequences this server runs at once (-np)",
                         "n");
+    // A cached prefix is reused only under the same images: their bytes join the salt.
+    std::vector<std::string> image_bytes;
+    for (const RequestImage& im : images) image_bytes.push_back(im.bytes);
+    const std::vector<ImageSpan> spans = images.empty() ? std::vector<ImageSpan>() : encode_images(images, image_starts);
     // Submit every prompt, its n choices as one request whose prompt is computed once; a
     // refusal withdraws those already queued (CompletionState's destructor cancels them).
     for (const auto& p : r.prompts) {
       SequenceRequest sr;
       sr.id = t_log.id;
-      sr.cache_salt = cache_salt(req, r.cache_salt);
+      sr.cache_salt = cache_salt(req, r.cache_salt) + image_cache_salt(image_bytes);
       sr.prompt = p;
+      sr.images = spans;
       for (int64_t k = 0; k < r.n; ++k) {
         auto c = new_choice(req, r, st->choices.size(), prompt_opens_reasoning);
         c->n_prompt = k == 0 ? int64_t(p.size()) : 0;
@@ -1034,7 +1101,7 @@ struct Server::Impl {
     require_ready();
     const std::string raw =
         read_anthropic_request(parse_body<nlohmann::ordered_json>(req.body), AnthropicRoute::messages).dump();
-    auto st = submit(req, json::parse(raw), raw, /*chat=*/true, Api::anthropic);
+    auto st = submit(req, json::parse(raw), raw, /*chat=*/true, Api::anthropic, /*converted=*/true);
     if (st->request.stream) return messages_stream(st);
     Choice& c = *st->choices[0];
     WholeReply w;
@@ -1159,8 +1226,8 @@ struct Server::Impl {
         read_anthropic_request(parse_body<nlohmann::ordered_json>(req.body), AnthropicRoute::count_tokens).dump();
     const json body = json::parse(raw);
     check_model(read_completion_fields(body, /*chat=*/true).model);  // tools and tool_choice checked too
-    const std::vector<int32_t> ids = bundle.tokenizer->encode(render_chat(body, raw), /*add_special=*/false,
-                                                       /*parse_special=*/true);
+    std::vector<int64_t> image_starts;
+    const std::vector<int32_t> ids = chat_prompt_ids(render_chat(body, raw, /*converted=*/true), image_starts);
     t_log.n_prompt = int64_t(ids.size());
     return json_response(200, {{"input_tokens", ids.size()}});
   }
@@ -1175,7 +1242,7 @@ struct Server::Impl {
       throw response_not_found(rr.previous_response_id, "previous_response_id");
     const nlohmann::ordered_json items = responses_conversation(rr, prev ? &*prev : nullptr);
     const std::string raw = responses_chat_request(rr, items).dump();
-    auto st = submit(req, json::parse(raw), raw, /*chat=*/true, Api::openai);
+    auto st = submit(req, json::parse(raw), raw, /*chat=*/true, Api::openai, /*converted=*/true);
     st->id = "resp_" + id_prefix + std::to_string(t_log.id);
     auto r6 = [](float v) { return std::round(double(v) * 1e6) / 1e6; };
     rr.echo["temperature"] = r6(st->request.params.sampler.temperature);
@@ -1372,6 +1439,12 @@ void Server::load() {
   LoadOptions lo;
   lo.device = m.opt.device;
   m.model = load_model(m.opt.model_dir, lo);
+  if (!is_gguf_path(m.opt.model_dir)) {
+    m.image_encoder = load_image_encoder(m.opt.model_dir, lo);
+    if (m.image_encoder)
+      log_info("images: a vision tower of " + std::to_string(m.image_encoder->tower->config().mm_tokens_per_image) +
+               " tokens per image");
+  }
   m.eos_ids = m.bundle.stop_ids(m.model->info().eos_ids);
   m.token_trie = grammar::TokenTrie::from_tokenizer(*m.bundle.tokenizer);
   if (!is_gguf_path(m.opt.model_dir)) {

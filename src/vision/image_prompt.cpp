@@ -61,6 +61,17 @@ std::vector<int64_t> image_token_runs(std::span<const int32_t> ids, const Vision
   return runs;
 }
 
+std::vector<ImageSpan> encode_prompt_images(const ImageEncoder& encoder, std::span<const int64_t> starts,
+                                            std::span<const RgbImage> images) {
+  if (starts.size() != images.size())
+    throw InvalidInput("the prompt holds the tokens of " + std::to_string(starts.size()) + " image(s) for " +
+                       std::to_string(images.size()) + " image(s) given");
+  std::vector<ImageSpan> spans;
+  for (size_t i = 0; i < images.size(); ++i)
+    spans.push_back({starts[i], encoder.tower->encode(preprocess_image(images[i], encoder.processor))});
+  return spans;
+}
+
 std::string image_cache_salt(const std::vector<std::string>& image_bytes) {
   // The bytes themselves, each after its length: equal salts mean equal images (no hash
   // decides).

@@ -31,4 +31,10 @@ std::vector<int64_t> image_token_runs(std::span<const int32_t> ids, const Vision
 // for no images.
 std::string image_cache_salt(const std::vector<std::string>& image_bytes);
 
+// The prompt's image spans: image i preprocessed as `encoder`'s processor says and encoded by
+// its tower, at starts[i] (the runs image_token_runs found). Runs the tower on its device, so a
+// server calls it on its engine thread. Throws InvalidInput when the counts differ (naming both).
+std::vector<ImageSpan> encode_prompt_images(const ImageEncoder& encoder, std::span<const int64_t> starts,
+                                            std::span<const RgbImage> images);
+
 }  // namespace osprey

@@ -81,7 +81,7 @@ TEST(AnthropicRequest, EveryRefusedFieldIsNamed) {
       {{{"tool_choice", {{"type", "sometimes"}}}}, "tool_choice.type"},
       {{{"tool_choice", {{"type", "tool"}}}}, "tool_choice.name"},
       {{{"tool_choice", {{"type", "none"}, {"disable_parallel_tool_use", true}}}}, "tool_choice.disable_parallel_tool_use"},
-      {{{"messages", user({{{"type", "text"}, {"text", "look:"}}, image})}}, "messages[0].content[1]"},
+      {{{"messages", user({{{"type", "text"}, {"text", "look:"}}, image})}}, "messages[0].content[1].source.type"},
       {{{"messages", user({document})}}, "messages[0].content[0]"},
       {{{"messages", user({{{"type", "tool_result"}, {"tool_use_id", "t"}, {"content", {image}}}})}},
        "messages[0].content[0].content[0]"},

@@ -397,10 +397,10 @@ TEST(ChatMessages, ArgumentsStringsBecomeObjectsAndMediaIsRefused) {
   };
   EXPECT_NE(error(R"({"messages": [{"role": "user", "content": [{"type": "text", "text": "what is this?"},
       {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]})")
-                .find("messages[0].content[1]: this model takes text only"),
+                .find("messages[0].content[1]: this server reads text and images only"),
             std::string::npos);
   EXPECT_NE(error(R"({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]})")
-                .find("takes text only"),
+                .find("reads text and images only"),
             std::string::npos);
   EXPECT_NE(error(R"({"messages": [{"role": "assistant", "tool_calls": [{"type": "function",
       "function": {"name": "f", "arguments": "{not json"}}]}]})")

@@ -321,7 +321,7 @@ TEST(ServerSurface, UnsupportedFieldsAreRefusedByName) {
       {{{"messages", {{{"role", "user"},
                        {"content", {{{"type", "text"}, {"text", "what is it?"}},
                                     {{"type", "image_url"}, {"image_url", {{"url", "http://x/y.png"}}}}}}}}}},
-       "messages"},
+       "messages[0].content[1]"},  // the demo model has no vision tower
   };
   for (const auto& [extra, param] : cases) {
     json body = chat;

@@ -427,6 +427,50 @@ async function main() {
   await shot(page, '08-sanitized');
   await page.close();
 
+  step = 'image attach';
+  // The attach button shows only for a model that reads images: not for the demo model; with
+  // /v1/models stubbed to say "image", a chosen file goes as an image_url part before the text.
+  const page3 = watch(await browser.newPage());
+  await page3.setViewport({ width: 1200, height: 800 });
+  await page3.goto(plain.base, { waitUntil: 'load' });
+  await until('the model name', async () => (await page3.$eval('[data-testid="model"]', (e) => e.textContent)) === 'demo');
+  check(!(await page3.$('[data-testid="attach"]')), 'a text-only model shows the attach button');
+  const plainReply = `data: ${JSON.stringify({ choices: [{ index: 0, delta: { content: 'A picture.' }, finish_reason: 'stop' }] })}\n\n` +
+    `data: ${JSON.stringify({ choices: [], usage: { prompt_tokens: 9, completion_tokens: 3, total_tokens: 12 } })}\n\ndata: [DONE]\n\n`;
+  let sent = null;
+  const vision = (req) => {
+    if (req.method() === 'GET' && req.url().endsWith('/v1/models')) {
+      req.respond({ status: 200, contentType: 'application/json',
+        body: JSON.stringify({ object: 'list', data: [{ id: 'demo', object: 'model', meta: { input_modalities: ['text', 'image'] } }] }) });
+    } else if (req.method() === 'POST' && req.url().endsWith('/v1/chat/completions')) {
+      sent = JSON.parse(req.postData());
+      req.respond({ status: 200, contentType: 'text/event-stream', body: plainReply });
+    } else {
+      req.continue();
+    }
+  };
+  await page3.setRequestInterception(true);
+  page3.on('request', vision);
+  await page3.reload({ waitUntil: 'load' });
+  await until('the attach button', () => page3.$('[data-testid="attach"]'));
+  const png = join(source, 'tests', 'fixtures', 'vision', 'images', 'png_rgb_64x48.png');
+  await (await page3.$('[data-testid="attach-input"]')).uploadFile(png);
+  await until('the thumbnail', () => page3.$('[data-testid="attached"] img'));
+  await shot(page3, '08b-image-attached');
+  await sendMessage(page3, 'What is this?');
+  await until('the reply to the image', async () => sent !== null && !(await busy(page3)), 20000);
+  const lastSent = sent.messages[sent.messages.length - 1];
+  const wantUrl = `data:image/png;base64,${readFileSync(png).toString('base64')}`;
+  check(Array.isArray(lastSent.content) && lastSent.content.length === 2 && lastSent.content[0].type === 'image_url' &&
+    lastSent.content[0].image_url.url === wantUrl && lastSent.content[1].type === 'text' && lastSent.content[1].text === 'What is this?',
+    `the message sent with the image: ${JSON.stringify(lastSent).slice(0, 300)}`);
+  check(!(await page3.$('[data-testid="attached"]')), 'the attachment stayed after sending');
+  check(await page3.$('.msg.user [data-testid="message-images"] img'), 'the sent message shows no image');
+  await shot(page3, '08c-image-sent');
+  page3.off('request', vision);
+  await page3.setRequestInterception(false);
+  await page3.close();
+
   step = 'api key';
   const keyed = await startServer(['--api-key', 'right-key']);
   servers.push(keyed);

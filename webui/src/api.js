@@ -1,5 +1,5 @@
 // The server's OpenAI routes, as the page uses them: the model list and streamed chat
-// completions. Errors become ApiError with the server's own message.
+// completions (a user message's images as image_url parts of data: URLs). Errors become ApiError with the server's own message.
 import { createParser } from 'eventsource-parser';
 
 export class ApiError extends Error {
@@ -26,11 +26,13 @@ async function errorOf(res) {
   return new ApiError(res.status, message);
 }
 
+// The served models: [{id, images}], `images` true when the model reads images (its entry's
+// meta.input_modalities holds "image").
 export async function fetchModels(apiKey) {
   const res = await fetch('/v1/models', { headers: headers(apiKey) });
   if (!res.ok) throw await errorOf(res);
   const body = await res.json();
-  return (body.data || []).map((m) => m.id);
+  return (body.data || []).map((m) => ({ id: m.id, images: ((m.meta && m.meta.input_modalities) || []).includes('image') }));
 }
 
 // Streams one chat completion. onDelta(text) gets each piece of the reply as it arrives;

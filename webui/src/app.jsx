@@ -125,6 +125,11 @@ function Message({ message, index, busy, isLast, onEdit, onRegenerate }) {
   }
   return (
     <div class={`msg ${message.role}${message.error ? ' has-error' : ''}`} data-role={message.role}>
+      {message.images && message.images.length > 0 && (
+        <div class="images" data-testid="message-images">
+          {message.images.map((url, i) => <img key={i} src={url} alt={`Attached image ${i + 1}`} />)}
+        </div>
+      )}
       {message.role === 'user'
         ? <div class="content user-text">{message.content}</div>
         : <div class="content markdown" dangerouslySetInnerHTML={{ __html: html }} />}
@@ -200,6 +205,26 @@ function Settings({ settings, onChange, apiKey, onApiKey, onClose }) {
   );
 }
 
+// The image types the server decodes (docs/server.md, "Images"), and its limit per image.
+const IMAGE_TYPES = ['image/png', 'image/jpeg', 'image/webp', 'image/gif'];
+const MAX_IMAGE_BYTES = 20 * 1024 * 1024;
+
+// A file as a data: URL (what an image_url part carries).
+function readDataUrl(file) {
+  return new Promise((resolve, reject) => {
+    const reader = new FileReader();
+    reader.onload = () => resolve(reader.result);
+    reader.onerror = () => reject(reader.error || new Error('the browser could not read it'));
+    reader.readAsDataURL(file);
+  });
+}
+
+// A message as the API takes it: with images, a list of image_url parts before the text.
+function apiMessage({ role, content, images }) {
+  if (!images || !images.length) return { role, content };
+  return { role, content: [...images.map((url) => ({ type: 'image_url', image_url: { url } })), { type: 'text', text: content }] };
+}
+
 // The page's state and actions. Long because it is the one owner of the state every part
 // shares (the conversations, the request in flight, the theme and key): the actions below
 // change one list, which is saved whole; the components above only draw.
@@ -219,6 +244,8 @@ function App() {
   });
   const [apiKey, setApiKey] = useState(() => getItem('apiKey'));
   const [model, setModel] = useState('');
+  const [takesImages, setTakesImages] = useState(false);  // the model reads images (/v1/models)
+  const [attached, setAttached] = useState([]);  // data: URLs for the next message
   const [banner, setBanner] = useState('');
   const [input, setInput] = useState('');
   const [busy, setBusy] = useState(false);
@@ -227,6 +254,7 @@ function App() {
   const controller = useRef(null);
   const messagesEnd = useRef(null);
   const importer = useRef(null);
+  const imagePicker = useRef(null);
   const composer = useRef(null);
 
   const conv = convs.find((c) => c.id === currentId) || convs[0];
@@ -251,8 +279,13 @@ function App() {
   useEffect(() => {
     let live = true;
     fetchModels(apiKey).then(
-      (ids) => { if (live) { setModel(ids[0] || ''); setBanner(ids.length ? '' : 'The server lists no model.'); } },
-      (e) => { if (live) { setModel(''); setBanner(`Cannot list the models: ${e.message}`); } });
+      (models) => {
+        if (!live) return;
+        setModel(models.length ? models[0].id : '');
+        setTakesImages(models.length > 0 && models[0].images);
+        setBanner(models.length ? '' : 'The server lists no model.');
+      },
+      (e) => { if (live) { setModel(''); setTakesImages(false); setBanner(`Cannot list the models: ${e.message}`); } });
     return () => { live = false; };
   }, [apiKey]);
   useEffect(() => {
@@ -279,7 +312,7 @@ function App() {
       return;
     }
     const history = messages.filter((m) => !(m.role === 'assistant' && m.error && !m.content))
-      .map(({ role, content }) => ({ role, content }));
+      .map(apiMessage);
     if (target.settings.system.trim()) history.unshift({ role: 'system', content: target.settings.system });
     const body = { messages: history, ...fields };
     if (model) body.model = model;
@@ -330,10 +363,36 @@ function App() {
     const text = input.trim();
     if (!text || busy) return;
     setInput('');
+    const images = attached;
+    setAttached([]);
     const title = conv.messages.length === 0 && conv.title === 'New chat' ? text.slice(0, 40) : conv.title;
     const target = { ...conv, title };
     updateConv(conv.id, (c) => ({ ...c, title }));
-    generate(target, [...conv.messages, { role: 'user', content: text }]);
+    generate(target, [...conv.messages, images.length ? { role: 'user', content: text, images } : { role: 'user', content: text }]);
+  }
+
+  // Attaches the chosen image files to the next message; a file the server would refuse is named.
+  async function attachImages(e) {
+    const files = Array.from(e.currentTarget.files || []);
+    e.currentTarget.value = '';
+    const urls = [];
+    for (const file of files) {
+      if (!IMAGE_TYPES.includes(file.type)) {
+        setBanner(`Cannot attach ${file.name}: images are PNG, JPEG, WebP or GIF`);
+        return;
+      }
+      if (file.size > MAX_IMAGE_BYTES) {
+        setBanner(`Cannot attach ${file.name}: ${file.size} bytes, past the server's 20 MiB per image`);
+        return;
+      }
+      try {
+        urls.push(await readDataUrl(file));
+      } catch (err) {
+        setBanner(`Cannot read ${file.name}: ${err.message}`);
+        return;
+      }
+    }
+    setAttached((list) => [...list, ...urls]);
   }
 
   const stop = () => controller.current && controller.current.abort();
@@ -348,7 +407,8 @@ function App() {
   function editAndResend(index, text) {
     if (busy || !text.trim()) return;
     const messages = conv.messages.slice(0, index);
-    messages.push({ role: 'user', content: text.trim() });
+    const { images } = conv.messages[index];
+    messages.push(images && images.length ? { role: 'user', content: text.trim(), images } : { role: 'user', content: text.trim() });
     generate(conv, messages);
   }
 
@@ -442,7 +502,26 @@ function App() {
           ))}
           <div ref={messagesEnd} />
         </section>
+        {attached.length > 0 && (
+          <div class="attached" data-testid="attached">
+            {attached.map((url, i) => (
+              <span class="attachment" key={i}>
+                <img src={url} alt={`Image ${i + 1} for the next message`} />
+                <button type="button" class="icon" aria-label={`Remove image ${i + 1}`}
+                  onClick={() => setAttached((list) => list.filter((_, k) => k !== i))}>✕</button>
+              </span>
+            ))}
+          </div>
+        )}
         <form class="composer" onSubmit={(e) => { e.preventDefault(); send(); }}>
+          {takesImages && (
+            <>
+              <button type="button" class="attach" aria-label="Attach an image" title="Attach an image (PNG, JPEG, WebP, GIF)"
+                data-testid="attach" disabled={busy} onClick={() => imagePicker.current.click()}>+ Image</button>
+              <input ref={imagePicker} type="file" accept={IMAGE_TYPES.join(',')} multiple hidden onChange={attachImages}
+                data-testid="attach-input" />
+            </>
+          )}
           <textarea ref={composer} aria-label="Message" placeholder="Message (Enter sends, Shift+Enter for a new line)" rows="2"
             value={input} onInput={(e) => setInput(e.currentTarget.value)}
             onKeyDown={(e) => { if (e.key === 'Enter' && !e.shiftKey && !e.isComposing) { e.preventDefault(); send(); } }} />

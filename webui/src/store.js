@@ -46,7 +46,8 @@ export const setItem = (name, value) => localStorage.setItem(`osprey.${name}`, v
 function isConversation(c) {
   return c && typeof c === 'object' && typeof c.id === 'string' && typeof c.title === 'string' &&
     Array.isArray(c.messages) && c.messages.every((m) => m && (m.role === 'user' || m.role === 'assistant') &&
-      typeof m.content === 'string');
+      typeof m.content === 'string' &&
+      (m.images === undefined || (Array.isArray(m.images) && m.images.every((u) => typeof u === 'string' && u.startsWith('data:image/')))));
 }
 
 // The export file: {"osprey_conversations": 1, "conversations": [...]}.
@@ -67,7 +68,7 @@ export function importJson(text) {
   const out = [];
   list.forEach((c, i) => {
     if (!isConversation(c))
-      throw new Error(`conversation ${i} needs "id", "title" and "messages" (each with a "role" of user or assistant and a string "content")`);
+      throw new Error(`conversation ${i} needs "id", "title" and "messages" (each with a "role" of user or assistant, a string "content" and, optionally, "images": data:image/ URLs)`);
     out.push({ ...newConversation(), ...c, settings: { ...defaultSettings(), ...(c.settings || {}) }, id: newConversation().id });
   });
   return out;
