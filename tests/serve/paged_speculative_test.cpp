@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <random>
 
 #include "model/model.h"
@@ -212,6 +213,51 @@ TEST_P(PagedSpeculative, NgramSampledOutputIsThePlainDraws) {
   const Served got = serve(*model, s, {prompt}, 40);
   EXPECT_EQ(got.replies[0].tokens, ref[0]);
   EXPECT_GT(got.stats.n_drafted_tokens, 0u);
+}
+
+// The verify's rows against one-row steps, bit for bit: a sequence prefilled alike in two
+// backends decodes 9 tokens one row a step in one (plain steps, the batch-invariant mode off)
+// and verifies the same 9 in one pass in the other; every row's logits are the same bytes. The
+// prompt is past the window, so the windowed groups read tables whose first blocks were given
+// back.
+TEST_P(PagedSpeculative, VerifyRowsAreOneRowStepsBitForBit) {
+  auto model = load_model(pspec_fixture(GetParam()));
+  const int64_t vocab = model->info().vocab_size;
+  const std::vector<int32_t> prompt = pspec_quoting_prompt(13);
+  PagedBackendOptions o;
+  o.context_size = 128;
+  o.block_size = 4;
+  o.verify_rows = 9;
+  PagedBackend stepped(*model, o), verified(*model, o);
+  auto start = [&](PagedBackend& b) {
+    auto begun = b.begin(prompt, "");
+    EXPECT_TRUE(begun.has_value());
+    std::vector<float> logits;
+    EXPECT_TRUE(b.reserve(begun->handle, int64_t(prompt.size())));
+    b.prefill(begun->handle, prompt, true, logits);
+    return std::make_pair(begun->handle, logits);
+  };
+  auto [hs, first] = start(stepped);
+  auto [hv, first_v] = start(verified);
+  ASSERT_EQ(first, first_v);
+  std::vector<int32_t> feed = {int32_t(std::max_element(first.begin(), first.end()) - first.begin())};
+  std::vector<std::vector<float>> steps;
+  std::vector<SequenceBackend::DecodeOutput> out;
+  for (int i = 0; i < 9; ++i) {
+    SequenceBackend::DecodeInput in;
+    in.handle = hs;
+    in.token = feed.back();
+    ASSERT_TRUE(stepped.reserve(hs, 1));
+    stepped.decode(std::span<const SequenceBackend::DecodeInput>(&in, 1), out, {});
+    steps.push_back(out[0].logits);
+    if (i < 8) feed.push_back(int32_t(std::max_element(steps.back().begin(), steps.back().end()) - steps.back().begin()));
+  }
+  std::vector<float> rows;
+  ASSERT_TRUE(verified.reserve(hv, 9));
+  verified.verify(hv, feed, rows);
+  ASSERT_EQ(rows.size(), size_t(9 * vocab));
+  for (size_t i = 0; i < 9; ++i)
+    EXPECT_EQ(std::memcmp(rows.data() + i * size_t(vocab), steps[i].data(), size_t(vocab) * 4), 0) << "row " << i;
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, PagedSpeculative,
