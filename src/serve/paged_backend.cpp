@@ -450,47 +450,79 @@ bool PagedBackend::can_verify(int handle) const {
 }
 
 void PagedBackend::verify(int handle, std::span<const int32_t> tokens, std::vector<float>& logits) {
-  Seq& s = seq(handle);
-  const int64_t n = int64_t(tokens.size()), pos0 = pools_->length(s.id), bs = options_.block_size;
-  if (n < 1) throw InvalidInput("paged backend: a verify needs at least the sequence's last token");
-  if (pos0 + n > context_) throw InvalidInput("the sequence would exceed the context of " + std::to_string(context_));
-  ops::check_token_ids(tokens, model_.info().vocab_size);
-  // The rows so far are settled (the last verify's rewind came first): what no query from here
-  // on sees may go, and into the prefix cache. Nothing is given back again until this verify's
-  // rewind or the next write, so the rewind never needs a row given back.
-  release_behind(s);
-  s.rewindable = 0;
-  if (!pools_->reserve(s.id, n)) throw InvalidInput("the KV pool has no room for " + std::to_string(n) + " more rows");
+  std::vector<std::vector<float>> out;
+  const VerifyInput item{handle, tokens};
+  verify_batch(std::span<const VerifyInput>(&item, 1), out);
+  logits = std::move(out[0]);
+}
+
+void PagedBackend::verify_batch(std::span<const VerifyInput> items, std::vector<std::vector<float>>& logits) {
+  const int64_t bs = options_.block_size, vocab = model_.info().vocab_size;
+  int64_t rows = 0, width = 1;
+  for (const VerifyInput& it : items) {
+    Seq& s = seq(it.handle);
+    const int64_t n = int64_t(it.tokens.size()), pos0 = pools_->length(s.id);
+    if (n < 1) throw InvalidInput("paged backend: a verify needs at least the sequence's last token");
+    if (pos0 + n > context_) throw InvalidInput("the sequence would exceed the context of " + std::to_string(context_));
+    ops::check_token_ids(it.tokens, vocab);
+    // The rows so far are settled (the last verify's rewind came first): what no query from
+    // here on sees may go, and into the prefix cache. Nothing is given back again until this
+    // verify's rewind or the next write, so the rewind never needs a row given back.
+    release_behind(s);
+    s.rewindable = 0;
+    if (!pools_->reserve(s.id, n)) throw InvalidInput("the KV pool has no room for " + std::to_string(n) + " more rows");
+    rows += n;
+    width = std::max(width, ceil_div(pos0 + n, bs));
+  }
   // The split of a lone sequence's one-row step, chosen before the mode is set for the verify.
   const int64_t split = split_keys(1);
   BatchInvariantScope invariant(true);
-  // One decode entry per row, all over the sequence's own table: row i is the query at
-  // position pos0 + i, seeing the keys up to its own (written by this pass before attention
+  // One decode entry per row, each over its sequence's own table: row i of an item is the query
+  // at position pos0 + i, seeing the keys up to its own (written by this pass before attention
   // reads them), as a one-row step at that length would.
   const Device dev = model_.info().device;
-  const int64_t width = ceil_div(pos0 + n, bs);
-  std::vector<int32_t> pos(size_t(n), 0), lens(size_t(n), 0), slots(size_t(n), 0), table(size_t(n * width), 0);
-  for (int64_t i = 0; i < n; ++i) {
-    pos[size_t(i)] = int32_t(pos0 + i);
-    lens[size_t(i)] = int32_t(pos0 + i + 1);
+  const size_t n_groups = pools_->n_groups();
+  std::vector<int32_t> ids, pos, lens;
+  std::vector<std::vector<int32_t>> slots(n_groups, std::vector<int32_t>(size_t(rows), 0));
+  std::vector<std::vector<int32_t>> tables(n_groups, std::vector<int32_t>(size_t(rows * width), 0));
+  for (const VerifyInput& it : items) {
+    const Seq& s = seq(it.handle);
+    const int64_t n = int64_t(it.tokens.size()), pos0 = pools_->length(s.id), r0 = int64_t(ids.size());
+    for (int64_t i = 0; i < n; ++i) {
+      ids.push_back(it.tokens[size_t(i)]);
+      pos.push_back(int32_t(pos0 + i));
+      lens.push_back(int32_t(pos0 + i + 1));
+    }
+    for (size_t g = 0; g < n_groups; ++g) {
+      pools_->slots(s.id, g, pos0, n, slots[g].data() + r0);
+      const std::vector<int32_t>& t = pools_->block_table(s.id, g);
+      const int64_t m = std::min<int64_t>(width, int64_t(t.size()));
+      for (int64_t i = r0; i < r0 + n; ++i) std::copy_n(t.begin(), m, tables[g].begin() + i * width);
+    }
   }
-  for (size_t g = 0; g < pools_->n_groups(); ++g) {
-    pools_->slots(s.id, g, pos0, n, slots.data());
-    step_.groups[g].slots = i32_array(slots, {n}, dev);
-    const std::vector<int32_t>& t = pools_->block_table(s.id, g);
-    for (int64_t i = 0; i < n; ++i) std::copy_n(t.begin(), std::min<int64_t>(width, int64_t(t.size())), table.begin() + i * width);
-    step_.groups[g].block_tables = i32_array(table, {n, width}, dev);
+  for (size_t g = 0; g < n_groups; ++g) {
+    step_.groups[g].slots = i32_array(slots[g], {rows}, dev);
+    step_.groups[g].block_tables = i32_array(tables[g], {rows, width}, dev);
   }
   step_.decode = true;
   step_.split_keys = split;
-  step_.seq_lens = i32_array(lens, {n}, dev);
-  const Array ids = i32_array(std::vector<int32_t>(tokens.begin(), tokens.end()), {n}, dev);
-  const Array out = ops::to_device(model_.forward(ids, i32_array(pos, {n}, dev), step_cache_, true), Device::cpu());
-  pools_->commit(s.id, n);
-  if (keeps_tokens()) s.tokens.insert(s.tokens.end(), tokens.begin(), tokens.end());
-  s.rewindable = n;
+  step_.seq_lens = i32_array(lens, {rows}, dev);
+  const Array out =
+      ops::to_device(model_.forward(i32_array(ids, {rows}, dev), i32_array(pos, {rows}, dev), step_cache_, true), Device::cpu());
+  logits.assign(items.size(), {});
+  const int64_t width_out = out.dim(-1);  // the logits' row
+  int64_t r0 = 0;
+  for (size_t k = 0; k < items.size(); ++k) {
+    Seq& s = seq(items[k].handle);
+    const int64_t n = int64_t(items[k].tokens.size());
+    pools_->commit(s.id, n);
+    if (keeps_tokens()) s.tokens.insert(s.tokens.end(), items[k].tokens.begin(), items[k].tokens.end());
+    s.rewindable = n;
+    const float* first = out.data<float>() + r0 * width_out;
+    logits[k].assign(first, first + n * width_out);
+    r0 += n;
+  }
   publish_stats();
-  logits.assign(out.data<float>(), out.data<float>() + out.numel());
 }
 
 void PagedBackend::rewind(int handle, int64_t n) {

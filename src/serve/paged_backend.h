@@ -82,6 +82,8 @@ class PagedBackend final : public SequenceBackend, public CacheFiles {
   // verify's rows; no windowed group gives a block back between a verify and its rewind.
   bool can_verify(int handle) const override;
   void verify(int handle, std::span<const int32_t> tokens, std::vector<float>& logits) override;
+  // Every item's rows in one decode pass (a varlen batch: an entry per row of every item).
+  void verify_batch(std::span<const VerifyInput> items, std::vector<std::vector<float>>& logits) override;
   void rewind(int handle, int64_t n) override;
   // A sequence sharing every block of `handle` (PagedPool::fork); nullopt when no slot is free.
   std::optional<int> fork(int handle) override;
