@@ -11,6 +11,7 @@
 #include <cstring>
 #include <random>
 
+#include "backend/cuda_available.h"
 #include "model/model.h"
 #include "serve/paged_backend.h"
 #include "serve/scheduler.h"
@@ -339,6 +340,29 @@ TEST(PagedSpeculativeBackend, RewindGivesBackOnlyTheLastVerifysRows) {
   EXPECT_THROW(backend.rewind(b->handle, 1), InvalidInput) << "a second rewind of one verify";
   backend.end(b->handle, {});
   EXPECT_EQ(backend.pool_stats().n_in_use, 0);
+}
+
+// CUDA: the same identity through the device's paged decode ops (GTEST_SKIP without one).
+TEST(PagedSpeculativeCuda, GreedyOutputIsPlainDecoding) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device: " << cuda_description();
+  for (const std::string family : {"llama", "mistral", "qwen3-moe"}) {
+    SCOPED_TRACE(family);
+    LoadOptions lo;
+    lo.device = Device::cuda(0);
+    auto model = load_model(pspec_fixture(family), lo);
+    const std::vector<std::vector<int32_t>> prompts = {pspec_quoting_prompt(9), pspec_quoting_prompt(3)};
+    const auto ref = plain_alone(*model, prompts, 48);
+    for (bool inplace : {true, false}) {
+      Drafting s;
+      s.ngram = true;
+      s.inplace = inplace;
+      s.max_sequences = 2;
+      s.together = true;
+      const Served got = serve(*model, s, prompts, 48);
+      for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(got.replies[i].tokens, ref[i]) << "request " << i;
+      EXPECT_GT(got.stats.n_verify_steps, 0u);
+    }
+  }
 }
 
 }  // namespace
