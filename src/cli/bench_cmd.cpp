@@ -274,7 +274,8 @@ int run_bench_cmd(const BenchOptions& o) {
     throw UsageError("bench --batch: give one prompt size (-p) and one generation length (-n), both >= 1, and no depth");
   if (!o.batch.empty() && o.spec.enabled())
     throw UsageError(std::string("bench --batch with ") + o.spec.flag() +
-                     ": --batch runs on the paged KV pool, whose batched step does not verify drafts");
+                     ": --batch drives the paged backend's decode steps itself and drafts nothing "
+                     "(serve drafts with the paged layout)");
   if (o.threads >= 0) set_cpu_threads(o.threads);
   const std::string dir = model_folder(o.model, o.download);
   if (!fs::exists(dir)) throw IoError("model folder " + dir + " does not exist");

@@ -131,10 +131,6 @@ int run_serve(ServeOptions& o) {
     if (k.empty()) throw UsageError("--api-key: a key must not be empty");
   if (so.cache_salt_by_key && so.api_keys.empty())
     throw UsageError("--cache-salt-by-key needs API keys (--api-key or --api-key-file)");
-  if (so.spec.enabled() && so.kv_layout == KVLayout::paged)
-    throw UsageError(std::string("serve ") + so.spec.flag() +
-                     ": speculative decoding runs with the dense layout only (--kv-layout dense); "
-                     "the paged backend's batched step does not verify drafts yet");
   if (so.spec.ngram && !so.spec.model_draft.empty())
     throw UsageError("--spec-ngram and --model-draft are two draft sources; give one of them");
   if (!so.spec.model_draft.empty()) so.spec.model_draft = model_folder(so.spec.model_draft, false);

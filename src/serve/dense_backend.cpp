@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "engine/decode_stepper.h"
+#include "serve/invariant_scope.h"
 #include "serve/prompt_cache.h"
 #include "serve/prompt_store.h"
 
@@ -52,22 +53,6 @@ std::string non_finite_detail(const Array& last, uint64_t counter) {
   }
   return non_finite_logits_message(where);
 }
-
-// Batch-invariant mode for a scope (a speculating sequence's steps), restored after.
-class DenseInvariantScope {
- public:
-  explicit DenseInvariantScope(bool on) : was_(ops::batch_invariant()), set_(on && !was_) {
-    if (set_) ops::set_batch_invariant(true);
-  }
-  ~DenseInvariantScope() {
-    if (set_) ops::set_batch_invariant(false);
-  }
-  DenseInvariantScope(const DenseInvariantScope&) = delete;
-  DenseInvariantScope& operator=(const DenseInvariantScope&) = delete;
-
- private:
-  bool was_, set_;
-};
 
 // Multi-row writes in place on a sequence cache for a scope (a verify step), off after.
 class MultirowInplaceScope {
@@ -281,7 +266,7 @@ void DenseSlotBackend::decode(std::span<const DecodeInput> inputs, std::vector<D
   for (size_t i = 0; i < inputs.size(); ++i) {
     const DecodeInput& in = inputs[i];
     Slot& s = slot(in.handle);
-    DenseInvariantScope invariant(in.invariant);
+    BatchInvariantScope invariant(in.invariant);
     if (!device_chooses(in)) {
       drop_ahead(s);
       check_room(s, 1);
@@ -316,7 +301,7 @@ void DenseSlotBackend::verify(int handle, std::span<const int32_t> tokens, std::
     throw InvalidInput("dense backend: this model's KV cache cannot give drafted rows back (sliding-window layers)");
   drop_ahead(s);
   check_room(s, int64_t(tokens.size()));
-  DenseInvariantScope invariant(true);
+  BatchInvariantScope invariant(true);
   MultirowInplaceScope inplace(*s.cache);
   Array out = ops::to_device(model_.forward(host_i32(tokens), *s.cache, true), Device::cpu());
   logits.assign(out.data<float>(), out.data<float>() + out.numel());

@@ -1,7 +1,7 @@
 #pragma once
 // Speculative decoding's draft model (docs/design.md, "Speculative decoding"): a smaller model of
 // the target's tokenizer proposes the next tokens of a sequence, which the target verifies in
-// one multi-row step (Scheduler::speculative_step).
+// one multi-row step (Scheduler::speculative_steps).
 //
 // Each sequence has a draft cache of its own that follows the sequence's accepted tokens: a
 // draft begins by giving back the rows past the longest common prefix of what the cache holds

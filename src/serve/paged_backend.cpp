@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "sample/sampler.h"
+#include "serve/invariant_scope.h"
 #include "serve/prompt_store.h"
 
 namespace osprey {
@@ -56,8 +57,9 @@ PagedBackend::~PagedBackend() = default;
 
 int64_t PagedBackend::seq_blocks(int64_t w, int64_t rows) const {
   const int64_t bs = options_.block_size, full = ceil_div(rows, bs);
-  // A window's rows, the chunk being written, and the partial blocks at both ends.
-  return w > 0 ? std::min(full, ceil_div(w - 1 + options_.prefill_chunk, bs) + 2) : full;
+  // A window's rows, the chunk or verify being written, and the partial blocks at both ends.
+  const int64_t write = std::max(options_.prefill_chunk, options_.verify_rows);
+  return w > 0 ? std::min(full, ceil_div(w - 1 + write, bs) + 2) : full;
 }
 
 PagedPoolsParams PagedBackend::size_pools() {
@@ -166,6 +168,7 @@ std::optional<SequenceBackend::Begun> PagedBackend::begin(std::span<const int32_
   free_slot->salt = cache_salt;
   free_slot->tokens.clear();
   free_slot->images.clear();
+  free_slot->rewindable = 0;
   advance(*free_slot, prompt.first(size_t(n_cached)));
   if (store_ && n_cached > 0) store_->touch(prompt_prefix_id(cache_salt, prompt.first(size_t(n_cached))));
   {
@@ -177,12 +180,21 @@ std::optional<SequenceBackend::Begun> PagedBackend::begin(std::span<const int32_
   return Begun{int(free_slot - seqs_.begin()), n_cached};
 }
 
-void PagedBackend::advance(Seq& s, std::span<const int32_t> tokens) {
-  // Groups are ordered by window: the last one's is the largest (0: none has a window).
+bool PagedBackend::keeps_tokens() const {
+  // Groups are ordered by window: the last one's is the largest (0: none has a window). The
+  // tokens are read only to cache the blocks given back.
+  return pools_->window(pools_->n_groups() - 1) > 0 && options_.prefix_cache;
+}
+
+void PagedBackend::release_behind(Seq& s) {
   if (pools_->window(pools_->n_groups() - 1) == 0) return;
-  // The tokens are read only to cache the blocks given back.
-  if (options_.prefix_cache) s.tokens.insert(s.tokens.end(), tokens.begin(), tokens.end());
   pools_->release_behind(s.id, s.tokens, options_.prefix_cache, s.salt);
+}
+
+void PagedBackend::advance(Seq& s, std::span<const int32_t> tokens) {
+  s.rewindable = 0;
+  if (keeps_tokens()) s.tokens.insert(s.tokens.end(), tokens.begin(), tokens.end());
+  release_behind(s);
 }
 
 std::optional<int> PagedBackend::fork(int handle) {
@@ -193,6 +205,7 @@ std::optional<int> PagedBackend::fork(int handle) {
   free_slot->id = pools_->fork(source.id);
   free_slot->salt = source.salt;
   free_slot->tokens = source.tokens;
+  free_slot->rewindable = 0;
   publish_stats();
   return int(free_slot - seqs_.begin());
 }
@@ -361,10 +374,25 @@ PagedBackend::Bucket& PagedBackend::bucket_for(int64_t b, int64_t blocks) {
   return *buckets_.back();
 }
 
+int64_t PagedBackend::split_keys(int64_t size) const {
+  if (options_.split_keys > 0) return options_.split_keys;
+  // Batch invariance needs one split size for every batch; otherwise small batches split finer.
+  // Few sequences: fine splits spread them over the SMs. Many: one split covers most of a
+  // sequence, and the combine has little to do (an H200 decoding 64 Llama-3.1-8B sequences of
+  // 512 to 640 rows: 8.2k t/s with 1024-key splits, 7.6k with 512, 7.6k with 256).
+  return ops::batch_invariant() ? 128 : size <= 2 ? 64 : size <= 8 ? 128 : 1024;
+}
+
 void PagedBackend::decode(std::span<const DecodeInput> inputs, std::vector<DecodeOutput>& outputs, const MaskFn& masks) {
   const int64_t b = int64_t(inputs.size());
   outputs.assign(inputs.size(), {});
   if (b == 0) return;
+  // A speculating sequence's one-row steps compute what its verify rows compute: the whole
+  // batch runs batch-invariant then (the mode is the step's, not a row's), with the split a
+  // lone sequence's step takes (so that a sequence alone decodes as it would without drafts).
+  const bool speculating = std::any_of(inputs.begin(), inputs.end(), [](const DecodeInput& in) { return in.invariant; });
+  const int64_t lone_split = split_keys(1);
+  BatchInvariantScope invariant_step(speculating);
   const Device dev = model_.info().device;
   fault_injection_decode_step(dev);
   // Padded to the bucket's size: a padded row writes nothing (slot -1) and reads one key of
@@ -399,13 +427,8 @@ void PagedBackend::decode(std::span<const DecodeInput> inputs, std::vector<Decod
   }
   ops::check_token_ids(std::span<const int32_t>(tok, size_t(b)), model_.info().vocab_size);
   if (!dev.is_cpu()) ops::copy_into(bk.device, bk.host);
-  // Batch invariance needs one split size for every batch; otherwise small batches split finer.
   const bool invariant = ops::batch_invariant();
-  int64_t split = options_.split_keys;
-  // Few sequences: fine splits spread them over the SMs. Many: one split covers most of a
-  // sequence, and the combine has little to do (an H200 decoding 64 Llama-3.1-8B sequences of
-  // 512 to 640 rows: 8.2k t/s with 1024-key splits, 7.6k with 512, 7.6k with 256).
-  if (split == 0) split = invariant ? 128 : size <= 2 ? 64 : size <= 8 ? 128 : 1024;
+  const int64_t split = speculating ? lone_split : split_keys(size);
   if (bk.graph && (bk.split_keys != split || bk.invariant != invariant)) bk.graph.reset();
   bk.split_keys = split;
   bk.invariant = invariant;
@@ -455,6 +478,101 @@ void PagedBackend::decode(std::span<const DecodeInput> inputs, std::vector<Decod
     const float* row = hl.data<float>() + i * vocab;
     outputs[size_t(i)].logits.assign(row, row + vocab);
   }
+}
+
+bool PagedBackend::can_verify(int handle) const {
+  return handle >= 0 && size_t(handle) < seqs_.size() && seqs_[size_t(handle)].busy;
+}
+
+void PagedBackend::verify(int handle, std::span<const int32_t> tokens, std::vector<float>& logits) {
+  std::vector<std::vector<float>> out;
+  const VerifyInput item{handle, tokens};
+  verify_batch(std::span<const VerifyInput>(&item, 1), out);
+  logits = std::move(out[0]);
+}
+
+void PagedBackend::verify_batch(std::span<const VerifyInput> items, std::vector<std::vector<float>>& logits) {
+  const int64_t bs = options_.block_size, vocab = model_.info().vocab_size;
+  int64_t rows = 0, width = 1;
+  for (const VerifyInput& it : items) {
+    Seq& s = seq(it.handle);
+    const int64_t n = int64_t(it.tokens.size()), pos0 = pools_->length(s.id);
+    if (n < 1) throw InvalidInput("paged backend: a verify needs at least the sequence's last token");
+    if (pos0 + n > context_) throw InvalidInput("the sequence would exceed the context of " + std::to_string(context_));
+    ops::check_token_ids(it.tokens, vocab);
+    // The rows so far are settled (the last verify's rewind came first): what no query from
+    // here on sees may go, and into the prefix cache. Nothing is given back again until this
+    // verify's rewind or the next write, so the rewind never needs a row given back.
+    release_behind(s);
+    s.rewindable = 0;
+    if (!pools_->reserve(s.id, n)) throw InvalidInput("the KV pool has no room for " + std::to_string(n) + " more rows");
+    rows += n;
+    width = std::max(width, ceil_div(pos0 + n, bs));
+  }
+  // The split of a lone sequence's one-row step, chosen before the mode is set for the verify.
+  const int64_t split = split_keys(1);
+  BatchInvariantScope invariant(true);
+  // One decode entry per row, each over its sequence's own table: row i of an item is the query
+  // at position pos0 + i, seeing the keys up to its own (written by this pass before attention
+  // reads them), as a one-row step at that length would.
+  const Device dev = model_.info().device;
+  const size_t n_groups = pools_->n_groups();
+  std::vector<int32_t> ids, pos, lens;
+  std::vector<std::vector<int32_t>> slots(n_groups, std::vector<int32_t>(size_t(rows), 0));
+  std::vector<std::vector<int32_t>> tables(n_groups, std::vector<int32_t>(size_t(rows * width), 0));
+  for (const VerifyInput& it : items) {
+    const Seq& s = seq(it.handle);
+    const int64_t n = int64_t(it.tokens.size()), pos0 = pools_->length(s.id), r0 = int64_t(ids.size());
+    for (int64_t i = 0; i < n; ++i) {
+      ids.push_back(it.tokens[size_t(i)]);
+      pos.push_back(int32_t(pos0 + i));
+      lens.push_back(int32_t(pos0 + i + 1));
+    }
+    for (size_t g = 0; g < n_groups; ++g) {
+      pools_->slots(s.id, g, pos0, n, slots[g].data() + r0);
+      const std::vector<int32_t>& t = pools_->block_table(s.id, g);
+      const int64_t m = std::min<int64_t>(width, int64_t(t.size()));
+      for (int64_t i = r0; i < r0 + n; ++i) std::copy_n(t.begin(), m, tables[g].begin() + i * width);
+    }
+  }
+  for (size_t g = 0; g < n_groups; ++g) {
+    step_.groups[g].slots = i32_array(slots[g], {rows}, dev);
+    step_.groups[g].block_tables = i32_array(tables[g], {rows, width}, dev);
+  }
+  step_.decode = true;
+  step_.split_keys = split;
+  step_.seq_lens = i32_array(lens, {rows}, dev);
+  const Array out =
+      ops::to_device(model_.forward(i32_array(ids, {rows}, dev), i32_array(pos, {rows}, dev), step_cache_, true), Device::cpu());
+  logits.assign(items.size(), {});
+  const int64_t width_out = out.dim(-1);  // the logits' row
+  int64_t r0 = 0;
+  for (size_t k = 0; k < items.size(); ++k) {
+    Seq& s = seq(items[k].handle);
+    const int64_t n = int64_t(items[k].tokens.size());
+    pools_->commit(s.id, n);
+    if (keeps_tokens()) s.tokens.insert(s.tokens.end(), items[k].tokens.begin(), items[k].tokens.end());
+    s.rewindable = n;
+    const float* first = out.data<float>() + r0 * width_out;
+    logits[k].assign(first, first + n * width_out);
+    r0 += n;
+  }
+  publish_stats();
+}
+
+void PagedBackend::rewind(int handle, int64_t n) {
+  Seq& s = seq(handle);
+  if (n <= 0) return;
+  if (n > s.rewindable)
+    throw InvalidInput("paged backend: rewinding " + std::to_string(n) + " rows, but the last write left " +
+                       std::to_string(s.rewindable) + " to give back");
+  // The blocks past the new end go back; the partly filled last one stays the sequence's own
+  // (the verify wrote into it, so reserve had made it so), and the next write goes there.
+  pools_->truncate(s.id, pools_->length(s.id) - n);
+  if (keeps_tokens()) s.tokens.resize(s.tokens.size() - size_t(n));
+  s.rewindable = 0;  // one rewind per verify: the rows kept are settled
+  release_behind(s);
+  publish_stats();
 }
 
 void PagedBackend::build_row_args(std::span<const DecodeInput> inputs) {

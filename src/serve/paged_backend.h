@@ -46,6 +46,9 @@ struct PagedBackendOptions {
   // The most prompt rows one prefill chunk writes (the scheduler's prefill_chunk). A
   // sliding-window group holds about a window plus one chunk per sequence (kv/paged_pools.h).
   int64_t prefill_chunk = 512;
+  // The most rows one speculative verify writes (the draft's --draft-max plus the last token;
+  // 0: no drafting). A sliding-window group also holds those rows while they wait for a rewind.
+  int64_t verify_rows = 0;
   // --cache-type-k / --cache-type-v: the pool's key and value types (KVCacheParams::k_type,
   // v_type); unset: the model's.
   std::optional<DType> k_type, v_type;
@@ -74,6 +77,17 @@ class PagedBackend final : public SequenceBackend, public CacheFiles {
                              std::vector<float>& logits) override;
   void decode(std::span<const DecodeInput> inputs, std::vector<DecodeOutput>& outputs, const MaskFn& masks) override;
   bool reserve(int handle, int64_t n) override;
+  // Speculative decoding (docs/design.md, "Speculative decoding"): every running sequence
+  // verifies. verify() runs the rows as a decode step of one row per token over the sequence's
+  // own block table (row i a query at the sequence's length + i), in batch-invariant mode, so
+  // each row is the one-row step bit for bit; its K/V rows go into blocks the sequence holds
+  // alone (reserve's copy-on-write). rewind() truncates every group back by at most the last
+  // verify's rows; no windowed group gives a block back between a verify and its rewind.
+  bool can_verify(int handle) const override;
+  void verify(int handle, std::span<const int32_t> tokens, std::vector<float>& logits) override;
+  // Every item's rows in one decode pass (a varlen batch: an entry per row of every item).
+  void verify_batch(std::span<const VerifyInput> items, std::vector<std::vector<float>>& logits) override;
+  void rewind(int handle, int64_t n) override;
   // A sequence sharing every block of `handle` (PagedPool::fork); nullopt when no slot is free.
   std::optional<int> fork(int handle) override;
   void end(int handle, std::span<const int32_t> tokens) override;
@@ -115,6 +129,9 @@ class PagedBackend final : public SequenceBackend, public CacheFiles {
     // them before it gives them back (the model has windows and the prefix cache is on).
     std::vector<int32_t> tokens;
     std::vector<ImageSpan> images;  // the prompt's images (set_images), by position
+    // Rows of the last write that a rewind may give back: the last verify's, until the next
+    // write or rewind.
+    int64_t rewindable = 0;
   };
   // A decode step's inputs for batches of up to `size` sequences, in device arrays that stay
   // put (views of one buffer uploaded per step), and the step captured over them.
@@ -145,6 +162,14 @@ class PagedBackend final : public SequenceBackend, public CacheFiles {
   // After rows were committed: the tokens they hold appended, and the windowed groups' blocks
   // that no later query sees given back (cached first when the prefix cache is on).
   void advance(Seq& s, std::span<const int32_t> tokens);
+  // The windowed groups give back (and cache, with the prefix cache on) the blocks no query at
+  // the sequence's length or later sees. Called only where every row is settled (no verify
+  // waits for its rewind), so a cached block never holds a rejected draft's row.
+  void release_behind(Seq& s);
+  // Whether s.tokens follows the rows (a windowed group caches its blocks by them).
+  bool keeps_tokens() const;
+  // Keys per split of the paged attention for a step of `size` rows.
+  int64_t split_keys(int64_t size) const;
   Seq& seq(int handle);
   void publish_stats();
   // The masked inputs' token masks (asked of `masks`) as u32 [inputs, ceil(vocab / 32)] on the

@@ -390,7 +390,15 @@ bool Scheduler::speculates(const Sequence& s) const {
          backend_.can_verify(s.handle);
 }
 
-bool Scheduler::speculative_step(Sequence& s) {
+// A drafting sequence's verify of this step: its draft and the rows fed (the last token, then
+// the draft).
+struct Scheduler::Drafted {
+  Sequence* s = nullptr;
+  DraftProposal proposal;
+  std::vector<int32_t> feed;
+};
+
+bool Scheduler::draft(Sequence& s, Drafted& d) {
   const SpeculativeParams& sp = options_.spec;
   // k drafted rows and the last token's: the cache must hold them, and the step emits up to
   // k + 1 tokens within max_tokens.
@@ -399,36 +407,66 @@ bool Scheduler::speculative_step(Sequence& s) {
   const int64_t k_max = std::min<int64_t>({int64_t(sp.draft_max), room, left});
   if (k_max < sp.draft_min) return false;
   const SamplerParams& sampler = s.request.params.sampler;
-  DraftProposal proposal;
   const auto t0 = Clock::now();
   if (drafter_) {
     try {
       if (s.draft_handle < 0) s.draft_handle = drafter_->begin();
-      proposal = drafter_->draft(s.draft_handle, s.tokens, int(k_max), sampler, uint64_t(s.n_generated));
+      d.proposal = drafter_->draft(s.draft_handle, s.tokens, int(k_max), sampler, uint64_t(s.n_generated));
     } catch (const std::exception& e) {
       note_device_lost(e);
       fail(s, std::string("drafting failed: ") + e.what(), std::current_exception());
       return true;
     }
   } else {
-    proposal.tokens = ngram_draft(s.tokens, sp.ngram_min, sp.ngram_max, int(k_max));
+    d.proposal.tokens = ngram_draft(s.tokens, sp.ngram_min, sp.ngram_max, int(k_max));
   }
-  const std::vector<int32_t>& draft = proposal.tokens;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.decode_seconds += seconds_since(t0);
+  }
+  const std::vector<int32_t>& draft = d.proposal.tokens;
   if (int64_t(draft.size()) < sp.draft_min) return false;
-  const int64_t k = int64_t(draft.size());
-  if (!make_room(s, k + 1)) return true;  // preempted or failed: nothing more this step
-  std::vector<int32_t> feed;
-  feed.reserve(size_t(k + 1));
-  feed.push_back(s.tokens.back());
-  feed.insert(feed.end(), draft.begin(), draft.end());
-  std::vector<float> logits;
+  if (!make_room(s, int64_t(draft.size()) + 1)) return true;  // preempted or failed: nothing more this step
+  d.s = &s;
+  d.feed.reserve(draft.size() + 1);
+  d.feed.push_back(s.tokens.back());
+  d.feed.insert(d.feed.end(), draft.begin(), draft.end());
+  return true;
+}
+
+void Scheduler::speculative_steps() {
+  std::vector<Drafted> drafted;
+  for (auto& s : running_) {
+    s->spec_stepped = false;
+    if (s->ended || s->preempted || !s->decoding || !speculates(*s)) continue;
+    Drafted d;
+    s->spec_stepped = draft(*s, d);
+    if (!d.feed.empty()) drafted.push_back(std::move(d));
+  }
+  // A later sequence's room may have preempted an earlier one.
+  std::erase_if(drafted, [](const Drafted& d) { return d.s->ended || d.s->preempted; });
+  if (drafted.empty()) return;
+  std::vector<SequenceBackend::VerifyInput> items;
+  for (const Drafted& d : drafted) items.push_back({d.s->handle, d.feed});
+  std::vector<std::vector<float>> logits;
+  const auto t0 = Clock::now();
   try {
-    backend_.verify(s.handle, feed, logits);
+    backend_.verify_batch(items, logits);
   } catch (const std::exception& e) {
     note_device_lost(e);
-    fail(s, std::string("decode failed: ") + e.what(), std::current_exception());
-    return true;
+    for (Drafted& d : drafted) fail(*d.s, std::string("decode failed: ") + e.what(), std::current_exception());
+    return;
   }
+  for (size_t i = 0; i < drafted.size(); ++i) accept_drafts(*drafted[i].s, drafted[i], logits[i]);
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.decode_seconds += seconds_since(t0);
+}
+
+void Scheduler::accept_drafts(Sequence& s, const Drafted& d, std::span<const float> logits) {
+  const DraftProposal& proposal = d.proposal;
+  const std::vector<int32_t>& draft = proposal.tokens;
+  const SamplerParams& sampler = s.request.params.sampler;
+  const int64_t k = int64_t(draft.size());
   const size_t vocab = logits.size() / size_t(k + 1);
   const int64_t base = s.n_in_cache;  // rows before the verify; it wrote base .. base + k
   s.n_drafted += k;
@@ -479,11 +517,9 @@ bool Scheduler::speculative_step(Sequence& s) {
     }
   }
   std::lock_guard<std::mutex> lock(mu_);
-  stats_.decode_seconds += seconds_since(t0);
   stats_.n_drafted_tokens += uint64_t(k);
   stats_.n_accepted_tokens += uint64_t(accepted);
   ++stats_.n_verify_steps;
-  return true;
 }
 
 void Scheduler::finish(Sequence& s, const std::string& reason) { close(s, SequenceEvent::Kind::finished, reason); }
@@ -674,10 +710,7 @@ void Scheduler::step() {
     if (!s->ended && !s->preempted && s->decoding) make_room(*s, 1);
 
   // Speculating sequences with a draft take their multi-row step (one token or more each).
-  for (auto& s : running_) {
-    s->spec_stepped = false;
-    if (!s->ended && !s->preempted && s->decoding && speculates(*s)) s->spec_stepped = speculative_step(*s);
-  }
+  speculative_steps();
 
   decode_running();
 

@@ -247,6 +247,17 @@ class SequenceBackend {
     (void)tokens;
     (void)logits;
   }
+  // Several sequences' verifies of one step, each as verify() does it: items[i]'s logits into
+  // logits[i]. A backend that can runs them in one forward pass (the paged one); the default
+  // runs verify() for each.
+  struct VerifyInput {
+    int handle = -1;
+    std::span<const int32_t> tokens;
+  };
+  virtual void verify_batch(std::span<const VerifyInput> items, std::vector<std::vector<float>>& logits) {
+    logits.resize(items.size());
+    for (size_t i = 0; i < items.size(); ++i) verify(items[i].handle, items[i].tokens, logits[i]);
+  }
   // Gives back the last n rows of the sequence's cache, which its last write (a verify) wrote:
   // its length moves back and its next write goes in place there (KVCache::rewind_own_write).
   virtual void rewind(int handle, int64_t n) {
@@ -370,11 +381,19 @@ class Scheduler {
   // returns false when `s` ended.
   bool emit(Sequence& s, std::span<const float> logits, int32_t chosen = -1);
   // Whether `s` drafts (SchedulerOptions::spec, no grammar, no logprobs, a backend that
-  // verifies), and its speculative step: drafts from its tokens (n-grams or the draft model),
-  // verifies them in one multi-row step and emits the accepted tokens and the target's next;
-  // false when no draft was found (the sequence then takes the ordinary decode step).
+  // verifies).
   bool speculates(const Sequence& s) const;
-  bool speculative_step(Sequence& s);
+  // The speculative step of every drafting sequence: each drafts from its tokens (n-grams or the
+  // draft model) and makes room, the drafts are verified together (verify_batch), and each
+  // emits its accepted tokens and the target's next. A sequence with no draft takes the
+  // ordinary decode step (spec_stepped stays false).
+  struct Drafted;
+  void speculative_steps();
+  // Drafts for `s` into d (d.feed: the rows to verify) and makes room for them; false when no
+  // draft was found; true with d.feed empty when `s` failed or was preempted.
+  bool draft(Sequence& s, Drafted& d);
+  // Emits the tokens the verify's `logits` ([rows, vocab]) accept and gives the rejected rows back.
+  void accept_drafts(Sequence& s, const Drafted& d, std::span<const float> logits);
   // The prompt of `s` is in: its forks become running sequences (or, where the backend cannot
   // share the cache, waiting ones) that emit their first token from `logits`.
   void start_forks(Sequence& s, std::span<const float> logits);

@@ -137,7 +137,7 @@ std::string render_metrics(const MetricsInput& in) {
            "Tokens drafted by speculative decoding (--spec-ngram or --model-draft) and verified.", double(s.n_drafted_tokens));
   p.metric("osprey:spec_accepted_tokens_total", "counter", "Drafted tokens the model accepted.",
            double(s.n_accepted_tokens));
-  p.metric("osprey:spec_verify_steps_total", "counter", "Speculative verify steps (one multi-row forward each).",
+  p.metric("osprey:spec_verify_steps_total", "counter", "Speculative verifies, one per drafting sequence and step (with the paged layout a step's verifies share one forward).",
            double(s.n_verify_steps));
   if (in.serve.pool) {
     const PagedPoolStats& kp = *in.serve.pool;

@@ -1468,10 +1468,6 @@ void Server::load() {
       m.opt.kv_layout == KVLayout::dense ? m.opt.prompt_cache_mib << 20 : 0, m.opt.keep_prompt_cache_checksums);
   if (m.opt.spec.enabled()) {
     validate(m.opt.spec);
-    if (m.opt.kv_layout == KVLayout::paged)
-      throw InvalidInput(std::string(m.opt.spec.flag()) +
-                         ": speculative decoding runs with the dense layout only (--kv-layout dense); the paged "
-                         "backend's batched step does not verify drafts yet");
     if (!m.opt.spec.model_draft.empty())
       m.draft_model = load_draft_model(m.opt.spec.model_draft, *m.model,
                                        m.bundle.tokenizer ? &*m.bundle.tokenizer : nullptr, lo);
@@ -1492,6 +1488,7 @@ void Server::load() {
     po.split_keys = env_options().paged_split_keys;
     po.inplace = m.opt.cache.inplace;
     po.prefill_chunk = m.opt.prefill_chunk;
+    if (m.opt.spec.enabled()) po.verify_rows = int64_t(m.opt.spec.draft_max) + 1;
     po.k_type = m.opt.cache.k_type;
     po.v_type = m.opt.cache.v_type;
     auto b = std::make_unique<PagedBackend>(*m.model, po);

@@ -58,8 +58,8 @@ struct ServerOptions {
   bool batch_invariant = false;       // ops::set_batch_invariant for the server's lifetime
   // Speculative decoding for every request (--spec-ngram, or --model-draft: spec.model_draft is
   // then the draft's folder, loaded on `device` and refused unless its tokenizer is the
-  // target's): the dense layout only (load() refuses it with the paged one); sequences of a
-  // model with sliding-window layers, with a grammar or with logprobs decode without drafts.
+  // target's), with either layout; sequences with a grammar or with logprobs, and with the
+  // dense layout those of a model with sliding-window layers, decode without drafts.
   SpeculativeParams spec;
   Device device = Device::cpu();
   KVCacheParams cache;

@@ -452,7 +452,7 @@ TEST(DraftModel, IncompatibleDraftsAreRefusedByName) {
 
 // The flags: generate --json reports the drafts and gives plain decoding's tokens (-md is
 // --model-draft); --spec-ngram with --model-draft, a sliding-window draft, a draft of another
-// vocabulary, and serve's paged layout are refused by name.
+// vocabulary, and serve given both draft sources are refused by name.
 TEST(DraftCli, GenerateReportsDraftsAndRefusalsNameTheFlag) {
   const std::string llama = draft_fixture("llama").string();
   const std::string qwen3 = draft_fixture("qwen3").string();
@@ -483,10 +483,9 @@ TEST(DraftCli, GenerateReportsDraftsAndRefusalsNameTheFlag) {
   const auto p_min = testing::run_osprey(base + " --model-draft " + qwen3 + " --draft-p-min 1.5");
   EXPECT_EQ(p_min.exit_code, 2);
 
-  const auto paged = testing::run_osprey("serve -m " + llama + " --port 0 --model-draft " + qwen3);
-  EXPECT_EQ(paged.exit_code, 2);
-  EXPECT_NE(paged.err.find("--model-draft"), std::string::npos) << paged.err;
-  EXPECT_NE(paged.err.find("--kv-layout dense"), std::string::npos) << paged.err;
+  const auto serve_both = testing::run_osprey("serve -m " + llama + " --port 0 --spec-ngram --model-draft " + qwen3);
+  EXPECT_EQ(serve_both.exit_code, 2);
+  EXPECT_NE(serve_both.err.find("two draft sources"), std::string::npos) << serve_both.err;
 }
 
 }  // namespace osprey
