@@ -1,6 +1,7 @@
 // paged_attention(): one decode query per sequence against its keys in a paged pool: f16, bf16,
-// or packed rows (q8_0, fp8_e4m3; each row dequantized once into f32 as it is read), keys and
-// values each in their own format.
+// or packed rows (q8_0, fp8_e4m3: kv_rows.h), keys and values each in their own format. A
+// packed row is decoded in registers where one query vector reads it, and dequantized once
+// into an f32 row (which stays in L1) where the group's several query vectors all read it.
 //
 // A work item is (sequence, kv head, split of kPagedSplitKeys key positions). Its query vectors
 // are the G query heads that read the kv head, pre-scaled by `scale`; each keeps a running max,
@@ -43,9 +44,9 @@ template <class L>
 inline float dot_row(const float* q, const typename L::T* row, int64_t head_dim) {
   const int64_t d_vec = head_dim - head_dim % kWidth;
   Vec acc = zero();
-  for (int64_t d = 0; d < d_vec; d += kWidth) acc = fma(load(q + d), L::load(row + d), acc);
+  for (int64_t d = 0; d < d_vec; d += kWidth) acc = fma(load(q + d), load_at<L>(row, d), acc);
   float s = reduce_add(acc);
-  for (int64_t d = d_vec; d < head_dim; ++d) s += q[d] * L::scalar(row[d]);
+  for (int64_t d = d_vec; d < head_dim; ++d) s += q[d] * scalar_at<L>(row, d);
   return s;
 }
 
@@ -54,23 +55,29 @@ template <class L>
 inline void scale_add_row(float* acc, float c, float p, const typename L::T* row, int64_t head_dim) {
   const int64_t d_vec = head_dim - head_dim % kWidth;
   const Vec cv = set1(c), pv = set1(p);
-  for (int64_t d = 0; d < d_vec; d += kWidth) store(acc + d, fma(pv, L::load(row + d), mul(load(acc + d), cv)));
-  for (int64_t d = d_vec; d < head_dim; ++d) acc[d] = acc[d] * c + p * L::scalar(row[d]);
+  for (int64_t d = 0; d < d_vec; d += kWidth) store(acc + d, fma(pv, load_at<L>(row, d), mul(load(acc + d), cv)));
+  for (int64_t d = d_vec; d < head_dim; ++d) acc[d] = acc[d] * c + p * scalar_at<L>(row, d);
 }
 
-// A row of the pool in format L at element (byte, when packed) offset `at` of `base`, as the
-// 16-bit row itself or dequantized into `tmp`; returns what dot_row / scale_add_row read.
+// The row of the pool in format L at element (byte, when packed) offset `at` of `base`.
 template <class L>
-inline const auto* pool_row(const uint16_t* base, int64_t at, KVElem elem, int64_t head_dim, float* tmp) {
-  if constexpr (kPacked<L>) {
-    dequantize_row(elem, reinterpret_cast<const uint8_t*>(base) + at, head_dim, tmp);
-    return static_cast<const float*>(tmp);
-  } else {
-    return base + at;
-  }
+inline const typename L::T* pool_row(const uint16_t* base, int64_t at) {
+  return reinterpret_cast<const typename L::T*>(reinterpret_cast<const char*>(base) + at * int64_t(sizeof(typename L::T)));
 }
+
+// A row as the group's query vectors read it: a packed one dequantized into tmp[0:head_dim]
+// (read as F32), any other as it is stored.
 template <class L>
 using ReadAs = std::conditional_t<kPacked<L>, F32, L>;
+template <class L>
+inline const typename ReadAs<L>::T* read_row(const typename L::T* row, int64_t head_dim, float* tmp) {
+  if constexpr (kPacked<L>) {
+    dequantize_row<L>(row, head_dim, tmp);
+    return tmp;
+  } else {
+    return row;
+  }
+}
 
 // One item. partial: [G][head_dim + 2] = acc, m, l per query vector (m = -inf: nothing seen).
 template <class LK, class LV>
@@ -99,22 +106,32 @@ void run_item(const PagedAttentionArgs& a, int64_t i, int64_t hk, int64_t split,
   }
   const int32_t* table = a.block_tables + i * a.max_blocks;
   const int64_t bs = a.block_size, kw = row_width(a.k_elem, D), vw = row_width(a.v_elem, D);
-  for (int64_t j = lo; j < hi; ++j) {
-    // Row index of (block, head, row in block); times the row width in elements (bytes).
-    const int64_t r = (int64_t(table[j / bs]) * a.n_kv_heads + hk) * bs + j % bs;
-    const auto* kr = pool_row<LK>(a.k, r * kw, a.k_elem, D, kf);
-    const auto* vr = pool_row<LV>(a.v, r * vw, a.v_elem, D, vf);
+  // One key and value row for every query vector of the group, read in formats RK and RV.
+  auto attend = [&]<class RK, class RV>(const typename RK::T* kr, const typename RV::T* vr) {
     for (int64_t g = 0; g < G; ++g) {
       float* part = partial + g * P;
-      float s = dot_row<ReadAs<LK>>(qs.data() + g * D, kr, D);
+      float s = dot_row<RK>(qs.data() + g * D, kr, D);
       if (a.softcap > 0.0f) s = a.softcap * std::tanh(s / a.softcap);
       const float m_old = part[D], m_new = std::max(m_old, s);
       const float c = std::exp(m_old - m_new);  // 0 when m_old is -inf
       const float p = std::exp(s - m_new);
       part[D] = m_new;
       part[D + 1] = part[D + 1] * c + p;
-      scale_add_row<ReadAs<LV>>(part, c, p, vr, D);
+      scale_add_row<RV>(part, c, p, vr, D);
     }
+  };
+  // NOTE: one query vector decodes packed rows in registers as it reads them; several share
+  // one dequantized copy instead of each decoding the row again. The values are the same.
+  const bool decode_once = G > 1 && (kPacked<LK> || kPacked<LV>);
+  for (int64_t j = lo; j < hi; ++j) {
+    // Row index of (block, head, row in block); times the row width in elements (bytes).
+    const int64_t r = (int64_t(table[j / bs]) * a.n_kv_heads + hk) * bs + j % bs;
+    const typename LK::T* kr = pool_row<LK>(a.k, r * kw);
+    const typename LV::T* vr = pool_row<LV>(a.v, r * vw);
+    if (decode_once)
+      attend.template operator()<ReadAs<LK>, ReadAs<LV>>(read_row<LK>(kr, D, kf), read_row<LV>(vr, D, vf));
+    else
+      attend.template operator()<LK, LV>(kr, vr);
   }
 }
 
