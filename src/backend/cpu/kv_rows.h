@@ -57,23 +57,26 @@ inline __m256i e4m3_to_f16_bits16(__m256i w) {
 #endif
 
 // q8_0 rows (kvq: head_dim / 32 blocks of an f16 scale and 32 int8). load(row, d): elements
-// [d, d + kWidth) for d a multiple of kWidth (kWidth divides 32, so they share one block).
+// [d, d + kWidth) for d a multiple of kWidth (kWidth divides 32, so they share one block);
+// load_codes(row, d): the same elements' int8 codes as f32, to be scaled by block_scale(row, d).
 struct Q8_0Rows {
   using T = uint8_t;
   static constexpr KVElem kElem = KVElem::q8_0;
-  static simd::Vec load(const uint8_t* row, int64_t d) {
-    const uint8_t* blk = row + (d / kvq::kQ8Block) * kvq::kQ8BlockBytes;
-    const uint8_t* q = blk + 2 + d % kvq::kQ8Block;
-    const float scale = load_f16_scale(blk);
+  static float block_scale(const uint8_t* row, int64_t d) {
+    return load_f16_scale(row + (d / kvq::kQ8Block) * kvq::kQ8BlockBytes);
+  }
+  static simd::Vec load_codes(const uint8_t* row, int64_t d) {
+    const uint8_t* q = row + (d / kvq::kQ8Block) * kvq::kQ8BlockBytes + 2 + d % kvq::kQ8Block;
 #if defined(__AVX512F__)
-    const __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q))));
-    return _mm512_mul_ps(v, _mm512_set1_ps(scale));
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q))));
 #elif defined(__AVX2__) && defined(__F16C__)
-    const __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q))));
-    return _mm256_mul_ps(v, _mm256_set1_ps(scale));
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q))));
 #else
-    return scale * float(int8_t(*q));
+    return float(int8_t(*q));
 #endif
+  }
+  static simd::Vec load(const uint8_t* row, int64_t d) {
+    return simd::mul(load_codes(row, d), simd::set1(block_scale(row, d)));
   }
   static float scalar(const uint8_t* row, int64_t d) {
     const uint8_t* blk = row + (d / kvq::kQ8Block) * kvq::kQ8BlockBytes;
@@ -82,23 +85,32 @@ struct Q8_0Rows {
 };
 
 // fp8 rows (kvq: a float32 scale s, then head_dim e4m3 codes). load(row, d): elements
-// [d, d + kWidth), any d.
+// [d, d + kWidth), any d; load_codes(row, d): the same elements' codes as f32, to be scaled by
+// row_scale(row).
 struct E4M3Rows {
   using T = uint8_t;
   static constexpr KVElem kElem = KVElem::fp8_e4m3;
-  static simd::Vec load(const uint8_t* row, int64_t d) {
+  static float row_scale(const uint8_t* row) {
     float s;
     std::memcpy(&s, row, 4);
+#if defined(__AVX2__) && defined(__F16C__)
+    return s * 256.0f;  // load_codes gives the code's value / 256
+#else
+    return s;
+#endif
+  }
+  static simd::Vec load_codes(const uint8_t* row, int64_t d) {
     const uint8_t* c = row + 4 + d;
 #if defined(__AVX512F__)
-    const __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c)));
-    return _mm512_mul_ps(_mm512_cvtph_ps(e4m3_to_f16_bits16(w)), _mm512_set1_ps(s * 256.0f));
+    return _mm512_cvtph_ps(e4m3_to_f16_bits16(_mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c)))));
 #elif defined(__AVX2__) && defined(__F16C__)
-    const __m128i w = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c)));
-    return _mm256_mul_ps(_mm256_cvtph_ps(e4m3_to_f16_bits(w)), _mm256_set1_ps(s * 256.0f));
+    return _mm256_cvtph_ps(e4m3_to_f16_bits(_mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c)))));
 #else
-    return s * kvq::e4m3_table()[*c];
+    return kvq::e4m3_table()[*c];
 #endif
+  }
+  static simd::Vec load(const uint8_t* row, int64_t d) {
+    return simd::mul(load_codes(row, d), simd::set1(row_scale(row)));
   }
   static float scalar(const uint8_t* row, int64_t d) {
     float s;

@@ -31,6 +31,7 @@ namespace {
 using namespace simd;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr int kRowsAtOnce = 4;  // keys whose scores are computed together
 
 // The keys sequence i's query sees: [lo, hi) (empty when hi <= lo).
 inline void visible_keys(const PagedAttentionArgs& a, int64_t i, int64_t* lo, int64_t* hi) {
@@ -39,23 +40,61 @@ inline void visible_keys(const PagedAttentionArgs& a, int64_t i, int64_t* lo, in
   *lo = a.window > 0 ? std::max<int64_t>(0, len - a.window) : 0;
 }
 
-// sum_d q[d] * row[d]
+// sum_d q[d] * row[d]. NOTE: one row's dot is a chain of dependent FMAs (latency-bound); on
+// packed rows the scales are taken out of it (a q8_0 block's sum is scaled once, an fp8 row's
+// once), which shortens the chain and drops a multiply per vector.
 template <class L>
 inline float dot_row(const float* q, const typename L::T* row, int64_t head_dim) {
   const int64_t d_vec = head_dim - head_dim % kWidth;
   Vec acc = zero();
-  for (int64_t d = 0; d < d_vec; d += kWidth) acc = fma(load(q + d), load_at<L>(row, d), acc);
-  float s = reduce_add(acc);
-  for (int64_t d = d_vec; d < head_dim; ++d) s += q[d] * scalar_at<L>(row, d);
-  return s;
+  if constexpr (std::is_same_v<L, Q8_0Rows>) {
+    // head_dim is a multiple of the block (32), and of kWidth.
+    for (int64_t b = 0; b < head_dim; b += kvq::kQ8Block) {
+      Vec blk = zero();
+      for (int64_t d = b; d < b + kvq::kQ8Block; d += kWidth) blk = fma(load(q + d), L::load_codes(row, d), blk);
+      acc = fma(set1(L::block_scale(row, b)), blk, acc);
+    }
+    return reduce_add(acc);
+  } else if constexpr (std::is_same_v<L, E4M3Rows>) {
+    Vec acc2 = zero();
+    int64_t d = 0;
+    for (; d + 2 * kWidth <= d_vec; d += 2 * kWidth) {
+      acc = fma(load(q + d), L::load_codes(row, d), acc);
+      acc2 = fma(load(q + d + kWidth), L::load_codes(row, d + kWidth), acc2);
+    }
+    if (d < d_vec) acc = fma(load(q + d), L::load_codes(row, d), acc);
+    float s = L::row_scale(row) * reduce_add(add(acc, acc2));
+    for (d = d_vec; d < head_dim; ++d) s += q[d] * scalar_at<L>(row, d);
+    return s;
+  } else {
+    for (int64_t d = 0; d < d_vec; d += kWidth) acc = fma(load(q + d), load_at<L>(row, d), acc);
+    float s = reduce_add(acc);
+    for (int64_t d = d_vec; d < head_dim; ++d) s += q[d] * scalar_at<L>(row, d);
+    return s;
+  }
 }
 
-// acc[d] = acc[d] * c + p * row[d]
+// acc[d] = acc[d] * c + p * row[d]; on packed rows p carries the block's or row's scale.
 template <class L>
 inline void scale_add_row(float* acc, float c, float p, const typename L::T* row, int64_t head_dim) {
   const int64_t d_vec = head_dim - head_dim % kWidth;
-  const Vec cv = set1(c), pv = set1(p);
-  for (int64_t d = 0; d < d_vec; d += kWidth) store(acc + d, fma(pv, load_at<L>(row, d), mul(load(acc + d), cv)));
+  const Vec cv = set1(c);
+  if constexpr (std::is_same_v<L, Q8_0Rows>) {
+    for (int64_t b = 0; b < head_dim; b += kvq::kQ8Block) {
+      const Vec pv = set1(p * L::block_scale(row, b));
+      for (int64_t d = b; d < b + kvq::kQ8Block; d += kWidth)
+        store(acc + d, fma(pv, L::load_codes(row, d), mul(load(acc + d), cv)));
+    }
+    return;
+  }
+  Vec pv = set1(p);
+  if constexpr (std::is_same_v<L, E4M3Rows>) pv = set1(p * L::row_scale(row));
+  for (int64_t d = 0; d < d_vec; d += kWidth) {
+    if constexpr (std::is_same_v<L, E4M3Rows>)
+      store(acc + d, fma(pv, L::load_codes(row, d), mul(load(acc + d), cv)));
+    else
+      store(acc + d, fma(pv, load_at<L>(row, d), mul(load(acc + d), cv)));
+  }
   for (int64_t d = d_vec; d < head_dim; ++d) acc[d] = acc[d] * c + p * scalar_at<L>(row, d);
 }
 
@@ -96,42 +135,60 @@ void run_item(const PagedAttentionArgs& a, int64_t i, int64_t hk, int64_t split,
   }
   if (lo >= hi) return;
 
-  // qs: [G][D] scaled queries, then a dequantized key row and value row [D] each.
-  if (int64_t(qs.size()) < (G + 2) * D) qs.resize(size_t((G + 2) * D));
+  // qs: [G][D] scaled queries, then kRowsAtOnce dequantized key rows and as many value rows.
+  if (int64_t(qs.size()) < (G + 2 * kRowsAtOnce) * D) qs.resize(size_t((G + 2 * kRowsAtOnce) * D));
   float* kf = qs.data() + G * D;
-  float* vf = kf + D;
+  float* vf = kf + kRowsAtOnce * D;
   for (int64_t g = 0; g < G; ++g) {
     const float* q = a.q + i * a.q_row_stride + (hk * G + g) * D;
     for (int64_t d = 0; d < D; ++d) qs[size_t(g * D + d)] = q[d] * a.scale;
   }
   const int32_t* table = a.block_tables + i * a.max_blocks;
   const int64_t bs = a.block_size, kw = row_width(a.k_elem, D), vw = row_width(a.v_elem, D);
-  // One key and value row for every query vector of the group, read in formats RK and RV.
-  auto attend = [&]<class RK, class RV>(const typename RK::T* kr, const typename RV::T* vr) {
+  // nr consecutive keys' rows for every query vector of the group, read in formats RK and RV:
+  // the nr scores first (independent dot products, so that their FMA chains overlap), then the
+  // online-softmax steps key by key, in order, as one key at a time would take them.
+  auto attend = [&]<class RK, class RV>(int nr, const typename RK::T* const* kr, const typename RV::T* const* vr) {
     for (int64_t g = 0; g < G; ++g) {
       float* part = partial + g * P;
-      float s = dot_row<RK>(qs.data() + g * D, kr, D);
-      if (a.softcap > 0.0f) s = a.softcap * std::tanh(s / a.softcap);
-      const float m_old = part[D], m_new = std::max(m_old, s);
-      const float c = std::exp(m_old - m_new);  // 0 when m_old is -inf
-      const float p = std::exp(s - m_new);
-      part[D] = m_new;
-      part[D + 1] = part[D + 1] * c + p;
-      scale_add_row<RV>(part, c, p, vr, D);
+      float sc[kRowsAtOnce];
+      for (int u = 0; u < nr; ++u) sc[u] = dot_row<RK>(qs.data() + g * D, kr[u], D);
+      for (int u = 0; u < nr; ++u) {
+        float s = sc[u];
+        if (a.softcap > 0.0f) s = a.softcap * std::tanh(s / a.softcap);
+        const float m_old = part[D], m_new = std::max(m_old, s);
+        const float c = std::exp(m_old - m_new);  // 0 when m_old is -inf
+        const float p = std::exp(s - m_new);
+        part[D] = m_new;
+        part[D + 1] = part[D + 1] * c + p;
+        scale_add_row<RV>(part, c, p, vr[u], D);
+      }
     }
   };
   // NOTE: one query vector decodes packed rows in registers as it reads them; several share
   // one dequantized copy instead of each decoding the row again. The values are the same.
   const bool decode_once = G > 1 && (kPacked<LK> || kPacked<LV>);
-  for (int64_t j = lo; j < hi; ++j) {
-    // Row index of (block, head, row in block); times the row width in elements (bytes).
-    const int64_t r = (int64_t(table[j / bs]) * a.n_kv_heads + hk) * bs + j % bs;
-    const typename LK::T* kr = pool_row<LK>(a.k, r * kw);
-    const typename LV::T* vr = pool_row<LV>(a.v, r * vw);
-    if (decode_once)
-      attend.template operator()<ReadAs<LK>, ReadAs<LV>>(read_row<LK>(kr, D, kf), read_row<LV>(vr, D, vf));
-    else
-      attend.template operator()<LK, LV>(kr, vr);
+  for (int64_t j0 = lo; j0 < hi; j0 += kRowsAtOnce) {
+    const int nr = int(std::min<int64_t>(kRowsAtOnce, hi - j0));
+    const typename LK::T* kr[kRowsAtOnce];
+    const typename LV::T* vr[kRowsAtOnce];
+    for (int u = 0; u < nr; ++u) {
+      // Row index of (block, head, row in block); times the row width in elements (bytes).
+      const int64_t j = j0 + u, r = (int64_t(table[j / bs]) * a.n_kv_heads + hk) * bs + j % bs;
+      kr[u] = pool_row<LK>(a.k, r * kw);
+      vr[u] = pool_row<LV>(a.v, r * vw);
+    }
+    if (decode_once) {
+      const typename ReadAs<LK>::T* krf[kRowsAtOnce];
+      const typename ReadAs<LV>::T* vrf[kRowsAtOnce];
+      for (int u = 0; u < nr; ++u) {
+        krf[u] = read_row<LK>(kr[u], D, kf + u * D);
+        vrf[u] = read_row<LV>(vr[u], D, vf + u * D);
+      }
+      attend.template operator()<ReadAs<LK>, ReadAs<LV>>(nr, krf, vrf);
+    } else {
+      attend.template operator()<LK, LV>(nr, kr, vr);
+    }
   }
 }
 
