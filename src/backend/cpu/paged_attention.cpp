@@ -166,7 +166,8 @@ void run_item(const PagedAttentionArgs& a, int64_t i, int64_t hk, int64_t split,
     }
   };
   // NOTE: one query vector decodes packed rows in registers as it reads them; several share
-  // one dequantized copy instead of each decoding the row again. The values are the same.
+  // one dequantized copy instead of each decoding the row again. The two round differently
+  // (the first applies the scales to sums), both within float rounding of the stored values.
   const bool decode_once = G > 1 && (kPacked<LK> || kPacked<LV>);
   for (int64_t j0 = lo; j0 < hi; j0 += kRowsAtOnce) {
     const int nr = int(std::min<int64_t>(kRowsAtOnce, hi - j0));
