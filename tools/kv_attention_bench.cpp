@@ -132,12 +132,14 @@ int main(int argc, char** argv) {
   std::printf("depth %lld, %lld kv heads of %lld, %lld query heads each, %d rounds of %lld calls (sink %g)\n",
               static_cast<long long>(depth), static_cast<long long>(kKvHeads), static_cast<long long>(kHeadDim),
               static_cast<long long>(group), rounds, static_cast<long long>(kCalls), double(sink));
-  std::printf("| arm | median us/call | lowest | highest | GB/s at the median |\n| --- | ---: | ---: | ---: | ---: |\n");
+  std::printf("| arm | median us/call | lowest | highest | GB/s at the median |\n");
+  std::printf("| --- | ---: | ---: | ---: | ---: |\n");
   for (Arm& arm : arms) {
     std::vector<double> s = arm.us;
     std::sort(s.begin(), s.end());
     const double med = s[s.size() / 2];
-    std::printf("| %s | %.1f | %.1f | %.1f | %.2f |\n", arm.name.c_str(), med, s.front(), s.back(), arm.bytes / med / 1e3);
+    std::printf("| %s | %.1f | %.1f | %.1f | %.2f |\n", arm.name.c_str(), med, s.front(), s.back(),
+                arm.bytes / med / 1e3);
   }
   return 0;
 }

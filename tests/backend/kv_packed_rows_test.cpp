@@ -63,9 +63,10 @@ std::vector<float> decode(Layout layout, DType kt, DType vt, const std::vector<s
   std::memset(values.raw(), 0xff, values.nbytes());
   for (int64_t h = 0; h < n_kv; ++h)
     for (int64_t j = 0; j < n_keys; ++j) {
-      std::memcpy(static_cast<uint8_t*>(keys.raw()) + (h * rows + j) * kw, k_rows[size_t(h * n_keys + j)].data(), size_t(kw));
-      std::memcpy(static_cast<uint8_t*>(values.raw()) + (h * rows + j) * vw, v_rows[size_t(h * n_keys + j)].data(),
-                  size_t(vw));
+      uint8_t* kd = static_cast<uint8_t*>(keys.raw()) + (h * rows + j) * kw;
+      uint8_t* vd = static_cast<uint8_t*>(values.raw()) + (h * rows + j) * vw;
+      std::memcpy(kd, k_rows[size_t(h * n_keys + j)].data(), size_t(kw));
+      std::memcpy(vd, v_rows[size_t(h * n_keys + j)].data(), size_t(vw));
     }
   const Array out = ops::attention(qa, keys, values, p);
   return std::vector<float>(out.data<float>(), out.data<float>() + n_heads * hd);
@@ -113,14 +114,16 @@ double decoded(DType dt, const std::vector<uint8_t>& row, int64_t d) {
 // Row r (of two) of the codes under test: fp8 every code 0..255, q8_0 every byte, split over the
 // two rows of hd = 128. q8_0's blocks take extreme f16 scales: the largest (65504), the smallest
 // subnormal (2^-24), a negative one and an ordinary one.
-std::vector<uint8_t> test_row(DType dt, int r, int64_t hd, bool keys) {
+// With nan_codes false, fp8's NaN codes are replaced by 0x3a (a row without them is decoded
+// by the paged kernel without fixing NaN lanes).
+std::vector<uint8_t> test_row(DType dt, int r, int64_t hd, bool keys, bool nan_codes) {
   // hd == 128: bytes r * 128 + d, so that the two rows hold each byte once; else a spread of them.
   std::vector<uint8_t> codes(static_cast<size_t>(hd));
   for (int64_t d = 0; d < hd; ++d) codes[size_t(d)] = uint8_t(hd == 128 ? r * 128 + d : (r * 128 + d * 37) % 256);
   if (dt == DType::fp8_e4m3) {
     // Keys: a NaN code would make the score NaN whatever the query (0 * NaN); the values test
     // the NaN codes.
-    if (keys)
+    if (!nan_codes)
       for (uint8_t& c : codes)
         if ((c & 0x7f) == 0x7f) c = 0x3a;
     return fp8_row(keys ? 4.0f / 448.0f : 0.37f, codes);
@@ -135,32 +138,34 @@ class KVPackedRows : public testing::CpuLevelTest {};
 TEST_P(KVPackedRows, ValueRowsDecodeToEveryCodeBitForBit) {
   const int64_t n_kv = 2;
   for (DType vt : {DType::fp8_e4m3, DType::q8_0})
-    for (int64_t hd : {int64_t(128), int64_t(32), int64_t(40)}) {
-      if (vt == DType::q8_0 && hd % 32 != 0) continue;
-      for (Layout layout : {Layout::dense, Layout::paged})
-        for (int64_t group : {1, 8}) {
-          const int64_t n_heads = n_kv * group;
-          std::vector<std::vector<uint8_t>> k_rows, v_rows;
-          for (int r = 0; r < n_kv; ++r) {
-            k_rows.push_back(f16_row(std::vector<float>(size_t(hd), 0.0f)));
-            v_rows.push_back(test_row(vt, r, hd, false));
-          }
-          const std::vector<float> q(size_t(n_heads * hd), 0.5f);
-          const std::vector<float> out = decode(layout, DType::f16, vt, k_rows, v_rows, q, n_kv, n_heads, hd, 1);
-          for (int64_t h = 0; h < n_heads; ++h)
-            for (int64_t d = 0; d < hd; ++d) {
-              const float want = float(decoded(vt, v_rows[size_t(h / group)], d));
-              const float got = out[size_t(h * hd + d)];
-              const std::string where = std::string(dtype_name(vt)) + (layout == Layout::dense ? " dense" : " paged") +
-                                        ", group " + std::to_string(group) + ", head_dim " + std::to_string(hd) +
-                                        ", head " + std::to_string(h) + ", element " + std::to_string(d);
-              if (std::isnan(want))
-                EXPECT_TRUE(std::isnan(got)) << where << ": " << got;
-              else
-                EXPECT_EQ(got, want) << where;
+    for (int64_t hd : {int64_t(128), int64_t(32), int64_t(40)})
+      for (bool nan_codes : {true, false}) {
+        if (vt == DType::q8_0 && (hd % 32 != 0 || !nan_codes)) continue;
+        for (Layout layout : {Layout::dense, Layout::paged})
+          for (int64_t group : {1, 8}) {
+            const int64_t n_heads = n_kv * group;
+            std::vector<std::vector<uint8_t>> k_rows, v_rows;
+            for (int r = 0; r < n_kv; ++r) {
+              k_rows.push_back(f16_row(std::vector<float>(size_t(hd), 0.0f)));
+              v_rows.push_back(test_row(vt, r, hd, false, nan_codes));
             }
-        }
-    }
+            const std::vector<float> q(size_t(n_heads * hd), 0.5f);
+            const std::vector<float> out = decode(layout, DType::f16, vt, k_rows, v_rows, q, n_kv, n_heads, hd, 1);
+            for (int64_t h = 0; h < n_heads; ++h)
+              for (int64_t d = 0; d < hd; ++d) {
+                const float want = float(decoded(vt, v_rows[size_t(h / group)], d));
+                const float got = out[size_t(h * hd + d)];
+                const std::string where = std::string(dtype_name(vt)) +
+                                          (layout == Layout::dense ? " dense" : " paged") + ", group " +
+                                          std::to_string(group) + ", head_dim " + std::to_string(hd) + ", head " +
+                                          std::to_string(h) + ", element " + std::to_string(d);
+                if (std::isnan(want))
+                  EXPECT_TRUE(std::isnan(got)) << where << ": " << got;
+                else
+                  EXPECT_EQ(got, want) << where;
+              }
+          }
+      }
 }
 
 TEST_P(KVPackedRows, KeyRowsScoreAsEveryDecodedCode) {
@@ -177,9 +182,10 @@ TEST_P(KVPackedRows, KeyRowsScoreAsEveryDecodedCode) {
           e0[0] = 1.0f;
           e1[1] = 1.0f;
           for (int r = 0; r < n_kv; ++r) {
-            k_rows.push_back(test_row(kt, r, hd, true));
-            k_rows.push_back(kt == DType::q8_0 ? q8_row(std::vector<uint16_t>(size_t(hd / 32), 0), std::vector<uint8_t>(size_t(hd), 0))
-                                               : fp8_row(1.0f, std::vector<uint8_t>(size_t(hd), 0)));
+            k_rows.push_back(test_row(kt, r, hd, true, false));
+            const std::vector<uint8_t> zeros(static_cast<size_t>(hd), 0);
+            k_rows.push_back(kt == DType::q8_0 ? q8_row(std::vector<uint16_t>(size_t(hd / 32), 0), zeros)
+                                               : fp8_row(1.0f, zeros));
             v_rows.push_back(f16_row(e0));
             v_rows.push_back(f16_row(e1));
           }

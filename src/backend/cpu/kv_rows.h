@@ -38,9 +38,12 @@ inline float load_f16_scale(const uint8_t* p) {
 // Eight e4m3 codes (sign-extended to 16-bit lanes) -> the f16 bits of code value / 256: the
 // code's seven magnitude bits become the f16 exponent and mantissa fields (exponent bias 15
 // against e4m3's 7, so every normal and subnormal code is its value times 2^-8), the sign bit
-// the f16 sign; the NaN codes (0x7f, 0xff) get an all-ones exponent, an f16 NaN.
+// the f16 sign; the NaN codes (0x7f, 0xff) get an all-ones exponent, an f16 NaN (unless
+// kMayNaN is false: the caller knows there are none).
+template <bool kMayNaN = true>
 inline __m128i e4m3_to_f16_bits(__m128i w) {
   const __m128i h = _mm_and_si128(_mm_slli_epi16(w, 7), _mm_set1_epi16(int16_t(0xbf80)));
+  if constexpr (!kMayNaN) return h;
   const __m128i mag = _mm_set1_epi16(0x3f80);
   const __m128i nan = _mm_cmpeq_epi16(_mm_and_si128(h, mag), mag);
   return _mm_or_si128(h, _mm_and_si128(nan, _mm_set1_epi16(0x7c00)));
@@ -48,8 +51,10 @@ inline __m128i e4m3_to_f16_bits(__m128i w) {
 #endif
 #if defined(__AVX512F__)
 // Sixteen codes at once, as e4m3_to_f16_bits.
+template <bool kMayNaN = true>
 inline __m256i e4m3_to_f16_bits16(__m256i w) {
   const __m256i h = _mm256_and_si256(_mm256_slli_epi16(w, 7), _mm256_set1_epi16(int16_t(0xbf80)));
+  if constexpr (!kMayNaN) return h;
   const __m256i mag = _mm256_set1_epi16(0x3f80);
   const __m256i nan = _mm256_cmpeq_epi16(_mm256_and_si256(h, mag), mag);
   return _mm256_or_si256(h, _mm256_and_si256(nan, _mm256_set1_epi16(0x7c00)));
@@ -99,18 +104,28 @@ struct E4M3Rows {
     return s;
 #endif
   }
+  // kMayNaN false: the row holds no NaN code (has_nan), so the NaN lanes need no fixing.
+  template <bool kMayNaN = true>
   static simd::Vec load_codes(const uint8_t* row, int64_t d) {
     const uint8_t* c = row + 4 + d;
 #if defined(__AVX512F__)
-    return _mm512_cvtph_ps(e4m3_to_f16_bits16(_mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c)))));
+    return _mm512_cvtph_ps(
+        e4m3_to_f16_bits16<kMayNaN>(_mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c)))));
 #elif defined(__AVX2__) && defined(__F16C__)
-    return _mm256_cvtph_ps(e4m3_to_f16_bits(_mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c)))));
+    return _mm256_cvtph_ps(
+        e4m3_to_f16_bits<kMayNaN>(_mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c)))));
 #else
     return kvq::e4m3_table()[*c];
 #endif
   }
   static simd::Vec load(const uint8_t* row, int64_t d) {
     return simd::mul(load_codes(row, d), simd::set1(row_scale(row)));
+  }
+  // Whether any of the row's n codes is a NaN code (0x7f, 0xff; only a NaN input writes one).
+  static bool has_nan(const uint8_t* row, int64_t n) {
+    uint8_t any = 0;  // an OR over every code, without an early exit, so that it vectorizes
+    for (int64_t i = 0; i < n; ++i) any |= uint8_t((row[4 + i] & 0x7f) == 0x7f);
+    return any != 0;
   }
   static float scalar(const uint8_t* row, int64_t d) {
     float s;

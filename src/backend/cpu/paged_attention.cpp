@@ -58,11 +58,18 @@ inline float dot_row(const float* q, const typename L::T* row, int64_t head_dim)
   } else if constexpr (std::is_same_v<L, E4M3Rows>) {
     Vec acc2 = zero();
     int64_t d = 0;
-    for (; d + 2 * kWidth <= d_vec; d += 2 * kWidth) {
-      acc = fma(load(q + d), L::load_codes(row, d), acc);
-      acc2 = fma(load(q + d + kWidth), L::load_codes(row, d + kWidth), acc2);
-    }
-    if (d < d_vec) acc = fma(load(q + d), L::load_codes(row, d), acc);
+    auto codes = [&]<bool kMayNaN>() {
+      for (; d + 2 * kWidth <= d_vec; d += 2 * kWidth) {
+        acc = fma(load(q + d), L::template load_codes<kMayNaN>(row, d), acc);
+        acc2 = fma(load(q + d + kWidth), L::template load_codes<kMayNaN>(row, d + kWidth), acc2);
+      }
+      if (d < d_vec) acc = fma(load(q + d), L::template load_codes<kMayNaN>(row, d), acc);
+    };
+    // NOTE: a row without NaN codes (every row a finite K/V wrote) skips the NaN fixing.
+    if (L::has_nan(row, head_dim))
+      codes.template operator()<true>();
+    else
+      codes.template operator()<false>();
     float s = L::row_scale(row) * reduce_add(add(acc, acc2));
     for (d = d_vec; d < head_dim; ++d) s += q[d] * scalar_at<L>(row, d);
     return s;
@@ -88,12 +95,18 @@ inline void scale_add_row(float* acc, float c, float p, const typename L::T* row
     return;
   }
   Vec pv = set1(p);
-  if constexpr (std::is_same_v<L, E4M3Rows>) pv = set1(p * L::row_scale(row));
-  for (int64_t d = 0; d < d_vec; d += kWidth) {
-    if constexpr (std::is_same_v<L, E4M3Rows>)
-      store(acc + d, fma(pv, L::load_codes(row, d), mul(load(acc + d), cv)));
+  if constexpr (std::is_same_v<L, E4M3Rows>) {
+    pv = set1(p * L::row_scale(row));
+    auto codes = [&]<bool kMayNaN>() {
+      for (int64_t d = 0; d < d_vec; d += kWidth)
+        store(acc + d, fma(pv, L::template load_codes<kMayNaN>(row, d), mul(load(acc + d), cv)));
+    };
+    if (L::has_nan(row, head_dim))
+      codes.template operator()<true>();
     else
-      store(acc + d, fma(pv, load_at<L>(row, d), mul(load(acc + d), cv)));
+      codes.template operator()<false>();
+  } else {
+    for (int64_t d = 0; d < d_vec; d += kWidth) store(acc + d, fma(pv, load_at<L>(row, d), mul(load(acc + d), cv)));
   }
   for (int64_t d = d_vec; d < head_dim; ++d) acc[d] = acc[d] * c + p * scalar_at<L>(row, d);
 }
@@ -101,7 +114,8 @@ inline void scale_add_row(float* acc, float c, float p, const typename L::T* row
 // The row of the pool in format L at element (byte, when packed) offset `at` of `base`.
 template <class L>
 inline const typename L::T* pool_row(const uint16_t* base, int64_t at) {
-  return reinterpret_cast<const typename L::T*>(reinterpret_cast<const char*>(base) + at * int64_t(sizeof(typename L::T)));
+  const char* bytes = reinterpret_cast<const char*>(base) + at * int64_t(sizeof(typename L::T));
+  return reinterpret_cast<const typename L::T*>(bytes);
 }
 
 // A row as the group's query vectors read it: a packed one dequantized into tmp[0:head_dim]
