@@ -14,10 +14,11 @@
 //    item; scores are then kBlockKeys-wide vector FMAs with no horizontal sums.
 // When kv heads x row blocks alone leave threads idle (decode), the keys are split into ranges
 // whose partial results are merged at the end. Every kernel is templated on the stored element
-// of K and of V, each its own (simd::F16, simd::BF16, or Packed: q8_0 or fp8_e4m3 rows: each
-// block of rows is dequantized once into the f32 scratch, where decode reads the keys' scores
-// and a prefill transposes them as above, so no more than a block is dequantized at a time). A ring of rows (a rotating cache) is
-// read as two linear runs: blocks end where the ring's rows wrap.
+// of K and of V, each its own (simd::F16, simd::BF16, or a packed format of kv_rows.h: q8_0 or
+// fp8_e4m3 rows). The direct path decodes packed rows in registers as it reads them, like f16
+// ones; the blocked path dequantizes a block of them once into the f32 scratch and transposes
+// the keys as above. A ring of rows (a rotating cache) is read as two linear runs: blocks end
+// where the ring's rows wrap.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -136,19 +137,19 @@ __attribute__((always_inline)) inline void store_tile(const Tile<NQ, NC>& tile, 
     for (int c = 0; c < NC; ++c) store(m + t * ld + c * kWidth, tile[t][c]);
 }
 
-// tile[t][c] += sum_{r in [r0, r1)} x[t * ldx + r] * rows[r * ld_rows + c * kWidth .. + kWidth)
-// for t < NQ, c < NC, rows in the element format L: each row's NC vectors are loaded once and
-// used by all NQ scalars.
+// tile[t][c] += sum_{r in [r0, r1)} x[t * ldx + r] * row r's elements [col0 + c * kWidth, + kWidth)
+// for t < NQ, c < NC, rows in the element format L at stride ld_rows: each row's NC vectors are
+// loaded once and used by all NQ scalars.
 template <class L, int NQ, int NC>
 __attribute__((always_inline)) inline void tile_fma(Tile<NQ, NC>& tile, const float* x, int64_t ldx,
-                                                    const typename L::T* rows, int64_t ld_rows, int64_t r0,
-                                                    int64_t r1) {
+                                                    const typename L::T* rows, int64_t ld_rows, int64_t col0,
+                                                    int64_t r0, int64_t r1) {
   for (int64_t r = r0; r < r1; ++r) {
     const typename L::T* row = rows + r * ld_rows;
     Vec v[NC];
 #pragma GCC unroll 4
     for (int c = 0; c < NC; ++c) {
-      Vec y = L::load(row + c * kWidth);
+      Vec y = load_at<L>(row, col0 + c * kWidth);
       pin(y);
       v[c] = y;
     }
@@ -170,18 +171,19 @@ inline void block_scores(const float* q, const float* kt, int64_t head_dim, floa
   for (int t = 0; t < NQ; ++t)
 #pragma GCC unroll 4
     for (int c = 0; c < kScoreVecs; ++c) acc[t][c] = zero();
-  tile_fma<F32, NQ, kScoreVecs>(acc, q, head_dim, kt, kBlockKeys, 0, head_dim);
+  tile_fma<F32, NQ, kScoreVecs>(acc, q, head_dim, kt, kBlockKeys, 0, 0, head_dim);
   store_tile<NQ, kScoreVecs>(acc, s, kBlockKeys);
 }
 
-// acc[t][0:NV*kWidth] += sum_{j in [j0, j1)} p[t][j] * v[j][0:NV*kWidth] for t < NQ, rows of v
-// in the element format L (row stride ld_v). p: [NQ][kBlockKeys]; acc row stride ld_acc.
+// acc[t][0:NV*kWidth] += sum_{j in [j0, j1)} p[t][j] * v[j][col0:col0 + NV*kWidth] for t < NQ,
+// rows of v in the element format L (row stride ld_v). p: [NQ][kBlockKeys]; acc row stride
+// ld_acc.
 template <class L, int NQ, int NV>
-inline void accumulate_pv(const float* p, const typename L::T* v, int64_t ld_v, int64_t j0, int64_t j1, float* acc,
-                          int64_t ld_acc) {
+inline void accumulate_pv(const float* p, const typename L::T* v, int64_t ld_v, int64_t col0, int64_t j0, int64_t j1,
+                          float* acc, int64_t ld_acc) {
   Tile<NQ, NV> a;
   load_tile<NQ, NV>(a, acc, ld_acc);
-  tile_fma<L, NQ, NV>(a, p, kBlockKeys, v, ld_v, j0, j1);
+  tile_fma<L, NQ, NV>(a, p, kBlockKeys, v, ld_v, col0, j0, j1);
   store_tile<NQ, NV>(a, acc, ld_acc);
 }
 
@@ -190,13 +192,13 @@ template <class L, int NQ>
 void accumulate_pv_vecs(const float* p, const typename L::T* v, int64_t ld_v, int64_t j0, int64_t j1, int64_t n_vecs,
                         float* acc, int64_t dv) {
   int64_t c0 = 0;
-  for (; c0 + 4 <= n_vecs; c0 += 4) accumulate_pv<L, NQ, 4>(p, v + c0 * kWidth, ld_v, j0, j1, acc + c0 * kWidth, dv);
-  const typename L::T* vr = v + c0 * kWidth;
-  float* ar = acc + c0 * kWidth;
+  for (; c0 + 4 <= n_vecs; c0 += 4) accumulate_pv<L, NQ, 4>(p, v, ld_v, c0 * kWidth, j0, j1, acc + c0 * kWidth, dv);
+  const int64_t col0 = c0 * kWidth;
+  float* ar = acc + col0;
   switch (n_vecs - c0) {
-    case 1: accumulate_pv<L, NQ, 1>(p, vr, ld_v, j0, j1, ar, dv); break;
-    case 2: accumulate_pv<L, NQ, 2>(p, vr, ld_v, j0, j1, ar, dv); break;
-    case 3: accumulate_pv<L, NQ, 3>(p, vr, ld_v, j0, j1, ar, dv); break;
+    case 1: accumulate_pv<L, NQ, 1>(p, v, ld_v, col0, j0, j1, ar, dv); break;
+    case 2: accumulate_pv<L, NQ, 2>(p, v, ld_v, col0, j0, j1, ar, dv); break;
+    case 3: accumulate_pv<L, NQ, 3>(p, v, ld_v, col0, j0, j1, ar, dv); break;
     default: break;
   }
 }
@@ -257,8 +259,9 @@ Plan make_plan(const AttentionArgs& a, int n_threads) {
   return pl;
 }
 
-// Scores of NQ query vectors against keys [0, nb) of a block, straight from the f16 rows:
-// s[t][j] = sum_d q[t][d] * k[j][d]. Lanes j >= nb of s are left undefined.
+// Scores of NQ query vectors against keys [0, nb) of a block, straight from the stored rows
+// (16-bit or packed, decoded in registers): s[t][j] = sum_d q[t][d] * k[j][d]. Lanes j >= nb
+// of s are left undefined.
 // q: [NQ][head_dim]; s: [NQ][kBlockKeys].
 template <class L, int NQ>
 void direct_scores(const float* q, const typename L::T* k, int64_t row_stride, int64_t nb, int64_t head_dim, float* s) {
@@ -280,7 +283,7 @@ void direct_scores(const float* q, const typename L::T* k, int64_t row_stride, i
       for (int64_t d = 0; d < d_vec; d += kWidth) {
         Vec kf[KS];
 #pragma GCC unroll 4
-        for (int u = 0; u < KS; ++u) kf[u] = L::load(kr[u] + d);
+        for (int u = 0; u < KS; ++u) kf[u] = load_at<L>(kr[u], d);
 #pragma GCC unroll 4
         for (int t = 0; t < NQ; ++t) {
           const Vec qv = load(q + t * head_dim + d);
@@ -298,21 +301,22 @@ void direct_scores(const float* q, const typename L::T* k, int64_t row_stride, i
       for (int e = nk; e < kWidth; ++e) dots[t][e] = zero();
       store(s + t * kBlockKeys + j0, sum_rows(dots[t]));
       for (int64_t d = d_vec; d < head_dim; ++d)
-        for (int e = 0; e < nk; ++e) s[t * kBlockKeys + j0 + e] += q[t * head_dim + d] * L::scalar(k[(j0 + e) * row_stride + d]);
+        for (int e = 0; e < nk; ++e)
+          s[t * kBlockKeys + j0 + e] += q[t * head_dim + d] * scalar_at<L>(k + (j0 + e) * row_stride, d);
     }
   }
 }
 
-// accumulate_pv_all straight from the 16-bit rows of v (row stride row_stride): whole vectors
-// through the tiles, the last head_dim % kWidth columns one by one.
+// accumulate_pv_all straight from the stored rows of v (row stride row_stride; 16-bit or
+// packed): whole vectors through the tiles, the last head_dim % kWidth columns one by one.
 template <class L, int NQ>
-void direct_pv_all(const float* p, const uint16_t* v, int64_t row_stride, int64_t j0, int64_t j1, int64_t head_dim,
-                   float* acc, int64_t dv) {
+void direct_pv_all(const float* p, const typename L::T* v, int64_t row_stride, int64_t j0, int64_t j1,
+                   int64_t head_dim, float* acc, int64_t dv) {
   const int64_t n_vecs = head_dim / kWidth;
   accumulate_pv_vecs<L, NQ>(p, v, row_stride, j0, j1, n_vecs, acc, dv);
   for (int64_t d = n_vecs * kWidth; d < head_dim; ++d)
     for (int t = 0; t < NQ; ++t)
-      for (int64_t j = j0; j < j1; ++j) acc[t * dv + d] += p[t * kBlockKeys + j] * L::scalar(v[j * row_stride + d]);
+      for (int64_t j = j0; j < j1; ++j) acc[t * dv + d] += p[t * kBlockKeys + j] * scalar_at<L>(v + j * row_stride, d);
 }
 
 // Dispatches fn.template operator()<NQ>() for NQ = nqb in [1, kQBlock].
@@ -426,12 +430,11 @@ void run_item(const AttentionArgs& a, const Plan& pl, int64_t hk, int64_t rb, in
   int64_t k_begin = s1, k_end = s0;
   init_queries(a, pl, hk, i0, i1, s0, s1, sc, &k_begin, &k_end);
 
-  // Few query vectors (decode): read 16-bit K and V straight from the cache. Many, or packed
-  // rows: convert each block once into f32 scratch (K transposed) shared by all of them.
-  const bool direct_k = !kPacked<LK> && nq <= kDirectMaxQueries;
-  const bool direct_v = !kPacked<LV> && nq <= kDirectMaxQueries;
+  // Few query vectors (decode): read K and V straight from the cache. Many: convert each block
+  // once into f32 scratch (K transposed) shared by all of them.
+  const bool direct = nq <= kDirectMaxQueries;
   // Element sizes: strides count elements (bytes for packed rows).
-  constexpr int64_t kes = kPacked<LK> ? 1 : 2, ves = kPacked<LV> ? 1 : 2;
+  constexpr int64_t kes = sizeof(typename LK::T), ves = sizeof(typename LV::T);
   const char* kh = reinterpret_cast<const char*>(a.k) + hk * a.k_head_stride * kes;
   const char* vh = reinterpret_cast<const char*>(a.v) + hk * a.v_head_stride * ves;
   const int64_t k_row_bytes = row_width(a.k_elem, D) * kes, v_row_bytes = row_width(a.v_elem, D) * ves;
@@ -455,21 +458,17 @@ void run_item(const AttentionArgs& a, const Plan& pl, int64_t hk, int64_t rb, in
     }
     const auto* kb = reinterpret_cast<const typename LK::T*>(kh + row(b0) * a.k_row_stride * kes);
     const auto* vb = reinterpret_cast<const typename LV::T*>(vh + row(b0) * a.v_row_stride * ves);
-    if (!direct_k) {
+    if (!direct) {
       if constexpr (kPacked<LK>) {
-        for (int64_t j = 0; j < nb; ++j) dequantize_row(a.k_elem, kb + j * a.k_row_stride, D, sc.kq.data() + j * D);
-        // Few query vectors (decode): their scores straight from the dequantized rows. Many: K
-        // transposed once for all of them.
-        if (nq > kDirectMaxQueries) convert_k_block<F32>(sc.kq.data(), D, nb, D, sc.kt.data());
+        for (int64_t j = 0; j < nb; ++j) dequantize_row<LK>(kb + j * a.k_row_stride, D, sc.kq.data() + j * D);
+        convert_k_block<F32>(sc.kq.data(), D, nb, D, sc.kt.data());
       } else {
         convert_k_block<LK>(kb, a.k_row_stride, nb, D, sc.kt.data());
       }
-    }
-    if (!direct_v) {
       if constexpr (kPacked<LV>) {
         for (int64_t j = 0; j < nb; ++j) {
           float* dst = sc.vf.data() + j * dv;
-          dequantize_row(a.v_elem, vb + j * a.v_row_stride, D, dst);
+          dequantize_row<LV>(vb + j * a.v_row_stride, D, dst);
           std::fill(dst + D, dst + dv, 0.0f);
         }
       } else {
@@ -487,29 +486,18 @@ void run_item(const AttentionArgs& a, const Plan& pl, int64_t hk, int64_t rb, in
       const float* q = sc.qs.data() + t0 * D;
       float* acc = sc.acc.data() + t0 * dv;
       with_nq(nqb, [&]<int NQ>() {
-        if constexpr (!kPacked<LK>) {
-          if (direct_k) {
-            direct_scores<LK, NQ>(q, kb, a.k_row_stride, nb, D, s);
-            return;
-          }
-        } else {
-          if (nq <= kDirectMaxQueries) {
-            direct_scores<F32, NQ>(q, sc.kq.data(), D, nb, D, s);
-            return;
-          }
-        }
-        block_scores<NQ>(q, sc.kt.data(), D, s);
+        if (direct)
+          direct_scores<LK, NQ>(q, kb, a.k_row_stride, nb, D, s);
+        else
+          block_scores<NQ>(q, sc.kt.data(), D, s);
       });
       for (int u = 0; u < nqb; ++u)
         softmax_step(a, sc, t0 + u, dv, sc.lo[t0 + u] - b0, std::min(sc.hi[t0 + u] - b0, nb), s + u * kBlockKeys);
       with_nq(nqb, [&]<int NQ>() {
-        if constexpr (!kPacked<LV>) {
-          if (direct_v) {
-            direct_pv_all<LV, NQ>(s, vb, a.v_row_stride, ulo, uhi, D, acc, dv);
-            return;
-          }
-        }
-        accumulate_pv_all<NQ>(s, sc.vf.data(), dv, ulo, uhi, acc);
+        if (direct)
+          direct_pv_all<LV, NQ>(s, vb, a.v_row_stride, ulo, uhi, D, acc, dv);
+        else
+          accumulate_pv_all<NQ>(s, sc.vf.data(), dv, ulo, uhi, acc);
       });
     }
   }
