@@ -1496,6 +1496,12 @@ void Server::load() {
     m.cache_files = b.get();
     m.backend = std::move(b);
   } else {
+    // The dense layout keeps a windowed model's layers in rotating caches, which cannot give a
+    // verify's rejected rows back: refused here rather than serving without drafts.
+    if (m.opt.spec.enabled() && !m.model->make_cache(m.opt.cache).gives_back_rows())
+      throw InvalidInput(std::string(m.opt.spec.flag()) +
+                         " with --kv-layout dense: the model has sliding-window layers, whose rotating KV cache "
+                         "cannot give drafted rows back; the paged layout (the default) drafts for it");
     DenseBackendOptions bo;
     bo.n_slots = m.opt.n_slots;
     bo.context_size = m.opt.ctx_size;

@@ -26,6 +26,7 @@
 #include "serve/speculative.h"
 #include "support/test_util.h"
 #include "tokenizer/tokenizer.h"
+#include "vision/image_chat_model.h"
 
 namespace osprey {
 namespace {
@@ -486,6 +487,17 @@ TEST(DraftCli, GenerateReportsDraftsAndRefusalsNameTheFlag) {
   const auto serve_both = testing::run_osprey("serve -m " + llama + " --port 0 --spec-ngram --model-draft " + qwen3);
   EXPECT_EQ(serve_both.exit_code, 2);
   EXPECT_NE(serve_both.err.find("two draft sources"), std::string::npos) << serve_both.err;
+  // A windowed model on the dense layout (rotating caches) cannot verify: serve refuses at start
+  // instead of serving without drafts (bounded: a server that started would run until killed).
+  testing::TempDir swa_dir;  // the gemma3 fixture with a tokenizer, which serve needs
+  for (const char* f : {"model.safetensors", "config.json", "generation_config.json"})
+    std::filesystem::create_symlink(draft_fixture("gemma3") / f, swa_dir.path() / f);
+  testing::write_file(swa_dir.path() / "tokenizer.json", testing::image_chat::test_tokenizer().dump());
+  const auto serve_swa = testing::run_osprey(
+      "serve -m " + swa_dir.path().string() + " --port 0 --kv-layout dense --spec-ngram", "timeout 60");
+  EXPECT_EQ(serve_swa.exit_code, 1) << serve_swa.err;
+  EXPECT_NE(serve_swa.err.find("--kv-layout dense"), std::string::npos) << serve_swa.err;
+  EXPECT_NE(serve_swa.err.find("sliding-window"), std::string::npos) << serve_swa.err;
 }
 
 }  // namespace osprey
