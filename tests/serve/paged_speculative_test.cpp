@@ -15,6 +15,7 @@
 #include "model/model.h"
 #include "serve/paged_backend.h"
 #include "serve/scheduler.h"
+#include "support/families.h"
 #include "support/test_util.h"
 
 namespace osprey {
@@ -262,14 +263,7 @@ TEST_P(PagedSpeculative, VerifyRowsAreOneRowStepsBitForBit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, PagedSpeculative,
-                         ::testing::Values("llama", "qwen2", "qwen3", "gemma3", "cohere2", "mistral", "qwen3-moe",
-                                           "mixtral"),
-                         [](const ::testing::TestParamInfo<std::string>& i) {
-                           std::string s = i.param;
-                           for (char& c : s)
-                             if (c == '-') c = '_';
-                           return s;
-                         });
+                         ::testing::ValuesIn(testing::kDraftFamilies), testing::family_param_name);
 
 // A draft model (another family, so that some drafts are rejected) for targets with and without
 // sliding-window layers: its own dense caches follow the accepted tokens while the target's rows

@@ -275,14 +275,7 @@ TEST_P(SpeculativeFamilies, SampledOutputIsTheSameDrawsAsPlainDecoding) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, SpeculativeFamilies,
-                         ::testing::Values("llama", "qwen2", "qwen3", "gemma3", "cohere2", "mistral", "qwen3-moe",
-                                           "mixtral"),
-                         [](const ::testing::TestParamInfo<std::string>& i) {
-                           std::string s = i.param;
-                           for (char& c : s)
-                             if (c == '-') c = '_';
-                           return s;
-                         });
+                         ::testing::ValuesIn(testing::kDraftFamilies), testing::family_param_name);
 
 // The rule a speculating sequence applies to a sampled row with a drafted token x (a point mass):
 // the row's own draw t = sample_at(logits, history, counter) is emitted, and x is accepted when
