@@ -123,7 +123,8 @@ using KeyLayout = std::variant<LinearKeys, RingKeys, PagedKeys>;
 //   q [n, n_heads, head_dim] f32; k, v both f16 or both bf16 (strided views allowed) laid out as
 //   `keys` says; on the CPU each of k and v may also be another of f16, bf16, q8_0 and fp8_e4m3
 //   (packed rows [.., packed_row_width(type, head_dim)], decoded as read: backend/cpu/kv_rows.h);
-//   query row i sits at absolute position q_pos0 + i and sees the key at position j iff j <= q_pos0 + i and, when window > 0, j > q_pos0 + i - window. Returns
+//   query row i sits at absolute position q_pos0 + i and sees the key at position j iff
+//   j <= q_pos0 + i and, when window > 0, j > q_pos0 + i - window. Returns
 //   [n, n_heads * head_dim] f32. Errors name a violation of the layout's conditions.
 struct AttentionParams {
   int64_t q_pos0 = 0;
