@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "server/api_error.h"
+#include "server/base64.h"
 #include "server/completion_request.h"
 #include "tokenizer/tokenizer.h"
 
@@ -88,26 +89,13 @@ EmbeddingRequest read_embedding_request(const json& body, const Tokenizer& token
 }
 
 std::string embedding_base64(const std::vector<float>& v) {
-  static const char* kAlphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
   std::string bytes(v.size() * 4, '\0');
   for (size_t i = 0; i < v.size(); ++i) {
     uint32_t u;
     std::memcpy(&u, &v[i], 4);
     for (int b = 0; b < 4; ++b) bytes[i * 4 + size_t(b)] = char((u >> (8 * b)) & 0xff);  // little-endian
   }
-  std::string out;
-  out.reserve((bytes.size() + 2) / 3 * 4);
-  for (size_t i = 0; i < bytes.size(); i += 3) {
-    const size_t n = std::min<size_t>(3, bytes.size() - i);
-    uint32_t w = uint32_t(uint8_t(bytes[i])) << 16;
-    if (n > 1) w |= uint32_t(uint8_t(bytes[i + 1])) << 8;
-    if (n > 2) w |= uint32_t(uint8_t(bytes[i + 2]));
-    out += kAlphabet[(w >> 18) & 63];
-    out += kAlphabet[(w >> 12) & 63];
-    out += n > 1 ? kAlphabet[(w >> 6) & 63] : '=';
-    out += n > 2 ? kAlphabet[w & 63] : '=';
-  }
-  return out;
+  return base64_encode(bytes);
 }
 
 json embedding_reply(const std::vector<std::vector<float>>& embeddings, bool base64, const std::string& model,

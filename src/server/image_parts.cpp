@@ -4,6 +4,7 @@
 #include <array>
 
 #include "core/error.h"
+#include "server/base64.h"
 #include "server/request_fields.h"
 
 namespace osprey {
@@ -39,7 +40,7 @@ std::string data_url_bytes(const std::string& url, const std::string& at, size_t
                  std::to_string(max_bytes) + " bytes per image");
   std::string bytes;
   size_t bad = 0;
-  if (!decode_base64(url.substr(comma + 1), bytes, bad))
+  if (!base64_decode(std::string_view(url).substr(comma + 1), bytes, bad))
     fail(at, "holds malformed base64: " + (bad < n_text ? "character " + std::to_string(bad) + " of the data is not base64"
                                                          : "its " + std::to_string(n_text) +
                                                                " characters end inside a group of four"));
@@ -76,43 +77,6 @@ RequestImage read_image_part(const ojson& part, const std::string& at, const Ima
 
 }  // namespace image_parts
 }  // namespace
-
-bool decode_base64(const std::string& text, std::string& out, size_t& bad_at) {
-  static const std::array<int8_t, 256> value = [] {
-    std::array<int8_t, 256> v{};
-    v.fill(-1);
-    const char* alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    for (int i = 0; i < 64; ++i) v[size_t(uint8_t(alphabet[i]))] = int8_t(i);
-    return v;
-  }();
-  size_t n = text.size();
-  size_t pad = 0;
-  while (n > 0 && text[n - 1] == '=' && pad < 2) --n, ++pad;
-  out.clear();
-  out.reserve(n / 4 * 3 + 2);
-  uint32_t acc = 0;
-  int bits = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const int8_t v = value[size_t(uint8_t(text[i]))];
-    if (v < 0) {
-      bad_at = i;
-      return false;
-    }
-    acc = (acc << 6) | uint32_t(v);
-    bits += 6;
-    if (bits >= 8) {
-      bits -= 8;
-      out.push_back(char((acc >> bits) & 0xff));
-    }
-  }
-  // Padding, when present, completes the last group of four; without it, a group of one
-  // character holds no whole byte.
-  if ((pad > 0 && (n + pad) % 4 != 0) || n % 4 == 1) {
-    bad_at = text.size();
-    return false;
-  }
-  return true;
-}
 
 std::vector<RequestImage> take_image_parts(nlohmann::ordered_json& request, const ImagePartOptions& options) {
   using namespace image_parts;

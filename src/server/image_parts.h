@@ -45,9 +45,4 @@ struct RequestImage {
 // image at its processor's one size); any other value is refused.
 std::vector<RequestImage> take_image_parts(nlohmann::ordered_json& request, const ImagePartOptions& options);
 
-// Base64 (RFC 4648's alphabet, its padding optional) into `out`. False for text that is not
-// base64, with `bad_at` the position of the first character at fault (text.size() when the
-// text ends inside a group of four).
-bool decode_base64(const std::string& text, std::string& out, size_t& bad_at);
-
 }  // namespace osprey
