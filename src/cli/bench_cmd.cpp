@@ -14,6 +14,7 @@
 #include "backend/cuda_available.h"
 #include "backend/device_select.h"
 #include "backend/ops.h"
+#include "cli/build_info.h"
 #include "bundle/model_bundle.h"
 #include "bundle/model_files.h"
 #include "cli/commands.h"
@@ -63,7 +64,7 @@ struct BenchOptions {
 
 
 struct Header {
-  std::string commit = OSPREY_GIT_COMMIT;
+  std::string commit = build_commit();
   std::string version = OSPREY_VERSION;
   std::string cpu;
   int n_threads = 0;

@@ -15,6 +15,7 @@
 
 #include "backend/cpu_level.h"
 #include "backend/cuda_available.h"
+#include "cli/build_info.h"
 #include "cli/commands.h"
 #include "cli/suggest.h"
 #include "core/env.h"
@@ -140,7 +141,7 @@ int main(int argc, char** argv) {
   app.failure_message([](const CLI::App* a, const CLI::Error& e) {
     return "osprey: error: " + std::string(e.what()) + "\nRun '" + command_path(*a) + " --help' for the options.\n";
   });
-  app.set_version_flag("--version", std::string("osprey ") + OSPREY_VERSION + " (" + OSPREY_GIT_COMMIT + ")");
+  app.set_version_flag("--version", std::string("osprey ") + OSPREY_VERSION + " (" + osprey::build_commit() + ")");
   app.require_subcommand(1);
   std::map<CLI::App*, osprey::cli::Command> commands;
   std::vector<std::string> command_names;

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "backend/device_select.h"
+#include "cli/build_info.h"
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "core/env.h"
@@ -163,7 +164,7 @@ int run_serve(ServeOptions& o) {
   if (o.prompt_cache_max_gib > 0 && so.prompt_cache_dir.empty())
     throw UsageError("--prompt-cache-max-gib bounds --prompt-cache-dir's folder: give the folder too");
   so.prompt_cache_max_bytes = uint64_t(o.prompt_cache_max_gib * double(uint64_t(1) << 30));
-  so.system_fingerprint = std::string("osprey-") + OSPREY_VERSION + "-" + OSPREY_GIT_COMMIT;
+  so.system_fingerprint = std::string("osprey-") + OSPREY_VERSION + "-" + build_commit();
 
   // SIGINT and SIGTERM reach a handler that writes the signal's number to a pipe, read by one
   // watcher thread. The threads started from here on block both signals, so none of the server's

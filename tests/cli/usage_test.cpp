@@ -2,6 +2,9 @@
 // ("did you mean"), and --help is headed by the command line it describes and shows defaults.
 #include <gtest/gtest.h>
 
+#include <cctype>
+#include <cstdio>
+
 #include "support/test_util.h"
 
 namespace osprey {
@@ -90,6 +93,29 @@ TEST(CliUsage, ServeHelpKeepsTheEngineKnobsUnderAdvanced) {
   EXPECT_GT(r.out.find("--block-size"), advanced) << r.out;
   EXPECT_LT(r.out.find("--port"), advanced) << r.out;
   EXPECT_TRUE(contains(r.out, "(default: 8080)")) << r.out;
+}
+
+// --version names the commit the binary was built from, taken at build time: a build after a
+// new commit names the new one, not the commit CMake was configured at. The commit is read here
+// with git itself; the version from CMakeLists.txt's project() line.
+TEST(CliUsage, VersionNamesTheVersionAndTheCommitBuilt) {
+  const std::string cmake = testing::read_file(testing::source_dir() / "CMakeLists.txt");
+  const std::string key = "project(osprey VERSION ";
+  const size_t at = cmake.find(key);
+  ASSERT_NE(at, std::string::npos);
+  const std::string version = cmake.substr(at + key.size(), cmake.find(' ', at + key.size()) - at - key.size());
+  auto r = run_osprey("--version");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "osprey " + version + " (")) << r.out;
+  std::string commit;
+  if (FILE* git = popen(("git -C '" + testing::source_dir().string() + "' rev-parse --short=12 HEAD 2>/dev/null").c_str(), "r")) {
+    char line[64] = {};
+    if (std::fgets(line, sizeof line, git)) commit = line;
+    pclose(git);
+  }
+  while (!commit.empty() && std::isspace(static_cast<unsigned char>(commit.back()))) commit.pop_back();
+  if (commit.size() != 12) GTEST_SKIP() << "the source tree is not a git checkout: " << r.out;
+  EXPECT_TRUE(contains(r.out, "(" + commit + ")") || contains(r.out, "(" + commit + "+dirty)")) << r.out << " vs " << commit;
 }
 
 }  // namespace
