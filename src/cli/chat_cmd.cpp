@@ -61,6 +61,7 @@ struct ChatOptions {
   int threads = -1;
   std::string device;
   std::string cache_type_k, cache_type_v;  // --cache-type-k, --cache-type-v
+  std::optional<bool> pan_and_scan;        // --pan-and-scan / --no-pan-and-scan
   bool json = false;
   bool verbose = false;
 };
@@ -198,7 +199,10 @@ class Chat {
     if (!is_gguf_path(dir)) {
       lo.progress = nullptr;
       encoder_ = load_image_encoder(dir, lo);
+      if (encoder_ && o.pan_and_scan) encoder_->processor.do_pan_and_scan = *o.pan_and_scan;
     }
+    if (o.pan_and_scan && !encoder_)
+      throw UsageError("--pan-and-scan: " + model_name(dir) + " takes no images (a text-only model: it has no vision tower)");
     const int64_t model_ctx = model_->info().max_position_embeddings;
     if (o.ctx_size > 0 && model_ctx > 0 && o.ctx_size > model_ctx)
       throw UsageError("-c/--ctx-size " + std::to_string(o.ctx_size) + " exceeds the model's context of " +
@@ -246,11 +250,16 @@ class Chat {
     } catch (const Error& e) {
       throw InvalidInput("/image " + file + ": " + e.what());
     }
-    const int64_t start = 0;
-    Array embeds = encode_prompt_images(*encoder_, std::span<const int64_t>(&start, 1), std::span<const RgbImage>(&img, 1))[0].embeds;
-    pending_.push_back({next_image_++, std::move(embeds)});
-    std::fprintf(stderr, "image %s (%lldx%lld) attached to your next message\n", file.c_str(), (long long)img.width,
-                 (long long)img.height);
+    const int64_t width = img.width, height = img.height;
+    std::vector<RgbImage> one;
+    one.push_back(std::move(img));
+    const ImageViews v = image_views(std::move(one), encoder_->processor);
+    const std::vector<int64_t> starts(v.views.size(), 0);
+    std::vector<ImageSpan> spans = encode_prompt_images(*encoder_, starts, v.views);
+    for (size_t i = 0; i < spans.size(); ++i)
+      pending_.push_back({next_image_++, std::move(spans[i].embeds), i == 0 ? v.n_crops[0] : 0, i > 0});
+    std::fprintf(stderr, "image %s (%lldx%lld%s) attached to your next message\n", file.c_str(), (long long)width,
+                 (long long)height, v.n_crops[0] > 0 ? (", " + std::to_string(v.n_crops[0]) + " pan-and-scan crops").c_str() : "");
   }
 
   // Replaces the system prompt of the conversation (the turns stay); empty removes it.
@@ -309,12 +318,13 @@ class Chat {
     } else {
       // As generate --chat --image: the images before the text.
       ordered_json parts = ordered_json::array();
-      for (size_t i = 0; i < pending_.size(); ++i) parts.push_back({{"type", "image"}});
+      for (const ChatImage& im : pending_)
+        if (!im.is_crop) parts.push_back({{"type", "image"}});
       parts.push_back({{"type", "text"}, {"text", user}});
       messages.push_back({{"role", "user"}, {"content", parts}});
       images.insert(images.end(), pending_.begin(), pending_.end());
     }
-    std::vector<int32_t> ids = encode(messages, images.size());
+    std::vector<int32_t> ids = encode(messages, images);
     // Room for the reply: -n tokens, at most a quarter of the context. Below that, the oldest
     // turns leave the conversation.
     const int64_t want = o_.n_predict < 0 ? ctx_ : std::min<int64_t>(o_.n_predict, ctx_);
@@ -323,9 +333,9 @@ class Chat {
     while (ctx_ > 0 && int64_t(ids.size()) + room > ctx_) {
       const int64_t dropped_images = drop_oldest_turn(messages);
       if (dropped_images < 0) break;
-      images.erase(images.begin(), images.begin() + dropped_images);
+      images.erase(images.begin(), images.begin() + long(views_of_first(images, dropped_images)));
       ++n_dropped;
-      ids = encode(messages, images.size());
+      ids = encode(messages, images);
     }
     if (ctx_ > 0 && int64_t(ids.size()) >= ctx_)
       throw InvalidInput("this message" + std::string(system_.empty() ? "" : " and the system prompt") + " take " +
@@ -422,10 +432,21 @@ class Chat {
 
  private:
   // An image of the conversation: its soft tokens, and a number no other image of this chat has.
+  // One view of an attached image: the image itself, or one of its pan-and-scan crops, which
+  // follow it.
   struct ChatImage {
     uint64_t serial = 0;
-    Array embeds;  // [mm_tokens_per_image, hidden] on the model's device
+    Array embeds;      // [mm_tokens_per_image, hidden] on the model's device
+    size_t crops = 0;  // the image's: how many crops follow it
+    bool is_crop = false;
   };
+
+  // How many views the first n images of `images` take (each image and its crops).
+  static size_t views_of_first(const std::vector<ChatImage>& images, int64_t n) {
+    size_t at = 0;
+    for (int64_t k = 0; k < n && at < images.size(); ++k) at += 1 + images[at].crops;
+    return at;
+  }
 
   // The number of image parts in a message's content.
   static int64_t image_parts(const ordered_json& m) {
@@ -446,9 +467,12 @@ class Chat {
     return starts;
   }
 
-  std::vector<int32_t> encode(const ordered_json& messages, size_t n_images) const {
+  std::vector<int32_t> encode(const ordered_json& messages, const std::vector<ChatImage>& images) const {
     std::string text = tpl_.render(ordered_json{{"messages", messages}, {"add_generation_prompt", true}});
-    if (n_images > 0) text = expand_image_markers(text, encoder_->tower->config(), n_images);
+    std::vector<size_t> n_crops;
+    for (const ChatImage& im : images)
+      if (!im.is_crop) n_crops.push_back(im.crops);
+    if (!images.empty()) text = expand_image_markers(text, encoder_->tower->config(), std::span<const size_t>(n_crops));
     // The template writes BOS itself: no second one from the post-processor.
     std::vector<int32_t> ids = tok_.encode(text, false);
     if (ids.empty()) throw InvalidInput("chat: the rendered conversation has no tokens");
@@ -690,6 +714,7 @@ Command add_chat(CLI::App& app) {
   add_device_option(app, o->device);
   add_cache_type_options(app, o->cache_type_k, o->cache_type_v);
   add_threads_option(app, o->threads);
+  add_pan_and_scan_option(app, o->pan_and_scan);
   app.add_flag("--json", o->json,
                "Print one JSON object per reply (text, tokens, seed, sampler settings, cache counters) instead of "
                "streaming");

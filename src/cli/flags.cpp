@@ -150,6 +150,14 @@ CLI::Option* add_threads_option(CLI::App& app, int& threads) {
       ->check(int_range(0, kMaxCpuThreads));
 }
 
+CLI::Option* add_pan_and_scan_option(CLI::App& app, std::optional<bool>& on) {
+  return app.add_flag_function(
+      "--pan-and-scan,!--no-pan-and-scan", [&on](int64_t count) { on = count > 0; },
+      "Images (Gemma 3): also cut a long or tall image into 2-4 crops that the model sees after it, as "
+      "transformers' pan-and-scan does (more image tokens per image; default: the model's "
+      "preprocessor_config.json, else off)");
+}
+
 CLI::Option* add_tensor_parallel_option(CLI::App& app, int& ranks) {
   return app
       .add_option("--tensor-parallel", ranks,

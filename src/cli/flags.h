@@ -64,6 +64,10 @@ CLI::Option* add_device_option(CLI::App& app, std::string& device);
 // -t, --threads: 0 (one per core) up to the thread pool's bound.
 CLI::Option* add_threads_option(CLI::App& app, int& threads);
 
+// --pan-and-scan / --no-pan-and-scan: whether images are also cut into pan-and-scan crops
+// (unset: the model's preprocessor_config.json says, off by default).
+CLI::Option* add_pan_and_scan_option(CLI::App& app, std::optional<bool>& on);
+
 // The most ranks --tensor-parallel takes.
 inline constexpr int kMaxTensorParallel = 64;
 // --tensor-parallel (-tp, rewritten in main): ranks in [1, kMaxTensorParallel]; whether the

@@ -112,6 +112,7 @@ struct GenerateOptions {
   int tensor_parallel = 1;
   std::string prompt_cache;  // --prompt-cache FILE
   std::vector<std::string> images;  // --image FILE (repeatable)
+  std::optional<bool> pan_and_scan;  // --pan-and-scan / --no-pan-and-scan
 };
 
 // -f PATH: the whole file ("-": stdin), less one final newline (which editors add).
@@ -151,14 +152,20 @@ std::vector<int32_t> parse_token_ids(const std::string& s) {
   return ids;
 }
 
+struct PromptImages {
+  VisionConfig vision;
+  ImageViews views;
+};
+
 // The prompt's token ids: the text (-p, -f) as a one-turn chat through the folder's template
 // (--chat, with --system), or encoded with BOS as the post-processor adds it; else --token-ids.
 // With images (--image, `vision` set): --chat sends them as image parts before the text, whose
 // markers the template writes; -p/-f text holds a marker where each goes; each marker is then
-// expanded as Gemma3Processor does (vision/image_prompt.h). --token-ids hold the image tokens.
+// expanded as Gemma3Processor does (vision/image_prompt.h), an image with crops followed by
+// theirs. --token-ids hold the image tokens (a run for each image and each crop).
 std::vector<int32_t> prompt_tokens(const GenerateOptions& o, const std::string& dir,
                                    const std::optional<std::string>& text, const Tokenizer* tokenizer,
-                                   const VisionConfig* vision) {
+                                   const PromptImages* images) {
   const size_t n_images = o.images.size();
   if (o.chat) {
     nlohmann::ordered_json messages = nlohmann::ordered_json::array();
@@ -174,18 +181,19 @@ std::vector<int32_t> prompt_tokens(const GenerateOptions& o, const std::string& 
     // The template writes BOS itself: no second one from the post-processor.
     nlohmann::ordered_json request = {{"messages", messages}, {"add_generation_prompt", true}};
     std::string rendered = load_model_chat_template(dir).render(request);
-    if (n_images > 0) rendered = expand_image_markers(rendered, *vision, n_images);
+    if (n_images > 0) rendered = expand_image_markers(rendered, images->vision, std::span<const size_t>(images->views.n_crops));
     return tokenizer->encode(rendered, false);
   }
-  if (text) return tokenizer->encode(n_images > 0 ? expand_image_markers(*text, *vision, n_images) : *text, true);
+  if (text)
+    return tokenizer->encode(
+        n_images > 0 ? expand_image_markers(*text, images->vision, std::span<const size_t>(images->views.n_crops)) : *text,
+        true);
   return parse_token_ids(o.token_ids);
 }
 
-// --image files, read and decoded (errors name the flag and the file).
-struct PromptImages {
-  VisionConfig vision;
-  std::vector<RgbImage> decoded;
-};
+// --image files, read and decoded (errors name the flag and the file), and what the tower
+// sees of them: each image, then its pan-and-scan crops (--pan-and-scan, or the processor's
+// do_pan_and_scan).
 std::optional<PromptImages> read_images(const GenerateOptions& o, const std::string& dir) {
   if (o.images.empty()) return std::nullopt;
   if (o.tensor_parallel > 1) throw UsageError("generate --image: not with --tensor-parallel");
@@ -197,21 +205,23 @@ std::optional<PromptImages> read_images(const GenerateOptions& o, const std::str
   if (!vision)
     throw Unsupported("--image: " + model_name(dir) + " takes no image input (a text-only model: its config.json has "
                       "model_type \"" + c.get_string("model_type", "") + "\" and no vision_config)");
-  PromptImages out{*vision, {}};
+  std::vector<RgbImage> decoded;
   for (const std::string& file : o.images) {
     if (fs::is_directory(file)) throw IoError("--image " + file + ": is a directory, not a file");
     std::ifstream in(file, std::ios::binary);
     if (!in) throw IoError("--image " + file + ": cannot open: " + std::strerror(errno));
     const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     try {
-      out.decoded.push_back(decode_image(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size())));
+      decoded.push_back(decode_image(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size())));
     } catch (const Unsupported& e) {
       throw Unsupported("--image " + file + ": " + e.what());
     } catch (const InvalidInput& e) {
       throw InvalidInput("--image " + file + ": " + e.what());
     }
   }
-  return out;
+  ImageProcessorConfig processor = load_image_processor_config(dir, vision->image_size);
+  if (o.pan_and_scan) processor.do_pan_and_scan = *o.pan_and_scan;
+  return PromptImages{*vision, image_views(std::move(decoded), processor)};
 }
 
 // The KV cache's key and value types and bytes: the rows it holds (a sliding-window layer at most
@@ -380,13 +390,17 @@ int run_generate(const GenerateOptions& o) {
     throw UsageError("generate --stop: needs the model's tokenizer.json to read the reply's text");
   const std::optional<PromptImages> images = read_images(o, dir);
   const std::vector<int32_t> prompt =
-      prompt_tokens(o, dir, text, tokenizer ? &*tokenizer : nullptr, images ? &images->vision : nullptr);
+      prompt_tokens(o, dir, text, tokenizer ? &*tokenizer : nullptr, images ? &*images : nullptr);
   std::vector<int64_t> image_starts;
   if (images) {
     image_starts = image_token_runs(prompt, images->vision);
-    if (image_starts.size() != images->decoded.size())
+    if (image_starts.size() != images->views.views.size())
       throw UsageError("generate --image: the prompt holds the tokens of " + std::to_string(image_starts.size()) +
-                       " image(s) for " + std::to_string(images->decoded.size()) + " --image file(s)");
+                       " image(s) for " + std::to_string(o.images.size()) + " --image file(s)" +
+                       (images->views.views.size() > o.images.size()
+                            ? " and their " + std::to_string(images->views.views.size() - o.images.size()) +
+                                  " pan-and-scan crop(s)"
+                            : ""));
   }
 
   const std::string asked_device = o.device.empty() ? env_options().device : o.device;
@@ -413,7 +427,7 @@ int run_generate(const GenerateOptions& o) {
   if (o.verbose) std::fprintf(stderr, "seed: %llu\n", (unsigned long long)gp.sampler.seed);
   if (images) {
     const auto t_images = std::chrono::steady_clock::now();
-    gp.images = encode_prompt_images(*encoder, image_starts, images->decoded);
+    gp.images = encode_prompt_images(*encoder, image_starts, images->views.views);
     if (!o.quiet)
       std::fprintf(stderr, "images: %zu encoded in %.1f ms\n", gp.images.size(),
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t_images).count() * 1e3);
@@ -524,13 +538,14 @@ Command add_generate(CLI::App& app) {
   chat->excludes(t);
   auto* system = app.add_option("--system", o->system, "With --chat: a system message before the user's");
   app.add_flag("-q,--quiet", o->quiet, "No banner and no timing line on stderr");
-  app.add_option("--image", o->images,
+  auto* image = app.add_option("--image", o->images,
                  "An image for the prompt (PNG, JPEG, WebP, GIF's first frame; Gemma 3; repeatable): with --chat "
                  "before the text; with -p/-f where the text writes <start_of_image>; with --token-ids the images "
                  "fill the prompt's runs of image tokens in order")
       ->type_name("FILE")
       ->expected(1)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  add_pan_and_scan_option(app, o->pan_and_scan)->needs(image);
   return [o, p, f, t, chat, system, &app] {
     if (!*p && !*f && !*t) throw UsageError("generate: give a prompt with -p TEXT, -f FILE or --token-ids 1,2,3");
     o->sampler_flags = given_sampler_flags(app);

@@ -241,6 +241,7 @@ Command add_serve(CLI::App& app) {
                  "Sequences running at once (also -np; default: " + std::to_string(kAutoParallelCpu) + " on the CPU, " +
                      std::to_string(kAutoParallelGpu) + " on a GPU, 1 with the dense KV layout)")
       ->check(int_range(1, kMaxSlots));
+  add_pan_and_scan_option(app, s.pan_and_scan);
   app.add_option("--kv-layout", s.kv_layout,
                  "How the attention cache is kept. paged: one shared pool, and every running request is decoded "
                  "in one batch (the fast choice). dense: one cache per --parallel slot, the requests decoded one "

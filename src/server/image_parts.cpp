@@ -65,6 +65,8 @@ RequestImage read_image_part(const ojson& part, const std::string& at, const Ima
     fail(at + ".image_url.detail", "must be \"auto\", \"low\" or \"high\", not \"" + detail.substr(0, 64) + "\"");
   RequestImage im;
   im.at = at;
+  if (detail == "high") im.pan_and_scan = true;
+  if (detail == "low") im.pan_and_scan = false;
   im.bytes = data_url_bytes(string_at(*u, "url", at + ".image_url", true), at, o.max_bytes);
   try {
     im.pixels = decode_image(

@@ -6,6 +6,7 @@
 // parts (anthropic_api.cpp, responses_api.cpp). The server fetches nothing: any other URL is
 // refused.
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,11 @@ struct RequestImage {
   std::string at;     // the part's place: "messages[1].content[0]"
   std::string bytes;  // the file, as sent (the prompt cache's salt)
   RgbImage pixels;
+  // The part's `detail`: "high" cuts the image into pan-and-scan crops as well, "low" does
+  // not; "auto" or none leaves it to the server (the processor's do_pan_and_scan, or
+  // --pan-and-scan).
+  std::optional<bool> pan_and_scan;
+  std::vector<RgbImage> crops;  // its pan-and-scan crops, filled by the server where it cuts them
 };
 
 // Takes the image parts out of `request`'s messages, in prompt order, each replaced by
@@ -41,8 +47,8 @@ struct RequestImage {
 // reason: a model without images, a part outside a user message, a URL that is not a base64
 // data: URL of image/png, image/jpeg, image/webp or image/gif, bad base64, a file past
 // max_bytes or the pixel limit, or one the decoder refuses (malformed, truncated, unsupported).
-// A `detail` of "auto", "low" or "high" is accepted and changes nothing (Gemma 3 sees every
-// image at its processor's one size); any other value is refused.
+// A `detail` of "auto", "low" or "high" sets RequestImage::pan_and_scan; any other value is
+// refused.
 std::vector<RequestImage> take_image_parts(nlohmann::ordered_json& request, const ImagePartOptions& options);
 
 }  // namespace osprey

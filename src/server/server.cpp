@@ -647,6 +647,9 @@ struct Server::Impl {
       io.no_images = "this model takes text only (it has no vision tower" +
                      std::string(is_gguf_path(opt.model_dir) ? ": a GGUF file's is not read)" : ")");
     out.images = take_image_parts(request, io);
+    for (RequestImage& im : out.images)
+      if (im.pan_and_scan.value_or(image_encoder->processor.do_pan_and_scan))
+        im.crops = pan_and_scan_crops(im.pixels, image_encoder->processor);
     prepare_chat_messages(request);
     try {
       out.text = bundle.chat_template->render(request);
@@ -665,12 +668,19 @@ struct Server::Impl {
     try {
       if (!image_encoder) return bundle.tokenizer->encode(p.text, /*add_special=*/false, /*parse_special=*/true);
       const VisionConfig& v = image_encoder->tower->config();
-      const std::string text = p.images.empty() ? p.text : expand_image_markers(p.text, v, p.images.size());
+      std::vector<size_t> n_crops;
+      size_t n_views = 0;
+      for (const RequestImage& im : p.images) {
+        n_crops.push_back(im.crops.size());
+        n_views += 1 + im.crops.size();
+      }
+      const std::string text = p.images.empty() ? p.text : expand_image_markers(p.text, v, std::span<const size_t>(n_crops));
       std::vector<int32_t> ids = bundle.tokenizer->encode(text, /*add_special=*/false, /*parse_special=*/true);
       image_starts = image_token_runs(ids, v);
-      if (image_starts.size() != p.images.size())
+      if (image_starts.size() != n_views)
         throw InvalidInput("the prompt holds the tokens of " + std::to_string(image_starts.size()) + " image(s) for " +
-                           std::to_string(p.images.size()) + " image part(s): a message's text may not write image tokens");
+                           std::to_string(n_views) + " (the image parts and their pan-and-scan crops): a message's "
+                           "text may not write image tokens");
       return ids;
     } catch (const InvalidInput& e) {
       throw bad_request(std::string("'messages': ") + e.what(), "messages");
@@ -681,7 +691,10 @@ struct Server::Impl {
   // the model's device, between steps).
   std::vector<ImageSpan> encode_images(std::vector<RequestImage>& images, const std::vector<int64_t>& starts) {
     std::vector<RgbImage> pixels;
-    for (RequestImage& im : images) pixels.push_back(std::move(im.pixels));
+    for (RequestImage& im : images) {  // each image, then its crops: the prompt's order
+      pixels.push_back(std::move(im.pixels));
+      for (RgbImage& c : im.crops) pixels.push_back(std::move(c));
+    }
     std::vector<ImageSpan> spans;
     Scheduler::Submit s = Scheduler::Submit::stopping;
     try {
@@ -1441,10 +1454,15 @@ void Server::load() {
   m.model = load_model(m.opt.model_dir, lo);
   if (!is_gguf_path(m.opt.model_dir)) {
     m.image_encoder = load_image_encoder(m.opt.model_dir, lo);
+    if (m.image_encoder && m.opt.pan_and_scan) m.image_encoder->processor.do_pan_and_scan = *m.opt.pan_and_scan;
     if (m.image_encoder)
       log_info("images: a vision tower of " + std::to_string(m.image_encoder->tower->config().mm_tokens_per_image) +
-               " tokens per image");
+               " tokens per image; pan-and-scan " +
+               (m.image_encoder->processor.do_pan_and_scan ? "on" : "off") + " (a part's detail \"high\" or \"low\" decides for its image)");
   }
+  if (m.opt.pan_and_scan && !m.image_encoder)
+    throw InvalidInput("--pan-and-scan: the model takes no images (it has no vision tower" +
+                       std::string(is_gguf_path(m.opt.model_dir) ? ": a GGUF file's is not read)" : ")"));
   m.eos_ids = m.bundle.stop_ids(m.model->info().eos_ids);
   m.token_trie = grammar::TokenTrie::from_tokenizer(*m.bundle.tokenizer);
   if (!is_gguf_path(m.opt.model_dir)) {

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <sys/types.h>
 #include <vector>
@@ -29,6 +30,10 @@ enum class KVLayout {
 
 struct ServerOptions {
   std::filesystem::path model_dir;
+  // --pan-and-scan / --no-pan-and-scan: images also cut into pan-and-scan crops (unset: the
+  // model's preprocessor_config.json); a request's image_url `detail` "high" or "low" decides
+  // for its image. Refused at load for a model without a vision tower.
+  std::optional<bool> pan_and_scan;
   std::string host = "127.0.0.1";
   int port = 8080;                    // 0: any free port (bind() returns it)
   std::vector<std::string> api_keys;  // any one is accepted; none: no authentication

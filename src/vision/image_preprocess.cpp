@@ -132,8 +132,15 @@ ImageProcessorConfig load_image_processor_config(const std::filesystem::path& di
                       " is not supported (2, bilinear, is)");
   if (c.has("do_convert_rgb") && !c.get_bool("do_convert_rgb", true))
     throw Unsupported(c.where() + ": field \"do_convert_rgb\": false is not supported (images are always RGB)");
-  if (c.get_bool("do_pan_and_scan", false))
-    throw Unsupported(c.where() + ": field \"do_pan_and_scan\": pan-and-scan is not supported");
+  cfg.do_pan_and_scan = c.get_bool("do_pan_and_scan", false);
+  cfg.pan_and_scan_min_crop_size = c.get_int("pan_and_scan_min_crop_size", cfg.pan_and_scan_min_crop_size);
+  if (cfg.pan_and_scan_min_crop_size < 1) c.fail("pan_and_scan_min_crop_size", "must be at least 1");
+  cfg.pan_and_scan_max_num_crops = c.get_int("pan_and_scan_max_num_crops", cfg.pan_and_scan_max_num_crops);
+  if (cfg.pan_and_scan_max_num_crops < 1) c.fail("pan_and_scan_max_num_crops", "must be at least 1");
+  cfg.pan_and_scan_min_ratio_to_activate =
+      c.get_float("pan_and_scan_min_ratio_to_activate", cfg.pan_and_scan_min_ratio_to_activate);
+  if (!(cfg.pan_and_scan_min_ratio_to_activate > 0.0) || !std::isfinite(cfg.pan_and_scan_min_ratio_to_activate))
+    c.fail("pan_and_scan_min_ratio_to_activate", "must be finite and positive");
   cfg.do_resize = c.get_bool("do_resize", true);
   cfg.do_rescale = c.get_bool("do_rescale", true);
   cfg.rescale_factor = c.get_float("rescale_factor", 1.0 / 255.0);
@@ -145,6 +152,34 @@ ImageProcessorConfig load_image_processor_config(const std::filesystem::path& di
   if (!cfg.do_resize)
     throw Unsupported(c.where() + ": field \"do_resize\": false is not supported (the vision tower takes one size)");
   return cfg;
+}
+
+std::vector<RgbImage> pan_and_scan_crops(const RgbImage& image, const ImageProcessorConfig& config) {
+  const bool wide = image.width >= image.height;
+  const int64_t longer = wide ? image.width : image.height, shorter = wide ? image.height : image.width;
+  if (shorter <= 0 || double(longer) / double(shorter) < config.pan_and_scan_min_ratio_to_activate) return {};
+  // Python's int(floor(x + 0.5)) and int(floor(longer / min_crop_size)) on doubles.
+  int64_t n = int64_t(std::floor(double(longer) / double(shorter) + 0.5));
+  n = std::min(n, int64_t(std::floor(double(longer) / double(config.pan_and_scan_min_crop_size))));
+  n = std::min(std::max<int64_t>(2, n), config.pan_and_scan_max_num_crops);
+  const int64_t crop_long = int64_t(std::ceil(double(longer) / double(n)));
+  if (std::min(crop_long, shorter) < config.pan_and_scan_min_crop_size) return {};
+  std::vector<RgbImage> crops;
+  for (int64_t i = 0; i < n; ++i) {
+    // numpy's slice [at, at + crop_long) stops at the edge.
+    const int64_t at = i * crop_long, len = std::min(crop_long, longer - at);
+    if (len <= 0) break;  // a slice past the edge is empty; Python would pass it on and fail later
+    RgbImage c;
+    c.width = wide ? len : image.width;
+    c.height = wide ? image.height : len;
+    c.rgb.resize(size_t(c.width * c.height * 3));
+    for (int64_t y = 0; y < c.height; ++y) {
+      const int64_t sy = wide ? y : at + y, sx = wide ? at : 0;
+      std::copy_n(&image.rgb[size_t((sy * image.width + sx) * 3)], size_t(c.width * 3), &c.rgb[size_t(y * c.width * 3)]);
+    }
+    crops.push_back(std::move(c));
+  }
+  return crops;
 }
 
 Array preprocess_image(const RgbImage& image, const ImageProcessorConfig& config) {

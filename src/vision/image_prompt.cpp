@@ -14,6 +14,12 @@ size_t image_marker_count(const std::string& text, const std::string& what) {
 }  // namespace
 
 std::string expand_image_markers(const std::string& text, const VisionConfig& config, size_t n_images) {
+  const std::vector<size_t> none(n_images, 0);
+  return expand_image_markers(text, config, std::span<const size_t>(none));
+}
+
+std::string expand_image_markers(const std::string& text, const VisionConfig& config, std::span<const size_t> n_crops) {
+  const size_t n_images = n_crops.size();
   const size_t markers = image_marker_count(text, kImageMarker);
   if (markers != n_images)
     throw InvalidInput("the prompt holds " + std::to_string(markers) + " image marker" + (markers == 1 ? "" : "s") +
@@ -26,14 +32,35 @@ std::string expand_image_markers(const std::string& text, const VisionConfig& co
   for (int64_t i = 0; i < config.mm_tokens_per_image; ++i) image += kImageToken;
   const std::string expansion = std::string("\n\n") + kImageMarker + image + kImageEnd + "\n\n";
   std::string out;
-  size_t from = 0;
-  for (size_t at = text.find(kImageMarker); at != std::string::npos; at = text.find(kImageMarker, from)) {
+  size_t from = 0, i = 0;
+  for (size_t at = text.find(kImageMarker); at != std::string::npos; at = text.find(kImageMarker, from), ++i) {
     out += text.substr(from, at - from);
-    out += expansion;
+    if (n_crops[i] == 0) {
+      out += expansion;
+    } else {
+      out += "Here is the original image " + expansion + " and here are some crops to help you see better ";
+      for (size_t c = 0; c < n_crops[i]; ++c) out += (c > 0 ? " " : "") + expansion;
+    }
     from = at + std::string(kImageMarker).size();
   }
   out += text.substr(from);
   return out;
+}
+
+ImageViews image_views(std::vector<RgbImage> images, const ImageProcessorConfig& processor,
+                       const std::vector<bool>& pan_and_scan) {
+  if (!pan_and_scan.empty() && pan_and_scan.size() != images.size())
+    throw InvalidInput("image_views: " + std::to_string(pan_and_scan.size()) + " pan-and-scan choices for " +
+                       std::to_string(images.size()) + " images");
+  ImageViews v;
+  for (size_t i = 0; i < images.size(); ++i) {
+    const bool cut = pan_and_scan.empty() ? processor.do_pan_and_scan : pan_and_scan[i];
+    std::vector<RgbImage> crops = cut ? pan_and_scan_crops(images[i], processor) : std::vector<RgbImage>{};
+    v.n_crops.push_back(crops.size());
+    v.views.push_back(std::move(images[i]));
+    for (RgbImage& c : crops) v.views.push_back(std::move(c));
+  }
+  return v;
 }
 
 std::vector<int64_t> image_token_runs(std::span<const int32_t> ids, const VisionConfig& config) {

@@ -19,6 +19,21 @@ inline constexpr const char* kImageEnd = "<end_of_image>";
 // `text` with each image marker expanded. Throws InvalidInput when the text holds another
 // number of markers than `n_images` (naming both), or already holds image tokens.
 std::string expand_image_markers(const std::string& text, const VisionConfig& config, size_t n_images);
+// The same where image i has n_crops[i] pan-and-scan crops (0: expanded as above). An image
+// with crops becomes, as Gemma3Processor writes it, "Here is the original image " + its
+// expansion + " and here are some crops to help you see better " + one expansion per crop,
+// separated by spaces.
+std::string expand_image_markers(const std::string& text, const VisionConfig& config, std::span<const size_t> n_crops);
+
+// What a prompt's images become for the tower: each image, then its pan-and-scan crops, in
+// order (the prompt holds an image's tokens for each view), and each image's crop count.
+struct ImageViews {
+  std::vector<RgbImage> views;
+  std::vector<size_t> n_crops;
+};
+// `pan_and_scan[i]`: whether image i is cut (empty: processor.do_pan_and_scan for every one).
+ImageViews image_views(std::vector<RgbImage> images, const ImageProcessorConfig& processor,
+                       const std::vector<bool>& pan_and_scan = {});
 
 // The first position of each image in `ids`: a run of config.image_token_id of exactly
 // mm_tokens_per_image ids, right after config.boi_token_id and right before

@@ -46,6 +46,14 @@ TEST(CliServe, BadBatchingFlagsAreUsageErrors) {
 
 // Each numeric flag: past its upper bound (or its type's width) it is refused by name with
 // its range, before anything starts.
+// --pan-and-scan on a model without a vision tower (the demo model) stops the server at load,
+// naming the flag.
+TEST(CliServe, PanAndScanNeedsAVisionTower) {
+  auto r = run_osprey("serve --port 0 --pan-and-scan");
+  EXPECT_NE(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("--pan-and-scan: the model takes no images"), std::string::npos) << r.err;
+}
+
 TEST(CliServe, NumericFlagsAreBoundedIntegers) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"--kv-cache-mib 4611686018427387904", "--kv-cache-mib"},

@@ -212,6 +212,59 @@ TEST(ServerImages, AnotherImageRepliesAsTheLibraryDoesWithIt) {
   EXPECT_EQ(got, expected);
 }
 
+// Pan-and-scan through the chat route: an image_url part's detail "high" cuts its image, "low"
+// does not, none follows the server (--pan-and-scan) or the model's preprocessor_config.json.
+// The reference: library_pan_and_scan_reply (image_chat_model.h).
+TEST(ServerImages, DetailHighCutsTheImageIntoPanAndScanCrops) {
+  if (const std::string why = model_missing(); !why.empty()) GTEST_SKIP() << why;
+  testing::TempDir dir;
+  write_image_model(dir.path());
+  write_pan_and_scan_processor(dir.path());
+  const fs::path file = kImages / "webp_lossy_96x64.webp";
+  const std::string bytes = testing::read_file(file);
+  std::vector<int64_t> starts;
+  const std::vector<int32_t> ids = pan_and_scan_prompt(starts);
+  const std::vector<int32_t> cut = library_pan_and_scan_reply(dir.path(), file, 6);
+  const std::vector<int32_t> whole = library_reply(dir.path(), file, 6);
+  ASSERT_NE(cut, whole) << "the crops must change the reply for this test to tell them apart";
+  const Tokenizer tok = Tokenizer::load(dir.path());
+  auto reply_of = [&](const json& r) {
+    std::vector<std::string> got;
+    for (const json& t : r["choices"][0]["logprobs"]["content"]) got.push_back(t["token"]);
+    return got;
+  };
+  auto text_of = [&](const std::vector<int32_t>& want) {
+    std::vector<std::string> out;
+    for (int32_t id : want) out.push_back(tok.decode(std::vector<int32_t>{id}));
+    return out;
+  };
+  for (KVLayout layout : {KVLayout::dense, KVLayout::paged}) {
+    testing::TestServer s(image_server_options(dir.path(), layout));
+    for (const char* detail : {"high", "low", "auto"}) {
+      json part = image_url_part(data_url("image/webp", bytes));
+      part["image_url"]["detail"] = detail;
+      json body = chat_with(json::array({part, {{"type", "text"}, {"text", "Describe this."}}}), 6);
+      auto [status, r] = s.post_json("/v1/chat/completions", body);
+      ASSERT_EQ(status, 200) << r;
+      const bool crops = std::string(detail) == "high";
+      EXPECT_EQ(r["usage"]["prompt_tokens"], crops ? ids.size() : described_prompt().size()) << detail;
+      EXPECT_EQ(reply_of(r), text_of(crops ? cut : whole)) << detail << (layout == KVLayout::dense ? " dense" : " paged");
+    }
+  }
+  // --pan-and-scan: "auto" and no detail cut the image too; "low" still does not.
+  ServerOptions o = image_server_options(dir.path(), KVLayout::paged);
+  o.pan_and_scan = true;
+  testing::TestServer s(o);
+  for (const char* detail : {"auto", "low"}) {
+    json part = image_url_part(data_url("image/webp", bytes));
+    part["image_url"]["detail"] = detail;
+    auto [status, r] = s.post_json("/v1/chat/completions", chat_with(json::array({part, {{"type", "text"}, {"text", "Describe this."}}}), 6));
+    ASSERT_EQ(status, 200) << r;
+    const bool crops = std::string(detail) == "auto";
+    EXPECT_EQ(reply_of(r), text_of(crops ? cut : whole)) << detail;
+  }
+}
+
 // Every refusal is a 400 that names the part and the reason, before anything runs.
 TEST(ServerImages, RefusalsNameThePartAndTheReason) {
   if (const std::string why = model_missing(); !why.empty()) GTEST_SKIP() << why;

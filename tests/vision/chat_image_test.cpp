@@ -49,6 +49,30 @@ TEST(ChatImage, ImageGoesWithTheNextMessageAndBadFilesAreNamed) {
   EXPECT_EQ(j["tokens"].get<std::vector<int32_t>>(), library_reply(dir.path(), image, 6));
 }
 
+// chat --pan-and-scan: /image attaches the image and its crops (two, by the rule worked in
+// library_pan_and_scan_reply); the reply equals the library's with them.
+TEST(ChatImage, PanAndScanAttachesTheImageAndItsCrops) {
+  if (const std::string why = model_missing(); !why.empty()) GTEST_SKIP() << why;
+  testing::TempDir dir;
+  write_image_model(dir.path());
+  write_pan_and_scan_processor(dir.path());
+  const fs::path image = kImages / "webp_lossy_96x64.webp";
+  const testing::CommandResult r = run_with_stdin(
+      "chat -m " + dir.path().string() + " --device cpu -n 6 --temp 0 --json --pan-and-scan",
+      "/image " + image.string() + "\nDescribe this.\n");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "(96x64, 2 pan-and-scan crops) attached to your next message")) << r.err;
+  std::vector<int64_t> starts;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["conversation_tokens"], pan_and_scan_prompt(starts).size());
+  EXPECT_EQ(j["tokens"].get<std::vector<int32_t>>(), library_pan_and_scan_reply(dir.path(), image, 6));
+  const fs::path demo = testing::source_dir() / "models" / "demo";
+  const testing::CommandResult t = run_with_stdin("chat -m " + demo.string() + " --device cpu --pan-and-scan", "Hi\n");
+  EXPECT_NE(t.exit_code, 0);
+  EXPECT_TRUE(contains(t.err, "--pan-and-scan: ")) << t.err;
+  EXPECT_TRUE(contains(t.err, "takes no images")) << t.err;
+}
+
 TEST(ChatImage, TextOnlyModelRefusesTheImageAndChatsOn) {
   const fs::path demo = testing::source_dir() / "models" / "demo";
   const testing::CommandResult r = run_with_stdin("chat -m " + demo.string() + " --device cpu -n 2 --temp 0 --json",

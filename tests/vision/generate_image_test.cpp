@@ -95,6 +95,61 @@ TEST(GenerateImage, RepliesAsTheLibraryDoesWithTheImage) {
   EXPECT_TRUE(contains(r.err, "images: 1 encoded in"));
 }
 
+// --pan-and-scan: the 64x48 PNG (ratio 1.33 >= 1.2) is cut, by Gemma3ImageProcessor's rule with
+// crops of at least 16 pixels, into max(2, floor(1.33 + .5)) = 2 crops of 32 columns; the
+// prompt's three runs of image tokens take the image, then the crops (cut here by hand).
+TEST(GenerateImage, PanAndScanFillsARunForTheImageAndEachCrop) {
+  TempDir dir;
+  write_vlm(dir.path());
+  testing::write_file(dir / "preprocessor_config.json", R"({"pan_and_scan_min_crop_size": 16})");
+  auto model = testing::load_on(dir.path(), Device::cpu());
+  std::optional<ImageEncoder> enc = load_image_encoder(dir.path(), {});
+  ASSERT_TRUE(enc.has_value());
+  const std::vector<int32_t> prompt = {2, 17, 33, 251, 250, 250, 250, 250, 252, 5, 251, 250, 250, 250,
+                                       250, 252, 6, 251, 250, 250, 250, 250, 252};
+  std::string ids;
+  for (int32_t t : prompt) ids += (ids.empty() ? "" : ",") + std::to_string(t);
+  const std::string m = "generate -m " + dir.path().string() + " --token-ids " + ids + " --image " + kImages +
+                        "png_rgb_64x48.png -n 6 --ignore-eos --json -q --device cpu";
+  testing::CommandResult r = run_osprey(m + " --pan-and-scan");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::vector<int32_t> cli = nlohmann::json::parse(r.out)["tokens"].get<std::vector<int32_t>>();
+  const std::string bytes = testing::read_file(kImages + "png_rgb_64x48.png");
+  const RgbImage img = decode_image(std::vector<uint8_t>(bytes.begin(), bytes.end()));
+  ASSERT_EQ(img.width, 64);
+  std::vector<ImageSpan> spans = {{4, enc->tower->encode(preprocess_image(img, enc->processor))}};
+  for (int64_t c = 0; c < 2; ++c) {
+    RgbImage crop;
+    crop.width = 32;
+    crop.height = img.height;
+    for (int64_t y = 0; y < img.height; ++y)
+      for (int64_t x = 32 * c; x < 32 * c + 32; ++x)
+        for (int k = 0; k < 3; ++k) crop.rgb.push_back(img.rgb[size_t((y * img.width + x) * 3 + k)]);
+    spans.push_back({10 + 6 * c + 1, enc->tower->encode(preprocess_image(crop, enc->processor))});
+  }
+  SequenceCache cache = model->make_cache({});
+  Array l = ops::to_device(model->forward(testing::tokens_of(prompt), cache, false, spans), Device::cpu());
+  std::vector<int32_t> lib;
+  for (int t = 0; t < 6; ++t) {
+    const float* row = l.data<float>();
+    lib.push_back(int32_t(std::max_element(row, row + l.dim(1)) - row));
+    l = ops::to_device(model->forward(testing::tokens_of({lib.back()}), cache, false), Device::cpu());
+  }
+  EXPECT_EQ(cli, lib);
+  // Without it the image has one run, and the prompt's three are refused by name.
+  r = run_osprey(m);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(contains(r.err, "holds the tokens of 3 image(s) for 1 --image file(s)")) << r.err;
+  r = run_osprey(m + " --no-pan-and-scan");
+  EXPECT_TRUE(contains(r.err, "holds the tokens of 3 image(s) for 1 --image file(s)")) << r.err;
+  testing::write_file(dir / "preprocessor_config.json", R"({"pan_and_scan_min_crop_size": 16, "do_pan_and_scan": true})");
+  r = run_osprey(m);  // the model's own setting
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  r = run_osprey("generate -m " + dir.path().string() + " " + kIds + " -n 2 -q --device cpu --pan-and-scan");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(contains(r.err, "--pan-and-scan requires --image")) << r.err;
+}
+
 TEST(GenerateImage, ErrorsNameWhatIsWrong) {
   TempDir dir;
   write_vlm(dir.path());

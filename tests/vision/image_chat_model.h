@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -140,6 +141,73 @@ inline std::vector<int32_t> library_reply(const fs::path& dir, const fs::path& f
   p.max_tokens = n;
   p.stop_ids = load_model_bundle(dir, {}).stop_ids(model->info().eos_ids);
   p.images = {{image_at, enc->tower->encode(preprocess_image(img, enc->processor))}};
+  SequenceCache cache = model->make_cache({});
+  return generate(*model, cache, prompt, p).tokens;
+}
+
+// A processor config for the fixture's tower that allows crops of 16 pixels (the fixture's
+// images are small), pan-and-scan itself off, as Gemma 3's files have it.
+inline void write_pan_and_scan_processor(const fs::path& dir) {
+  osprey::testing::write_file(dir / "preprocessor_config.json",
+                              json{{"image_processor_type", "Gemma3ImageProcessor"}, {"pan_and_scan_min_crop_size", 16}}.dump());
+}
+
+// Columns [x0, x0 + w) of `img`, every row: a crop of a wide image, cut here by hand.
+inline RgbImage columns_of(const RgbImage& img, int64_t x0, int64_t w) {
+  RgbImage c;
+  c.width = w;
+  c.height = img.height;
+  for (int64_t y = 0; y < img.height; ++y)
+    for (int64_t x = x0; x < x0 + w; ++x)
+      for (int k = 0; k < 3; ++k) c.rgb.push_back(img.rgb[size_t((y * img.width + x) * 3 + k)]);
+  return c;
+}
+
+// described_prompt() for an image cut into two crops, by hand from Gemma 3's template and
+// Gemma3Processor's text for an image with crops: "Here is the original image " + image +
+// " and here are some crops to help you see better " + crop + " " + crop, each view expanded
+// as the marker is. `starts`: each view's first image token.
+inline std::vector<int32_t> pan_and_scan_prompt(std::vector<int64_t>& starts) {
+  std::vector<int32_t> ids = {kBos, kStartTurn};
+  starts.clear();
+  auto view = [&] {
+    append_bytes(ids, "\n\n");
+    ids.push_back(kBoi);
+    starts.push_back(int64_t(ids.size()));
+    for (int i = 0; i < 4; ++i) ids.push_back(kImageToken);
+    ids.push_back(kEoi);
+    append_bytes(ids, "\n\n");
+  };
+  append_bytes(ids, "user\nHere is the original image ");
+  view();
+  append_bytes(ids, " and here are some crops to help you see better ");
+  view();
+  append_bytes(ids, " ");
+  view();
+  append_bytes(ids, "Describe this.");
+  ids.push_back(kEndTurn);
+  append_bytes(ids, "\n");
+  ids.push_back(kStartTurn);
+  append_bytes(ids, "model\n");
+  return ids;
+}
+
+// The library's greedy reply to pan_and_scan_prompt() with the 96x64 `file` and its two crops
+// of 48 columns: Gemma3ImageProcessor's rule with crops of at least 16 pixels gives
+// max(2, floor(96 / 64 + .5)) = 2 crops of ceil(96 / 2) = 48 (write_pan_and_scan_processor).
+inline std::vector<int32_t> library_pan_and_scan_reply(const fs::path& dir, const fs::path& file, int n) {
+  std::unique_ptr<Model> model = load_model(dir);
+  std::optional<ImageEncoder> enc = load_image_encoder(dir, {});
+  const std::string bytes = osprey::testing::read_file(file);
+  const RgbImage img = decode_image(std::vector<uint8_t>(bytes.begin(), bytes.end()));
+  if (img.width != 96 || img.height != 64) throw std::runtime_error("library_pan_and_scan_reply: a 96x64 image");
+  std::vector<int64_t> starts;
+  const std::vector<int32_t> prompt = pan_and_scan_prompt(starts);
+  GenerateParams p;
+  p.max_tokens = n;
+  p.stop_ids = load_model_bundle(dir, {}).stop_ids(model->info().eos_ids);
+  const RgbImage views[] = {img, columns_of(img, 0, 48), columns_of(img, 48, 48)};
+  for (size_t i = 0; i < 3; ++i) p.images.push_back({starts[i], enc->tower->encode(preprocess_image(views[i], enc->processor))});
   SequenceCache cache = model->make_cache({});
   return generate(*model, cache, prompt, p).tokens;
 }

@@ -32,6 +32,49 @@ TEST(ImagePrompt, MarkersExpandAsGemma3ProcessorDoes) {
       "already"));
 }
 
+TEST(ImagePrompt, AnImageWithCropsIsIntroducedAsGemma3ProcessorWritesIt) {
+  // transformers (Gemma3Processor.replace_image_token): with num_crops > 0 the marker becomes
+  // "Here is the original image " + seq + " and here are some crops to help you see better "
+  // + " ".join([seq] * num_crops), seq = "\n\n" + boi + image tokens + eoi + "\n\n".
+  const std::string seq = "\n\n<start_of_image><image_soft_token><image_soft_token><image_soft_token><end_of_image>\n\n";
+  const std::vector<size_t> crops = {2, 0};
+  EXPECT_EQ(expand_image_markers("A <start_of_image> B <start_of_image> C", tiny(), std::span<const size_t>(crops)),
+            "A Here is the original image " + seq + " and here are some crops to help you see better " + seq + " " +
+                seq + " B " + seq + " C");
+  const std::vector<size_t> one = {1};
+  EXPECT_TRUE(testing::contains(
+      testing::error_of<InvalidInput>([&] { expand_image_markers("none", tiny(), std::span<const size_t>(one)); }),
+      "holds 0 image markers"));
+}
+
+TEST(ImagePrompt, ViewsAreEachImageThenItsCrops) {
+  auto image = [](int64_t w, int64_t h, uint8_t v) {
+    RgbImage im;
+    im.width = w;
+    im.height = h;
+    im.rgb.assign(size_t(w * h * 3), v);
+    return im;
+  };
+  ImageProcessorConfig processor;  // pan-and-scan off by default
+  std::vector<RgbImage> images;
+  images.push_back(image(1000, 500, 1));  // 2 crops when cut (image_preprocess_test)
+  images.push_back(image(600, 600, 2));   // square: never cut
+  ImageViews v = image_views(images, processor);
+  EXPECT_EQ(v.views.size(), 2u);
+  EXPECT_EQ(v.n_crops, (std::vector<size_t>{0, 0}));
+  processor.do_pan_and_scan = true;
+  v = image_views(images, processor);
+  ASSERT_EQ(v.views.size(), 4u);
+  EXPECT_EQ(v.n_crops, (std::vector<size_t>{2, 0}));
+  EXPECT_EQ(v.views[0].width, 1000);  // the image first, then its crops, then the next image
+  EXPECT_EQ(v.views[1].width, 500);
+  EXPECT_EQ(v.views[2].width, 500);
+  EXPECT_EQ(v.views[3].rgb[0], 2);
+  v = image_views(images, processor, {false, true});  // a choice per image over the setting
+  EXPECT_EQ(v.n_crops, (std::vector<size_t>{0, 0}));
+  EXPECT_EQ(v.views.size(), 2u);
+}
+
 TEST(ImagePrompt, RunsOfImageTokensAreFoundAndChecked) {
   const std::vector<int32_t> ids = {2, 5, 7, 9, 9, 9, 8, 5, 7, 9, 9, 9, 8};
   EXPECT_EQ(image_token_runs(ids, tiny()), (std::vector<int64_t>{3, 9}));
