@@ -315,6 +315,8 @@ FAMILIES = {
         # tests/fixtures/vision/images (tools/make_vision_fixtures.py): image 0 is the prompt's,
         # image 1 the same prompt with another image (the logits must differ).
         "images": ["jpeg_rgb_120x80.jpg", "png_rgb_64x48.png"],
+        # Pan-and-scan (do_pan_and_scan, crops of at least 16 pixels): wide, wider and tall.
+        "pan_and_scan_images": ["webp_lossy_96x64.webp", "jpeg_progressive_300x200.jpg", "jpeg_gray_31x45.jpg"],
         # Gemma3ForConditionalGeneration (transformers 5.17) never applies
         # text_config.final_logit_softcapping: its head returns lm_head(hidden) as is. With the
         # cap set, the folder's references would contradict its own config, so this fixture sets
@@ -1712,6 +1714,8 @@ def image_references(model, cfg, weights, folder, tensors, torch, transformers, 
         tensors["image_greedy_tokens_0"] = torch.tensor(g_tokens, dtype=torch.int32)
         tensors["image_greedy_margins_0"] = torch.tensor(g_margins, dtype=torch.float32)
         report["greedy_margin_min"] = min(g_margins)
+        pan_and_scan_references(spec, prompt, processor_size=S, images_dir=images_dir, tensors=tensors,
+                                forward=forward, torch=torch, transformers=transformers, device=device, report=report)
     e0 = report["image_0"]
     if not e0["numpy_f64_max_abs_features_diff"] < 1e-3:
         report["problems"].append(f"numpy float64 image features differ from transformers: {e0}")
@@ -1725,6 +1729,44 @@ def image_references(model, cfg, weights, folder, tensors, torch, transformers, 
     if not d01 > 1e-2:
         report["problems"].append(f"a different image hardly changes the logits ({d01})")
     return report
+
+
+def pan_and_scan_references(spec, prompt, processor_size, images_dir, tensors, forward, torch, transformers, device,
+                            report):
+    """Adds, for each image i of spec["pan_and_scan_images"], Gemma3ImageProcessor's (the PIL
+    one's) output with do_pan_and_scan on and crops of at least 16 pixels:
+      pas_pixel_values_<i>  float32 [1 + n, 3, S, S]  the image, then its n crops
+      pas_num_crops_<i>     int32 [1]                 n
+    and, for image 0's views in one prompt (the image prompt's run of image tokens repeated
+    once per view, each with its begin and end tokens, as Gemma3Processor lays out an image with
+    crops, without its words between them):
+      pas_tokens  int32 [T]   pas_logits  float32 [T, vocab]."""
+    from PIL import Image
+
+    S = processor_size
+    pas = transformers.Gemma3ImageProcessor(size={"height": S, "width": S}, do_pan_and_scan=True,
+                                            pan_and_scan_min_crop_size=16, pan_and_scan_max_num_crops=4,
+                                            pan_and_scan_min_ratio_to_activate=1.2)
+    views0 = None
+    for i, name in enumerate(spec["pan_and_scan_images"]):
+        with Image.open(os.path.join(images_dir, name)) as im:
+            out = pas(images=im, return_tensors="np")
+        pv = np.asarray(out["pixel_values"], dtype=np.float32)
+        n = int(np.asarray(out["num_crops"]).reshape(-1)[0])
+        if pv.shape[0] != 1 + n:
+            report["problems"].append(f"pan-and-scan {name}: {pv.shape[0]} views for {n} crops")
+        tensors[f"pas_pixel_values_{i}"] = torch.from_numpy(pv.copy())
+        tensors[f"pas_num_crops_{i}"] = torch.tensor([n], dtype=torch.int32)
+        report[f"pan_and_scan_{i}"] = {"image": name, "num_crops": n}
+        if i == 0:
+            views0 = pv
+    image_id, boi, eoi = spec["image_token_index"], spec["boi_token_index"], spec["eoi_token_index"]
+    first = int(np.nonzero(prompt == boi)[0][0])
+    last = int(np.nonzero(prompt == eoi)[0][0])
+    run = list(prompt[first:last + 1])
+    ids = np.array(list(prompt[:first]) + run * views0.shape[0] + list(prompt[last + 1:]), dtype=np.int32)
+    tensors["pas_tokens"] = torch.from_numpy(ids.copy())
+    tensors["pas_logits"] = forward(ids, torch.from_numpy(views0).to(device)).cpu().contiguous()
 
 
 # ----------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@
 #include "support/test_util.h"
 #include "vision/image_decode.h"
 #include "vision/image_preprocess.h"
+#include "vision/image_prompt.h"
 #include "vision/vision_fixtures.h"
 #include "vision/vision_tower.h"
 
@@ -283,6 +284,53 @@ TEST_P(Gemma3FixtureImages, LogitsAndGreedyTokensEqualTransformers) {
     ASSERT_EQ(next, want[t]) << "greedy token " << t;
     l = ops::to_device(model_->forward(testing::tokens_of({next}), cache, false), Device::cpu());
   }
+}
+
+// Pan-and-scan against Gemma3ImageProcessor(do_pan_and_scan=True, crops of at least 16
+// pixels): each test image's views (the image, then its crops) as pixel values, and the logits
+// of a prompt holding image 0's views as consecutive runs of image tokens.
+TEST_P(Gemma3FixtureImages, PanAndScanViewsAndLogitsEqualTransformers) {
+  if (!ref_->contains("pas_logits"))
+    GTEST_SKIP() << "tests/fixtures/models/gemma3-mm/reference.safetensors has no pan-and-scan references "
+                    "(pas_pixel_values_0, pas_logits): regenerate it with tools/make_fixtures.py --families gemma3-mm";
+  ImageProcessorConfig processor = encoder_->processor;
+  processor.do_pan_and_scan = true;
+  processor.pan_and_scan_min_crop_size = 16;
+  const char* files[] = {"webp_lossy_96x64.webp", "jpeg_progressive_300x200.jpg", "jpeg_gray_31x45.jpg"};
+  std::vector<Array> views0;
+  for (int i = 0; i < 3; ++i) {
+    SCOPED_TRACE(files[i]);
+    const std::string bytes = testing::read_file(testing::source_dir() / "tests/fixtures/vision/images" / files[i]);
+    std::vector<RgbImage> images;
+    images.push_back(decode_image(std::vector<uint8_t>(bytes.begin(), bytes.end())));
+    const ImageViews v = image_views(std::move(images), processor);
+    const Array want = ref_->get("pas_pixel_values_" + std::to_string(i));
+    EXPECT_EQ(int64_t(v.n_crops[0]), int64_t(ref_->get("pas_num_crops_" + std::to_string(i)).data<int32_t>()[0]));
+    ASSERT_EQ(int64_t(v.views.size()), want.dim(0));
+    const int64_t per = want.numel() / want.dim(0);
+    for (size_t k = 0; k < v.views.size(); ++k) {
+      const Array px = preprocess_image(v.views[k], processor);
+      ASSERT_EQ(px.numel(), per);
+      double worst = 0;
+      for (int64_t j = 0; j < per; ++j)
+        worst = std::max(worst, double(std::fabs(px.data<float>()[j] - want.data<float>()[int64_t(k) * per + j])));
+      EXPECT_LE(worst, 1e-5) << "view " << k;
+      if (i == 0) views0.push_back(px);
+    }
+  }
+  const std::vector<int32_t> prompt = testing::ints(ref_->get("pas_tokens"));
+  const std::vector<int64_t> starts = image_token_runs(prompt, encoder_->tower->config());
+  ASSERT_EQ(starts.size(), views0.size());
+  std::vector<ImageSpan> spans;
+  for (size_t k = 0; k < starts.size(); ++k) spans.push_back({starts[k], encoder_->tower->encode(views0[k])});
+  SequenceCache cache = model_->make_cache({});
+  const Array l = ops::to_device(model_->forward(testing::tokens_of(prompt), cache, true, spans), Device::cpu());
+  const Array want = ref_->get("pas_logits");
+  ASSERT_EQ(l.shape(), want.shape());
+  double worst = 0;
+  for (int64_t t = 0; t < l.dim(0); ++t)
+    worst = std::max(worst, testing::relative_row_error(l.data<float>() + t * l.dim(1), want.data<float>() + t * l.dim(1), l.dim(1)));
+  EXPECT_LT(worst, tolerance());
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, Gemma3FixtureImages, OSPREY_DEVICES);
