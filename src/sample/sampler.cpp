@@ -11,6 +11,11 @@
 #include <random>
 #include <string>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "backend/cpu_level.h"
 #include "backend/sample_noise.h"
 #include "core/error.h"
 
@@ -568,6 +573,40 @@ int32_t Sampler::chain(std::span<const float> logits, std::span<const int32_t> h
   return -1;
 }
 
+#if defined(__x86_64__)
+// NOTE: GCC reports its own _mm512_undefined_* placeholders inside the intrinsics as
+// uninitialised (a false positive, GCC bug 105593).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+namespace {
+// The candidates [i, i + 8) that the draw's prune test cannot skip (bit j for candidate i + j):
+// lane j is skipped when 1 - u > w * bound and |l| < limit, u the candidate's noise_uniform
+// (its stream given) - the scalar test below, lane by lane, in the same double arithmetic
+// (u's integer is below 2^52, so its conversion is exact), so the same candidates survive.
+// AVX-512 F and DQ (64-bit multiplies and conversions): x86-64-v4.
+__attribute__((target("avx512f,avx512dq"))) unsigned survivors8(const int32_t* ids, const float* w, const float* l,
+                                                                uint64_t stream, double bound, double limit) {
+  const __m512i gamma = _mm512_set1_epi64(int64_t(kNoiseGamma));
+  const __m512i id = _mm512_cvtepi32_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ids)));
+  __m512i z = _mm512_add_epi64(_mm512_set1_epi64(int64_t(stream)),
+                               _mm512_mullo_epi64(_mm512_add_epi64(id, _mm512_set1_epi64(1)), gamma));
+  z = _mm512_mullo_epi64(_mm512_xor_si512(z, _mm512_srli_epi64(z, 30)), _mm512_set1_epi64(int64_t(0xbf58476d1ce4e5b9ull)));
+  z = _mm512_mullo_epi64(_mm512_xor_si512(z, _mm512_srli_epi64(z, 27)), _mm512_set1_epi64(int64_t(0x94d049bb133111ebull)));
+  z = _mm512_xor_si512(z, _mm512_srli_epi64(z, 31));
+  const __m512d u = _mm512_mul_pd(_mm512_add_pd(_mm512_cvtepu64_pd(_mm512_srli_epi64(z, 12)), _mm512_set1_pd(0.5)),
+                                  _mm512_set1_pd(1.0 / 4503599627370496.0));
+  const __m512d wd = _mm512_cvtps_pd(_mm256_loadu_ps(w));
+  const __m512d ld = _mm512_cvtps_pd(_mm256_loadu_ps(l));
+  const __mmask8 beaten = _mm512_cmp_pd_mask(_mm512_sub_pd(_mm512_set1_pd(1.0), u),
+                                             _mm512_mul_pd(wd, _mm512_set1_pd(bound)), _CMP_GT_OQ);
+  const __mmask8 small = _mm512_cmp_pd_mask(_mm512_abs_pd(ld), _mm512_set1_pd(limit), _CMP_LT_OQ);
+  return unsigned(~(beaten & small)) & 0xffu;
+}
+}  // namespace
+#pragma GCC diagnostic pop
+#endif
+
 // Step 9 over the candidates: the argmax of l / T + gumbel(seed, counter, id). Token i can beat
 // the best key B only if its gumbel -log(E_i) >= B - l_i / T, i.e. E_i = -log(u_i) <=
 // exp(l_i / T - B) = w_i * exp(max / T - B); as E_i >= 1 - u_i, a token with 1 - u_i above that
@@ -592,19 +631,34 @@ int32_t Sampler::draw(float max, uint64_t counter) const {
   const double max_t = double(max) / t, limit = kPruneKeyLimit * t;
   const bool prune = std::fabs(double(max)) < limit;
   double bound = prune ? std::exp(max_t - best_key) * kPruneSlack : 0.0;
-  for (size_t i = 0; i < n; ++i) {
-    if (i == start) continue;
+  auto visit = [&](size_t i) {
     const int32_t id = cand_id_[i];
     const double u = uniform(id);
     // 1 - u is exact (u is a multiple of 2^-53); a NaN bound (0 * inf) skips nothing.
-    if (prune && 1.0 - u > double(cand_w_[i]) * bound && std::fabs(double(cand_l_[i])) < limit) continue;
+    if (prune && 1.0 - u > double(cand_w_[i]) * bound && std::fabs(double(cand_l_[i])) < limit) return;
     const double key = key_of(i, u);
     if (key > best_key || (key == best_key && id < best)) {
       best = id;
       best_key = key;
       if (prune) bound = std::exp(max_t - best_key) * kPruneSlack;
     }
-  }
+  };
+  size_t i = 0;
+#if defined(__x86_64__)
+  // Eight candidates' noise and prune tests at once; the few survivors go through visit() in
+  // order. The block's test uses the bound at its start, which is at least the bound visit()
+  // then holds (a new best only lowers it): a candidate skipped here is one visit() would skip,
+  // and one kept here is tested again there. Skipping changes no key, so the winner is the same.
+  if (prune && cpu_level() >= CpuLevel::v4)
+    for (; i + 8 <= n; i += 8)
+      for (unsigned live = survivors8(&cand_id_[i], &cand_w_[i], &cand_l_[i], stream, bound, limit); live != 0;
+           live &= live - 1) {
+        const size_t k = i + size_t(__builtin_ctz(live));
+        if (k != start) visit(k);
+      }
+#endif
+  for (; i < n; ++i)
+    if (i != start) visit(i);
   return best;
 }
 

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "backend/cpu_level.h"
 #include "sample/sampler.h"
 #include "support/noise_reference.h"
 
@@ -723,9 +724,14 @@ TEST(Sampler, DrawsAreBitIdenticalToBruteForceGumbelMaxAtA128kVocabulary) {
     const Kept kept = reference_kept(l, p);
     const Sampler s(p);
     ASSERT_EQ(ids_of(s.distribution(l, {})), kept.ids) << what;
-    for (int i = 0; i < c.n_draws; ++i)
-      ASSERT_EQ(s.sample_at(l, {}, {}, uint64_t(i)), brute_force_draw(l, kept, p.temperature, p.seed, uint64_t(i)))
-          << what << " draw " << i;
+    // Every CPU level the host has: v4 tests eight candidates' pruning at once.
+    for (CpuLevel level : kAllCpuLevels) {
+      if (!cpu_level_supported(level)) continue;
+      ScopedCpuLevel scope(level);
+      for (int i = 0; i < c.n_draws; ++i)
+        ASSERT_EQ(s.sample_at(l, {}, {}, uint64_t(i)), brute_force_draw(l, kept, p.temperature, p.seed, uint64_t(i)))
+            << what << " draw " << i << " at " << cpu_level_name(level);
+    }
   }
   // Logits too large for the pruning's bound (l / T past 2^20), with ties: drawn in full.
   const std::vector<float> huge = {3e38f, -3e38f, 3e38f, 1e30f, 3e38f, -1e20f};
