@@ -54,13 +54,19 @@ int64_t paged_block_bytes(const PagedPoolParams& params) {
 }
 
 struct PagedPool::Impl {
-  // One block's holders and, while the prefix cache holds it, its cache entry.
+  // One block's holders and, while the prefix cache holds it, its cache entry. Entries at
+  // params.n_blocks and past are a windowed pool's links: a cached block's entry whose rows were
+  // evicted while other cached blocks continued it (`link`; never held, never evictable).
   struct Block {
     int32_t n_seq = 0;      // sequences whose table holds it
     bool cached = false;    // the prefix cache holds it (then it is full and never written again)
+    bool link = false;      // an entry without rows
     uint64_t key = 0;       // chain key it is cached under
     int32_t parent = -1;    // the cached block before it in its chain (-1: a sequence's first block)
-    uint64_t last_use = 0;  // recency for eviction: registered, matched or released last at this tick
+    // Recency for eviction: registered, matched or released last at this tick; in a windowed
+    // pool kTail marks a block a sequence let go at its end (its window's tail), evicted only
+    // after every block given back from behind a window.
+    uint64_t last_use = 0;
     std::vector<int32_t> tokens;    // [block_size] the token ids of its rows
     std::vector<int32_t> children;  // cached blocks whose parent it is
     std::string salt;               // a chain's first block: the salt it was cached under
@@ -79,10 +85,16 @@ struct PagedPool::Impl {
     int32_t chain_parent = -1;
   };
 
+  // NOTE: a chain 32k tokens long leaves 2k links of about 300 bytes (host memory); past this
+  // many, an evicted block's chain below it is let go instead (as a pool without a window does).
+  static constexpr int64_t kMaxLinks = int64_t(1) << 16;
+  static constexpr uint64_t kTail = uint64_t(1) << 62;
+
   PagedPoolParams params;
   std::vector<Array> keys, values;  // per layer [n_blocks, n_kv_heads, block_size, head_dim]
-  std::vector<Block> blocks;
+  std::vector<Block> blocks;        // [n_blocks] blocks, then links
   std::vector<int32_t> free_list;  // blocks held by nothing, taken from the back
+  std::vector<int32_t> free_links;  // link entries no chain uses
   // Cached blocks no sequence holds, least recently used first.
   std::set<std::pair<uint64_t, int32_t>> evictable;
   std::unordered_map<uint64_t, int32_t> by_key;  // chain key -> cached block
@@ -104,6 +116,8 @@ struct PagedPool::Impl {
   Seq& seq(SeqId id, const char* what) { return const_cast<Seq&>(std::as_const(*this).seq(id, what)); }
 
   int64_t blocks_for(int64_t rows) const { return (rows + params.block_size - 1) / params.block_size; }
+  bool is_link(int32_t b) const { return b >= params.n_blocks; }
+  int64_t n_links() const { return int64_t(blocks.size()) - params.n_blocks - int64_t(free_links.size()); }
 
   // Whether reserving past the sequence's length copies its partial last block first: the
   // block holding row `length` holds committed rows when the length is not on a block
@@ -116,9 +130,10 @@ struct PagedPool::Impl {
 
   void touch(int32_t b) {
     Block& blk = blocks[b];
+    if (blk.link) return;
     const bool was_evictable = blk.cached && blk.n_seq == 0;
     if (was_evictable) evictable.erase({blk.last_use, b});
-    blk.last_use = ++clock;
+    blk.last_use = (blk.last_use & kTail) | ++clock;
     if (was_evictable) evictable.insert({blk.last_use, b});
   }
 
@@ -132,12 +147,13 @@ struct PagedPool::Impl {
   }
 
   // A sequence drops its hold on b: the last one leaves it to the prefix cache or frees it.
-  void release(int32_t b) {
+  // `behind`: release_behind gives it back (else, in a windowed pool, it is a tail block).
+  void release(int32_t b, bool behind = false) {
     Block& blk = blocks[b];
     if (--blk.n_seq > 0) return;
     --n_in_use;
     if (blk.cached) {
-      blk.last_use = ++clock;
+      blk.last_use = ++clock | (params.window > 0 && !behind ? kTail : 0);
       evictable.insert({blk.last_use, b});
     } else {
       free_list.push_back(b);
@@ -147,8 +163,9 @@ struct PagedPool::Impl {
   // The prefix cache lets go of b and of every cached block below it, so that no child is ever
   // found under a parent whose block was reused. Returns the number of blocks it let go.
   uint64_t uncache_subtree(int32_t root) {
-    if (blocks[root].parent >= 0) {
-      std::vector<int32_t>& siblings = blocks[blocks[root].parent].children;
+    const int32_t up = blocks[root].parent;
+    if (up >= 0) {
+      std::vector<int32_t>& siblings = blocks[up].children;
       siblings.erase(std::find(siblings.begin(), siblings.end(), root));
     }
     uint64_t n = 0;
@@ -159,6 +176,11 @@ struct PagedPool::Impl {
       Block& blk = blocks[b];
       stack.insert(stack.end(), blk.children.begin(), blk.children.end());
       by_key.erase(blk.key);
+      if (blk.link) {
+        blk = Block{};
+        free_links.push_back(b);
+        continue;
+      }
       if (blk.n_seq == 0) {
         evictable.erase({blk.last_use, b});
         free_list.push_back(b);
@@ -169,13 +191,65 @@ struct PagedPool::Impl {
       blk.children.clear();
       ++n;
     }
+    drop_idle_links(up);
     return n;
+  }
+
+  // Lets go of `b` and the links above it while each is a link no cached block continues
+  // (every link leads to a block with rows).
+  void drop_idle_links(int32_t b) {
+    while (b >= 0 && blocks[b].link && blocks[b].children.empty()) {
+      const int32_t up = blocks[b].parent;
+      if (up >= 0) {
+        std::vector<int32_t>& siblings = blocks[up].children;
+        siblings.erase(std::find(siblings.begin(), siblings.end(), b));
+      }
+      by_key.erase(blocks[b].key);
+      blocks[b] = Block{};
+      free_links.push_back(b);
+      b = up;
+    }
+  }
+
+  // A windowed pool evicts the rows of cached block b (held by no sequence) but keeps its
+  // entry as a link, in b's place in its chain, so that the blocks continuing it stay
+  // reachable and verifiable. b becomes free.
+  void evict_to_link(int32_t b) {
+    int32_t l;
+    if (free_links.empty()) {
+      l = int32_t(blocks.size());
+      blocks.emplace_back();
+    } else {
+      l = free_links.back();
+      free_links.pop_back();
+    }
+    Block& from = blocks[b];
+    evictable.erase({from.last_use, b});
+    Block& link = blocks[l];
+    link = std::move(from);
+    link.link = true;
+    link.n_seq = 0;
+    by_key[link.key] = l;
+    if (link.parent >= 0) *std::find(blocks[link.parent].children.begin(), blocks[link.parent].children.end(), b) = l;
+    for (int32_t c : link.children) blocks[c].parent = l;
+    for (auto& [id, s] : seqs)
+      if (s.chain_parent == b) s.chain_parent = l;
+    blocks[b] = Block{};
+    free_list.push_back(b);
   }
 
   // A block no one holds: a free one, else the least recently used evictable one. The caller
   // has checked that one exists and acquires it.
   int32_t take_block() {
-    if (free_list.empty()) stats.n_evicted += uncache_subtree(evictable.begin()->second);
+    if (free_list.empty()) {
+      const int32_t victim = evictable.begin()->second;
+      if (params.window > 0 && !blocks[victim].children.empty() && n_links() < kMaxLinks) {
+        evict_to_link(victim);
+        ++stats.n_evicted;
+      } else {
+        stats.n_evicted += uncache_subtree(victim);
+      }
+    }
     const int32_t b = free_list.back();
     free_list.pop_back();
     return b;
@@ -263,7 +337,7 @@ int64_t PagedPool::first_needed_row(int64_t length) const {
 }
 
 int64_t PagedPool::match_prefix(SeqId seq, std::span<const int32_t> tokens, int64_t max_tokens,
-                                const std::string& salt) {
+                                const std::string& salt, const std::vector<bool>* usable) {
   Impl& m = *impl_;
   Impl::Seq& s = m.seq(seq, "match_prefix");
   if (s.length != 0 || !s.table.empty())
@@ -273,32 +347,48 @@ int64_t PagedPool::match_prefix(SeqId seq, std::span<const int32_t> tokens, int6
   const int64_t bs = m.params.block_size;
   const int64_t n_full = std::min<int64_t>(int64_t(tokens.size()), max_tokens) / bs;
   m.stats.n_prefix_queries += uint64_t(n_full);
-  uint64_t matched_key = root_key(salt);
-  int32_t parent = -1;
-  for (int64_t i = 0; i < n_full; ++i) {
-    const std::span<const int32_t> t = tokens.subspan(size_t(i * bs), size_t(bs));
-    const uint64_t key = chain_key(matched_key, t);
-    auto it = m.by_key.find(key);
-    if (it == m.by_key.end()) break;
-    const int32_t b = it->second;
-    const Impl::Block& blk = m.blocks[b];
-    // The key only proposes: the block must continue the chain accepted so far with these tokens.
-    if (blk.parent != parent || !std::equal(t.begin(), t.end(), blk.tokens.begin())) break;
-    if (parent < 0 && blk.salt != salt) break;
-    m.acquire(b);
-    m.touch(b);
-    s.table.push_back(b);
-    parent = b;
-    matched_key = key;
+  const std::vector<int32_t> chain = find_chain(tokens, n_full, salt);
+  const std::vector<bool> ours = usable_prefixes(tokens, max_tokens, salt);
+  int64_t k = int64_t(chain.size());
+  while (k > 0 && !(ours[size_t(k)] && (!usable || (size_t(k) < usable->size() && (*usable)[size_t(k)])))) --k;
+  // The blocks before the window of a query at the match's end are not held (a windowed pool
+  // may keep only their links).
+  const int64_t first = first_needed_row(k * bs) / bs;
+  for (int64_t i = 0; i < k; ++i) {
+    const int32_t b = chain[size_t(i)];
+    if (i < first) {
+      s.table.push_back(-1);
+    } else {
+      m.acquire(b);
+      m.touch(b);
+      s.table.push_back(b);
+    }
     ++m.stats.n_prefix_hits;
   }
-  s.length = s.reserved = int64_t(s.table.size()) * bs;
+  s.length = s.reserved = k * bs;
+  s.released = first * bs;
   // A windowed sequence caches its blocks as it gives them back: its chain goes on from here.
   s.chain_started = true;
-  s.chain_blocks = int64_t(s.table.size());
-  s.chain_key = matched_key;
-  s.chain_parent = parent;
+  s.chain_blocks = k;
+  s.chain_parent = k > 0 ? chain[size_t(k - 1)] : -1;
+  s.chain_key = k > 0 ? m.blocks[size_t(s.chain_parent)].key : root_key(salt);
   return s.length;
+}
+
+std::vector<bool> PagedPool::usable_prefixes(std::span<const int32_t> tokens, int64_t max_tokens,
+                                             const std::string& salt) const {
+  const Impl& m = *impl_;
+  const int64_t bs = m.params.block_size;
+  const int64_t n_full = std::max<int64_t>(0, std::min<int64_t>(int64_t(tokens.size()), max_tokens)) / bs;
+  const std::vector<int32_t> chain = find_chain(tokens, n_full, salt);
+  std::vector<bool> ok(size_t(n_full + 1), false);
+  int64_t last_link = -1;  // the last entry of chain[0 .. k) without rows
+  ok[0] = true;
+  for (int64_t k = 1; k <= int64_t(chain.size()); ++k) {
+    if (m.is_link(chain[size_t(k - 1)])) last_link = k - 1;
+    ok[size_t(k)] = last_link < first_needed_row(k * bs) / bs;
+  }
+  return ok;
 }
 
 int64_t PagedPool::blocks_to_reserve(SeqId seq, int64_t n) const {
@@ -461,7 +551,7 @@ int64_t PagedPool::release_behind(SeqId seq, std::span<const int32_t> tokens, bo
     }
   }
   for (int64_t i = done; i < target; ++i) {
-    m.release(s.table[size_t(i)]);
+    m.release(s.table[size_t(i)], true);
     s.table[size_t(i)] = -1;
   }
   s.released = target * bs;

@@ -96,7 +96,16 @@ class PagedPool {
   int64_t release_behind(SeqId seq, std::span<const int32_t> tokens, bool cache, const std::string& salt = "");
   // The cached blocks of the chain of tokens[0 .. n_blocks * block_size), as match_prefix
   // finds them (nothing is held or touched); fewer when the chain is cached for fewer blocks.
+  // In a windowed pool an entry may be a link whose rows were evicted (an id >= n_blocks(),
+  // see match_prefix).
   std::vector<int32_t> find_chain(std::span<const int32_t> tokens, int64_t n_blocks, const std::string& salt = "") const;
+  // Which cached prefixes of tokens[0 .. max_tokens) this pool could attach: entry k (k = 0 ..
+  // max_tokens / block_size) says whether match_prefix could give a sequence k blocks. Without
+  // a window: every k up to the cached chain's length. A windowed pool: k up to the chain's
+  // length whose window, the rows a query at k * block_size sees, lies in blocks that still
+  // hold their rows.
+  std::vector<bool> usable_prefixes(std::span<const int32_t> tokens, int64_t max_tokens,
+                                    const std::string& salt = "") const;
   // The blocks reserve(seq, n) would take (0 when it needs none); n_available() must cover it.
   int64_t blocks_to_reserve(SeqId seq, int64_t n) const;
 
@@ -108,7 +117,15 @@ class PagedPool {
   // holds (its length). Throws InvalidInput for a sequence that is not empty. `salt` keys the
   // chain: only blocks cached under the same salt match (a chain's first block keeps it and is
   // verified against it), so requests with different salts never share a block.
-  int64_t match_prefix(SeqId seq, std::span<const int32_t> tokens, int64_t max_tokens, const std::string& salt = "");
+  //
+  // A windowed pool keeps a chain's links (tokens, parent, key) when it evicts the rows of a
+  // block that other cached blocks continue, so that a chain stays verifiable from its first
+  // block after its head's rows are gone; it matches the longest prefix usable_prefixes()
+  // allows, and the sequence holds only the blocks of that prefix's window (its table starts
+  // with -1 for the others, as after release_behind). `usable` (PagedPools: every group's
+  // usable_prefixes, combined) further restricts the lengths that may be matched.
+  int64_t match_prefix(SeqId seq, std::span<const int32_t> tokens, int64_t max_tokens, const std::string& salt = "",
+                       const std::vector<bool>* usable = nullptr);
 
   // Makes rows [length, length + n) of the sequence writable by it alone: allocates blocks
   // (evicting the least recently used cached blocks when none is free) and copies a shared

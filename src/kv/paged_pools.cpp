@@ -74,10 +74,17 @@ PagedPools::SeqId PagedPools::fork(SeqId seq) {
 
 int64_t PagedPools::match_prefix(SeqId seq, std::span<const int32_t> tokens, int64_t max_tokens,
                                  const std::string& salt) {
-  int64_t n = max_tokens;
-  for (auto& p : groups_) n = std::min(n, p->match_prefix(seq, tokens, max_tokens, salt));
-  for (auto& p : groups_)
-    if (p->length(seq) > n) p->truncate(seq, n);
+  // A windowed group's usable lengths have gaps (a length whose window lost its rows): the
+  // longest length every group allows, not the shortest of each group's longest.
+  std::vector<bool> usable = groups_[0]->usable_prefixes(tokens, max_tokens, salt);
+  for (size_t g = 1; g < groups_.size(); ++g) {
+    const std::vector<bool> u = groups_[g]->usable_prefixes(tokens, max_tokens, salt);
+    for (size_t k = 0; k < usable.size(); ++k) usable[k] = usable[k] && u[k];
+  }
+  const int64_t n = groups_[0]->match_prefix(seq, tokens, max_tokens, salt, &usable);
+  for (size_t g = 1; g < groups_.size(); ++g)
+    if (groups_[g]->match_prefix(seq, tokens, max_tokens, salt, &usable) != n)
+      throw Error("paged pools: the groups matched prefixes of different lengths");
   return n;
 }
 
@@ -121,6 +128,9 @@ std::vector<int32_t> PagedPools::run_blocks(SeqId seq, size_t g, std::span<const
   }
   const std::vector<int32_t> chain = groups_[g]->find_chain(tokens, end, salt);
   if (int64_t(chain.size()) < end) return {};
+  // A windowed group's links hold no rows.
+  const int64_t n_blocks = groups_[g]->n_blocks();
+  if (std::any_of(chain.begin() + first, chain.begin() + end, [&](int32_t b) { return b >= n_blocks; })) return {};
   return std::vector<int32_t>(chain.begin() + first, chain.begin() + end);
 }
 

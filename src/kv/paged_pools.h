@@ -59,7 +59,8 @@ class PagedPools {
   // window): the rows before it are not seen, and a windowed group may have given them back.
   int64_t first_needed_row(size_t g, int64_t pos) const { return groups_.at(g)->first_needed_row(pos); }
 
-  // PagedPool::match_prefix in every group, then every group cut to the shortest match.
+  // The longest prefix every group can attach (PagedPool::usable_prefixes: a windowed group
+  // only where its window's blocks still hold their rows), matched in every group.
   int64_t match_prefix(SeqId seq, std::span<const int32_t> tokens, int64_t max_tokens, const std::string& salt = "");
   // Every group reserves n rows, or none changes (false: some group has no room).
   bool reserve(SeqId seq, int64_t n);

@@ -62,6 +62,11 @@ int64_t PagedBackend::seq_blocks(int64_t w, int64_t rows) const {
   return w > 0 ? std::min(full, ceil_div(w - 1 + write, bs) + 2) : full;
 }
 
+int64_t PagedBackend::tail_blocks(int64_t w) const {
+  // The full blocks of the last w - 1 rows (a query at the sequence's end sees them).
+  return std::min(ceil_div(context_, options_.block_size), ceil_div(w - 1, options_.block_size) + 1);
+}
+
 PagedPoolsParams PagedBackend::size_pools() {
   const ModelInfo& info = model_.info();
   PagedPoolsParams pp;
@@ -73,18 +78,23 @@ PagedPoolsParams PagedBackend::size_pools() {
   pp.inplace = options_.inplace;
   const std::vector<int64_t> windows = paged_group_windows(pp.layers);
   const size_t n_groups = windows.size();
-  std::vector<int64_t> bb(n_groups), per_seq(n_groups);
+  // per_seq: the blocks of one running sequence. tail: with the prefix cache on, a windowed
+  // group also has room for one ended sequence's window (its blocks are the last evicted: kTail
+  // in kv/paged_pool.cpp), so that a conversation's next turn finds it even after another
+  // request ran in between.
+  std::vector<int64_t> bb(n_groups), per_seq(n_groups), tail(n_groups, 0);
   int64_t all_bytes = 0;  // one block of every group
   for (size_t g = 0; g < n_groups; ++g) {
     bb[g] = paged_group_block_bytes(pp.layers, options_.block_size, windows[g]);
     per_seq[g] = seq_blocks(windows[g], context_);
+    if (windows[g] > 0 && options_.prefix_cache) tail[g] = tail_blocks(windows[g]);
     all_bytes += bb[g];
   }
   int64_t bytes = options_.kv_cache_bytes;
   const char* sized_by = "--kv-cache-mib";
   bool budget = bytes > 0;
   if (bytes == 0) {
-    for (size_t g = 0; g < n_groups; ++g) bytes += int64_t(options_.max_sequences) * per_seq[g] * bb[g];
+    for (size_t g = 0; g < n_groups; ++g) bytes += (int64_t(options_.max_sequences) * per_seq[g] + tail[g]) * bb[g];
     sized_by = "room for every sequence's full context";
     if (!info.device.is_cpu()) {
       const int64_t cap = int64_t(double(cuda_free_memory(info.device.index)) * options_.kv_memory_fraction);
@@ -101,7 +111,7 @@ PagedPoolsParams PagedBackend::size_pools() {
   }
   pp.n_blocks.assign(n_groups, 0);
   if (!budget) {
-    for (size_t g = 0; g < n_groups; ++g) pp.n_blocks[g] = int64_t(options_.max_sequences) * per_seq[g];
+    for (size_t g = 0; g < n_groups; ++g) pp.n_blocks[g] = int64_t(options_.max_sequences) * per_seq[g] + tail[g];
   } else {
     // A budget: as many blocks of each group as one pool of whole-model blocks would have, but
     // a windowed group beside a full-attention one takes only what its sequences hold at most

@@ -159,6 +159,8 @@ class PagedBackend final : public SequenceBackend, public CacheFiles {
   // Blocks a sequence of `rows` rows holds at most in a group of window w (0: full attention;
   // a windowed group: its window and a chunk).
   int64_t seq_blocks(int64_t w, int64_t rows) const;
+  // Blocks of an ended sequence's window in a group of window w > 0 (what its next turn needs).
+  int64_t tail_blocks(int64_t w) const;
   // After rows were committed: the tokens they hold appended, and the windowed groups' blocks
   // that no later query sees given back (cached first when the prefix cache is on).
   void advance(Seq& s, std::span<const int32_t> tokens);

@@ -126,10 +126,14 @@ TEST(PagedWindowPool, GivenBackBlocksStayFindableInThePrefixCache) {
   pool.cache_prefix(s, t);
   pool.free(s);
 
-  // A prompt with the same 40 tokens finds every block, each the one that held its rows.
+  // A prompt with the same 40 tokens finds every block, and holds those of its window: a query
+  // at 40 sees rows (34, 40), blocks 8 and 9, each the one that held its rows.
   const SeqId again = pool.create();
   EXPECT_EQ(pool.match_prefix(again, t, 40), 40);
-  EXPECT_EQ(pool.block_table(again), held);
+  std::vector<int32_t> window_only(8, -1);
+  window_only.insert(window_only.end(), held.begin() + 8, held.end());
+  EXPECT_EQ(pool.block_table(again), window_only);
+  EXPECT_EQ(pool.released_rows(again), 32);
   pool.free(again);
 
   // Other prompts take every block: the cached ones are evicted, and a match finds a prefix of
@@ -140,7 +144,64 @@ TEST(PagedWindowPool, GivenBackBlocksStayFindableInThePrefixCache) {
   const int64_t found = pool.match_prefix(third, t, 40);
   EXPECT_LT(found, 40);
   const std::vector<int32_t>& table = pool.block_table(third);
-  for (size_t b = 0; b < table.size(); ++b) EXPECT_EQ(table[b], held[b]) << "block " << b;
+  for (size_t b = 0; b < table.size(); ++b)
+    if (table[b] >= 0) EXPECT_EQ(table[b], held[b]) << "block " << b;
+}
+
+TEST(PagedWindowPool, AnEvictedHeadLeavesALinkAndTheWindowsBehindItStayUsable) {
+  // 40 rows (10 blocks) cached in a pool of 16 with a window of 6; then another sequence takes
+  // the 6 free blocks and 4 more: the least recently given back, blocks 0 to 3, lose their rows
+  // but stay in the chain as links. A prefix of k blocks is usable where the blocks of a query
+  // at 4k's window, rows (4k - 6, 4k), hold their rows: from rows 4k - 5 on, block (4k - 5) / 4.
+  PagedPool pool(windowed(6, 16));
+  const Tokens t = tokens(40);
+  const SeqId s = pool.create();
+  std::vector<int32_t> held;
+  while (pool.length(s) < 40) {
+    ASSERT_TRUE(pool.reserve(s, 1));
+    pool.commit(s, 1);
+    const std::vector<int32_t>& table = pool.block_table(s);
+    if (held.size() < table.size()) held.push_back(table.back());
+    pool.release_behind(s, t, true);
+  }
+  pool.cache_prefix(s, t);
+  pool.free(s);
+  const SeqId other = pool.create();
+  ASSERT_TRUE(pool.reserve(other, 10 * kBlock));
+  EXPECT_EQ(pool.stats().n_evicted, 4u);
+  EXPECT_EQ(pool.stats().n_cached, 6);
+
+  // k = 0 .. 10: k = 1, 2 need blocks 0 (rows 0 .. 3, from row max(0, 4k - 5)); k = 3 needs
+  // block 1; k = 4 block 2; k = 5 block 3 (row 15); k = 6 .. 10 blocks 4 .. 8, all held.
+  const std::vector<bool> want{true, false, false, false, false, false, true, true, true, true, true};
+  EXPECT_EQ(pool.usable_prefixes(t, 40), want);
+  const SeqId again = pool.create();
+  EXPECT_EQ(pool.match_prefix(again, t, 40), 40);
+  std::vector<int32_t> window_only(8, -1);
+  window_only.insert(window_only.end(), held.begin() + 8, held.end());
+  EXPECT_EQ(pool.block_table(again), window_only);
+  pool.free(again);
+
+  // A prompt leaving the chain after 26 tokens: 6 blocks, whose window (rows 19 to 23) is in
+  // block 4, held.
+  Tokens branch(t.begin(), t.begin() + 26);
+  branch.push_back(7);
+  const SeqId b = pool.create();
+  EXPECT_EQ(pool.match_prefix(b, branch, 27), 24);
+  EXPECT_EQ(pool.block_table(b), (std::vector<int32_t>{-1, -1, -1, -1, held[4], held[5]}));
+  pool.free(b);
+  // One leaving it after 18: 4 blocks would need block 2, 3 blocks block 1: nothing usable.
+  Tokens early(t.begin(), t.begin() + 18);
+  early.push_back(7);
+  const SeqId e = pool.create();
+  EXPECT_EQ(pool.match_prefix(e, early, 19), 0);
+  EXPECT_TRUE(pool.block_table(e).empty());
+  pool.free(e);
+
+  // The chain is whole, links and blocks.
+  pool.free(other);
+  EXPECT_EQ(pool.find_chain(t, 10).size(), 10u);
+  EXPECT_EQ(pool.stats().n_in_use, 0);
 }
 
 TEST(PagedWindowPool, AForkSharesTheHeldBlocksAndTheGapsBeforeThem) {
