@@ -143,6 +143,13 @@ TEST_P(QuantReference, LoadsTheQuantizationSetting) {
   EXPECT_LT(model_->info().weight_bytes, load_model(fixture(source))->info().weight_bytes);
 }
 
+TEST_P(QuantReference, CountsTheWeightsItEncodesAsItsDenseSource) {
+  // Every weight of the dense source is encoded once in the quantized checkpoint (the fixtures
+  // are its conversions), whether or not the CPU kept only the repacked tiles of a layer.
+  const std::string source = GetParam().model.substr(0, GetParam().model.find('-'));
+  EXPECT_EQ(model_->info().n_params, load_model(fixture(source))->info().n_params);
+}
+
 TEST_P(QuantReference, LogitsAtEveryPositionMatchTransformers) {
   // On CUDA prefill GEMMs round activations to 16 bits: the fp16-class tolerance of the dense
   // tests.
