@@ -11,6 +11,7 @@ namespace osprey {
 
 // A method whose payload is a QuantizedMatrix: the affine kernels, stacking and CPU tiles. A
 // format repacked into the affine layout derives from it and adds its name, detection and load.
+// Weights of two such methods stack (into an mlx-affine weight) when their settings agree.
 class AffinePayloadMethod : public QuantMethod {
  public:
   Array linear(const Array& x, const LinearWeight& w, const Array& bias) const override;
@@ -34,6 +35,12 @@ bool affine_stacks_with(const QuantizedMatrix& a, const QuantizedMatrix& b);
 // The matrices' rows stacked into one, with its CPU tiles where the level reads them.
 QuantizedMatrix stack_affine(const std::vector<const QuantizedMatrix*>& parts);
 DType affine_value_dtype(const QuantizedMatrix& q);
+
+// Loads module r.prefix's affine tensors (`.weight` u32 [out, in * bits / 32], `.scales` and
+// `.biases` [out, in / group] f16 | bf16) as a weight of method `as`: checked against the
+// config's setting for the module (InvalidInput naming the tensor), sliced on whole groups and
+// placed. MLX's method and GGUF's block types (repacked when the file is opened) load so.
+LinearWeight load_affine(const AffinePayloadMethod& as, LinearLoader& loader, const LinearRequest& r);
 
 // An AWQ or GPTQ layer repacked by repack_int_quant, sliced to r's rows or columns (on whole
 // groups, else InvalidInput naming the tensor) and placed on the device, its reading counted.

@@ -55,6 +55,14 @@ QuantConfig parse_quant_config(const ConfigReader& config) {
   q.global = parse_setting(c);
   for (const auto& [module, value] : c.json().items()) {
     if (module == "bits" || module == "group_size" || module == "mode") continue;
+    if (module == "gguf_types") {
+      if (!value.is_object()) c.fail(module, "must map modules to GGUF block types, got " + value.dump());
+      for (const auto& [m, type] : value.items()) {
+        if (!type.is_string()) c.fail(module, "the block type of " + m + " must be a string, got " + type.dump());
+        q.gguf_types[m] = type.get<std::string>();
+      }
+      continue;
+    }
     if (value.is_boolean())
       q.overrides[module] = value.get<bool>() ? q.global : std::nullopt;
     else if (value.is_object())

@@ -50,7 +50,7 @@ class DenseMethod final : public QuantMethod {
   }
 
   bool stacks_with(const LinearWeight& a, const LinearWeight& b) const override {
-    return dense_of(b).dtype() == dense_of(a).dtype() && dense_of(b).is_contiguous() &&
+    return b.payload<Array>() && dense_of(b).dtype() == dense_of(a).dtype() && dense_of(b).is_contiguous() &&
            dense_of(b).dim(1) == dense_of(a).dim(1);
   }
 

@@ -91,6 +91,7 @@ class Fp8Method final : public QuantMethod {
   }
 
   bool stacks_with(const LinearWeight& a, const LinearWeight& b) const override {
+    if (!b.payload<Fp8Matrix>()) return false;
     const Fp8Matrix &fa = fp8_of(a), &fb = fp8_of(b);
     return fb.scales.dim(1) == fa.scales.dim(1) && fb.codes.is_contiguous() &&
            fb.fp8_activations == fa.fp8_activations && fb.in_features() == fa.in_features();

@@ -61,6 +61,7 @@ class GptqMethod final : public QuantMethod {
   }
 
   bool stacks_with(const LinearWeight& a, const LinearWeight& b) const override {
+    if (!b.payload<PermutedMatrix>()) return false;
     const PermutedMatrix &pa = gptq_of(a), &pb = gptq_of(b);
     // One input order for all of them (the loader shares equal orders' array).
     return affine_stacks_with(pa.q, pb.q) && pb.in_perm.defined() == pa.in_perm.defined() &&

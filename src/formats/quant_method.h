@@ -4,8 +4,8 @@
 // its tensor-parallel slicing, the stacking of layers that read one input, and (as the
 // backend's LinearKernel) the kernels it calls. A LinearWeight is the handle of one method.
 //
-// The methods (one file each: quant_dense.cpp, quant_affine.cpp, quant_awq.cpp, quant_gptq.cpp,
-// quant_fp8.cpp) are listed in one table, quant_registry.cpp; detection walks it. A new format
+// The methods (one file each: quant_dense.cpp, quant_affine.cpp, quant_gguf.cpp, quant_awq.cpp,
+// quant_gptq.cpp, quant_fp8.cpp) are listed in one table, quant_registry.cpp; detection walks it. A new format
 // is its method's file, its kernels (or those of a payload it shares) and a registry line.
 #include <map>
 #include <optional>
@@ -37,6 +37,9 @@ struct QuantConfig {
   std::string where;  // "config.json: quantization", for errors
   // A hub format converted at load (formats/hub_quant.h): AWQ, GPTQ or FP8; `global` is then unset.
   HubQuant hub;
+  // A GGUF checkpoint (formats/gguf_model.h): each repacked module's block type ("Q4_K"), from
+  // the "quantization" object's "gguf_types"; its method is that type's (formats/quant_gguf.h).
+  std::map<std::string, std::string> gguf_types;
 
   bool present() const { return global.has_value(); }
   // The setting that applies to `module`: its override, else the global one.

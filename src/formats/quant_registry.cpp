@@ -9,14 +9,25 @@ namespace osprey {
 // Each method's file defines its one object.
 const QuantMethod& awq_method();
 const QuantMethod& gptq_method();
+const QuantMethod& gguf_q8_0_method();
+const QuantMethod& gguf_q4_0_method();
+const QuantMethod& gguf_q4_1_method();
+const QuantMethod& gguf_q5_0_method();
+const QuantMethod& gguf_q5_1_method();
+const QuantMethod& gguf_q4_k_method();
+const QuantMethod& gguf_q5_k_method();
+const QuantMethod& gguf_q6_k_method();
 
 const std::vector<const QuantMethod*>& quant_methods() {
   // Formats that name their own tensors (AWQ's and GPTQ's .qweight, FP8's float8 .weight)
-  // first; MLX affine's .scales and .biases next; a plain float .weight last.
+  // first; GGUF's block types (by the type config.json records for a repacked module) before
+  // MLX affine's .scales and .biases, which their repacked tensors also are; a float .weight last.
   static const std::vector<const QuantMethod*> methods = {
       &awq_method(),     // quant_awq.cpp
       &gptq_method(),    // quant_gptq.cpp
       &fp8_method(),     // quant_fp8.cpp
+      &gguf_q8_0_method(), &gguf_q4_0_method(), &gguf_q4_1_method(), &gguf_q5_0_method(),  // quant_gguf.cpp
+      &gguf_q5_1_method(), &gguf_q4_k_method(), &gguf_q5_k_method(), &gguf_q6_k_method(),  // quant_gguf.cpp
       &affine_method(),  // quant_affine.cpp
       &dense_method(),   // quant_dense.cpp
   };

@@ -8,14 +8,14 @@
 namespace osprey {
 namespace {
 
-// Whether the parts may be stacked: one method, one input width, and what the method asks of
-// its payloads (the same dtype, bits, group size, scale groups or input order).
+// Whether the parts may be stacked: one input width, and what the first part's method asks of
+// the others' payloads (the same storage kind, dtype, bits, group size, scale groups or input
+// order; GGUF's block types of one affine setting stack, their payload being one).
 bool same_storage(const std::vector<LinearWeight>& parts) {
   const LinearWeight& p0 = parts[0];
   const QuantMethod& method = method_of(p0);
   for (const LinearWeight& p : parts)
-    if (&p.method() != &p0.method() || p.in_features() != p0.in_features() || !method.stacks_with(p0, p))
-      return false;
+    if (p.in_features() != p0.in_features() || !method.stacks_with(p0, p)) return false;
   return true;
 }
 

@@ -61,6 +61,13 @@ TEST(QuantMethods, RegistryPicksTheMethodOfEachLayout) {
   EXPECT_EQ(picked(st, mlx, "dense"), "dense");
   EXPECT_EQ(picked(st, mlx, "mlx"), "mlx-affine");
   EXPECT_EQ(picked(st, QuantConfig{}, "mlx"), "mlx-affine") << "detected by its tensors; its load refuses the config";
+  // A GGUF checkpoint's repacked module is its block type's.
+  QuantConfig gguf = mlx;
+  gguf.gguf_types["mlx"] = "Q4_K";
+  EXPECT_EQ(picked(st, gguf, "mlx"), "Q4_K");
+  gguf.gguf_types["mlx"] = "Q6_K";
+  EXPECT_EQ(picked(st, gguf, "mlx"), "Q6_K");
+  EXPECT_EQ(picked(st, gguf, "dense"), "dense");
 
   const QuantConfig awq = hub_config(HubQuantMethod::awq, "awq");
   const QuantConfig gptq = hub_config(HubQuantMethod::gptq, "gptq");
@@ -146,7 +153,7 @@ TEST(QuantMethods, GroupStacksOneMethodsPartsInOrder) {
   const float want[] = {2, 5, 7, 2, 5, 7};
   for (int i = 0; i < 6; ++i) EXPECT_EQ(y.data<float>()[i], want[i]) << i;
 
-  // Parts of two methods stay apart.
+  // Parts of two storage kinds stay apart.
   LinearGroup mixed;
   QuantizedMatrix q;
   q.bits = 4;
