@@ -135,6 +135,16 @@ void repack_blocks(const GgufFile& g, const GgufTensorInfo& t, const GgufBlockMe
   add_info(infos, module + ".biases", DType::f16, {rows, groups}, file_index, b_at, scale_bytes);
 }
 
+// "F32, F16, BF16, Q8_0, ... and Q6_K": the dense types and those of the registry's block methods.
+std::string types_read() {
+  std::vector<std::string> names = {"F32", "F16", "BF16"};
+  for (const QuantMethod* m : quant_methods())
+    if (dynamic_cast<const GgufBlockMethod*>(m)) names.push_back(m->name());
+  std::string list;
+  for (size_t i = 0; i < names.size(); ++i) list += (i == 0 ? "" : i + 1 == names.size() ? " and " : ", ") + names[i];
+  return list;
+}
+
 // Copies an integer key into the config when present.
 void copy_int(const GgufFile& g, const std::string& key, json& config, const char* field) {
   if (g.has(key)) config[field] = g.get_uint(key);
@@ -172,9 +182,8 @@ GgufReadTensors gguf_read_tensors(const GgufFile& g, bool sandwich) {
     const auto dtype = gguf_dense_dtype(t.type);
     if (!dtype || !is_float(*dtype))
       throw Unsupported(where + ": tensor " + t.name + " is " + type_name +
-                        ", which Osprey does not read (GGUF tensors of type F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, "
-                        "Q5_1, Q4_K, Q5_K and Q6_K load; requantize the file to one of them, or load the "
-                        "safetensors checkpoint)");
+                        ", which Osprey does not read (GGUF tensors of type " + types_read() +
+                        " load; requantize the file to one of them, or load the safetensors checkpoint)");
     if (t.name == "rope_freqs.weight") {
       const Array f = ops::cast(g.tensor_array(t), DType::f32);
       for (int64_t i = 0; i < f.numel(); ++i) out.rope_factors.push_back(f.data<float>()[i]);
