@@ -4,7 +4,6 @@
 // FP8 (an Fp8Matrix, run by backend/cuda/fp8_linear.h; W8A8 where the checkpoint declares FP8
 // activations) or is dequantized at load into a dense weight.
 #include "backend/ops.h"
-#include "backend/op_checks.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "formats/quant_method.h"
@@ -23,8 +22,7 @@ class Fp8Method final : public QuantMethod {
     return ops::linear(x, fp8_of(w), bias);
   }
   Array embedding(const LinearWeight&, const Array&, float) const override {
-    ops::detail::require(false, "embedding", "an FP8 table is not supported (FP8 embeddings are dequantized at load)");
-    return {};
+    throw InvalidInput("embedding: an FP8 table is not supported (FP8 embeddings are dequantized at load)");
   }
   int64_t out_features(const LinearWeight& w) const override { return fp8_of(w).out_features(); }
   int64_t in_features(const LinearWeight& w) const override { return fp8_of(w).in_features(); }

@@ -3,7 +3,6 @@
 // are sorted by g_idx so that each group is contiguous, and the payload's in_perm holds that
 // order: linear gathers x by it before the affine kernels (ops::gather_inputs).
 #include "backend/ops.h"
-#include "backend/op_checks.h"
 #include "core/error.h"
 #include "formats/quant_affine.h"
 #include "formats/safetensors.h"
@@ -24,8 +23,8 @@ class GptqMethod final : public QuantMethod {
   }
   Array embedding(const LinearWeight& table, const Array& ids, float scale) const override {
     const PermutedMatrix& p = gptq_of(table);
-    ops::detail::require(!p.in_perm.defined(), "embedding",
-                         "a table whose columns are permuted (GPTQ desc_act) is not supported");
+    if (p.in_perm.defined())
+      throw InvalidInput("embedding: a table whose columns are permuted (GPTQ desc_act) is not supported");
     return ops::embedding(p.q, ids, scale);
   }
   int64_t out_features(const LinearWeight& w) const override { return gptq_of(w).q.out_features(); }
