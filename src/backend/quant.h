@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <variant>
 
 #include "core/array.h"
 
@@ -62,24 +63,78 @@ struct Fp8Matrix {
   size_t nbytes() const { return codes.nbytes() + scales.nbytes(); }
 };
 
-// A linear layer's weight: dense [out, in] (f32 | f16 | bf16), MLX-quantized or FP8. `in_perm`, when
-// defined (i32 [in], on the weight's device): the weight's input j is the layer's input
-// in_perm[j], and linear() gathers x by it first (GPTQ's desc_act, formats/hub_quant.h).
-struct LinearWeight {
-  Array dense;
-  QuantizedMatrix quant;
-  Fp8Matrix fp8;
+// GPTQ's payload (formats/quant_gptq.cpp): its codes repacked into the affine layout and, for
+// desc_act, `in_perm` (i32 [in], on the weight's device; undefined otherwise): the matrix's input
+// j is the layer's input in_perm[j], and its linear gathers x by it first.
+struct PermutedMatrix {
+  QuantizedMatrix q;
   Array in_perm;
+};
 
-  bool quantized() const { return quant.defined(); }
-  bool defined() const { return dense.defined() || quant.defined() || fp8.defined(); }
-  int64_t out_features() const {
-    return quantized() ? quant.out_features() : fp8.defined() ? fp8.out_features() : dense.dim(0);
+class LinearWeight;
+
+// How the weights of one quantization method run (docs/design.md, "Quantized weights"): the
+// kernel half of a method, which formats/quant_method.h's QuantMethod completes with detection,
+// loading, slicing and stacking. One immutable object per method, shared by all of its weights
+// and by every thread; a LinearWeight points to it. Each function takes a weight of this method.
+class LinearKernel {
+ public:
+  virtual ~LinearKernel() = default;
+  // The method's name, as errors and logs give it ("dense", "mlx-affine", "awq", ...).
+  virtual const char* name() const = 0;
+  // x [n, in] f32, bias [out] f32 or undefined -> [n, out] f32.
+  // NOTE: called once per layer and step: no allocation or string work before the kernel.
+  virtual Array linear(const Array& x, const LinearWeight& w, const Array& bias) const = 0;
+  // table [vocab, d], ids [n] i32 -> [n, d] f32 rows times `scale`. The default refuses the
+  // method by name (InvalidInput).
+  virtual Array embedding(const LinearWeight& table, const Array& ids, float scale) const;
+  virtual int64_t out_features(const LinearWeight& w) const = 0;
+  virtual int64_t in_features(const LinearWeight& w) const = 0;
+  virtual size_t nbytes(const LinearWeight& w) const = 0;
+  // The float dtype of its values (dense) or of its scales (quantized): the width the model's
+  // other tensors follow.
+  virtual DType value_dtype(const LinearWeight& w) const = 0;
+  // The address of its main storage: equal for two handles of one weight (a tied head is the
+  // embedding table itself).
+  virtual const void* storage(const LinearWeight& w) const = 0;
+  // Gives back the resident pages of a table that lookups read a few rows a step from a mapped
+  // file (core/mapped_file.h); the default does nothing.
+  virtual void release_table_pages(const LinearWeight& w) const;
+};
+
+// A linear layer's weight [out, in] (an embedding table loads the same way): the handle of one
+// quantization method, which is the method and its payload. The payload is one of the storage
+// kinds below, the one its method reads; callers ask the handle, never the payload (the
+// method's own code, and tests, read it with payload<P>()). Copies share the arrays.
+class LinearWeight {
+ public:
+  using Payload = std::variant<std::monostate, Array, QuantizedMatrix, Fp8Matrix, PermutedMatrix>;
+
+  LinearWeight() = default;
+  template <class P>
+  LinearWeight(const LinearKernel& method, P payload) : method_(&method), payload_(std::move(payload)) {}
+
+  bool defined() const { return method_ != nullptr; }
+  // The method (requires defined()).
+  const LinearKernel& method() const { return *method_; }
+  int64_t out_features() const { return method_->out_features(*this); }
+  int64_t in_features() const { return method_->in_features(*this); }
+  size_t nbytes() const { return method_->nbytes(*this); }
+  DType value_dtype() const { return method_->value_dtype(*this); }
+  const void* storage() const { return method_ ? method_->storage(*this) : nullptr; }
+  void release_table_pages() const {
+    if (method_) method_->release_table_pages(*this);
   }
-  int64_t in_features() const {
-    return quantized() ? quant.in_features() : fp8.defined() ? fp8.in_features() : dense.dim(1);
-  }
-  size_t nbytes() const { return quantized() ? quant.nbytes() : fp8.defined() ? fp8.nbytes() : dense.nbytes(); }
+
+  // The payload when it is a P, else nullptr.
+  template <class P>
+  const P* payload() const { return std::get_if<P>(&payload_); }
+  template <class P>
+  P* payload() { return std::get_if<P>(&payload_); }
+
+ private:
+  const LinearKernel* method_ = nullptr;
+  Payload payload_;
 };
 
 // Bits supported by the quantizer, the loader and the kernels.
@@ -108,13 +163,16 @@ bool keep_fp8_weights(Device device, std::optional<bool> want, int64_t n_groups)
 // declares FP8 activations), and what dequantized ones cost.
 std::string fp8_kept_note(Device device, int64_t n_groups, bool activations_declared);
 std::string fp8_dequantized_note(Device device);
-// Dispatches to the dense, the quantized or the FP8 linear.
+// w's method's linear (LinearKernel::linear): one indirect call.
 Array linear(const Array& x, const LinearWeight& w, const Array& bias = {});
 
 // table quantized [vocab, d], ids [n] i32 -> [n, d] f32 (dequantized rows, times `scale`).
 Array embedding(const QuantizedMatrix& table, const Array& ids, float scale = 1.0f);
-// Dispatches to the dense or the quantized embedding.
+// table's method's embedding (LinearKernel::embedding).
 Array embedding(const LinearWeight& table, const Array& ids, float scale = 1.0f);
+// x [..., in] with its last axis gathered by `perm` (i32 [in]): x'[r, j] = x[r, perm[j]]
+// (GPTQ's desc_act order), on x's device.
+Array gather_inputs(const Array& x, const Array& perm);
 
 // The whole matrix dequantized to `dtype` (f32 | f16 | bf16), on w's device.
 Array dequantize(const QuantizedMatrix& w, DType dtype = DType::f32);

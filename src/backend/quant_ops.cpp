@@ -204,11 +204,8 @@ Array linear(const Array& x, const Fp8Matrix& w, const Array& bias) {
   return y;
 }
 
-namespace {
-
-// x [..., in] with its last axis gathered by `perm` (i32 [in]): x'[r, j] = x[r, perm[j]]. A row
-// gather (the embedding op) between two transposing copies, on x's device.
 Array gather_inputs(const Array& x, const Array& perm) {
+  // A row gather (the embedding op) between two transposing copies.
   require(perm.dtype() == DType::i32 && perm.ndim() == 1 && x.defined() && x.dtype() == DType::f32 &&
               x.is_contiguous() && x.ndim() >= 1 && x.dim(-1) == perm.numel(),
           "linear", "input order " + osprey::describe(perm) + " does not fit x " + osprey::describe(x));
@@ -219,18 +216,9 @@ Array gather_inputs(const Array& x, const Array& perm) {
   return cast(Array::strided(g.buffer(), g.byte_offset(), {n, in}, {1, n}, DType::f32), DType::f32).reshape(x.shape());
 }
 
-}  // namespace
-
 Array linear(const Array& x, const LinearWeight& w, const Array& bias) {
-  if (w.in_perm.defined()) {
-    LinearWeight plain = w;
-    plain.in_perm = Array();
-    return linear(gather_inputs(x, w.in_perm), plain, bias);
-  }
-  if (w.quantized()) return linear(x, w.quant, bias);
-  if (w.fp8.defined()) return linear(x, w.fp8, bias);
-  require(w.dense.defined(), "linear", "the weight is undefined (neither dense nor quantized)");
-  return linear(x, w.dense, bias);
+  require(w.defined(), "linear", "the weight is undefined (neither dense nor quantized)");
+  return w.method().linear(x, w, bias);
 }
 
 Array embedding(const QuantizedMatrix& table, const Array& ids, float scale) {
@@ -252,11 +240,8 @@ Array embedding(const QuantizedMatrix& table, const Array& ids, float scale) {
 }
 
 Array embedding(const LinearWeight& table, const Array& ids, float scale) {
-  require(!table.in_perm.defined(), "embedding", "a table whose columns are permuted (GPTQ desc_act) is not supported");
-  require(!table.fp8.defined(), "embedding", "an FP8 table is not supported (FP8 embeddings are dequantized at load)");
-  if (table.quantized()) return embedding(table.quant, ids, scale);
-  require(table.dense.defined(), "embedding", "the table is undefined (neither dense nor quantized)");
-  return embedding(table.dense, ids, scale);
+  require(table.defined(), "embedding", "the table is undefined (neither dense nor quantized)");
+  return table.method().embedding(table, ids, scale);
 }
 
 Array dequantize(const QuantizedMatrix& w, DType dtype) {
@@ -330,3 +315,13 @@ bool keep_tiles_only(QuantizedMatrix& w) {
 }
 
 }  // namespace osprey::ops
+
+namespace osprey {
+
+Array LinearKernel::embedding(const LinearWeight&, const Array&, float) const {
+  throw InvalidInput(std::string("embedding: a table of quantization method ") + name() + " is not supported");
+}
+
+void LinearKernel::release_table_pages(const LinearWeight&) const {}
+
+}  // namespace osprey

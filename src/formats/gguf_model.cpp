@@ -17,97 +17,12 @@
 #include "formats/family_formats.h"
 #include "formats/gguf_blocks.h"
 #include "formats/gguf_names.h"
+#include "formats/quant_gguf.h"
 
 namespace osprey {
 namespace {
 
 using nlohmann::json;
-
-// How each block-quantized type is held after load (docs/gguf.md, "Quantized types"):
-// repacked into Osprey's affine layout (backend/quant.h: codes as a little-endian bit stream
-// per row, f16 scale and bias per group, w = scale * q + bias in f32) with `bits` per code in
-// groups of `repacked_group` values:
-//   exact: Q8_0 (q + 128, d, -128 d), Q4_0 (q, d, -8 d), Q4_1 (q, d, m), Q5_0 (q, d, -16 d),
-//          Q5_1 (q, d, m): the same f16 d and m, and every product and sum exact in f32, so each
-//          weight dequantizes to ggml's value bit for bit;
-//   not exact: Q4_K, Q5_K (per 32: q, f16(d * sc), f16(-(dmin * m))) and Q6_K (8-bit codes
-//          per 16: q, f16(d * sc), -32 f16(d * sc)): the scale products are rounded to f16.
-int repacked_bits(GgufType t) {
-  switch (t) {
-    case GgufType::Q8_0: case GgufType::Q5_0: case GgufType::Q5_1: case GgufType::Q5_K: case GgufType::Q6_K: return 8;
-    case GgufType::Q4_0: case GgufType::Q4_1: case GgufType::Q4_K: return 4;
-    default: return 0;
-  }
-}
-
-// Values per scale and bias: Q6_K's scales are per 16 values, every other type's per 32.
-int repacked_group(GgufType t) { return t == GgufType::Q6_K ? 16 : 32; }
-
-// One block of a repacked type as affine groups of repacked_group(type): codes[elements],
-// scale and bias f16 per group.
-void affine_groups(GgufType type, const uint8_t* blk, uint8_t* codes, uint16_t* scale, uint16_t* bias) {
-  uint16_t d, m = 0;
-  std::memcpy(&d, blk, 2);
-  switch (type) {
-    case GgufType::Q8_0:
-      for (int i = 0; i < 32; ++i) codes[i] = uint8_t(int(int8_t(blk[2 + i])) + 128);
-      scale[0] = d, bias[0] = f32_to_f16(-128.0f * f16_to_f32(d));
-      return;
-    case GgufType::Q4_0: case GgufType::Q4_1: case GgufType::Q5_0: case GgufType::Q5_1: {
-      const bool has_min = type == GgufType::Q4_1 || type == GgufType::Q5_1;
-      const bool five = type == GgufType::Q5_0 || type == GgufType::Q5_1;
-      uint32_t qh = 0;
-      if (has_min) std::memcpy(&m, blk + 2, 2);
-      if (five) std::memcpy(&qh, blk + (has_min ? 4 : 2), 4);
-      const uint8_t* qs = blk + (has_min ? 4 : 2) + (five ? 4 : 0);
-      for (int i = 0; i < 16; ++i) codes[i] = qs[i] & 0x0F, codes[i + 16] = qs[i] >> 4;
-      if (five)
-        for (int i = 0; i < 32; ++i) codes[i] = uint8_t(codes[i] | (((qh >> i) & 1u) << 4));
-      scale[0] = d;
-      bias[0] = has_min ? m : f32_to_f16((five ? -16.0f : -8.0f) * f16_to_f32(d));
-      return;
-    }
-    case GgufType::Q4_K: case GgufType::Q5_K: {
-      const bool five = type == GgufType::Q5_K;
-      std::memcpy(&m, blk + 2, 2);
-      const float df = f16_to_f32(d), dmin = f16_to_f32(m);
-      const uint8_t* qh = blk + 16;
-      const uint8_t* qs = blk + 16 + (five ? 32 : 0);
-      for (int j = 0; j < 8; ++j) {
-        uint8_t sc, mn;
-        gguf_k_scale_min(blk + 4, j, sc, mn);
-        scale[j] = f32_to_f16(df * float(sc));
-        bias[j] = f32_to_f16(-(dmin * float(mn)));
-        for (int l = 0; l < 32; ++l) {
-          const uint8_t q = qs[32 * (j / 2) + l];
-          codes[32 * j + l] = uint8_t(((j % 2 == 0) ? (q & 0x0F) : (q >> 4)) | (five ? ((qh[l] >> j) & 1) << 4 : 0));
-        }
-      }
-      return;
-    }
-    case GgufType::Q6_K: {
-      // Two halves of 128 values; value 32 k + l of half h (k < 4, l < 32) has its low four
-      // bits in ql[64 h + 32 (k % 2) + l] (the low nibble for k < 2) and its top two in bits
-      // 2 k of qh[32 h + l]; sc[i / 16] scales value i, and d the block, after d at byte 208.
-      const uint8_t* ql = blk;
-      const uint8_t* qh = blk + 128;
-      std::memcpy(&d, blk + 208, 2);
-      const float df = f16_to_f32(d);
-      for (int j = 0; j < 16; ++j) {
-        scale[j] = f32_to_f16(df * float(int8_t(blk[192 + j])));
-        bias[j] = f32_to_f16(-32.0f * f16_to_f32(scale[j]));
-      }
-      for (int i = 0; i < 256; ++i) {
-        const int h = i / 128, k = i % 128 / 32, l = i % 32;
-        const uint8_t lo = ql[64 * h + 32 * (k % 2) + l];
-        codes[i] = uint8_t((k < 2 ? lo & 0x0F : lo >> 4) | ((qh[32 * h + l] >> (2 * k)) & 3) << 4);
-      }
-      return;
-    }
-    default:
-      throw Unsupported("affine_groups: " + gguf_type_name(uint32_t(type)));
-  }
-}
 
 // One quantized matrix [rows, cols] repacked: its three arrays' bytes in a store of its own, at
 // 64-byte aligned offsets, and their TensorInfos under `name`'s module. A store per matrix: a
@@ -168,11 +83,13 @@ void check_matrix(const GgufFile& g, const GgufTensorInfo& t) {
 }
 
 // Appends the matrix's store to `buffers` (its file_index) and its arrays to `infos`.
-void repack_blocks(const GgufFile& g, const GgufTensorInfo& t, const std::string& hf_name,
-                   std::vector<std::shared_ptr<Buffer>>& buffers, std::vector<TensorInfo>& infos) {
+// `method`: the block type's (formats/quant_gguf.h), which turns each block into affine groups.
+void repack_blocks(const GgufFile& g, const GgufTensorInfo& t, const GgufBlockMethod& method,
+                   const std::string& hf_name, std::vector<std::shared_ptr<Buffer>>& buffers,
+                   std::vector<TensorInfo>& infos) {
   const std::string where = g.path().string() + ": tensor " + t.name;
   check_matrix(g, t);
-  const int bits = repacked_bits(t.type), group = repacked_group(t.type);
+  const int bits = method.repacked_bits(), group = method.repacked_group();
   const int64_t rows = t.shape[0], cols = t.shape[1], groups = cols / group;
   const GgufBlock block = *gguf_block(uint32_t(t.type));
   const int64_t blocks_per_row = cols / block.elements, groups_per_block = block.elements / group;
@@ -190,8 +107,8 @@ void repack_blocks(const GgufFile& g, const GgufTensorInfo& t, const std::string
   std::vector<uint16_t> sc(static_cast<size_t>(groups_per_block)), bs(static_cast<size_t>(groups_per_block));
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t k = 0; k < blocks_per_row; ++k) {
-      affine_groups(t.type, src + (size_t(r) * size_t(blocks_per_row) + size_t(k)) * size_t(block.bytes), codes.data(),
-                    sc.data(), bs.data());
+      method.affine_groups(src + (size_t(r) * size_t(blocks_per_row) + size_t(k)) * size_t(block.bytes), codes.data(),
+                           sc.data(), bs.data());
       for (int64_t j = 0; j < groups_per_block; ++j)
         if ((sc[j] & 0x7C00) == 0x7C00 || (bs[j] & 0x7C00) == 0x7C00)
           throw InvalidInput(where + ": a block's scale or minimum (row " + std::to_string(r) +
@@ -218,20 +135,31 @@ void repack_blocks(const GgufFile& g, const GgufTensorInfo& t, const std::string
   add_info(infos, module + ".biases", DType::f16, {rows, groups}, file_index, b_at, scale_bytes);
 }
 
+// "F32, F16, BF16, Q8_0, ... and Q6_K": the dense types and those of the registry's block methods.
+std::string types_read() {
+  std::vector<std::string> names = {"F32", "F16", "BF16"};
+  for (const QuantMethod* m : quant_methods())
+    if (dynamic_cast<const GgufBlockMethod*>(m)) names.push_back(m->name());
+  std::string list;
+  for (size_t i = 0; i < names.size(); ++i) list += (i == 0 ? "" : i + 1 == names.size() ? " and " : ", ") + names[i];
+  return list;
+}
+
 // Copies an integer key into the config when present.
 void copy_int(const GgufFile& g, const std::string& key, json& config, const char* field) {
   if (g.has(key)) config[field] = g.get_uint(key);
 }
 
 // A GGUF file's tensors as a SafeTensors source's: dense ones under their Hugging Face names
-// (views of the mapping), the quantized ones repacked (repacked_bits); rope_freqs becomes rope
-// factors.
+// (views of the mapping), the quantized ones repacked by their block type's method
+// (formats/quant_gguf.h); rope_freqs becomes rope factors.
 struct GgufReadTensors {
   std::vector<TensorInfo> infos;
   // Buffer 0: the file's mapping (dense tensors are views of it); then one per repacked matrix.
   std::vector<std::shared_ptr<Buffer>> buffers;
   std::vector<double> rope_factors;
   std::map<std::string, std::pair<int, int>> module_quant;  // repacked modules -> bits, group size
+  std::map<std::string, std::string> module_types;           // repacked modules -> block type ("Q4_K")
   std::map<std::string, int> converted;                     // "Q4_K repacked to 4-bit affine" -> tensors
 };
 
@@ -241,21 +169,21 @@ GgufReadTensors gguf_read_tensors(const GgufFile& g, bool sandwich) {
   out.buffers = {g.buffer()};
   for (const GgufTensorInfo& t : g.tensors()) {
     const std::string type_name = gguf_type_name(uint32_t(t.type));
-    if (repacked_bits(t.type)) {
+    if (const GgufBlockMethod* method = gguf_block_method(t.type)) {
       const std::string hf = hf_tensor_name(t.name, sandwich);
-      repack_blocks(g, t, hf, out.buffers, out.infos);
-      out.module_quant[hf.substr(0, hf.size() - std::min<size_t>(hf.size(), 7))] = {repacked_bits(t.type),
-                                                                                     repacked_group(t.type)};
-      ++out.converted[type_name + " repacked to " + std::to_string(repacked_bits(t.type)) + "-bit affine (group " +
-                      std::to_string(repacked_group(t.type)) + ")"];
+      repack_blocks(g, t, *method, hf, out.buffers, out.infos);
+      const std::string module = hf.substr(0, hf.size() - std::min<size_t>(hf.size(), 7));
+      out.module_quant[module] = {method->repacked_bits(), method->repacked_group()};
+      out.module_types[module] = method->name();
+      ++out.converted[type_name + " repacked to " + std::to_string(method->repacked_bits()) + "-bit affine (group " +
+                      std::to_string(method->repacked_group()) + ")"];
       continue;
     }
     const auto dtype = gguf_dense_dtype(t.type);
     if (!dtype || !is_float(*dtype))
       throw Unsupported(where + ": tensor " + t.name + " is " + type_name +
-                        ", which Osprey does not read (GGUF tensors of type F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, "
-                        "Q5_1, Q4_K, Q5_K and Q6_K load; requantize the file to one of them, or load the "
-                        "safetensors checkpoint)");
+                        ", which Osprey does not read (GGUF tensors of type " + types_read() +
+                        " load; requantize the file to one of them, or load the safetensors checkpoint)");
     if (t.name == "rope_freqs.weight") {
       const Array f = ops::cast(g.tensor_array(t), DType::f32);
       for (int64_t i = 0; i < f.numel(); ++i) out.rope_factors.push_back(f.data<float>()[i]);
@@ -429,7 +357,11 @@ GgufCheckpoint read_gguf_checkpoint(const GgufFile& g) {
   if (!eos.empty()) c["eos_token_id"] = eos;
   if (g.has("tokenizer.ggml.bos_token_id")) c["bos_token_id"] = g.get_uint("tokenizer.ggml.bos_token_id");
 
-  if (!tensors.module_quant.empty()) c["quantization"] = gguf_quantization(tensors.module_quant);
+  if (!tensors.module_quant.empty()) {
+    c["quantization"] = gguf_quantization(tensors.module_quant);
+    // Each module's method is its block type's (formats/quant_gguf.h).
+    c["quantization"]["gguf_types"] = tensors.module_types;
+  }
 
   if (!tensors.converted.empty()) {
     std::string what;

@@ -10,12 +10,11 @@
 #include "core/half.h"
 #include "core/thread_pool.h"
 #include "formats/config_reader.h"
+#include "formats/quant_method.h"  // tensor_str
 #include "formats/safetensors.h"
 
 namespace osprey {
 namespace {
-
-std::string tensor_str(const TensorInfo& ti) { return std::string(dtype_name(ti.dtype)) + ti.shape.str(); }
 
 std::string dims(int64_t a, int64_t b) { return "[" + std::to_string(a) + ", " + std::to_string(b) + "]"; }
 

@@ -68,7 +68,7 @@ class Decoder final : public Model {
 
     const std::string& P = spec.prefix;
     embed_ = w.table(P + "embed_tokens", spec.vocab_size, h);
-    const DType dt = embed_.quantized() ? embed_.quant.scales.dtype() : embed_.dense.dtype();
+    const DType dt = embed_.value_dtype();
     if (spec.embed_scale_sqrt_hidden) embed_scale_ = in_dtype(float(std::sqrt(double(h))), dt);
     kv_dtype_ = spec.kv_rows_follow_weights ? kv_rows_dtype(dt) : DType::f16;
     for (int64_t i = 0; i < spec.n_layers; ++i) {
@@ -106,8 +106,7 @@ class Decoder final : public Model {
       lm_head_ = w.linear(spec.lm_head, spec.vocab_size, h, dt, rows(vocab));
     // An untied dense table is read a few rows a step: where it is a view of the mapped file, the
     // pages that loading brought in go back (a lookup reads its rows from the file again).
-    if (!(lm_head_.dense.defined() && lm_head_.dense.raw() == embed_.dense.raw()) && embed_.dense.defined())
-      ops::release_mapped_source(embed_.dense);
+    if (lm_head_.storage() != embed_.storage()) embed_.release_table_pages();
     inv_freq_full_ = inv_freq(w, spec.rope);
     inv_freq_sliding_ = spec.has_rope_sliding ? inv_freq(w, spec.rope_sliding) : inv_freq_full_;
     if (spec.require_all_read) w.require_all_read(spec.model_type);

@@ -22,9 +22,9 @@ struct LinearGroup {
   bool is_stacked() const { return stacked.defined(); }
 };
 
-// Stacks `group`'s parts into one weight on their device when they share their storage (the
-// same input width and dense dtype, or quantized bits, group size and scale dtype), dropping
-// the parts; otherwise leaves the group as it is. Throws InvalidInput when only some parts
+// Stacks `group`'s parts into one weight on their device when their quantization method stacks
+// them (formats/quant_method.h, QuantMethod::stacks_with: one method, the same input width and
+// storage settings), dropping the parts; otherwise leaves the group as it is. Throws InvalidInput when only some parts
 // have a bias.
 void stack_linear_group(LinearGroup& group);
 

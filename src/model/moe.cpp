@@ -84,9 +84,9 @@ MoeBlock::MoeBlock(const FeedForwardContext& c, const MoeConfig& config, const M
     std::vector<Array> gu = w.matrices(names.fused_gate_up, e_n, 2 * width, h, c.dtype);
     std::vector<Array> dn = w.matrices(names.fused_down, e_n, h, width, c.dtype);
     for (size_t e = 0; e < size_t(e_n); ++e) {
-      gate_up_[e].stacked.dense = gu[e];  // gate rows, then up rows: silu_gate's stacked form
+      gate_up_[e].stacked = dense_weight(gu[e]);  // gate rows, then up rows: silu_gate's stacked form
       gate_up_[e].outs = {width, width};
-      down_[e].dense = dn[e];
+      down_[e] = dense_weight(dn[e]);
     }
     return;
   }

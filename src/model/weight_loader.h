@@ -1,7 +1,9 @@
 #pragma once
 // Makes a family's weight arrays from a checkpoint, once, at load: checks each tensor's
 // dtype and shape against what the config implies (errors name the tensor), places it on
-// the target device, and reports progress.
+// the target device, and reports progress. A linear layer is loaded by its quantization
+// method (formats/quant_method.h), which the registry detects from the module's tensors;
+// QuantConfig, parse_quant_config and WeightSlice are declared there.
 #include <map>
 #include <optional>
 #include <set>
@@ -10,56 +12,15 @@
 
 #include "backend/quant.h"
 #include "core/array.h"
-#include "formats/hub_quant.h"
+#include "formats/quant_method.h"
 #include "model/linear_group.h"
 #include "model/model.h"
 
 namespace osprey {
 
 class SafeTensors;
-class ConfigReader;
 
-struct QuantSetting {
-  int bits = 0;
-  int group_size = 0;
-  bool operator==(const QuantSetting&) const = default;
-};
-
-// config.json's "quantization" object (or "quantization_config") of an MLX affine checkpoint:
-// the global setting plus per-module overrides keyed by module path
-// ("model.layers.0.mlp.down_proj": {"group_size": 32, "bits": 8}, or false = not quantized).
-struct QuantConfig {
-  std::optional<QuantSetting> global;  // nullopt: the checkpoint is not quantized
-  std::map<std::string, std::optional<QuantSetting>> overrides;
-  std::string where;  // "config.json: quantization", for errors
-  // A hub format converted at load (formats/hub_quant.h): AWQ, GPTQ or FP8; `global` is then unset.
-  HubQuant hub;
-
-  bool present() const { return global.has_value(); }
-  // The setting that applies to `module`: its override, else the global one.
-  std::optional<QuantSetting> for_module(const std::string& module) const;
-};
-
-// Throws InvalidInput naming the field for unsupported bits or group sizes or a malformed
-// override, and Unsupported for a quantization method, version or scheme Osprey does not read.
-// A "quantization_config" with "quant_method" is a hub format (formats/hub_quant.h); without
-// one, ModelOpt's hf_quant_config.json next to config.json (when `config` was loaded from a
-// file) is read.
-QuantConfig parse_quant_config(const ConfigReader& config);
-
-// The part of a [out, in] weight that one tensor-parallel rank loads: rows [row0, row0 + rows)
-// (a layer split by its outputs) or columns [col0, col0 + cols) (split by its inputs), not
-// both; a count < 0 takes the whole dimension.
-struct WeightSlice {
-  int64_t row0 = 0, rows = -1;
-  int64_t col0 = 0, cols = -1;
-
-  static WeightSlice by_rows(int64_t row0, int64_t rows) { return {row0, rows, 0, -1}; }
-  static WeightSlice by_cols(int64_t col0, int64_t cols) { return {0, -1, col0, cols}; }
-  bool whole() const { return rows < 0 && cols < 0; }
-};
-
-class WeightLoader {
+class WeightLoader : private LinearLoader {
  public:
   WeightLoader(const SafeTensors& weights, const LoadOptions& options, QuantConfig quant = {});
 
@@ -68,7 +29,7 @@ class WeightLoader {
   // `slice`: the part of it to load (the checks are of the whole tensor). A row slice is a
   // view of the map; a column slice is a contiguous copy of the columns, read row by row.
   Array matrix(const std::string& name, int64_t rows, int64_t cols, std::optional<DType> dtype = std::nullopt,
-               const WeightSlice& slice = {});
+               const WeightSlice& slice = {}) override;
   // A [n, rows, cols] float tensor (f32, f16 or bf16; `dtype`, when given, must match) as n
   // [rows, cols] matrices: on the CPU views of the memory map, on CUDA each uploaded once
   // (a mixture of experts' fused expert weights).
@@ -78,19 +39,13 @@ class WeightLoader {
   // elements [first, first + count) only (the bias of a layer split by its outputs).
   Array vector_f32(const std::string& name, int64_t n, int64_t first = 0, int64_t count = -1);
   // The [out, in] weight of the module `prefix` ("model.layers.0.self_attn.q_proj"; an
-  // embedding table loads the same way): dense `<prefix>.weight` (checked as matrix(), with
-  // `dtype`), or MLX-quantized when `<prefix>.scales` exists or the weight is uint32 —
-  // `<prefix>.weight` u32 [out, in * bits / 32], `.scales` and `.biases` [out, in / group]
-  // (f16 | bf16; `dtype`, when given, must match the scales). Bits follow from the packed
-  // width, the group size from the scales' width; both must agree with the config's setting
-  // for the module. Errors (InvalidInput) name the tensor.
-  // `slice`: the rows or columns of the [out, in] weight to load. A quantized weight splits
-  // by rows freely; by columns only on whole quantization groups (InvalidInput naming the
-  // tensor, the columns and the group size otherwise).
-  // Hub formats (formats/hub_quant.h): `<prefix>.qweight` of an AWQ or GPTQ checkpoint is
-  // repacked into the MLX layout (with in_perm for GPTQ's desc_act; such a weight is not split
-  // by columns); a float8_e4m3fn `<prefix>.weight` is dequantized to `dtype` (bfloat16 when
-  // not given).
+  // embedding table loads the same way), loaded by the first method of the registry that
+  // claims the module's tensors (formats/quant_method.h: AWQ's and GPTQ's `.qweight`, FP8's
+  // float8_e4m3fn `.weight`, MLX affine's u32 `.weight` with `.scales` and `.biases`, else dense
+  // `.weight`, checked as matrix() with `dtype`). Errors (InvalidInput) name the tensor.
+  // `slice`: the rows or columns of the [out, in] weight to load; each method says how its
+  // layout splits (quantized weights by columns only on whole groups, GPTQ with desc_act not by
+  // columns; InvalidInput naming the tensor, the columns and the group otherwise).
   LinearWeight linear(const std::string& prefix, int64_t out, int64_t in, std::optional<DType> dtype = std::nullopt,
                       const WeightSlice& slice = {});
   // linear() for a table that is also read by rows (token embeddings): an FP8 table is
@@ -137,29 +92,33 @@ class WeightLoader {
 
  private:
   void touch(const Array& a);
-  Array place(const Array& a);
-  LinearWeight hub_linear(const std::string& prefix, int64_t out, int64_t in, std::optional<DType> dtype,
-                          const WeightSlice& slice);
-  QuantizedMatrix quantized(const std::string& prefix, int64_t out, int64_t in, std::optional<DType> dtype,
-                            const WeightSlice& slice);
+  Array place(const Array& a) override;
+  LinearWeight load_linear(const LinearRequest& r);
+
+  // LinearLoader: what the methods' load reads and reports.
+  const SafeTensors& tensors() const override { return weights_; }
+  const QuantConfig& quant() const override { return quant_; }
+  Device device() const override;
+  std::optional<bool> keep_fp8() const override;
+  bool cpu_tiles_only() const override;
+  void mark_read(const std::string& name) override { read_.insert(name); }
+  void converted(size_t source_bytes, size_t held_bytes) override;
+  void count_weights(int64_t n, std::optional<QuantSetting> quant) override;
+  Array shared(const Array& host) override;
+  bool first_time(const std::string& key) override { return once_.insert(key).second; }
 
   const SafeTensors& weights_;
-  // The CPU tiles of a quantized weight just loaded (ops::repack_for_cpu); a weight only linear
-  // reads then keeps the tiles alone (ops::keep_tiles_only), an embedding table keeps its packed
-  // words with their mapped pages released (ops::release_mapped_source).
-  void finish_cpu_tiles(QuantizedMatrix& q) const;
   const LoadOptions& options_;
   QuantConfig quant_;
   std::set<std::string> read_;  // tensors read or ignored
   std::map<std::pair<int, int>, int64_t> quant_weights_;  // (bits, group size) -> weights loaded
-  bool defer_repack_ = false;  // linear_group: parts get their CPU tiles after stacking, or not at all
+  bool defer_finish_ = false;  // linear_group: parts are finished after stacking, or not at all
   size_t total_ = 0;
   size_t done_ = 0;
   int64_t converted_delta_ = 0;  // bytes of the arrays converted at load minus their source bytes
   uint64_t params_ = 0;
-  std::map<std::vector<int32_t>, Array> perms_;  // input permutations, shared by equal content
-  bool fp8_logged_ = false;
-  bool loading_table_ = false;  // while table() loads: the embedding keeps its packed words
+  std::map<std::pair<DType, std::vector<uint8_t>>, Array> shared_;  // shared(): by content
+  std::set<std::string> once_;  // first_time()'s keys
 };
 
 }  // namespace osprey

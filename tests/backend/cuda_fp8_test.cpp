@@ -20,6 +20,7 @@
 #include "backend/quant.h"
 #include "core/error.h"
 #include "formats/hub_quant.h"
+#include "formats/quant_method.h"
 #include "formats/safetensors.h"
 #include "support/numeric.h"
 #include "support/test_util.h"
@@ -79,8 +80,7 @@ struct Fp8Case {
 
 TEST(CudaFp8, CpuRefusesFp8WeightsByName) {
   const Fp8Case c(Layout::channel, 16, 32, 9);
-  LinearWeight lw;
-  lw.fp8 = load_fp8(c.open(), c.hq, "l", c.out, c.in).m;
+  LinearWeight lw = fp8_weight(load_fp8(c.open(), c.hq, "l", c.out, c.in).m);
   try {
     ops::linear(Array::zeros({1, 32}, DType::f32), lw);
     FAIL() << "the CPU ran an FP8 linear";
@@ -152,9 +152,8 @@ std::vector<float> to_host(const Array& a) {
 void check_case(const Fp8Case& c) {
   const SafeTensors st = c.open();
   const LoadedFp8 loaded = load_fp8(st, c.hq, "l", c.out, c.in);
-  LinearWeight lw;
-  lw.fp8.codes = ops::to_device(loaded.m.codes, Device::cuda());
-  lw.fp8.scales = ops::to_device(loaded.m.scales, Device::cuda());
+  LinearWeight lw = fp8_weight(Fp8Matrix{ops::to_device(loaded.m.codes, Device::cuda()),
+                                         ops::to_device(loaded.m.scales, Device::cuda())});
   const Array dense = dequantize_fp8(st, c.hq, "l", c.out, c.in, DType::bf16).w;  // the CPU's bf16 weights
   std::mt19937 rng(7);
   const int64_t max_n = 512;
@@ -163,11 +162,11 @@ void check_case(const Fp8Case& c) {
   const Array bias_cpu = host_array(bias, {c.out}), bias_gpu = ops::to_device(bias_cpu, Device::cuda());
   const bool gemv = c.in % 16 == 0 && (c.in / loaded.m.scales.dim(1)) % 16 == 0;
   Fp8Args a;
-  a.codes = lw.fp8.codes.data<uint8_t>();
-  a.scales = lw.fp8.scales.data<float>();
+  a.codes = lw.payload<Fp8Matrix>()->codes.data<uint8_t>();
+  a.scales = lw.payload<Fp8Matrix>()->scales.data<float>();
   a.out = c.out;
   a.in = c.in;
-  a.n_groups = lw.fp8.scales.dim(1);
+  a.n_groups = lw.payload<Fp8Matrix>()->scales.dim(1);
   for (int64_t n : {1, 2, 3, 4, 5, 6, 7, 8, 33, 512}) {
     SCOPED_TRACE(c.label() + ", n = " + std::to_string(n));
     const std::vector<float> xn(x.begin(), x.begin() + n * c.in);
@@ -279,9 +278,8 @@ TEST(CudaFp8, WeightsOnlyLayersKeepActivationsUnquantized) {
   OSPREY_SKIP_WITHOUT_CUDA();
   const Fp8Case c(Layout::channel, 300, 384, 13);
   const LoadedFp8 loaded = load_fp8(c.open(), c.hq, "l", c.out, c.in);
-  LinearWeight lw;
-  lw.fp8.codes = ops::to_device(loaded.m.codes, Device::cuda());
-  lw.fp8.scales = ops::to_device(loaded.m.scales, Device::cuda());
+  LinearWeight lw = fp8_weight(Fp8Matrix{ops::to_device(loaded.m.codes, Device::cuda()),
+                                         ops::to_device(loaded.m.scales, Device::cuda())});
   std::mt19937 rng(9);
   const int64_t n = 512;
   const std::vector<float> x = testing::random_floats(size_t(n * c.in), rng);
@@ -291,10 +289,10 @@ TEST(CudaFp8, WeightsOnlyLayersKeepActivationsUnquantized) {
   const std::vector<double> w8a8 = linear_ref(c.w, w8a8_rows(x, n, c.in), zero, n, c.out, c.in);
   ASSERT_GT(testing::rel_error(std::vector<float>(w8a8.begin(), w8a8.end()), exact), 1e-2)
       << "the two references must be told apart";
-  lw.fp8.fp8_activations = false;
+  lw.payload<Fp8Matrix>()->fp8_activations = false;
   const std::vector<float> weights_only = to_host(ops::linear(xg, lw));
   EXPECT_LT(testing::rel_error(weights_only, exact), 8e-3) << "x and w rounded to bf16 at most";
-  lw.fp8.fp8_activations = true;
+  lw.payload<Fp8Matrix>()->fp8_activations = true;
   const std::vector<float> declared = to_host(ops::linear(xg, lw));
   if (ops::fp8_tensor_cores(Device::cuda())) EXPECT_LT(testing::rel_error(declared, w8a8), 1e-3);
 }

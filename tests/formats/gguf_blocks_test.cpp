@@ -13,6 +13,7 @@
 #include "formats/gguf.h"
 #include "formats/gguf_blocks.h"
 #include "formats/gguf_model.h"
+#include "formats/quant_method.h"
 #include "model/model.h"
 #include "support/gguf_bytes.h"
 #include "support/test_util.h"
@@ -195,6 +196,10 @@ TEST(GgufBlocks, TheLoaderHoldsEachTypeAsDocumented) {
   EXPECT_EQ(ck.config.json()["quantization"]["group_size"], 32);
   EXPECT_EQ(ck.config.json()["quantization"]["model.layers.0.mlp.down_proj"]["group_size"], 16);  // Q6_K
   EXPECT_EQ(ck.config.json()["quantization"]["model.layers.0.self_attn.v_proj"]["bits"], 4);
+  // Each repacked module is loaded by its block type's method (formats/quant_gguf.h).
+  const QuantConfig q = parse_quant_config(ck.config);
+  for (const Case& k : cases)
+    EXPECT_EQ(std::string(quant_method_for(ck.tensors, q, k.module).name()), k.name) << k.module;
 }
 
 }  // namespace osprey

@@ -61,9 +61,19 @@ const fs::path& checkpoints(const std::string& fmt) {
 Array to_cpu(const Array& a) { return ops::to_device(a, Device::cpu()); }
 
 // The weight as a float32 [out, in] host matrix in the layer's input order.
+// The affine codes of an AWQ or GPTQ weight (GPTQ's with its input order), or nullptr.
+const QuantizedMatrix* affine_of(const LinearWeight& w) {
+  if (const auto* p = w.payload<PermutedMatrix>()) return &p->q;
+  return w.payload<QuantizedMatrix>();
+}
+Array in_perm_of(const LinearWeight& w) {
+  const auto* p = w.payload<PermutedMatrix>();
+  return p ? p->in_perm : Array();
+}
+
 Array dequantized(const LinearWeight& w) {
-  if (w.fp8.defined()) {
-    const Array codes = to_cpu(w.fp8.codes), scales = to_cpu(w.fp8.scales);
+  if (const Fp8Matrix* f = w.payload<Fp8Matrix>()) {
+    const Array codes = to_cpu(f->codes), scales = to_cpu(f->scales);
     const int64_t rows = codes.dim(0), cols = codes.dim(1), groups = scales.dim(1);
     Array m = Array::empty({rows, cols}, DType::f32);
     for (int64_t r = 0; r < rows; ++r)
@@ -72,9 +82,10 @@ Array dequantized(const LinearWeight& w) {
                                         scales.data<float>()[r * groups + j / (cols / groups)];
     return m;
   }
-  Array m = w.quantized() ? to_cpu(ops::dequantize(w.quant, DType::f32)) : ops::cast(to_cpu(w.dense), DType::f32);
-  if (!w.in_perm.defined()) return m;
-  const Array perm = to_cpu(w.in_perm);
+  Array m = affine_of(w) ? to_cpu(ops::dequantize(*affine_of(w), DType::f32))
+                        : ops::cast(to_cpu(*w.payload<Array>()), DType::f32);
+  if (!in_perm_of(w).defined()) return m;
+  const Array perm = to_cpu(in_perm_of(w));
   Array out = Array::empty(m.shape(), DType::f32);
   const int64_t rows = m.dim(0), cols = m.dim(1);
   for (int64_t r = 0; r < rows; ++r)
@@ -125,9 +136,9 @@ TEST_P(HubCheckpoint, LoadedWeightsEqualTheScriptsDequantization) {
     const std::string first = ref.names().front();
     const LinearWeight w = dequantizing.linear(first.substr(0, first.size() - std::string(".weight").size()),
                                                ref.get(first).dim(0), ref.get(first).dim(1));
-    EXPECT_FALSE(w.fp8.defined()) << first;
-    ASSERT_TRUE(w.dense.defined()) << first;
-    EXPECT_EQ(w.dense.dtype(), DType::bf16) << first;
+    EXPECT_STREQ(w.method().name(), "dense") << first;
+    ASSERT_TRUE(w.payload<Array>()) << first;
+    EXPECT_EQ(w.payload<Array>()->dtype(), DType::bf16) << first;
   }
   for (const std::string& name : ref.names()) {
     const Array r = ref.get(name);
@@ -135,16 +146,17 @@ TEST_P(HubCheckpoint, LoadedWeightsEqualTheScriptsDequantization) {
     const std::string prefix = name.substr(0, name.size() - std::string(".weight").size());
     const LinearWeight w = loader.linear(prefix, out, in);
     if (int_format(fmt)) {
-      ASSERT_TRUE(w.quantized()) << name;
-      EXPECT_EQ(w.quant.bits, fmt == "gptq-v2-8bit" ? 8 : 4) << name;
-      EXPECT_EQ(w.quant.group_size, 32) << name;
-      EXPECT_EQ(w.in_perm.defined(), fmt == "gptq") << name << ": desc_act orders the inputs";
+      ASSERT_TRUE(affine_of(w)) << name;
+      EXPECT_STREQ(w.method().name(), fmt.starts_with("awq") ? "awq" : "gptq") << name;
+      EXPECT_EQ(affine_of(w)->bits, fmt == "gptq-v2-8bit" ? 8 : 4) << name;
+      EXPECT_EQ(affine_of(w)->group_size, 32) << name;
+      EXPECT_EQ(in_perm_of(w).defined(), fmt == "gptq") << name << ": desc_act orders the inputs";
     } else if (device().is_cpu()) {
-      ASSERT_FALSE(w.quantized()) << name;
-      EXPECT_EQ(w.dense.dtype(), DType::bf16) << name;
+      ASSERT_TRUE(w.payload<Array>()) << name;
+      EXPECT_EQ(w.payload<Array>()->dtype(), DType::bf16) << name;
     } else {
-      ASSERT_TRUE(w.fp8.defined()) << name << ": FP8 weights stay FP8 on CUDA";
-      EXPECT_FALSE(w.dense.defined()) << name;
+      ASSERT_TRUE(w.payload<Fp8Matrix>()) << name << ": FP8 weights stay FP8 on CUDA";
+      EXPECT_STREQ(w.method().name(), "fp8") << name;
       // Unasked (LoadOptions::keep_fp8 and OSPREY_CUDA_FP8_WEIGHTS unset): kept FP8 where one
       // scale per row lets the FP8 tensor cores run it, dequantized otherwise (block scales).
       if (std::getenv("OSPREY_CUDA_FP8_WEIGHTS") == nullptr) {
@@ -152,9 +164,9 @@ TEST_P(HubCheckpoint, LoadedWeightsEqualTheScriptsDequantization) {
         unasked.device = device();
         WeightLoader auto_loader(st, unasked, parse_quant_config(ConfigReader::load(dir() / "config.json")));
         const LinearWeight wa = auto_loader.linear(prefix, out, in);
-        const bool keep = ops::fp8_tensor_cores(device()) && w.fp8.scales.dim(1) == 1;
-        EXPECT_EQ(wa.fp8.defined(), keep) << name << " (" << fmt << ")";
-        EXPECT_EQ(wa.dense.defined(), !keep) << name << " (" << fmt << ")";
+        const bool keep = ops::fp8_tensor_cores(device()) && w.payload<Fp8Matrix>()->scales.dim(1) == 1;
+        EXPECT_EQ(wa.payload<Fp8Matrix>() != nullptr, keep) << name << " (" << fmt << ")";
+        EXPECT_EQ(wa.payload<Array>() != nullptr, !keep) << name << " (" << fmt << ")";
       }
     }
     const Array ours = dequantized(w);

@@ -143,6 +143,13 @@ TEST_P(QuantReference, LoadsTheQuantizationSetting) {
   EXPECT_LT(model_->info().weight_bytes, load_model(fixture(source))->info().weight_bytes);
 }
 
+TEST_P(QuantReference, CountsTheWeightsItEncodesAsItsDenseSource) {
+  // Every weight of the dense source is encoded once in the quantized checkpoint (the fixtures
+  // are its conversions), whether or not the CPU kept only the repacked tiles of a layer.
+  const std::string source = GetParam().model.substr(0, GetParam().model.find('-'));
+  EXPECT_EQ(model_->info().n_params, load_model(fixture(source))->info().n_params);
+}
+
 TEST_P(QuantReference, LogitsAtEveryPositionMatchTransformers) {
   // On CUDA prefill GEMMs round activations to 16 bits: the fp16-class tolerance of the dense
   // tests.
@@ -177,17 +184,19 @@ TEST_P(QuantReference, TilesOnlyWeightsGiveTheSameLogitsAsKeptPackedWords) {
     opt.cpu_tiles_only = tiles_only;
     WeightLoader loader(st, opt, parse_quant_config(ConfigReader::load(dir / "config.json")));
     const LinearWeight w = loader.linear(prefix, out, in);
-    ASSERT_TRUE(w.quantized());
-    EXPECT_EQ(w.quant.tiles_only(), tiles_only && level_takes) << "tiles_only=" << tiles_only;
-    EXPECT_EQ(w.quant.out_features(), out);
-    EXPECT_EQ(w.quant.in_features(), in);
-    if (w.quant.tiles_only()) {
-      EXPECT_EQ(w.quant.nbytes(), w.quant.cpu_tiles.nbytes());
-      EXPECT_THROW((void)ops::dequantize(w.quant), InvalidInput);
+    ASSERT_TRUE(w.payload<QuantizedMatrix>());
+    const QuantizedMatrix& q = *w.payload<QuantizedMatrix>();
+    EXPECT_STREQ(w.method().name(), "mlx-affine");
+    EXPECT_EQ(q.tiles_only(), tiles_only && level_takes) << "tiles_only=" << tiles_only;
+    EXPECT_EQ(w.out_features(), out);
+    EXPECT_EQ(w.in_features(), in);
+    if (q.tiles_only()) {
+      EXPECT_EQ(w.nbytes(), q.cpu_tiles.nbytes());
+      EXPECT_THROW((void)ops::dequantize(q), InvalidInput);
     }
     const LinearWeight table = loader.table("model.embed_tokens", model_->info().vocab_size, model_->info().hidden_size);
-    ASSERT_TRUE(table.quantized());
-    EXPECT_FALSE(table.quant.tiles_only()) << "the embedding table reads its packed words";
+    ASSERT_TRUE(table.payload<QuantizedMatrix>());
+    EXPECT_FALSE(table.payload<QuantizedMatrix>()->tiles_only()) << "the embedding table reads its packed words";
   }
   if (!level_takes) GTEST_SKIP() << "this CPU level has no tile kernels for " << e.bits << " bits";
   LoadOptions keep;
