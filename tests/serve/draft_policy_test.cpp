@@ -73,17 +73,15 @@ TEST(DraftPacer, TheThresholdIsAcceptedOverDraftedPerWindow) {
 
 TEST(DraftPacer, AGoodWindowResetsTheBackoff) {
   DraftPacer p(0.5f);
+  // Bounded loops: a back-off that never ends fails rather than hangs.
+  constexpr int64_t kMost = 4 * DraftPacer::kMaxBackoff;
   auto window = [&](int64_t accepted) {
-    while (!p.drafts()) {
-    }
+    for (int64_t i = 0; !p.drafts(); ++i) ASSERT_LT(i, kMost) << "the back-off never ends";
     p.verified(32, accepted);
   };
   auto plain_steps = [&] {
     int64_t n = 0;
-    while (p.backing_off()) {
-      EXPECT_FALSE(p.drafts());
-      ++n;
-    }
+    for (; p.backing_off() && n < kMost; ++n) EXPECT_FALSE(p.drafts());
     return n;
   };
   window(0);
@@ -486,8 +484,8 @@ TEST(DraftPolicy, GreedyOutputThroughStopsAndBackoffsIsPlainDecodingDense) {
   const testing::DenseRun plain = testing::run_on_dense_backend(*model, SchedulerOptions{}, prompts, kN);
   const testing::DenseRun spec = testing::run_on_dense_backend(*model, strict, prompts, kN);
   EXPECT_EQ(spec.tokens, plain.tokens);
-  EXPECT_GT(spec.stats.n_draft_stops, 0u);
-  EXPECT_GE(spec.stats.n_draft_stops, 2u);
+  // Without a restart each of the two sequences stops once at most: a third stop is a restart's.
+  EXPECT_GE(spec.stats.n_draft_stops, 3u) << "drafting did not start again after a back-off";
 }
 
 }  // namespace
