@@ -70,8 +70,8 @@ constexpr int kAutoSpecBatchGpu = 4;
 // a plain step reads each weight once for the whole batch, a verify's rows in batch-invariant
 // mode once per 8 rows: with a accepted of k drafted a sequence, drafting reads the weights
 // about B (k + 1) / 8 times for B (1 + a) tokens against once for B, which pays while
-// B < 8 (1 + a) / (k + 1), about 4 at the CPU's measured 4.6 accepted of 8 (not measured on
-// a GPU).
+// B < 8 (1 + a) / (k + 1): about 5 at the 4.6 accepted of 8 measured on the CPU, 4 with a
+// margin (not measured on a GPU).
 int auto_spec_max_batch(const ServerOptions& so) {
   if (so.kv_layout == KVLayout::dense) return 0;
   return so.device.is_cpu() ? kAutoSpecBatchCpu : kAutoSpecBatchGpu;

@@ -118,8 +118,10 @@ std::vector<int32_t> ngram_draft(std::span<const int32_t> tokens, int ngram_min,
 // row it drops, which pays only where the dropped rows would be accepted at a rate below r;
 // n-gram drafts are accepted in runs, a quoted passage whole, so whether a sequence drafts at
 // all is what decides). Measured with tools/spec_verify_bench.cpp on a 2-core CPU, demo model
-// (docs/benchmark_results/2026-12-07-cpu-spec-policy.md): R_MEASURED. The default
-// min_acceptance, 0.25, is that break-even. On a GPU a verify's rows cost far less than a step
+// (docs/benchmark_results/2026-12-07-cpu-spec-policy.md): c(8) from 2.1 to 3.8 over runs on
+// the paged and dense backends alike (r from about 0.15 to 0.35: a one-row step's time moves by
+// 2x with the machine's load), and 2.9 to 3.0 from the server's CPU time per token (r 0.24 to
+// 0.25). The default min_acceptance, 0.25, is that break-even. On a GPU a verify's rows cost far less than a step
 // (the step reads the weights, the rows share those reads in chunks of 8), so the break-even
 // there is lower; 0.25 then stops only sequences that gain little (not measured).
 //
