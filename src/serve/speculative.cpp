@@ -121,15 +121,17 @@ std::vector<int32_t> ngram_draft(std::span<const int32_t> tokens, int ngram_min,
 // (docs/benchmark_results/2026-12-07-cpu-spec-policy.md): c(8) from 2.1 to 3.8 over runs on
 // the paged and dense backends alike (r from about 0.15 to 0.35: a one-row step's time moves by
 // 2x with the machine's load), and 2.9 to 3.0 from the server's CPU time per token (r 0.24 to
-// 0.25). The default min_acceptance, 0.25, is that break-even. On a GPU a verify's rows cost far less than a step
-// (the step reads the weights, the rows share those reads in chunks of 8), so the break-even
-// there is lower; 0.25 then stops only sequences that gain little (not measured).
+// 0.25). The default min_acceptance, 0.25, is that break-even. On a GPU a verify's rows cost
+// far less than a step (the step reads the weights, the rows share those reads in chunks of 8),
+// so the break-even there is lower; 0.25 then stops only sequences that gain little (not
+// measured).
 //
-// The window: a judgement over 32 drafted tokens (four verifies of 8) rather than 16 (two):
-// the demo model's replies to the quoting prompt, replayed through the rule offline (the
-// drafts and their acceptance follow from the greedy reply alone), cost 6% more with windows of
-// 16 than drafting always (a quote's edges stopped it, and the back-off then missed the quote),
-// and 2% less with windows of 32 (the record has the table).
+// The window: a judgement over 32 drafted tokens (four verifies of 8) rather than 16 (two).
+// The demo model's replies to the quoting prompt, replayed through the rule offline
+// (tools/spec_policy_replay.py: the drafts and their acceptance follow from the greedy reply
+// alone), cost 6-18% more with windows of 16 than drafting always (a quote's edges stopped it,
+// and the back-off then missed the quote), and 1-5% less with windows of 32, for r from 0.25
+// down to 0.15.
 bool DraftPacer::drafts() {
   if (n_plain_left_ == 0) return true;
   --n_plain_left_;
