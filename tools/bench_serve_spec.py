@@ -10,11 +10,16 @@ server's CPU seconds per token (/proc, user + system), the drafts, and a hash of
 Prints every run, then per arm the median, minimum and maximum.
 
     tools/bench_serve_spec.py [--rounds 9] [--requests 1] [--tokens 384] [--model models/demo]
+        [--layouts paged,dense] [--binary LABEL=PATH ...]
+
+--binary (repeatable) compares builds: every layout and drafting arm runs for each binary
+(default: build/osprey), in the same interleaved rounds (PATH may be followed by serve flags for
+that arm, space-separated: "nolimit=build/osprey --spec-max-batch 0"); /metrics' drafting stops and paused
+steps are recorded where the binary reports them.
 """
 import argparse, hashlib, json, os, statistics, subprocess, threading, time, urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ARMS = [("paged", False), ("paged", True), ("dense", False), ("dense", True)]
 
 
 def main():
@@ -24,7 +29,12 @@ def main():
     ap.add_argument("--tokens", type=int, default=384)
     ap.add_argument("--model", default=os.path.join(ROOT, "models/demo"))
     ap.add_argument("--port", type=int, default=18931)
+    ap.add_argument("--layouts", default="paged,dense")
+    ap.add_argument("--binary", action="append", default=[])
     a = ap.parse_args()
+    binaries = [b.split("=", 1) for b in a.binary] or [["build", os.path.join(ROOT, "build/osprey")]]
+    ARMS = [(label, path, layout, spec) for label, path in binaries for layout in a.layouts.split(",")
+            for spec in (False, True)]
     prompt = open(os.path.join(ROOT, "docs/benchmark_results/2026-12-07-cpu-speculative-prompt.txt")).read()
     base = f"http://127.0.0.1:{a.port}"
 
@@ -39,8 +49,9 @@ def main():
 
     res = {arm: [] for arm in ARMS}
     for r in range(a.rounds):
-        for layout, spec in (ARMS if r % 2 == 0 else ARMS[::-1]):
-            cmd = [os.path.join(ROOT, "build/osprey"), "serve", "-m", a.model, "--port", str(a.port), "-t", "2",
+        for arm in (ARMS if r % 2 == 0 else ARMS[::-1]):
+            label, binary, layout, spec = arm
+            cmd = binary.split()[:1] + ["serve"] + binary.split()[1:] + ["-m", a.model, "--port", str(a.port), "-t", "2",
                    "-np", str(a.requests), "--kv-layout", layout] + (["--spec-ngram"] if spec else [])
             p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             try:
@@ -77,18 +88,22 @@ def main():
                 rec = dict(rate=toks / metric(m, "osprey:generation_seconds_total"), agg=toks / wall,
                            cpu_ms_per_tok=1000 * cpus / toks, drafted=metric(m, "osprey:spec_drafted_tokens_total"),
                            accepted=metric(m, "osprey:spec_accepted_tokens_total"),
+                           stops=metric(m, "osprey:spec_draft_stops_total"),
+                           paused=metric(m, "osprey:spec_paused_steps_total"),
                            hash=hashlib.sha1("".join(o["choices"][0]["text"] for o in outs).encode()).hexdigest()[:10],
                            load=os.getloadavg()[0])
-                res[(layout, spec)].append(rec)
-                print(layout, "spec" if spec else "plain", rec, flush=True)
+                res[arm].append(rec)
+                print(label, layout, "spec" if spec else "plain", rec, flush=True)
             finally:
                 p.terminate()
                 p.wait()
     for arm in ARMS:
         runs = res[arm]
-        print(arm[0], "spec" if arm[1] else "plain", f"drafted {runs[0]['drafted']:.0f} accepted {runs[0]['accepted']:.0f}",
+        print(arm[0], arm[2], "spec" if arm[3] else "plain",
+              f"drafted {runs[0]['drafted']:.0f} accepted {runs[0]['accepted']:.0f}",
+              f"stops {runs[0]['stops']:.0f} paused steps {runs[0]['paused']:.0f}",
               "hashes", sorted({x["hash"] for x in runs}))
-        for key in ("rate", "agg", "cpu_ms_per_tok"):
+        for key in ("rate", "agg", "cpu_ms_per_tok", "load"):
             v = [x[key] for x in runs]
             print(f"  {key}: median {statistics.median(v):.3f} min {min(v):.3f} max {max(v):.3f}",
                   [round(x, 2) for x in v])

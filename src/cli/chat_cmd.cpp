@@ -414,6 +414,11 @@ class Chat {
                         {"predicted_n", s.n_generated},
                         {"seed", gp_.sampler.seed},
                         {"sampler", sampler_json(sampling_)},
+                        {"drafted_n", s.n_drafted},
+                        {"accepted_n", s.n_accepted},
+                        {"verify_steps", s.n_verify_steps},
+                        {"acceptance", s.acceptance()},
+                        {"draft_stops", s.n_draft_stops},
                         {"kv_inplace_writes", s.kv.n_inplace_writes},
                         {"kv_copying_writes", s.kv.n_copying_writes}};
       std::string line = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);

@@ -244,6 +244,12 @@ void add_spec_options(CLI::App& app, SpeculativeParams& p) {
                  "(0: always draft --draft-max tokens)")
       ->check(real_range(0, 1))
       ->capture_default_str();
+  app.add_option("--spec-min-acceptance", p.min_acceptance,
+                 "Speculative decoding: a sequence whose drafts are accepted at a lower rate (accepted over drafted "
+                 "tokens, judged every 32 drafted) stops drafting for a while, backing off longer each time (0: "
+                 "never stops)")
+      ->check(real_range(0, 1))
+      ->capture_default_str();
   add_int_option(app, "--draft-max", p.draft_max, "Speculative decoding: most tokens drafted per step", 1, 64);
   add_int_option(app, "--draft-min", p.draft_min,
                  "Speculative decoding: fewest drafted tokens worth a verify step (shorter drafts decode one token)",

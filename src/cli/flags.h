@@ -44,7 +44,7 @@ void fill_unset_sampler_fields(SamplerParams& p, const SamplerParams& defaults, 
 
 // Speculative decoding's flags (docs/design.md, "Speculative decoding"): --spec-ngram,
 // --spec-ngram-min, --spec-ngram-max, --model-draft (-md, rewritten in main), --draft-p-min,
-// --draft-max, --draft-min, each range-checked.
+// --draft-max, --draft-min, --spec-min-acceptance, each range-checked.
 void add_spec_options(CLI::App& app, SpeculativeParams& p);
 
 // -m/--model (a folder holding `folder_holds`, or a Hub id; empty: the embedded default model)

@@ -272,6 +272,7 @@ void print_json(const std::vector<int32_t>& prompt, const GenerateResult& r, con
                   {"drafted_n", s.n_drafted},
                   {"accepted_n", s.n_accepted},
                   {"verify_steps", s.n_verify_steps},
+                  {"draft_stops", s.n_draft_stops},
                   {"acceptance", s.acceptance()},
                   {"cache_n", cached.n_cached},
                   {"cache_restore_ms", cached.seconds * 1e3},
@@ -368,8 +369,9 @@ void print_summary(const GenerateOptions& o, const GenerateParams& gp, const Gen
                (long long)s.n_prompt, s.prompt_tps(), (long long)s.n_generated, s.decode_tps(),
                (unsigned long long)s.kv.n_inplace_writes, (unsigned long long)s.kv.n_copying_writes);
   if (gp.spec.enabled())
-    std::fprintf(stderr, "speculative: %lld drafted, %lld accepted (%.1f%%) in %lld verify steps\n",
-                 (long long)s.n_drafted, (long long)s.n_accepted, 100.0 * s.acceptance(), (long long)s.n_verify_steps);
+    std::fprintf(stderr, "speculative: %lld drafted, %lld accepted (%.1f%%) in %lld verify steps, %lld draft stops\n",
+                 (long long)s.n_drafted, (long long)s.n_accepted, 100.0 * s.acceptance(), (long long)s.n_verify_steps,
+                 (long long)s.n_draft_stops);
 }
 
 int run_generate(const GenerateOptions& o) {

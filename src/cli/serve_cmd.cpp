@@ -50,6 +50,7 @@ struct ServeOptions {
   std::string api_key_file;
   std::string reasoning_format = "auto";
   int parallel = 0;  // -np (>= 1 when given); 0, not given: kAutoParallel* by device and layout
+  int spec_max_batch = -1;  // --spec-max-batch (>= 0 when given); -1, not given: auto_spec_max_batch
   double prompt_cache_max_gib = 0;  // --prompt-cache-max-gib (0: no bound)
 };
 
@@ -58,6 +59,24 @@ struct ServeOptions {
 // whole context.
 constexpr int kAutoParallelCpu = 4;
 constexpr int kAutoParallelGpu = 64;
+// --spec-max-batch when not given, with the paged layout (auto_spec_max_batch).
+constexpr int kAutoSpecBatchCpu = 1;
+constexpr int kAutoSpecBatchGpu = 4;
+
+// --spec-max-batch when not given (docs/design.md, "When a sequence drafts"). The dense layout
+// decodes its sequences one after another, sharing no weight read between them: drafting pays
+// there at any batch (no limit). The paged layout's plain step computes its rows together; on
+// the CPU a verify's rows are each their own matvec, and drafting measured slower than plain
+// decoding from 2 sequences on (docs/benchmark_results/2026-12-07-cpu-spec-policy.md). On a GPU
+// a plain step reads each weight once for the whole batch, a verify's rows in batch-invariant
+// mode once per 8 rows: with a accepted of k drafted a sequence, drafting reads the weights
+// about B (k + 1) / 8 times for B (1 + a) tokens against once for B, which pays while
+// B < 8 (1 + a) / (k + 1): about 5 at the 4.6 accepted of 8 measured on the CPU, 4 with a
+// margin (not measured on a GPU).
+int auto_spec_max_batch(const ServerOptions& so) {
+  if (so.kv_layout == KVLayout::dense) return 0;
+  return so.device.is_cpu() ? kAutoSpecBatchCpu : kAutoSpecBatchGpu;
+}
 
 // The keys of an --api-key-file: one a line, blank lines and '#' comments skipped.
 std::vector<std::string> read_api_keys(const std::string& path) {
@@ -143,6 +162,7 @@ int run_serve(ServeOptions& o) {
                : so.kv_layout == KVLayout::dense ? 1
                : so.device.is_cpu()              ? kAutoParallelCpu
                                                  : kAutoParallelGpu;
+  so.spec.max_batch = o.spec_max_batch >= 0 ? o.spec_max_batch : auto_spec_max_batch(so);
   const EnvOptions& env = env_options();
   so.cache.step = env.kv_step;
   so.cache.inplace = env.kv_inplace_write;
@@ -263,6 +283,13 @@ Command add_serve(CLI::App& app) {
                  0, kMaxCacheMib)
       ->group("Advanced");
   add_spec_options(app, s.spec);
+  app.add_option("--spec-max-batch", o->spec_max_batch,
+                 "Speculative decoding: a step decoding more sequences than this drafts for none of them, their "
+                 "rows batched as plain decoding's (0: no limit; default: " +
+                     std::to_string(kAutoSpecBatchCpu) + " on the CPU, " + std::to_string(kAutoSpecBatchGpu) +
+                     " on a GPU, no limit with the dense KV layout)")
+      ->check(int_range(0, kMaxSpecBatch))
+      ->group("Advanced");
   app.add_flag("--batch-invariant", s.batch_invariant,
                "Every row of a batch computed bit for bit as alone: a greedy request's tokens do not depend on "
                "what else runs (slower)")

@@ -111,6 +111,7 @@ GenerateResult generate(Model& model, SequenceCache& cache, std::span<const int3
       }
       st.n_drafted = e->n_drafted;
       st.n_accepted = e->n_accepted;
+      st.n_draft_stops = e->n_draft_stops;
     }
   }
   engine.stop();

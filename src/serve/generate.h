@@ -64,6 +64,7 @@ struct GenerateStats {
   uint64_t n_graph_replays = 0, n_graph_captures = 0;
   // Speculative decoding: tokens drafted, accepted by the target, and verify steps run.
   int64_t n_drafted = 0, n_accepted = 0, n_verify_steps = 0;
+  int64_t n_draft_stops = 0;  // drafting stopped for low acceptance (DraftPacer)
   double acceptance() const { return n_drafted > 0 ? double(n_accepted) / double(n_drafted) : 0; }
   double prompt_tps() const { return prompt_seconds > 0 ? double(n_prompt) / prompt_seconds : 0; }
   double decode_tps() const {

@@ -115,10 +115,12 @@ struct Scheduler::Sequence {
   // that are not given back yet (end_sequence gives them back before the backend's end()).
   int64_t n_drafted = 0, n_accepted = 0, n_unsettled = 0;
   bool spec_stepped = false;    // this step's token came from a speculative step
+  DraftPacer pacer;             // when it drafts (stops for low acceptance, backs off)
   int draft_handle = -1;        // the draft model's cache of the sequence (ModelDrafter)
   Clock::time_point admitted{};  // first begun: the end of its queue wait
 
-  Sequence(SequenceRequest r) : request(std::move(r)), sampler(request.params.sampler), tokens(request.prompt) {
+  Sequence(SequenceRequest r, float min_acceptance)
+      : request(std::move(r)), sampler(request.params.sampler), tokens(request.prompt), pacer(min_acceptance) {
     const SamplerParams& sp = request.params.sampler;
     // Logprobs need the logits on the host; every other sequence leaves its token to the
     // backend, which chooses it on the device where it can.
@@ -172,7 +174,7 @@ Scheduler::Submit Scheduler::submit(SequenceRequest request) {
     validate(f.params.sampler);
     f.channel->set_wake([this] { wake(); });
   }
-  auto seq = std::make_unique<Sequence>(std::move(request));  // validates the sampler parameters
+  auto seq = std::make_unique<Sequence>(std::move(request), options_.spec.min_acceptance);  // validates the sampler
   seq->request.channel->set_wake([this] { wake(); });
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -382,13 +384,16 @@ SequenceEvent Scheduler::end_sequence(Sequence& s) {
   e.n_cached = s.n_cached;
   e.n_drafted = s.n_drafted;
   e.n_accepted = s.n_accepted;
+  e.n_draft_stops = s.pacer.n_stops();
   return e;
 }
 
-bool Scheduler::speculates(const Sequence& s) const {
+bool Scheduler::can_draft(const Sequence& s) const {
   return options_.spec.enabled() && !s.matcher && s.request.params.n_top_logprobs < 0 && s.handle >= 0 &&
          backend_.can_verify(s.handle);
 }
+
+bool Scheduler::speculates(const Sequence& s) const { return !drafts_paused_ && can_draft(s); }
 
 // A drafting sequence's verify of this step: its draft and the rows fed (the last token, then
 // the draft).
@@ -435,10 +440,24 @@ bool Scheduler::draft(Sequence& s, Drafted& d) {
 }
 
 void Scheduler::speculative_steps() {
-  std::vector<Drafted> drafted;
+  // The batch policy (--spec-max-batch): past it, a verify's rows, each its own matvec in
+  // batch-invariant mode, cost more than the step's batched rows they replace
+  // (docs/design.md, "When a sequence drafts").
+  int64_t n_decoding = 0;
   for (auto& s : running_) {
     s->spec_stepped = false;
+    if (!s->ended && !s->preempted && s->decoding) ++n_decoding;
+  }
+  drafts_paused_ = options_.spec.enabled() && options_.spec.max_batch > 0 && n_decoding > options_.spec.max_batch;
+  if (drafts_paused_) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.n_draft_paused_steps;
+    return;
+  }
+  std::vector<Drafted> drafted;
+  for (auto& s : running_) {
     if (s->ended || s->preempted || !s->decoding || !speculates(*s)) continue;
+    if (!s->pacer.drafts()) continue;  // backing off: a plain step
     Drafted d;
     s->spec_stepped = draft(*s, d);
     if (!d.feed.empty()) drafted.push_back(std::move(d));
@@ -516,9 +535,12 @@ void Scheduler::accept_drafts(Sequence& s, const Drafted& d, std::span<const flo
       fail(s, std::string("decode failed: ") + e.what(), std::current_exception());
     }
   }
+  const int64_t stops = s.pacer.n_stops();
+  s.pacer.verified(k, accepted);
   std::lock_guard<std::mutex> lock(mu_);
   stats_.n_drafted_tokens += uint64_t(k);
   stats_.n_accepted_tokens += uint64_t(accepted);
+  stats_.n_draft_stops += uint64_t(s.pacer.n_stops() - stops);
   ++stats_.n_verify_steps;
 }
 
@@ -558,7 +580,7 @@ void Scheduler::start_forks(Sequence& s, std::span<const float> logits) {
     r.prompt = s.request.prompt;
     r.params = std::move(f.params);
     r.channel = std::move(f.channel);
-    auto fork = std::make_unique<Sequence>(std::move(r));
+    auto fork = std::make_unique<Sequence>(std::move(r), options_.spec.min_acceptance);
     fork->admitted = s.admitted;
     fork->n_cached = s.n_cached;
     std::optional<int> handle;
@@ -744,9 +766,8 @@ void Scheduler::decode_running() {
       }
       // The token chosen here is fed to the next step unless it ends the sequence (or a
       // speculating sequence's next step is a verify, which no step enqueued ahead can be).
-      const bool spec = speculates(*s);
-      in.invariant = spec;
-      in.more = !spec && s->n_generated + 1 < s->request.params.max_tokens &&
+      in.invariant = speculates(*s);
+      in.more = !can_draft(*s) && s->n_generated + 1 < s->request.params.max_tokens &&
                 s->n_in_cache + 2 <= backend_.context_size();
       inputs.push_back(in);
       decoding.push_back(s.get());
@@ -886,7 +907,7 @@ bool Scheduler::prefill_chunk(Sequence& s, int64_t& budget, std::vector<float>& 
         choice.counter = 0;
         choice.history = s.tokens;
       }
-      choice.more = !speculates(s) && 1 < s.request.params.max_tokens &&
+      choice.more = !can_draft(s) && 1 < s.request.params.max_tokens &&
                     s.n_in_cache + n + 1 <= backend_.context_size();
       chosen = backend_.prefill_and_choose(s.handle, chunk, choice, logits);
     } else {

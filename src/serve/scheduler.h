@@ -78,6 +78,8 @@ struct SequenceEvent {
   // On the end: the tokens drafted for the sequence (speculative decoding) and how many of
   // them the target accepted.
   int64_t n_drafted = 0, n_accepted = 0;
+  // On the end: the times the sequence stopped drafting for low acceptance (DraftPacer).
+  int64_t n_draft_stops = 0;
   // On the first token and on the end: the prompt's size and how many of its tokens came
   // from the prompt cache.
   int64_t n_prompt = 0, n_cached = 0;
@@ -314,6 +316,9 @@ struct SchedulerStats {
   uint64_t n_preempted = 0;  // sequences sent back to the queue for want of KV blocks
   uint64_t n_drafted_tokens = 0, n_accepted_tokens = 0;  // speculative decoding
   uint64_t n_verify_steps = 0;
+  // Drafting stopped for a sequence's low acceptance (DraftPacer), and steps in which drafting
+  // paused because the decoding batch was larger than SpeculativeParams::max_batch.
+  uint64_t n_draft_stops = 0, n_draft_paused_steps = 0;
   double kv_usage = 0;
   KVCounters kv;
 };
@@ -380,8 +385,11 @@ class Scheduler {
   // Samples the next token of `s` from `logits` (or takes `chosen`, when >= 0) and emits it;
   // returns false when `s` ended.
   bool emit(Sequence& s, std::span<const float> logits, int32_t chosen = -1);
-  // Whether `s` drafts (SchedulerOptions::spec, no grammar, no logprobs, a backend that
-  // verifies).
+  // Whether `s` may draft at all (SchedulerOptions::spec, no grammar, no logprobs, a backend
+  // that verifies): its next step may be a verify.
+  bool can_draft(const Sequence& s) const;
+  // can_draft(s), and this step is not paused for the batch (drafts_paused_): its one-row step
+  // runs batch-invariant and it asks its DraftPacer whether to draft.
   bool speculates(const Sequence& s) const;
   // The speculative step of every drafting sequence: each drafts from its tokens (n-grams or the
   // draft model) and makes room, the drafts are verified together (verify_batch), and each
@@ -422,6 +430,9 @@ class Scheduler {
   SchedulerStats stats_;                                    // guarded by mu_ (engine writes)
   MaskWorker mask_worker_;                                  // driven by the engine thread
   std::unique_ptr<ModelDrafter> drafter_;                   // spec.model_draft; engine thread only
+  // This step's decoding batch is larger than spec.max_batch: no sequence drafts, and their
+  // one-row steps run in the default mode (engine thread only).
+  bool drafts_paused_ = false;
   std::thread thread_;
 };
 

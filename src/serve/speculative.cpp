@@ -17,6 +17,11 @@ void validate(const SpeculativeParams& p) {
     throw InvalidInput("--draft-min must be in [1, --draft-max], got " + std::to_string(p.draft_min));
   if (!(p.draft_p_min >= 0 && p.draft_p_min <= 1))
     throw InvalidInput("--draft-p-min must be in [0, 1], got " + std::to_string(p.draft_p_min));
+  if (!(p.min_acceptance >= 0 && p.min_acceptance <= 1))
+    throw InvalidInput("--spec-min-acceptance must be in [0, 1], got " + std::to_string(p.min_acceptance));
+  if (p.max_batch < 0 || p.max_batch > kMaxSpecBatch)
+    throw InvalidInput("--spec-max-batch must be in [0, " + std::to_string(kMaxSpecBatch) + "] (0: no limit), got " +
+                       std::to_string(p.max_batch));
   if (p.ngram && !p.model_draft.empty())
     throw InvalidInput("--spec-ngram and --model-draft are two draft sources; give one of them");
 }
@@ -101,6 +106,51 @@ std::vector<int32_t> ngram_draft(std::span<const int32_t> tokens, int ngram_min,
     }
   }
   return draft;
+}
+
+// The cost model behind DraftPacer's threshold (docs/design.md, "When a sequence drafts"). A
+// verify of the last token and k drafted ones costs c(k) one-row steps of the same sequence and
+// yields 1 + a tokens (a accepted); a plain step yields 1. Drafting pays while
+// (1 + a) / c(k) > 1. On the CPU each verify row is its own matvec (batch-invariant mode), so
+// c(k) is close to linear, c(k) ~= 1 + r k, r the cost of one more row over a one-row step;
+// then drafting pays exactly while a / k > r, whatever k: the threshold is one rate on accepted
+// over drafted tokens, and the draft length is left at --draft-max (a shorter draft saves r per
+// row it drops, which pays only where the dropped rows would be accepted at a rate below r;
+// n-gram drafts are accepted in runs, a quoted passage whole, so whether a sequence drafts at
+// all is what decides). Measured with tools/spec_verify_bench.cpp on a 2-core CPU, demo model
+// (docs/benchmark_results/2026-12-07-cpu-spec-policy.md): c(8) from 2.1 to 3.8 over runs on
+// the paged and dense backends alike (r from about 0.15 to 0.35: a one-row step's time moves by
+// 2x with the machine's load), and 2.9 to 3.0 from the server's CPU time per token (r 0.24 to
+// 0.25). The default min_acceptance, 0.25, is that break-even. On a GPU a verify's rows cost
+// far less than a step (the step reads the weights, the rows share those reads in chunks of 8),
+// so the break-even there is lower; 0.25 then stops only sequences that gain little (not
+// measured).
+//
+// The window: a judgement over 32 drafted tokens (four verifies of 8) rather than 16 (two).
+// The demo model's replies to the quoting prompt, replayed through the rule offline
+// (tools/spec_policy_replay.py: the drafts and their acceptance follow from the greedy reply
+// alone), cost 6-18% more with windows of 16 than drafting always (a quote's edges stopped it,
+// and the back-off then missed the quote), and 1-5% less with windows of 32, for r from 0.25
+// down to 0.15.
+bool DraftPacer::drafts() {
+  if (n_plain_left_ == 0) return true;
+  --n_plain_left_;
+  return false;
+}
+
+void DraftPacer::verified(int64_t drafted, int64_t accepted) {
+  n_window_drafted_ += drafted;
+  n_window_accepted_ += accepted;
+  if (n_window_drafted_ < kWindow) return;
+  // accepted / drafted < min_acceptance, without the division's rounding.
+  if (double(n_window_accepted_) < double(min_acceptance_) * double(n_window_drafted_)) {
+    n_plain_left_ = backoff_;
+    backoff_ = std::min(2 * backoff_, kMaxBackoff);
+    ++n_stops_;
+  } else {
+    backoff_ = kBackoff;
+  }
+  n_window_drafted_ = n_window_accepted_ = 0;
 }
 
 }  // namespace osprey

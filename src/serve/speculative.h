@@ -13,6 +13,9 @@
 
 namespace osprey {
 
+// The largest --spec-max-batch (a batch limit past any server's -np).
+constexpr int kMaxSpecBatch = 4096;
+
 struct SpeculativeParams {
   bool ngram = false;   // --spec-ngram: prompt-lookup drafts
   // --model-draft (-md): a draft model's folder or Hub id; the command loads it (a draft whose
@@ -25,13 +28,22 @@ struct SpeculativeParams {
   int ngram_max = 3;    // --spec-ngram-max
   int draft_max = 8;    // --draft-max: tokens drafted per step at most
   int draft_min = 1;    // --draft-min: a shorter draft is not verified (the step decodes one token)
+  // --spec-min-acceptance: a sequence whose drafts are accepted at a lower rate (accepted over
+  // drafted tokens, judged every DraftPacer::kWindow drafted tokens) stops drafting for a
+  // back-off of plain steps (DraftPacer). 0: never stops. The default is the break-even rate of
+  // the CPU's verify cost (speculative.cpp).
+  float min_acceptance = 0.25f;
+  // --spec-max-batch: a step whose decoding batch holds more sequences than this drafts for none
+  // of them (0: no limit). serve chooses a default per device; the library's is no limit.
+  int max_batch = 0;
   bool enabled() const { return ngram || !model_draft.empty(); }
   // The flag that turned speculation on, for messages: "--spec-ngram" or "--model-draft".
   const char* flag() const { return model_draft.empty() ? "--spec-ngram" : "--model-draft"; }
 };
 
 // Throws InvalidInput naming the flag when a value is out of range (ngram 1 <= min <= max <= 16,
-// 1 <= draft_min <= draft_max <= 64, 0 <= draft_p_min <= 1) or when --spec-ngram and
+// 1 <= draft_min <= draft_max <= 64, 0 <= draft_p_min <= 1, 0 <= min_acceptance <= 1,
+// 0 <= max_batch <= kMaxSpecBatch) or when --spec-ngram and
 // --model-draft are both given (two draft sources: one must be chosen).
 void validate(const SpeculativeParams& p);
 
@@ -62,5 +74,38 @@ SpeculativeVerdict speculative_accept(const TokenDistribution& p, const TokenDis
 // draft goes on as a copy with overlap (the sequence repeating with the period the match
 // found), so it always has max_tokens tokens. Empty when no n-gram recurs or max_tokens <= 0.
 std::vector<int32_t> ngram_draft(std::span<const int32_t> tokens, int ngram_min, int ngram_max, int max_tokens);
+
+// When one sequence drafts (docs/design.md, "Speculative decoding", "When a sequence drafts").
+// The cost model that sets the threshold (a verify of k drafted rows against one-row steps,
+// measured on the CPU) is written out in speculative.cpp.
+//
+// The rule: the acceptance (accepted over drafted tokens) is judged over tumbling windows of at
+// least kWindow drafted tokens. A window below min_acceptance stops drafting for `backoff`
+// plain steps, kBackoff at first, doubled on each stop in a row up to kMaxBackoff; a window at or
+// above it resets the back-off to kBackoff. Drafting starts again after a back-off with a fresh
+// window, so a reply whose later text quotes its prompt drafts again. A sequence whose drafts
+// are all rejected therefore drafts at most kWindow + draft_max - 1 tokens per window, one
+// window at the start and one after each back-off.
+class DraftPacer {
+ public:
+  static constexpr int64_t kWindow = 32;
+  static constexpr int64_t kBackoff = 16;
+  static constexpr int64_t kMaxBackoff = 512;
+
+  explicit DraftPacer(float min_acceptance = 0.25f) : min_acceptance_(min_acceptance) {}
+  // Called once for each step the sequence could draft in: false while it backs off (that
+  // step counts as one of the back-off's plain steps).
+  bool drafts();
+  // The verify of `drafted` tokens, `accepted` of them accepted.
+  void verified(int64_t drafted, int64_t accepted);
+  // Whether the next step is a back-off step (drafts() will return false).
+  bool backing_off() const { return n_plain_left_ > 0; }
+  int64_t n_stops() const { return n_stops_; }  // times drafting stopped for low acceptance
+
+ private:
+  float min_acceptance_;
+  int64_t n_window_drafted_ = 0, n_window_accepted_ = 0;
+  int64_t n_plain_left_ = 0, backoff_ = kBackoff, n_stops_ = 0;
+};
 
 }  // namespace osprey

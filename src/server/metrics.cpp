@@ -139,6 +139,13 @@ std::string render_metrics(const MetricsInput& in) {
            double(s.n_accepted_tokens));
   p.metric("osprey:spec_verify_steps_total", "counter", "Speculative verifies, one per drafting sequence and step (with the paged layout a step's verifies share one forward).",
            double(s.n_verify_steps));
+  p.metric("osprey:spec_draft_stops_total", "counter",
+           "Times a sequence stopped drafting because too few of its drafts were accepted (--spec-min-acceptance); "
+           "it drafts again after a back-off.",
+           double(s.n_draft_stops));
+  p.metric("osprey:spec_paused_steps_total", "counter",
+           "Steps that drafted for no sequence because the decoding batch was larger than --spec-max-batch.",
+           double(s.n_draft_paused_steps));
   if (in.serve.pool) {
     const PagedPoolStats& kp = *in.serve.pool;
     p.metric("osprey:kv_pool_blocks", "gauge", "Blocks in the paged KV pool.", double(kp.n_blocks));

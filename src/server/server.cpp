@@ -53,6 +53,7 @@ struct ServerRequestLog {
   std::chrono::steady_clock::time_point start{};
   uint64_t id = 0;
   int64_t n_prompt = 0, n_cached = 0, n_generated = 0;
+  int64_t n_drafted = 0, n_accepted = 0;  // speculative decoding, over the sequences that ended
 };
 
 namespace {
@@ -146,6 +147,9 @@ struct Choice {
   Tokenizer::StreamDecoder decoder;
   StopMatcher stop;
   int64_t n_prompt = 0, n_cached = 0, n_completion = 0;
+  // Speculative decoding: drafted and accepted tokens, from the sequence's end event (a choice
+  // that a stop string ended reads none: its end comes after the reply).
+  int64_t n_drafted = 0, n_accepted = 0;
   bool done = false;
   std::string finish_reason, error;
   LatencyHistograms* latency = nullptr;  // observed into, when set
@@ -232,6 +236,8 @@ bool pump(Choice& c, Delta& d, int timeout_ms, bool one_token = false) {
     } else if (e->kind == SequenceEvent::Kind::finished) {
       if (c.latency) c.latency->e2e.observe(std::chrono::duration<double>(e->time - c.arrival).count());
       c.n_cached = e->n_cached;
+      c.n_drafted = e->n_drafted;
+      c.n_accepted = e->n_accepted;
       std::string rest = c.stop.push(c.decoder.flush());
       rest += c.stop.flush();
       add_text(c, d, rest, true);
@@ -405,9 +411,14 @@ struct Server::Impl {
     const double ms = t_log.start == Clock::time_point{}
                           ? 0.0
                           : std::chrono::duration<double, std::milli>(Clock::now() - t_log.start).count();
-    char buf[160];
-    std::snprintf(buf, sizeof buf, " %d prompt=%lld cached=%lld generated=%lld %.1fms", status,
-                  (long long)t_log.n_prompt, (long long)t_log.n_cached, (long long)t_log.n_generated, ms);
+    char buf[224];
+    // drafted= and accepted= only for a request that drafted (speculative decoding).
+    char drafts[64] = "";
+    if (t_log.n_drafted > 0)
+      std::snprintf(drafts, sizeof drafts, " drafted=%lld accepted=%lld", (long long)t_log.n_drafted,
+                    (long long)t_log.n_accepted);
+    std::snprintf(buf, sizeof buf, " %d prompt=%lld cached=%lld generated=%lld%s %.1fms", status,
+                  (long long)t_log.n_prompt, (long long)t_log.n_cached, (long long)t_log.n_generated, drafts, ms);
     log_info("request " + std::to_string(t_log.id) + " [" + req.request_id + "]: " + req.method + " " +
              route_label(req.path) + buf);
     t_log = {};
@@ -996,6 +1007,8 @@ struct Server::Impl {
     }
     t_log.n_cached += c.n_prompt > 0 ? c.n_cached : 0;
     t_log.n_generated += c.n_completion;
+    t_log.n_drafted += c.n_drafted;
+    t_log.n_accepted += c.n_accepted;
     if (!c.error.empty()) throw sequence_error(c.error);
     return true;
   }
@@ -1052,7 +1065,11 @@ struct Server::Impl {
           send(sequence_error(c.error).body());
           return false;
         }
-        if (c.done) t_log.n_generated += c.n_completion;
+        if (c.done) {
+          t_log.n_generated += c.n_completion;
+          t_log.n_drafted += c.n_drafted;
+          t_log.n_accepted += c.n_accepted;
+        }
         if (d.empty() && !c.done) return true;
         const json finish = c.done ? json(finish_reason(c, d.calls.size())) : json(nullptr);
         json lp = st->request.logprobs && !d.tokens.empty() ? logprobs_json(d.tokens, chat, offsets[i]) : json(nullptr);
@@ -1180,6 +1197,8 @@ struct Server::Impl {
       }
       t_log.n_cached = c.n_cached;
       t_log.n_generated = c.n_completion;
+      t_log.n_drafted = c.n_drafted;
+      t_log.n_accepted = c.n_accepted;
       sink.write(w.end(c));
     };
     return res;

@@ -666,4 +666,31 @@ TEST(ChatCli, HistoryPersistsInTheUserDataFolder) {
   EXPECT_EQ(chat.wait_exit(), 0) << chat.out();
 }
 
+// --json reports speculative decoding's counts as generate --json does, and the drafted reply is
+// the plain one (greedy).
+TEST(ChatCli, JsonReportsDraftedAndAcceptedTokens) {
+  TempDir d;
+  demo_with_template(d);
+  testing::write_file(d / "input.txt",
+                      "Copy this: It is a truth universally acknowledged, that a single man in possession of a good "
+                      "fortune, must be in want of a wife. Copy: It is a truth universally acknowledged,\n");
+  const std::string m = " -m " + d.path().string() + " --device cpu --temp 0 -n 48 --json";
+  auto plain = run_with_stdin("chat" + m, d / "input.txt");
+  auto spec = run_with_stdin("chat" + m + " --spec-ngram", d / "input.txt");
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  ASSERT_EQ(spec.exit_code, 0) << spec.err;
+  const std::vector<ordered_json> p = json_lines(plain.out), s = json_lines(spec.out);
+  ASSERT_EQ(p.size(), 1u) << plain.out;
+  ASSERT_EQ(s.size(), 1u) << spec.out;
+  EXPECT_EQ(s[0]["tokens"], p[0]["tokens"]);
+  EXPECT_EQ(p[0]["drafted_n"], 0);
+  EXPECT_EQ(p[0]["verify_steps"], 0);
+  const int64_t drafted = s[0]["drafted_n"].get<int64_t>(), accepted = s[0]["accepted_n"].get<int64_t>();
+  EXPECT_GT(drafted, 0) << s[0].dump();
+  EXPECT_GT(s[0]["verify_steps"].get<int64_t>(), 0);
+  EXPECT_LE(accepted, drafted);
+  EXPECT_DOUBLE_EQ(s[0]["acceptance"].get<double>(), double(accepted) / double(drafted));
+  EXPECT_TRUE(s[0].contains("draft_stops"));
+}
+
 }  // namespace osprey

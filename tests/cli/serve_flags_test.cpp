@@ -42,6 +42,11 @@ TEST(CliServe, BadBatchingFlagsAreUsageErrors) {
   expect_usage_error("--kv-cache-mib -1", "--kv-cache-mib");
   expect_usage_error("--prefill-chunk 0", "--prefill-chunk");
   expect_usage_error("-np 0", "--parallel");
+  expect_usage_error("--spec-max-batch -1", "--spec-max-batch");
+  expect_usage_error("--spec-max-batch 4097", "--spec-max-batch");
+  expect_usage_error("--spec-max-batch x", "--spec-max-batch");
+  expect_usage_error("--spec-min-acceptance 1.5", "--spec-min-acceptance");
+  expect_usage_error("--spec-min-acceptance -0.1", "--spec-min-acceptance");
 }
 
 // Each numeric flag: past its upper bound (or its type's width) it is refused by name with

@@ -82,6 +82,9 @@ Served serve(Model& model, const Drafting& setup, const std::vector<std::vector<
   so.prefill_chunk = 16;
   so.spec.ngram = setup.ngram;
   so.spec.draft_max = setup.draft_max;
+  // Every step drafts: these tests exercise the verify and its rows, not when a sequence drafts
+  // (tests/serve/draft_policy_test.cpp), and a random fixture's low acceptance would stop it.
+  so.spec.min_acceptance = 0;
   if (setup.draft) {
     so.spec.model_draft = "draft";
     so.spec.draft_p_min = 0;
