@@ -88,12 +88,17 @@ inline void quantize_row_q8_0(const float* x, int64_t n, uint8_t* out) {
   }
 }
 
+// An fp8_e4m3 row with the scale s given (a checkpoint's fixed k_scale / v_scale, s > 0): s, then
+// the codes of x / s (saturating at 448). It decodes as every fp8 row does: x' = s * e4m3.
+inline void quantize_row_fp8_scaled(const float* x, int64_t n, float s, uint8_t* out) {
+  std::memcpy(out, &s, 4);
+  for (int64_t i = 0; i < n; ++i) out[4 + i] = f32_to_e4m3(x[i] / s);
+}
+
 inline void quantize_row_fp8(const float* x, int64_t n, uint8_t* out) {
   float amax = 0.0f;
   for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
-  const float s = amax > 0.0f ? amax / kE4M3Max : 1.0f;
-  std::memcpy(out, &s, 4);
-  for (int64_t i = 0; i < n; ++i) out[4 + i] = f32_to_e4m3(x[i] / s);
+  quantize_row_fp8_scaled(x, n, amax > 0.0f ? amax / kE4M3Max : 1.0f, out);
 }
 
 // out[0:n] = the row's values.

@@ -75,12 +75,32 @@ void require_cuda_kv_pair(const char* op, const Array& keys, const Array& values
               " value cache is not supported on cuda yet (float16 or bfloat16, the same for both)");
 }
 
-// One head's row of head_dim floats quantized into `out` (packed_row_width(dt, head_dim) bytes).
-void quantize_kv_row(DType dt, const float* x, int64_t head_dim, uint8_t* out) {
+// One head's row of head_dim floats quantized into `out` (packed_row_width(dt, head_dim) bytes);
+// `fixed`: the head's fixed fp8 scale, or null (the row's own).
+void quantize_kv_row(DType dt, const float* x, int64_t head_dim, uint8_t* out, const float* fixed = nullptr) {
   if (dt == DType::q8_0)
     kvq::quantize_row_q8_0(x, head_dim, out);
+  else if (fixed)
+    kvq::quantize_row_fp8_scaled(x, head_dim, *fixed, out);
   else
     kvq::quantize_row_fp8(x, head_dim, out);
+}
+
+// Checks one side's fixed scales (KVRowScales) against its buffer of n_kv heads.
+void require_row_scales(const char* op, const char* side, std::span<const float> s, const Array& buf, int64_t n_kv) {
+  if (s.empty()) return;
+  require(buf.dtype() == DType::fp8_e4m3, op,
+          std::string("fixed ") + side + " scales apply to fp8_e4m3 rows, the " + side + " are " + describe(buf));
+  require(int64_t(s.size()) == 1 || int64_t(s.size()) == n_kv, op,
+          std::to_string(s.size()) + " fixed " + side + " scales for " + std::to_string(n_kv) +
+              " kv heads (one per head, or one for all)");
+  for (float x : s)
+    require(std::isfinite(x) && x > 0.0f, op, std::string("a fixed ") + side + " scale is " + std::to_string(x));
+}
+
+// Head h's fixed scale of one side, or null.
+const float* head_scale(std::span<const float> s, int64_t h) {
+  return s.empty() ? nullptr : &s[s.size() == 1 ? 0 : size_t(h)];
 }
 
 KVElem kv_elem(DType dt) {
@@ -375,7 +395,7 @@ void softcap_(Array& x, float cap) {
 }
 
 void write_kv_rows(const Array& keys, const Array& values, const Array& k, const Array& v, int64_t row0,
-                   const Array& positions, int64_t ring_rows) {
+                   const Array& positions, int64_t ring_rows, const KVRowScales& scales) {
   const bool gpu = on_cuda("write_kv_rows", {&keys, &values, &k, &v, &positions});
   require(k.ndim() == 3, "write_kv_rows", "k must be float32 [n, n_kv_heads, head_dim], got " + describe(k));
   const int64_t hd = k.dim(2);
@@ -384,6 +404,8 @@ void write_kv_rows(const Array& keys, const Array& values, const Array& k, const
   require(keys.dim(0) == values.dim(0) && keys.dim(1) == values.dim(1), "write_kv_rows",
           "keys " + describe(keys) + " and values " + describe(values) + " differ in heads or capacity");
   const int64_t n_kv = keys.dim(0), cap = keys.dim(1);
+  require_row_scales("write_kv_rows", "keys", scales.k, keys, n_kv);
+  require_row_scales("write_kv_rows", "values", scales.v, values, n_kv);
   auto check_rows = [&](const char* name, const Array& a) {
     require(a.ndim() == 3 && a.dtype() == DType::f32 && a.dim(1) == n_kv && a.dim(2) == hd && a.strides()[2] == 1 &&
                 (n_kv == 1 || a.strides()[1] == hd),
@@ -429,7 +451,8 @@ void write_kv_rows(const Array& keys, const Array& values, const Array& k, const
   }
   // [n, n_kv, hd] rows -> the buffer's [n_kv, row .. row + m, width] (a transposing copy, or
   // each head's row quantized where it lands), in at most two runs when a ring wraps.
-  auto write_run = [&](const Array& buf, const Array& src, int64_t src0, int64_t dst_row, int64_t m) {
+  auto write_run = [&](const Array& buf, const Array& src, std::span<const float> fixed, int64_t src0, int64_t dst_row,
+                       int64_t m) {
     const int64_t width = buf.dim(2);
     if (is_packed_rows(buf.dtype())) {
       uint8_t* base = static_cast<uint8_t*>(buf.raw());
@@ -437,7 +460,8 @@ void write_kv_rows(const Array& keys, const Array& values, const Array& k, const
       const float* sp = src.data<float>() + src0 * rs;
       for (int64_t i = 0; i < m; ++i)
         for (int64_t h = 0; h < n_kv; ++h)
-          quantize_kv_row(buf.dtype(), sp + i * rs + h * hd, hd, base + (h * cap + dst_row + i) * width);
+          quantize_kv_row(buf.dtype(), sp + i * rs + h * hd, hd, base + (h * cap + dst_row + i) * width,
+                          head_scale(fixed, h));
       return;
     }
     const Shape dst_shape{m, n_kv, hd}, dst_strides{hd, cap * hd, 1};
@@ -448,8 +472,8 @@ void write_kv_rows(const Array& keys, const Array& values, const Array& k, const
                        src.strides(), DType::f32));
   };
   auto write_both = [&](int64_t src0, int64_t dst_row, int64_t m) {
-    write_run(keys, k, src0, dst_row, m);
-    write_run(values, v, src0, dst_row, m);
+    write_run(keys, k, scales.k, src0, dst_row, m);
+    write_run(values, v, scales.v, src0, dst_row, m);
   };
   if (ring_rows == 0) {
     write_both(0, row0, n);
@@ -460,7 +484,8 @@ void write_kv_rows(const Array& keys, const Array& values, const Array& k, const
   if (m0 < n) write_both(m0, 0, n - m0);
 }
 
-void write_kv_paged(const Array& keys, const Array& values, const Array& k, const Array& v, const Array& slots) {
+void write_kv_paged(const Array& keys, const Array& values, const Array& k, const Array& v, const Array& slots,
+                    const KVRowScales& scales) {
   const char* op = "write_kv_paged";
   const bool gpu = on_cuda(op, {&keys, &values, &k, &v, &slots});
   require_pool(op, "keys", keys);
@@ -471,6 +496,8 @@ void write_kv_paged(const Array& keys, const Array& values, const Array& k, cons
   const int64_t n_blocks = keys.dim(0), n_kv = keys.dim(1), bs = keys.dim(2), hd = k.dim(2);
   require_pool_rows(op, "keys", keys, hd);
   require_pool_rows(op, "values", values, hd);
+  require_row_scales(op, "keys", scales.k, keys, n_kv);
+  require_row_scales(op, "values", scales.v, values, n_kv);
   auto check_rows = [&](const char* name, const Array& a) {
     require(strided_rows(a, n_kv, hd), op,
             std::string(name) + " must be float32 [n, " + std::to_string(n_kv) + ", " + std::to_string(hd) +
@@ -512,14 +539,16 @@ void write_kv_paged(const Array& keys, const Array& values, const Array& k, cons
   // Row i: [n_kv, hd] of the source -> [n_kv, hd] at stride block_size * hd in its block,
   // through the element conversion that write_kv_rows uses.
   const Shape dst_shape{n_kv, hd}, dst_strides{bs * hd, 1}, src_shape{n_kv, hd}, src_strides{hd, 1};
-  auto write_row = [&](const Array& pool, const Array& x, int64_t stride, int64_t i, int64_t slot) {
+  auto write_row = [&](const Array& pool, const Array& x, std::span<const float> fixed, int64_t stride, int64_t i,
+                       int64_t slot) {
     const int64_t row0 = (slot / bs) * n_kv * bs + slot % bs;  // head 0's row in the pool
     if (is_packed_rows(pool.dtype())) {
       // Each head's row quantized where it lands.
       const int64_t width = pool.dim(3);
       uint8_t* base = static_cast<uint8_t*>(pool.raw());
       const float* src = x.data<float>() + i * stride;
-      for (int64_t h = 0; h < n_kv; ++h) quantize_kv_row(pool.dtype(), src + h * hd, hd, base + (row0 + h * bs) * width);
+      for (int64_t h = 0; h < n_kv; ++h)
+        quantize_kv_row(pool.dtype(), src + h * hd, hd, base + (row0 + h * bs) * width, head_scale(fixed, h));
       return;
     }
     cpu::kernels().copy_into(
@@ -529,8 +558,8 @@ void write_kv_paged(const Array& keys, const Array& values, const Array& k, cons
   for (int64_t i = 0; i < n; ++i) {
     const int64_t slot = a.slots[i];
     if (slot < 0) continue;
-    write_row(keys, k, a.k_row_stride, i, slot);
-    write_row(values, v, a.v_row_stride, i, slot);
+    write_row(keys, k, scales.k, a.k_row_stride, i, slot);
+    write_row(values, v, scales.v, a.v_row_stride, i, slot);
   }
 }
 

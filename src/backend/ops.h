@@ -56,6 +56,15 @@ void head_rms_norm_(Array& x, const Array& weight, float eps, bool unit_offset =
 // cap > 0.
 void softcap_(Array& x, float cap);
 
+// Fixed scales of fp8 K/V rows (a checkpoint's k_scale / v_scale: KVCacheParams::k_scales,
+// v_scales). A side's span empty: each row takes its own scale, max|x| / 448 (kv_quant.h); else
+// one per kv head, or one for every head (each finite and > 0), and a row is stored as that
+// scale then the e4m3 codes of x / scale (saturating at 448). Non-empty only for fp8_e4m3
+// buffers (InvalidInput otherwise). The spans are read during the call only.
+struct KVRowScales {
+  std::span<const float> k, v;
+};
+
 // Writes k, v [n, n_kv_heads, head_dim] f32 (rows may be strided, heads contiguous), rounded
 // to nearest even in the buffers' type, into rows row0 .. row0 + n - 1 of keys, values
 // [n_kv_heads, capacity, packed_row_width(type, head_dim)] (contiguous buffers, each f16, bf16,
@@ -65,8 +74,9 @@ void softcap_(Array& x, float cap);
 // wrap). When `positions` (i32 [n], on the arrays' device) is defined, a CUDA kernel takes row0
 // from positions[0] on the device instead, so a captured graph writes at the current position;
 // the caller guarantees positions[0] == row0.
+// `scales`: KVRowScales (fp8 buffers only).
 void write_kv_rows(const Array& keys, const Array& values, const Array& k, const Array& v, int64_t row0,
-                   const Array& positions = {}, int64_t ring_rows = 0);
+                   const Array& positions = {}, int64_t ring_rows = 0, const KVRowScales& scales = {});
 
 // gate, up [n, f] f32 -> silu(gate) * up
 Array silu_mul(const Array& gate, const Array& up);
@@ -155,7 +165,9 @@ Array attention_unmasked(const Array& q, const Array& k, const Array& v, float s
 // slots[i] / block_size, row slots[i] % block_size. slots i32 [n] on the pool's device; a slot
 // below 0 skips its row (a padded batch entry). A slot past the pool throws InvalidInput on the
 // CPU and writes nothing on CUDA (read on the device).
-void write_kv_paged(const Array& keys, const Array& values, const Array& k, const Array& v, const Array& slots);
+// `scales`: KVRowScales (fp8 pools only).
+void write_kv_paged(const Array& keys, const Array& values, const Array& k, const Array& v, const Array& slots,
+                    const KVRowScales& scales = {});
 
 // The rows of one sequence from a paged pool, made contiguous: pool [n_blocks, n_kv_heads,
 // block_size, head_dim] (f16 or bf16), block_ids i32 [>= ceil(n_rows / block_size)] on the

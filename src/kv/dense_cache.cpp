@@ -34,7 +34,7 @@ KVView DenseKVCache::update_and_fetch(const Array& k, const Array& v, const Arra
   if (write_in_place(n)) {
     // Rows [offset, offset + n) of buffers no snapshot reads past offset (the guard): a verify
     // step's rows land here, and rewind_own_write() gives the rejected ones back.
-    ops::write_kv_rows(keys_, values_, k, v, offset_, positions);
+    ops::write_kv_rows(keys_, values_, k, v, offset_, positions, 0, params_.row_scales());
     adopt_inplace(n);
   } else {
     copying_write(k, v, n);
@@ -70,7 +70,7 @@ void DenseKVCache::copying_write(const Array& k, const Array& v, int64_t n) {
     ops::copy_into(kv_rows_view(nv, 0, offset_), kv_rows_view(values_, 0, offset_));
     counters_.bytes_copied += row_bytes(offset_);
   }
-  ops::write_kv_rows(nk, nv, k, v, offset_);
+  ops::write_kv_rows(nk, nv, k, v, offset_, {}, 0, params_.row_scales());
   keys_ = std::move(nk);
   values_ = std::move(nv);
   offset_ = needed;

@@ -69,6 +69,11 @@ struct KVCacheParams {
   std::optional<DType> k_type, v_type;
   DType key_dtype() const { return k_type.value_or(dtype); }
   DType value_dtype() const { return v_type.value_or(dtype); }
+  // Fixed scales of fp8 keys and values (a checkpoint's k_scale / v_scale, which the model sets
+  // in layer_cache_params where that side's type is fp8_e4m3): one per kv head, or one for all;
+  // empty: each row its own (ops::KVRowScales). Every write of the cache passes them on.
+  std::vector<float> k_scales, v_scales;
+  ops::KVRowScales row_scales() const { return {k_scales, v_scales}; }
   // The bytes of n positions' keys and values (all heads).
   uint64_t row_bytes(int64_t n) const {
     auto one = [&](DType dt) { return uint64_t(packed_row_width(dt, head_dim)) * dtype_size(dt); };

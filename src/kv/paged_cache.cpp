@@ -14,7 +14,7 @@ class PagedLayerView final : public KVCache {
     const Array& keys = pools_.keys(layer_);
     const Array& values = pools_.values(layer_);
     const PagedGroupStep& g = step_.groups.at(group_);
-    ops::write_kv_paged(keys, values, k, v, g.slots);
+    ops::write_kv_paged(keys, values, k, v, g.slots, pools_.layer_params(layer_).row_scales());
     KVView view;
     view.positions = positions;
     if (step_.decode) {

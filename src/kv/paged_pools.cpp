@@ -22,7 +22,7 @@ int64_t paged_group_block_bytes(const std::vector<KVCacheParams>& layers, int64_
   return paged_block_bytes(p);
 }
 
-PagedPools::PagedPools(const PagedPoolsParams& params) : block_size_(params.block_size) {
+PagedPools::PagedPools(const PagedPoolsParams& params) : block_size_(params.block_size), layers_(params.layers) {
   if (params.layers.empty()) throw InvalidInput("paged pool: no layers");
   windows_ = paged_group_windows(params.layers);
   if (params.n_blocks.size() != windows_.size())

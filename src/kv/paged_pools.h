@@ -48,6 +48,8 @@ class PagedPools {
   // Layer `layer`'s arrays in its group's pool.
   const Array& keys(size_t layer) const;
   const Array& values(size_t layer) const;
+  // Layer `layer`'s parameters as the pools were made with them (its types, fixed scales).
+  const KVCacheParams& layer_params(size_t layer) const { return layers_.at(layer); }
   int64_t block_size() const { return block_size_; }
 
   SeqId create();
@@ -108,6 +110,7 @@ class PagedPools {
   std::vector<std::unique_ptr<PagedPool>> groups_;
   std::vector<size_t> layer_group_;  // per model layer: its group
   std::vector<size_t> layer_index_;  // per model layer: its index in its group's pool
+  std::vector<KVCacheParams> layers_;  // per model layer
 };
 
 }  // namespace osprey

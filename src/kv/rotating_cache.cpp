@@ -41,7 +41,7 @@ KVView RotatingKVCache::update_and_fetch(const Array& k, const Array& v, const A
   if (n < 1) throw InvalidInput("KV cache write: no rows");
   KVView view;
   if (next_write_in_place(n)) {
-    ops::write_kv_rows(keys_, values_, k, v, offset_, positions, rows_);
+    ops::write_kv_rows(keys_, values_, k, v, offset_, positions, rows_, params_.row_scales());
     adopt_inplace_row();
     view = ring_view(pos0, positions);
   } else if (n == 1) {
@@ -89,7 +89,7 @@ void RotatingKVCache::copying_write_row(const Array& k, const Array& v) {
     }
     counters_.bytes_copied += row_bytes(keep);
   }
-  ops::write_kv_rows(nk, nv, k, v, offset_, {}, rows_);
+  ops::write_kv_rows(nk, nv, k, v, offset_, {}, rows_, params_.row_scales());
   keys_ = std::move(nk);
   values_ = std::move(nv);
   ++offset_;
@@ -108,7 +108,7 @@ KVView RotatingKVCache::copying_write_chunk(const Array& k, const Array& v, cons
     copy_positions(lv, 0, values_, lin_pos0, m);
     counters_.bytes_copied += row_bytes(m);
   }
-  ops::write_kv_rows(lk, lv, k, v, m);
+  ops::write_kv_rows(lk, lv, k, v, m, {}, 0, params_.row_scales());
 
   // The new ring: the last R positions, each at row p % R.
   const int64_t end = L + n, ring_lo = std::max<int64_t>(0, end - rows_);

@@ -43,6 +43,7 @@ DecoderSpec parse_cohere2_config(const ConfigReader& c) {
   read_sliding_layers(c, cfg, 4, 4096);
   cfg.rope = parse_rope(c, 10000.0, "sliding_attention");
   cfg.quant = parse_quant_config(c);
+  cfg.kv_cache_scheme = parse_kv_cache_scheme(c);
   return cfg;
 }
 

@@ -8,6 +8,7 @@
 #include "core/log.h"
 #include "formats/safetensors.h"
 #include "model/blocks.h"
+#include "model/kv_cache_scales.h"
 #include "model/layer_types.h"
 
 namespace osprey {
@@ -109,6 +110,8 @@ class Decoder final : public Model {
     if (lm_head_.storage() != embed_.storage()) embed_.release_table_pages();
     inv_freq_full_ = inv_freq(w, spec.rope);
     inv_freq_sliding_ = spec.has_rope_sliding ? inv_freq(w, spec.rope_sliding) : inv_freq_full_;
+    kv_scales_ = read_kv_cache_scales(
+        w, st, spec.kv_cache_scheme, {P, spec.n_layers, spec.n_kv_heads, heads_.kv_head0, heads_.n_kv_heads});
     if (spec.require_all_read) w.require_all_read(spec.model_type);
 
     info_.model_type = spec.model_type;
@@ -130,7 +133,9 @@ class Decoder final : public Model {
 
  protected:
   KVCacheParams layer_cache_params(int64_t layer, const KVCacheParams& params) const override {
-    return layer_kv_params(params, heads_.n_kv_heads, spec_.head_dim, kv_dtype_, window(size_t(layer)));
+    KVCacheParams p = layer_kv_params(params, heads_.n_kv_heads, spec_.head_dim, kv_dtype_, window(size_t(layer)));
+    if (!kv_scales_.empty()) apply_kv_cache_scales(p, kv_scales_[size_t(layer)]);
+    return p;
   }
 
   Array forward_tokens(const Array& tokens, const Array& positions, SequenceCache& cache, bool all_logits) override {
@@ -349,6 +354,7 @@ class Decoder final : public Model {
   LinearWeight embed_, lm_head_;  // a tied head is the embedding table itself
   float embed_scale_ = 1.0f;
   DType kv_dtype_ = DType::f16;
+  std::vector<LayerKVScales> kv_scales_;  // per layer: the checkpoint's fixed KV-cache scales, or none
   Array final_norm_, inv_freq_full_, inv_freq_sliding_;
   std::vector<DecoderLayer> layers_;
 };

@@ -28,6 +28,7 @@
 
 #include "model/decoder_dims.h"
 #include "model/feed_forward.h"
+#include "model/kv_cache_scales.h"
 #include "model/model.h"
 #include "model/rope.h"
 #include "model/weight_loader.h"
@@ -106,6 +107,9 @@ struct DecoderSpec : DecoderDims {
   // Every tensor of the checkpoint must be read or ignored (else an error naming them).
   bool require_all_read = false;
   QuantConfig quant;  // MLX affine quantization; not present for a dense checkpoint
+  // Whether config.json declares fixed KV-cache scales (model/kv_cache_scales.h): the
+  // checkpoint must then hold them.
+  KVCacheScheme kv_cache_scheme;
 };
 
 // Config fields several families read alike: attention_bias (q/k/v and o_proj biases) and

@@ -96,6 +96,7 @@ void register_gemma3_family() {
     DecoderSpec spec = parse_gemma3_text_config(c);
     spec.model_type = "gemma3_text";
     spec.quant = parse_quant_config(c);
+    spec.kv_cache_scheme = parse_kv_cache_scheme(c);
     return build_decoder(spec, st, o);
   });
   register_family("gemma3", [](const ConfigReader& c, const SafeTensors& st, const LoadOptions& o) {
@@ -106,6 +107,7 @@ void register_gemma3_family() {
     DecoderSpec spec = parse_gemma3_text_config(*text);
     spec.model_type = "gemma3";
     spec.quant = parse_quant_config(c);
+    spec.kv_cache_scheme = parse_kv_cache_scheme(c);
     spec.image_input = c.has("vision_config");  // the tower itself: vision/vision_tower.h
     set_text_model_names(spec, st, true);
     std::unique_ptr<Model> model = build_decoder(spec, st, o);

@@ -17,6 +17,7 @@ DecoderSpec parse_llama_config(const ConfigReader& c, double default_rope_theta)
     c.fail("rms_norm_eps", "must be positive, got " + c.json()["rms_norm_eps"].dump());
   spec.rope = parse_rope(c, default_rope_theta);
   spec.quant = parse_quant_config(c);
+  spec.kv_cache_scheme = parse_kv_cache_scheme(c);
   c.get_choice("hidden_act", "silu", {"silu"});
   return spec;
 }

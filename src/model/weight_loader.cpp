@@ -17,14 +17,15 @@ namespace osprey {
 WeightLoader::WeightLoader(const SafeTensors& weights, const LoadOptions& options, QuantConfig quant)
     : weights_(weights), options_(options), quant_(std::move(quant)), total_(weights.total_bytes()) {
   if (quant_.hub.method != HubQuantMethod::fp8) return;
-  // FP8 checkpoints' attention scales for an FP8 KV cache: the cache stays 16-bit.
+  // FP8 checkpoints' scales for FP8 attention (queries, probabilities): not used.
+  // (Their k_scale / v_scale are the KV cache's: model/kv_cache_scales.h.)
   int n = 0;
   for (const std::string& name : weights_.names())
-    for (const char* suffix : {".k_scale", ".v_scale", ".kv_scale", ".q_scale", ".prob_scale"})
+    for (const char* suffix : {".q_scale", ".prob_scale"})
       if (name.size() > std::strlen(suffix) && name.ends_with(suffix)) read_.insert(name), ++n;
   if (n)
     log_info(weights_.source().string() + ": " + std::to_string(n) +
-             " KV-cache scale tensor(s) are not used: the KV cache stays in 16-bit floats");
+             " FP8 attention scale tensor(s) (q_scale, prob_scale) are not used (attention does not run in FP8)");
 }
 
 void WeightLoader::touch(const Array& a) {

@@ -1,11 +1,16 @@
 // The KV cache types (--cache-type-k, --cache-type-v) through the caches: keys and values keep
 // their own types; the in-place arm and the copying arm (OSPREY_KV_INPLACE_WRITE=0) store the same
 // bytes for every type; a snapshot keeps its rows while the cache writes on in place; a state of
-// another type is refused; the paged pool's copy-on-write keeps the type; the names are parsed
-// and CUDA refuses what it cannot store, by name.
+// another type is refused; the paged pool's copy-on-write keeps the type; fixed fp8 scales (a
+// checkpoint's k_scale / v_scale) store each row as the scale and the codes of x / scale, in
+// both arms and the pool, and bad ones are refused; the names are parsed and CUDA refuses what
+// it cannot store, by name.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <utility>
@@ -13,8 +18,10 @@
 
 #include "backend/ops.h"
 #include "core/error.h"
+#include "formats/hub_quant.h"
 #include "kv/dense_cache.h"
 #include "kv/paged_pool.h"
+#include "kv/paged_pools.h"
 #include "kv/rotating_cache.h"
 
 namespace osprey {
@@ -200,6 +207,138 @@ TEST(KVCacheTypes, ThePagedPoolKeepsTheTypeThroughCopyOnWrite) {
       }
       row_off += n;
     }
+}
+
+namespace {
+
+// Fixed scales: per head for the keys (the first small enough that |x| <= 3 saturates some
+// codes at 448), one for every head for the values.
+const std::vector<float> kKeyScales = {0.004f, 0.0123f}, kValueScales = {0.02f};
+
+KVCacheParams fixed_params(bool inplace, int64_t window = 0) {
+  KVCacheParams p = params({DType::fp8_e4m3, DType::fp8_e4m3}, inplace, window);
+  p.k_scales = kKeyScales;
+  p.v_scales = kValueScales;
+  return p;
+}
+
+// Row r of head h of a [heads, cap, width] array of bytes.
+const uint8_t* row_at(const Array& a, int64_t h, int64_t r) {
+  return static_cast<const uint8_t*>(a.raw()) + size_t(h * a.strides()[0] + r * a.strides()[1]);
+}
+
+// The fp8 row of x with the fixed scale s: s as float32, then e4m3(x / s) by formats/hub_quant's
+// nearest-code table search (saturating), computed independently of the KV writer.
+std::vector<uint8_t> ref_fixed_fp8(const float* x, int64_t n, float s) {
+  std::vector<uint8_t> out(4);
+  std::memcpy(out.data(), &s, 4);
+  for (int64_t i = 0; i < n; ++i) out.push_back(float_to_e4m3(double(x[i] / s)));
+  return out;
+}
+
+void expect_fixed_row(const uint8_t* got, const float* x, float s, const std::string& where) {
+  const std::vector<uint8_t> want = ref_fixed_fp8(x, kDim, s);
+  EXPECT_TRUE(std::equal(want.begin(), want.end(), got)) << where;
+}
+
+// A prefill of 5 rows and 30 single-row steps on cache c; the rows written, [35][kHeads][kDim]
+// keys then values.
+std::pair<std::vector<float>, std::vector<float>> fixed_script(KVCache& c) {
+  std::mt19937 rng(21);
+  std::vector<float> ks, vs;
+  auto step = [&](int64_t n) {
+    const Array k = rows(n, rng), v = rows(n, rng);
+    ks.insert(ks.end(), k.data<float>(), k.data<float>() + k.numel());
+    vs.insert(vs.end(), v.data<float>(), v.data<float>() + v.numel());
+    c.update_and_fetch(k, v);
+  };
+  step(5);
+  for (int i = 0; i < 30; ++i) step(1);
+  return {ks, vs};
+}
+
+}  // namespace
+
+TEST(KVCacheTypes, FixedFp8ScalesStoreEachRowAsTheCodesOfXOverTheScaleInBothArms) {
+  int saturated = 0;
+  for (int64_t window : {int64_t(0), int64_t(8)}) {
+    std::unique_ptr<KVCache> on, off;
+    if (window) {
+      on = std::make_unique<RotatingKVCache>(fixed_params(true, window));
+      off = std::make_unique<RotatingKVCache>(fixed_params(false, window));
+    } else {
+      on = std::make_unique<DenseKVCache>(fixed_params(true));
+      off = std::make_unique<DenseKVCache>(fixed_params(false));
+    }
+    const auto [ks, vs] = fixed_script(*on);
+    fixed_script(*off);
+    EXPECT_GT(on->counters().n_inplace_writes, 0u);
+    EXPECT_EQ(off->counters().n_inplace_writes, 0u);
+    const KVState a = on->snapshot(), b = off->snapshot();
+    const int64_t first = window ? 35 - window : 0;
+    for (const KVState* st : {&a, &b})
+      for (int64_t p = first; p < 35; ++p)
+        for (int64_t h = 0; h < kHeads; ++h) {
+          const int64_t r = window ? p % window : p;
+          const std::string where = std::string(st == &a ? "in place" : "copying") + ", window " +
+                                    std::to_string(window) + ", position " + std::to_string(p) + ", head " +
+                                    std::to_string(h);
+          const float* k = ks.data() + (p * kHeads + h) * kDim;
+          expect_fixed_row(row_at(st->keys, h, r), k, kKeyScales[size_t(h)], "keys, " + where);
+          expect_fixed_row(row_at(st->values, h, r), vs.data() + (p * kHeads + h) * kDim, kValueScales[0],
+                           "values, " + where);
+          for (int64_t d = 0; d < kDim; ++d) saturated += std::fabs(k[d] / kKeyScales[size_t(h)]) > 464.0f;
+        }
+  }
+  EXPECT_GT(saturated, 0) << "no key saturated: the saturating case is not covered";
+}
+
+TEST(KVCacheTypes, FixedFp8ScalesReachThePagedPoolsWrites) {
+  PagedPoolsParams pp;
+  pp.layers = {fixed_params(true)};
+  pp.block_size = 4;
+  pp.n_blocks = {4};
+  PagedPools pools(pp);
+  ASSERT_EQ(pools.layer_params(0).k_scales, kKeyScales);
+  ASSERT_EQ(pools.layer_params(0).v_scales, kValueScales);
+  std::mt19937 rng(5);
+  const Array k = rows(3, rng), v = rows(3, rng);
+  Array slots = Array::empty({3}, DType::i32);
+  const int32_t at[] = {9, 2, 14};  // blocks 2, 0, 3
+  std::copy(at, at + 3, slots.data<int32_t>());
+  ops::write_kv_paged(pools.keys(0), pools.values(0), k, v, slots, pools.layer_params(0).row_scales());
+  const Array& keys = pools.keys(0);
+  const Array& values = pools.values(0);
+  const int64_t width = keys.dim(3);
+  for (int64_t i = 0; i < 3; ++i)
+    for (int64_t h = 0; h < kHeads; ++h) {
+      const int64_t row = ((at[i] / 4) * kHeads + h) * 4 + at[i] % 4;
+      const std::string where = "row " + std::to_string(i) + ", head " + std::to_string(h);
+      expect_fixed_row(static_cast<const uint8_t*>(keys.raw()) + row * width, k.data<float>() + (i * kHeads + h) * kDim,
+                       kKeyScales[size_t(h)], "keys, " + where);
+      expect_fixed_row(static_cast<const uint8_t*>(values.raw()) + row * width,
+                       v.data<float>() + (i * kHeads + h) * kDim, kValueScales[0], "values, " + where);
+    }
+}
+
+TEST(KVCacheTypes, BadFixedScalesAreRefusedByName) {
+  std::mt19937 rng(6);
+  const Array k = rows(1, rng), v = rows(1, rng);
+  auto refused = [&](DType kt, std::vector<float> ks, const std::string& needle) {
+    Array keys = Array::zeros({kHeads, 4, packed_row_width(kt, kDim)}, kt);
+    Array values = Array::zeros({kHeads, 4, packed_row_width(DType::fp8_e4m3, kDim)}, DType::fp8_e4m3);
+    try {
+      ops::write_kv_rows(keys, values, k, v, 0, {}, 0, {ks, {}});
+      ADD_FAILURE() << "accepted: " << needle;
+    } catch (const InvalidInput& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  refused(DType::q8_0, {0.5f}, "fixed keys scales apply to fp8_e4m3 rows");
+  refused(DType::f16, {0.5f}, "fixed keys scales apply to fp8_e4m3 rows");
+  refused(DType::fp8_e4m3, {0.5f, 0.5f, 0.5f}, "3 fixed keys scales for 2 kv heads");
+  refused(DType::fp8_e4m3, {0.5f, 0.0f}, "a fixed keys scale is 0");
+  refused(DType::fp8_e4m3, {-1.0f}, "a fixed keys scale is -1");
 }
 
 TEST(KVCacheTypes, NamesParseAndUnknownOnesAreRefusedListingTheAccepted) {
