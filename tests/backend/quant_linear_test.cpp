@@ -794,7 +794,11 @@ TEST(QuantLinearInt8, AmxRunsGiveTheVnniTileKernelsBits) {
   // AMX-INT8 takes runs of 16 rows of x through the tile unit (the rest through the VNNI tile
   // kernel): every row has the bits AVX-512 VNNI gives it, for 4 bits (groups 32-128, tiles with
   // biases and symmetric ones, x's low part or not) and 8 bits (groups 16-128), any thread
-  // count, and each is within the double reference's bound of the documented rounding.
+  // count, and each is within the double reference's bound of the documented rounding. The
+  // shapes reach every edge of the AMX kernel's blocking (blocks of 4 weight tiles by 2 runs of
+  // 16 rows, chunks of 128 codes): 3 and 10 tiles (a block of 3, a last block of 2), 1 to 6
+  // runs (a last block of one run) with and without a remainder for VNNI, and an in that ends
+  // in a partial chunk for groups 16-64.
   if (!cpu::int8_isa_supported(cpu::Int8Isa::amx)) GTEST_SKIP() << "this CPU (or its OS) has no AMX-INT8";
   ThreadPool pool1(1), pool3(3);
   std::mt19937 rng(2024);
@@ -810,7 +814,7 @@ TEST(QuantLinearInt8, AmxRunsGiveTheVnniTileKernelsBits) {
       std::vector<uint8_t> buf;
       const QuantArgs a = with_tiles_zero(m, c.z, buf, pool3);
       const std::vector<float> bias = random_vector(size_t(out), rng);
-      for (int64_t n : {16, 31, 48, 70}) {
+      for (int64_t n : {16, 31, 32, 33, 48, 64, 70, 100}) {
         const std::vector<float> x = random_vector(size_t(n * in), rng);
         for (bool lo : {true, false}) {
           if (c.bits == 8 && !lo) continue;  // the 8-bit kernels always take x's low part
