@@ -254,6 +254,22 @@ void add_spec_options(CLI::App& app, SpeculativeParams& p) {
   add_int_option(app, "--draft-min", p.draft_min,
                  "Speculative decoding: fewest drafted tokens worth a verify step (shorter drafts decode one token)",
                  1, 64);
+  // A tuning flag without the drafting it tunes would be ignored: refused by name instead.
+  app.parse_complete_callback([&app] {
+    const bool ngram = app.count("--spec-ngram") > 0, draft = app.count("--model-draft") > 0;
+    const struct {
+      const char* flag;
+      bool applies;
+      const char* needs;
+    } tuning[] = {{"--spec-ngram-min", ngram, "--spec-ngram"}, {"--spec-ngram-max", ngram, "--spec-ngram"},
+                  {"--draft-p-min", draft, "--model-draft"},   {"--draft-max", ngram || draft, "--spec-ngram or --model-draft"},
+                  {"--draft-min", ngram || draft, "--spec-ngram or --model-draft"},
+                  {"--spec-min-acceptance", ngram || draft, "--spec-ngram or --model-draft"},
+                  {"--spec-max-batch", ngram || draft, "--spec-ngram or --model-draft"}};
+    for (const auto& t : tuning)
+      if (!t.applies && app.get_option_no_throw(t.flag) != nullptr && app.count(t.flag) > 0)
+        throw CLI::ValidationError(t.flag, std::string("tunes speculative decoding, which is off: add ") + t.needs);
+  });
 }
 
 }  // namespace osprey::cli

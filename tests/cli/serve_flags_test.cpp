@@ -51,6 +51,26 @@ TEST(CliServe, BadBatchingFlagsAreUsageErrors) {
 
 // Each numeric flag: past its upper bound (or its type's width) it is refused by name with
 // its range, before anything starts.
+// A speculative-decoding tuning flag without the drafting it tunes would be ignored: each is
+// refused by name, with the flag that turns the drafting on.
+TEST(CliServe, SpeculativeTuningFlagsNeedTheirDrafting) {
+  for (const char* flag : {"--draft-max 4", "--draft-min 2", "--spec-min-acceptance 0.5", "--spec-max-batch 2"}) {
+    auto r = run_osprey(std::string("serve --port 0 ") + flag);
+    EXPECT_EQ(r.exit_code, 2) << flag << ": " << r.err;
+    EXPECT_NE(r.err.find(std::string(flag).substr(0, std::string(flag).find(' '))), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("add --spec-ngram or --model-draft"), std::string::npos) << flag << ": " << r.err;
+  }
+  auto r = run_osprey("generate --token-ids 5 -n 1 --spec-ngram --draft-p-min 0.5");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("--draft-p-min"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("add --model-draft"), std::string::npos) << r.err;
+  r = run_osprey("generate --token-ids 5 -n 1 --spec-ngram-max 3");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("add --spec-ngram"), std::string::npos) << r.err;
+  r = run_osprey("generate --token-ids 5 -n 2 --spec-ngram --spec-ngram-max 3 --draft-max 4 -q");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
 // --pan-and-scan on a model without a vision tower (the demo model) stops the server at load,
 // naming the flag.
 TEST(CliServe, PanAndScanNeedsAVisionTower) {
