@@ -89,13 +89,16 @@ void quantize_kv_row(DType dt, const float* x, int64_t head_dim, uint8_t* out, c
 // Checks one side's fixed scales (KVRowScales) against its buffer of n_kv heads.
 void require_row_scales(const char* op, const char* side, std::span<const float> s, const Array& buf, int64_t n_kv) {
   if (s.empty()) return;
-  require(buf.dtype() == DType::fp8_e4m3, op,
-          std::string("fixed ") + side + " scales apply to fp8_e4m3 rows, the " + side + " are " + describe(buf));
-  require(int64_t(s.size()) == 1 || int64_t(s.size()) == n_kv, op,
-          std::to_string(s.size()) + " fixed " + side + " scales for " + std::to_string(n_kv) +
-              " kv heads (one per head, or one for all)");
+  // Every decode step's write: the messages are made only when a check fails.
+  require(buf.dtype() == DType::fp8_e4m3, op, [&] {
+    return std::string("fixed ") + side + " scales apply to fp8_e4m3 rows, the " + side + " are " + describe(buf);
+  });
+  require(int64_t(s.size()) == 1 || int64_t(s.size()) == n_kv, op, [&] {
+    return std::to_string(s.size()) + " fixed " + side + " scales for " + std::to_string(n_kv) +
+           " kv heads (one per head, or one for all)";
+  });
   for (float x : s)
-    require(std::isfinite(x) && x > 0.0f, op, std::string("a fixed ") + side + " scale is " + std::to_string(x));
+    require(std::isfinite(x) && x > 0.0f, op, [&] { return std::string("a fixed ") + side + " scale is " + std::to_string(x); });
 }
 
 // Head h's fixed scale of one side, or null.
@@ -397,34 +400,38 @@ void softcap_(Array& x, float cap) {
 void write_kv_rows(const Array& keys, const Array& values, const Array& k, const Array& v, int64_t row0,
                    const Array& positions, int64_t ring_rows, const KVRowScales& scales) {
   const bool gpu = on_cuda("write_kv_rows", {&keys, &values, &k, &v, &positions});
-  require(k.ndim() == 3, "write_kv_rows", "k must be float32 [n, n_kv_heads, head_dim], got " + describe(k));
+  require(k.ndim() == 3, "write_kv_rows", [&] { return "k must be float32 [n, n_kv_heads, head_dim], got " + describe(k); });
   const int64_t hd = k.dim(2);
   require_kv_buffer("write_kv_rows", "keys", keys, hd);
   require_kv_buffer("write_kv_rows", "values", values, hd);
   require(keys.dim(0) == values.dim(0) && keys.dim(1) == values.dim(1), "write_kv_rows",
-          "keys " + describe(keys) + " and values " + describe(values) + " differ in heads or capacity");
+          [&] { return "keys " + describe(keys) + " and values " + describe(values) + " differ in heads or capacity"; });
   const int64_t n_kv = keys.dim(0), cap = keys.dim(1);
   require_row_scales("write_kv_rows", "keys", scales.k, keys, n_kv);
   require_row_scales("write_kv_rows", "values", scales.v, values, n_kv);
   auto check_rows = [&](const char* name, const Array& a) {
     require(a.ndim() == 3 && a.dtype() == DType::f32 && a.dim(1) == n_kv && a.dim(2) == hd && a.strides()[2] == 1 &&
                 (n_kv == 1 || a.strides()[1] == hd),
-            "write_kv_rows", std::string(name) + " must be float32 [n, " + std::to_string(n_kv) + ", " +
-                                 std::to_string(hd) + "] with contiguous heads, got " + describe(a));
+            "write_kv_rows", [&] {
+              return std::string(name) + " must be float32 [n, " + std::to_string(n_kv) + ", " + std::to_string(hd) +
+                     "] with contiguous heads, got " + describe(a);
+            });
   };
   check_rows("k", k);
   check_rows("v", v);
   const int64_t n = k.dim(0);
   require(v.dim(0) == n, "write_kv_rows", "k and v row counts differ");
   if (ring_rows > 0)
-    require(ring_rows == cap && row0 >= 0 && n <= cap, "write_kv_rows",
-            "a ring of " + std::to_string(ring_rows) + " rows needs buffers of that many rows (got " +
-                std::to_string(cap) + ") and at most that many rows at position >= 0 (got " + std::to_string(n) +
-                " at " + std::to_string(row0) + ")");
+    require(ring_rows == cap && row0 >= 0 && n <= cap, "write_kv_rows", [&] {
+      return "a ring of " + std::to_string(ring_rows) + " rows needs buffers of that many rows (got " +
+             std::to_string(cap) + ") and at most that many rows at position >= 0 (got " + std::to_string(n) +
+             " at " + std::to_string(row0) + ")";
+    });
   else
-    require(ring_rows == 0 && row0 >= 0 && row0 + n <= cap, "write_kv_rows",
-            "rows [" + std::to_string(row0) + ", " + std::to_string(row0 + n) + ") run past the capacity " +
-                std::to_string(cap) + " (or ring_rows " + std::to_string(ring_rows) + " < 0)");
+    require(ring_rows == 0 && row0 >= 0 && row0 + n <= cap, "write_kv_rows", [&] {
+      return "rows [" + std::to_string(row0) + ", " + std::to_string(row0 + n) + ") run past the capacity " +
+             std::to_string(cap) + " (or ring_rows " + std::to_string(ring_rows) + " < 0)";
+    });
   const bool bf16 = keys.dtype() == DType::bf16;
   if (positions.defined())
     require(positions.dtype() == DType::i32 && positions.numel() >= 1, "write_kv_rows",
@@ -491,22 +498,23 @@ void write_kv_paged(const Array& keys, const Array& values, const Array& k, cons
   require_pool(op, "keys", keys);
   require_pool(op, "values", values);
   require(values.dim(0) == keys.dim(0) && values.dim(1) == keys.dim(1) && values.dim(2) == keys.dim(2), op,
-          "keys and values differ: " + describe(keys) + " and " + describe(values));
-  require(k.ndim() == 3, op, "k must be float32 [n, n_kv_heads, head_dim], got " + describe(k));
+          [&] { return "keys and values differ: " + describe(keys) + " and " + describe(values); });
+  require(k.ndim() == 3, op, [&] { return "k must be float32 [n, n_kv_heads, head_dim], got " + describe(k); });
   const int64_t n_blocks = keys.dim(0), n_kv = keys.dim(1), bs = keys.dim(2), hd = k.dim(2);
   require_pool_rows(op, "keys", keys, hd);
   require_pool_rows(op, "values", values, hd);
   require_row_scales(op, "keys", scales.k, keys, n_kv);
   require_row_scales(op, "values", scales.v, values, n_kv);
   auto check_rows = [&](const char* name, const Array& a) {
-    require(strided_rows(a, n_kv, hd), op,
-            std::string(name) + " must be float32 [n, " + std::to_string(n_kv) + ", " + std::to_string(hd) +
-                "] with contiguous heads, got " + describe(a));
+    require(strided_rows(a, n_kv, hd), op, [&] {
+      return std::string(name) + " must be float32 [n, " + std::to_string(n_kv) + ", " + std::to_string(hd) +
+             "] with contiguous heads, got " + describe(a);
+    });
   };
   check_rows("k", k);
   check_rows("v", v);
   const int64_t n = k.dim(0);
-  require(v.dim(0) == n, op, "k and v row counts differ: " + describe(k) + " and " + describe(v));
+  require(v.dim(0) == n, op, [&] { return "k and v row counts differ: " + describe(k) + " and " + describe(v); });
   require_i32(op, "slots", slots, 1, n, "[" + std::to_string(n) + "]");
   if (n == 0) return;
   PagedKVWriteArgs a;
