@@ -12,6 +12,7 @@
 #include <random>
 
 #include "backend/ops.h"
+#include "serve/invariant_scope.h"
 #include "serve/paged_backend.h"
 #include "model/model.h"
 #include "support/device_test.h"
@@ -21,15 +22,6 @@ namespace osprey {
 namespace {
 
 std::filesystem::path fixture(const std::string& family) { return testing::source_dir() / "tests/fixtures/models" / family; }
-
-class InvariantScope {
- public:
-  explicit InvariantScope(bool on) : before_(ops::batch_invariant()) { ops::set_batch_invariant(on); }
-  ~InvariantScope() { ops::set_batch_invariant(before_); }
-
- private:
-  bool before_;
-};
 
 std::vector<int32_t> random_tokens(std::mt19937& rng, int64_t n, int64_t vocab) {
   std::uniform_int_distribution<int32_t> d(0, int32_t(vocab - 1));
@@ -138,7 +130,7 @@ class PagedWindowReuseTest : public testing::DeviceTestOf<testing::ModelCase> {
 constexpr int64_t kPrompt1 = 600, kSteps1 = 40, kNew = 30, kWant = 640;
 
 TEST_P(PagedWindowReuseTest, TheNextTurnReusesTheWholeConversation) {
-  InvariantScope invariant(true);
+  BatchInvariantScope invariant(true);
   std::mt19937 rng(3);
   const std::vector<int32_t> prompt1 = random_tokens(rng, kPrompt1, vocab_);
   for (bool inplace : {true, false}) {
@@ -165,7 +157,7 @@ TEST_P(PagedWindowReuseTest, AnotherRequestBetweenTwoTurnsLeavesTheConversationC
   // A request of another conversation as long as turn 1 (a title for the chat, say) runs between
   // turns 1 and 2: it needs as many blocks of the windowed group as turn 1 did, and turn 2 still
   // finds turn 1's window: 640 tokens, as above.
-  InvariantScope invariant(true);
+  BatchInvariantScope invariant(true);
   std::mt19937 rng(4);
   const std::vector<int32_t> prompt1 = random_tokens(rng, kPrompt1, vocab_);
   PagedBackend backend(*model_, serve_options());
@@ -191,7 +183,7 @@ TEST_P(PagedWindowReuseTest, APromptThatLeavesTheConversationEarlyReusesOnlyWhat
   //     (the full-attention group still has them all, but cannot be used alone);
   //   - 300 shared tokens: 18 blocks (288 rows) need block 17, still held: 288 cached.
   // Each reply must be the fresh run's.
-  InvariantScope invariant(true);
+  BatchInvariantScope invariant(true);
   std::mt19937 rng(5);
   const std::vector<int32_t> prompt1 = random_tokens(rng, kPrompt1, vocab_);
   const std::vector<int32_t> tail = random_tokens(rng, kNew, vocab_);
