@@ -39,7 +39,6 @@ struct RequestImage {
   // not; "auto" or none leaves it to the server (the processor's do_pan_and_scan, or
   // --pan-and-scan).
   std::optional<bool> pan_and_scan;
-  std::vector<RgbImage> crops;  // its pan-and-scan crops, filled by the server where it cuts them
 };
 
 // Takes the image parts out of `request`'s messages, in prompt order, each replaced by

@@ -640,7 +640,8 @@ struct Server::Impl {
   // in their place and writes each one's marker.
   struct ChatPrompt {
     std::string text;  // the rendered chat; each image's marker not yet expanded
-    std::vector<RequestImage> images;
+    std::vector<RequestImage> images;  // their pixels moved into `views`
+    ImageViews views;                  // each image, then its pan-and-scan crops
   };
   // `converted`: the request is another API's, made a chat request here (Anthropic, Responses):
   // its image parts carry their place in the request as sent ("at").
@@ -658,9 +659,15 @@ struct Server::Impl {
       io.no_images = "this model takes text only (it has no vision tower" +
                      std::string(is_gguf_path(opt.model_dir) ? ": a GGUF file's is not read)" : ")");
     out.images = take_image_parts(request, io);
-    for (RequestImage& im : out.images)
-      if (im.pan_and_scan.value_or(image_encoder->processor.do_pan_and_scan))
-        im.crops = pan_and_scan_crops(im.pixels, image_encoder->processor);
+    if (!out.images.empty()) {  // refused above unless the model has a vision tower
+      std::vector<RgbImage> pixels;
+      std::vector<bool> cut;
+      for (RequestImage& im : out.images) {
+        pixels.push_back(std::move(im.pixels));
+        cut.push_back(im.pan_and_scan.value_or(image_encoder->processor.do_pan_and_scan));
+      }
+      out.views = image_views(std::move(pixels), image_encoder->processor, cut);
+    }
     prepare_chat_messages(request);
     try {
       out.text = bundle.chat_template->render(request);
@@ -679,13 +686,9 @@ struct Server::Impl {
     try {
       if (!image_encoder) return bundle.tokenizer->encode(p.text, /*add_special=*/false, /*parse_special=*/true);
       const VisionConfig& v = image_encoder->tower->config();
-      std::vector<size_t> n_crops;
-      size_t n_views = 0;
-      for (const RequestImage& im : p.images) {
-        n_crops.push_back(im.crops.size());
-        n_views += 1 + im.crops.size();
-      }
-      const std::string text = p.images.empty() ? p.text : expand_image_markers(p.text, v, std::span<const size_t>(n_crops));
+      const size_t n_views = p.views.views.size();
+      const std::string text =
+          p.images.empty() ? p.text : expand_image_markers(p.text, v, std::span<const size_t>(p.views.n_crops));
       std::vector<int32_t> ids = bundle.tokenizer->encode(text, /*add_special=*/false, /*parse_special=*/true);
       image_starts = image_token_runs(ids, v);
       if (image_starts.size() != n_views)
@@ -700,12 +703,7 @@ struct Server::Impl {
 
   // The soft tokens of a chat prompt's images, encoded on the engine thread (the tower runs on
   // the model's device, between steps).
-  std::vector<ImageSpan> encode_images(std::vector<RequestImage>& images, const std::vector<int64_t>& starts) {
-    std::vector<RgbImage> pixels;
-    for (RequestImage& im : images) {  // each image, then its crops: the prompt's order
-      pixels.push_back(std::move(im.pixels));
-      for (RgbImage& c : im.crops) pixels.push_back(std::move(c));
-    }
+  std::vector<ImageSpan> encode_images(const std::vector<RgbImage>& pixels, const std::vector<int64_t>& starts) {
     std::vector<ImageSpan> spans;
     Scheduler::Submit s = Scheduler::Submit::stopping;
     try {
@@ -909,6 +907,7 @@ struct Server::Impl {
       constraint = automaton_for(std::move(*rg), r.ignore_eos);
     bool prompt_opens_reasoning = false;
     std::vector<RequestImage> images;  // the chat's images, in prompt order
+    std::vector<RgbImage> views;       // what the tower sees of them (ImageViews)
     std::vector<int64_t> image_starts;
     if (chat) {
       if (r.parse_tool_calls && bundle.tool_format == ToolCallFormat::none)
@@ -921,6 +920,7 @@ struct Server::Impl {
       prompt_opens_reasoning = prompt_opens_think(chat_prompt.text);
       r.prompts.push_back(chat_prompt_ids(chat_prompt, image_starts));
       images = std::move(chat_prompt.images);
+      views = std::move(chat_prompt.views.views);
       if (r.prompts.back().empty()) throw bad_request("the rendered chat is empty", "messages");
     } else {
       auto it = body.find("prompt");
@@ -942,7 +942,7 @@ struct Server::Impl {
     // A cached prefix is reused only under the same images: their bytes join the salt.
     std::vector<std::string> image_bytes;
     for (const RequestImage& im : images) image_bytes.push_back(im.bytes);
-    const std::vector<ImageSpan> spans = images.empty() ? std::vector<ImageSpan>() : encode_images(images, image_starts);
+    const std::vector<ImageSpan> spans = images.empty() ? std::vector<ImageSpan>() : encode_images(views, image_starts);
     // Submit every prompt, its n choices as one request whose prompt is computed once; a
     // refusal withdraws those already queued (CompletionState's destructor cancels them).
     for (const auto& p : r.prompts) {
